@@ -1,0 +1,9 @@
+//! One module per subcommand. Each exposes `XxxArgs` (clap) and `run(args) -> CliResult`.
+
+pub mod convert;
+pub mod inspect;
+pub mod memory;
+pub mod train;
+
+/// Errors reach `main` as displayable values; `main` prints them and exits non-zero.
+pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -1,0 +1,45 @@
+//! The `ferrite` command. With no arguments it trains the built-in demo (`ferrite train` with its
+//! defaults), so `cargo run --release` from the repository root is the main job.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferrite", version, about = "Deep-learning training with predictable device memory")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model (default: an MLP on the built-in digits dataset).
+    Train(commands::train::TrainArgs),
+    /// Allocator tools: replay a trace, list the GPU catalogue.
+    Memory(commands::memory::MemoryArgs),
+    /// List the tensors of a .pt/.pth/.safetensors file.
+    Inspect(commands::inspect::InspectArgs),
+    /// Convert a PyTorch .pt/.pth file to .safetensors.
+    Convert(commands::convert::ConvertArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => commands::train::run(commands::train::TrainArgs::default_demo()),
+        Some(Command::Train(a)) => commands::train::run(a),
+        Some(Command::Memory(a)) => commands::memory::run(a),
+        Some(Command::Inspect(a)) => commands::inspect::run(a),
+        Some(Command::Convert(a)) => commands::convert::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
