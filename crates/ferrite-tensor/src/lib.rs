@@ -1,14 +1,9 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Tensors, CPU kernels and the autograd engine of ferrite.
+//!
+//! NOTE (in progress, issue 3): `dtype` and `random` are fixed contracts other crates build on.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod dtype;
+pub mod random;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use dtype::DType;
+pub use random::{manual_seed, Generator, GeneratorState};
