@@ -79,7 +79,11 @@ impl CachingAllocator {
     pub fn unbacked(device: Device, config: AllocatorConfig) -> Self {
         let raw: Box<dyn RawMemory> = match &device {
             Device::Sim { profile, .. } => Box::new(SimMemory::unbacked(profile)),
-            _ => Box::new(MetaMemory::new()),
+            Device::Cpu => match crate::raw_memory::physical_memory() {
+                Some(ram) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(ram))),
+                None => Box::new(MetaMemory::new()),
+            },
+            Device::Meta => Box::new(MetaMemory::new()),
         };
         Self::with_backend(device, config, raw)
     }

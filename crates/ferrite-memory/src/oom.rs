@@ -187,7 +187,8 @@ impl OutOfMemoryReport {
                         "set FERRITE_ALLOC_CONF=expandable_segments:True so segments grow in place instead of leaving unusable slivers".to_string(),
                     );
                 }
-                if f.max_split_size.is_none() {
+                let stranded = f.reserved_bytes.saturating_sub(f.allocated_bytes);
+                if f.max_split_size.is_none() && stranded > 0 {
                     let mb = (f.rounded_bytes >> 20).max(20);
                     push(
                         SuggestionKind::MaxSplitSize,
@@ -196,13 +197,15 @@ impl OutOfMemoryReport {
                         ),
                     );
                 }
-                push(
-                    SuggestionKind::EmptyCache,
-                    format!(
-                        "call empty_cache() between phases (e.g. after evaluation) so the {} reserved but unallocated can be reserved again in the shapes the next phase needs",
-                        format_size(f.reserved_bytes.saturating_sub(f.allocated_bytes))
-                    ),
-                );
+                if stranded > 0 {
+                    push(
+                        SuggestionKind::EmptyCache,
+                        format!(
+                            "call empty_cache() between phases (e.g. after evaluation) so the {} reserved but unallocated can be reserved again in the shapes the next phase needs",
+                            format_size(stranded)
+                        ),
+                    );
+                }
             }
         }
         OutOfMemoryReport {
