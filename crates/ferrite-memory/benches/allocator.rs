@@ -20,7 +20,8 @@ const SIZES: [(usize, &str); 6] = [
 
 fn cached(c: &mut Criterion) {
     let mut g = c.benchmark_group("cached_alloc_free");
-    let a = CachingAllocator::new(Device::Cpu);
+    // The registry allocator, as tensor code uses it.
+    let a = ferrite_memory::allocator(&Device::Cpu);
     for (size, name) in SIZES {
         // Warm the cache: the segment stays reserved between iterations.
         drop(a.allocate(size).unwrap());

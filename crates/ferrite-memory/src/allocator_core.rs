@@ -31,6 +31,15 @@ struct SegmentRec {
     location: Option<&'static Location<'static>>,
 }
 
+/// The fields of a merged-away block that its neighbour needs.
+struct SrcLinks {
+    addr: u64,
+    size: u64,
+    prev: u32,
+    next: u32,
+    segment: u32,
+}
+
 /// What `malloc` hands back to the public layer.
 pub(crate) struct Allocation {
     pub idx: u32,
@@ -166,9 +175,9 @@ impl AllocatorCore {
         }
         let size = round_size(orig, &self.config.roundup_power2_divisions);
         let small = is_small(size);
-        let alloc_size = allocation_size(size);
 
         let mut found = self.get_free_block(small, stream, size);
+        let alloc_size = allocation_size(size);
         if found.is_none() {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks();
@@ -197,16 +206,15 @@ impl AllocatorCore {
         if gc {
             pool.call_count += 1;
         }
-        let key = pool.best_fit(stream, size)?;
-        // Do not hand an oversize block to a request that is not oversize itself.
-        if size < max_split && key.size >= max_split {
-            return None;
-        }
-        // An oversize block may serve an oversize request only within the rounding slack.
-        if size >= max_split && key.size >= size.saturating_add(rounding) {
-            return None;
-        }
-        pool.set.remove(&key);
+        let key = pool.set.take_best_fit(stream, size, |k| {
+            if size < max_split {
+                // Do not hand an oversize block to a request that is not oversize itself.
+                k.size < max_split
+            } else {
+                // An oversize block may serve an oversize request only within the rounding slack.
+                k.size < size.saturating_add(rounding)
+            }
+        })?;
         Some(key.idx)
     }
 
@@ -428,15 +436,19 @@ impl AllocatorCore {
         if src == NIL {
             return 0;
         }
-        let s = self.arena[src].clone();
+        let s = &self.arena[src];
         if s.allocated || s.mapped != self.arena[dst].mapped {
             return 0;
         }
-        let pool = if s.small { &mut self.small } else { &mut self.large };
-        if s.mapped {
-            pool.remove(src, &s);
+        let key = FreeKey::of(src, s);
+        let (small, mapped) = (s.small, s.mapped);
+        let s = SrcLinks { addr: s.addr, size: s.size, prev: s.prev, next: s.next, segment: s.segment };
+        let pool = if small { &mut self.small } else { &mut self.large };
+        if mapped {
+            let removed = pool.set.remove(&key);
+            debug_assert!(removed, "cached block missing from its pool");
         } else {
-            pool.unmapped.remove(&(s.stream, s.addr, src));
+            pool.unmapped.remove(&(key.stream, key.addr, src));
         }
         if self.arena[dst].prev == src {
             let d = &mut self.arena[dst];
@@ -515,14 +527,8 @@ impl AllocatorCore {
             self.release_block(k.idx);
             return true;
         }
-        let below = FreeKey { stream, size: key_size, addr: 0, idx: 0 };
-        let candidates: Vec<FreeKey> = pool
-            .set
-            .range(..below)
-            .rev()
-            .take_while(|k| k.stream == stream && k.size >= max_split)
-            .copied()
-            .collect();
+        let candidates: Vec<FreeKey> =
+            pool.set.below_desc(stream, key_size).into_iter().take_while(|k| k.size >= max_split).collect();
         let mut released = 0u64;
         for k in candidates {
             if released >= key_size {
@@ -550,7 +556,7 @@ impl AllocatorCore {
         let age = |b: &BlockRec| now - b.gc_base;
         let mut total_age: u64 = 0;
         let mut count: u64 = 0;
-        for k in &self.large.set {
+        for k in self.large.set.iter() {
             let b = &self.arena[k.idx];
             if !b.is_split() {
                 total_age += age(b);

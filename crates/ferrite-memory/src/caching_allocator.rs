@@ -23,15 +23,35 @@ struct Shared {
     core: Mutex<AllocatorCore>,
 }
 
+/// How a block finds its allocator: registry allocators live for the whole process, so their
+/// blocks hold a plain `'static` reference and the hot path does no reference counting;
+/// private allocators are reference-counted so they outlive their last block.
+#[derive(Clone)]
+enum SharedRef {
+    Static(&'static Shared),
+    Counted(Arc<Shared>),
+}
+
+impl std::ops::Deref for SharedRef {
+    type Target = Shared;
+    #[inline]
+    fn deref(&self) -> &Shared {
+        match self {
+            SharedRef::Static(s) => s,
+            SharedRef::Counted(a) => a,
+        }
+    }
+}
+
 /// A caching allocator for one device. Use [`crate::allocator`] for the process-wide one of a
 /// device, or the constructors here for a private one (tests, replays, planning).
 pub struct CachingAllocator {
-    shared: Arc<Shared>,
+    shared: SharedRef,
 }
 
 /// A device buffer. Returned to its allocator when dropped.
 pub struct Block {
-    shared: Arc<Shared>,
+    shared: SharedRef,
     ptr: Option<NonNull<u8>>,
     addr: u64,
     size: usize,
@@ -91,7 +111,15 @@ impl CachingAllocator {
     /// An allocator over a custom raw memory backend.
     pub fn with_backend(device: Device, config: AllocatorConfig, raw: Box<dyn RawMemory>) -> Self {
         let core = AllocatorCore::new(device.clone(), config, raw);
-        CachingAllocator { shared: Arc::new(Shared { device, core: Mutex::new(core) }) }
+        CachingAllocator { shared: SharedRef::Counted(Arc::new(Shared { device, core: Mutex::new(core) })) }
+    }
+
+    /// An allocator that is never freed (the registry's): its blocks skip reference counting.
+    pub(crate) fn process_lifetime(device: Device, config: AllocatorConfig) -> Self {
+        let raw = default_backend(&device);
+        let core = AllocatorCore::new(device.clone(), config, raw);
+        let shared: &'static Shared = Box::leak(Box::new(Shared { device, core: Mutex::new(core) }));
+        CachingAllocator { shared: SharedRef::Static(shared) }
     }
 
     pub fn device(&self) -> &Device {

@@ -24,9 +24,9 @@ pub fn allocator(device: &Device) -> Arc<CachingAllocator> {
     map.entry(device.clone())
         .or_insert_with(|| {
             let a = match env_config() {
-                Ok(cfg) => CachingAllocator::with_config(device.clone(), cfg.clone()),
+                Ok(cfg) => CachingAllocator::process_lifetime(device.clone(), cfg.clone()),
                 Err(e) => {
-                    let a = CachingAllocator::new(device.clone());
+                    let a = CachingAllocator::process_lifetime(device.clone(), AllocatorConfig::default());
                     a.set_config_error(e.clone());
                     a
                 }
