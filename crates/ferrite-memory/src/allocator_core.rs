@@ -221,7 +221,7 @@ impl AllocatorCore {
     fn should_split(&self, idx: u32, size: u64) -> bool {
         let b = &self.arena[idx];
         let remaining = b.size - size;
-        if b.small || self.config.expandable_segments {
+        if b.small {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -273,7 +273,6 @@ impl AllocatorCore {
             allocated: false,
             small,
             oversize: false,
-            mapped: true,
             gc_base: 0,
             location: None,
         });
@@ -314,8 +313,7 @@ impl AllocatorCore {
                 allocated: false,
                 small,
                 oversize: false,
-                mapped: true,
-                gc_base: 0,
+                    gc_base: 0,
                 location: None,
             });
             if prev != NIL {
@@ -437,19 +435,15 @@ impl AllocatorCore {
             return 0;
         }
         let s = &self.arena[src];
-        if s.allocated || s.mapped != self.arena[dst].mapped {
+        if s.allocated {
             return 0;
         }
         let key = FreeKey::of(src, s);
-        let (small, mapped) = (s.small, s.mapped);
+        let small = s.small;
         let s = SrcLinks { addr: s.addr, size: s.size, prev: s.prev, next: s.next, segment: s.segment };
         let pool = if small { &mut self.small } else { &mut self.large };
-        if mapped {
-            let removed = pool.set.remove(&key);
-            debug_assert!(removed, "cached block missing from its pool");
-        } else {
-            pool.unmapped.remove(&(key.stream, key.addr, src));
-        }
+        let removed = pool.set.remove(&key);
+        debug_assert!(removed, "cached block missing from its pool");
         if self.arena[dst].prev == src {
             let d = &mut self.arena[dst];
             d.addr = s.addr;
@@ -613,7 +607,6 @@ impl AllocatorCore {
             allocated_bytes: self.stats.allocated_bytes.all.current as u64,
             reserved_bytes: self.stats.reserved_bytes.all.current as u64,
             largest_free_block,
-            expandable_segments: self.config.expandable_segments,
             max_split_size: self.config.max_split_size_limit(),
         };
         MemoryError::OutOfMemory { report: Box::new(OutOfMemoryReport::diagnose(facts)) }
@@ -676,7 +669,7 @@ impl AllocatorCore {
                 alloc_conf: self.config.to_string(),
                 max_split_size: self.stats.max_split_size,
                 garbage_collection_threshold: self.config.garbage_collection_threshold,
-                expandable_segments: self.config.expandable_segments,
+                expandable_segments: false,
                 roundup_power2_divisions: divisions,
             },
         }

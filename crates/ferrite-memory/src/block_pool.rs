@@ -9,7 +9,6 @@
 //! each bin a small vector sorted by `(size, addr)`, and a two-level bitmap finds the next
 //! non-empty bin in O(1). Bins partition the size range in order, so the result is exactly the
 //! best fit of an ordered set, at a fraction of a B-tree's cost for the few blocks a bin holds.
-use std::collections::BTreeSet;
 use std::panic::Location;
 
 /// "No block" in neighbour links.
@@ -31,8 +30,6 @@ pub(crate) struct BlockRec {
     /// Counted in `oversize_allocations` (decided at allocation, so a config change cannot
     /// unbalance the statistic).
     pub oversize: bool,
-    /// Backed by physical pages (always true outside expandable segments).
-    pub mapped: bool,
     /// `get_free_blocks_call_count` of the pool when the block was cached (garbage collection age).
     pub gc_base: u64,
     /// Caller of the allocation that holds the block.
@@ -334,15 +331,13 @@ impl FreeIndex {
 #[derive(Debug)]
 pub(crate) struct FreePool {
     pub set: FreeIndex,
-    /// Unmapped address ranges of expandable segments, keyed `(stream, addr)`.
-    pub unmapped: BTreeSet<(u32, u64, u32)>,
     /// Calls of `get_free_block` while garbage collection is on (block ages are measured in it).
     pub call_count: u64,
 }
 
 impl FreePool {
     pub fn new() -> FreePool {
-        FreePool { set: FreeIndex::default(), unmapped: BTreeSet::new(), call_count: 0 }
+        FreePool { set: FreeIndex::default(), call_count: 0 }
     }
 
     #[inline]

@@ -22,10 +22,6 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A segment was returned to the device.
     SegmentFree,
-    /// Pages were mapped into an expandable segment.
-    SegmentMap,
-    /// Pages were unmapped from an expandable segment.
-    SegmentUnmap,
     /// An allocation failed (`size` = rounded request, `addr` = device free bytes, as PyTorch).
     Oom,
 }

@@ -40,7 +40,6 @@ pub enum SuggestionKind {
     GradientAccumulation,
     MixedPrecision,
     ActivationCheckpointing,
-    ExpandableSegments,
     MaxSplitSize,
     EmptyCache,
 }
@@ -119,7 +118,6 @@ pub(crate) struct OomFacts {
     pub allocated_bytes: u64,
     pub reserved_bytes: u64,
     pub largest_free_block: u64,
-    pub expandable_segments: bool,
     pub max_split_size: Option<u64>,
 }
 
@@ -181,13 +179,18 @@ impl OutOfMemoryReport {
                 );
             }
             OomDiagnosis::Fragmented => {
-                if !f.expandable_segments {
+                let stranded = f.reserved_bytes.saturating_sub(f.allocated_bytes);
+                if stranded == 0 {
+                    // Nothing cached: only the segment granularity is in the way.
                     push(
-                        SuggestionKind::ExpandableSegments,
-                        "set FERRITE_ALLOC_CONF=expandable_segments:True so segments grow in place instead of leaving unusable slivers".to_string(),
+                        SuggestionKind::ReduceBatchSize,
+                        format!(
+                            "free a tensor or shrink the batch slightly: this request needs a new {} segment and only {} is unreserved",
+                            format_size(f.segment_bytes),
+                            format_size(f.device_free.unwrap_or(0))
+                        ),
                     );
                 }
-                let stranded = f.reserved_bytes.saturating_sub(f.allocated_bytes);
                 if f.max_split_size.is_none() && stranded > 0 {
                     let mb = (f.rounded_bytes >> 20).max(20);
                     push(

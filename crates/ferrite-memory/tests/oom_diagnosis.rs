@@ -30,8 +30,9 @@ fn scattered_free_memory_is_diagnosed_as_fragmented() {
         assert_eq!(report.reserved_unallocated_bytes, 50 * MIB as u64);
         assert_eq!(report.largest_free_block, 5 * MIB as u64);
         assert_eq!(report.device_free, Some(0));
-        assert_eq!(report.suggestions[0].kind, SuggestionKind::ExpandableSegments);
-        assert!(report.suggestions.iter().any(|s| s.kind == SuggestionKind::MaxSplitSize));
+        let kinds: Vec<_> = report.suggestions.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds, [SuggestionKind::MaxSplitSize, SuggestionKind::EmptyCache]);
+        assert!(report.suggestions[0].text.contains("max_split_size_mb:20"));
         let text = e.to_string();
         assert!(
             text.starts_with("CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 (sim:100MiB:0"),
@@ -94,13 +95,24 @@ fn exhausted_on_a_catalogue_gpu_reports_its_capacity() {
 }
 
 #[test]
-fn expandable_segments_is_not_suggested_when_already_on() {
+fn max_split_size_is_not_suggested_when_already_set() {
     let (a, _blocks) = fragmented_device(false);
     a.set_alloc_conf("max_split_size_mb:100").unwrap();
-    let mut cfg = a.config();
-    cfg.expandable_segments = true;
-    a.set_config(cfg);
     let e = a.allocate(12 * MIB).unwrap_err();
     let r = e.oom_report().unwrap();
-    assert!(r.suggestions.iter().all(|s| s.kind == SuggestionKind::EmptyCache), "{:?}", r.suggestions);
+    let kinds: Vec<_> = r.suggestions.iter().map(|s| s.kind).collect();
+    assert_eq!(kinds, [SuggestionKind::EmptyCache]);
+}
+
+#[test]
+fn segment_granularity_alone_is_fragmentation_with_its_own_advice() {
+    let a = CachingAllocator::unbacked(Device::parse("sim:100MiB").unwrap(), AllocatorConfig::default());
+    let _keep = a.allocate(90 * MIB).unwrap();
+    // 5 MiB fits in the 10 MiB left, but a 1-10 MiB request reserves a 20 MiB segment
+    let e = a.allocate(5 * MIB).unwrap_err();
+    let r = e.oom_report().unwrap();
+    assert_eq!(r.diagnosis, OomDiagnosis::Fragmented);
+    assert_eq!(r.segment_bytes, 20 * MIB as u64);
+    assert_eq!(r.suggestions.len(), 1);
+    assert!(r.suggestions[0].text.contains("10.00 MiB is unreserved"), "{}", r.suggestions[0].text);
 }
