@@ -2,6 +2,12 @@
 //! released), against the system allocator, for 4 KiB – 64 MiB.
 //!
 //! Run: `cargo bench -p ferrite-memory --bench allocator`
+//! (`ferrite` rows use the registry allocator of `cpu`, as tensor code does.)
+//!
+//! glibc raises its mmap threshold after the first large free (up to 32 MiB) and then serves
+//! repeated same-size requests from its heap, so the `system` rows below 32 MiB measure glibc's own
+//! cache. To compare with one mmap/munmap per large allocation (glibc's policy before it adapts),
+//! run with `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072`, which fixes the threshold.
 use std::alloc::{Layout, alloc, dealloc};
 use std::hint::black_box;
 use std::time::Duration;

@@ -198,6 +198,7 @@ impl AllocatorCore {
         Ok(self.alloc_found_block(idx, size, orig, split, loc))
     }
 
+    #[inline]
     fn get_free_block(&mut self, small: bool, stream: u32, size: u64) -> Option<u32> {
         let gc = self.gc_enabled();
         let max_split = self.config.max_split_size;
@@ -218,6 +219,7 @@ impl AllocatorCore {
         Some(key.idx)
     }
 
+    #[inline]
     fn should_split(&self, idx: u32, size: u64) -> bool {
         let b = &self.arena[idx];
         let remaining = b.size - size;
@@ -288,6 +290,7 @@ impl AllocatorCore {
         Some(idx)
     }
 
+    #[inline]
     fn alloc_found_block(
         &mut self,
         idx: u32,
@@ -321,13 +324,17 @@ impl AllocatorCore {
             } else if let Some(s) = self.segments[segment as usize].as_mut() {
                 s.head = b;
             }
-            let r = &mut self.arena[rem];
-            r.prev = b;
-            r.addr += size;
-            r.size -= size;
-            let rem_size = r.size;
             let pool = if small { &mut self.small } else { &mut self.large };
-            pool.insert(rem, &mut self.arena[rem]);
+            let r = &mut self.arena[rem];
+            // Build the key from values in registers: re-reading the fields just written would
+            // stall on store forwarding.
+            let rem_addr = addr + size;
+            let rem_size = r.size - size;
+            r.prev = b;
+            r.addr = rem_addr;
+            r.size = rem_size;
+            r.gc_base = pool.call_count;
+            pool.set.insert(FreeKey { stream, size: rem_size, addr: rem_addr, idx: rem });
             if already_split {
                 // An already split free block shrinks by `size`.
                 self.stats.inactive_split_bytes.decrease(small, size);
@@ -389,6 +396,7 @@ impl AllocatorCore {
     }
 
     /// Return a block to its pool, merging it with free neighbours.
+    #[inline]
     fn free_block(&mut self, idx: u32) {
         let (small, orig_size, requested, prev, next) = {
             let b = &mut self.arena[idx];
@@ -399,19 +407,24 @@ impl AllocatorCore {
         };
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
+        let mut size = orig_size;
         for cand in [prev, next] {
             let subsumed = self.try_merge(idx, cand);
             if subsumed > 0 {
                 net_blocks -= 1;
                 net_bytes -= subsumed as i64;
+                size += subsumed;
             }
         }
         let pool = if small { &mut self.small } else { &mut self.large };
-        pool.insert(idx, &mut self.arena[idx]);
-        let b = &self.arena[idx];
-        if b.is_split() {
+        let b = &mut self.arena[idx];
+        b.gc_base = pool.call_count;
+        let (addr, stream, split) = (b.addr, b.stream, b.is_split());
+        let inserted = pool.set.insert(FreeKey { stream, size, addr, idx });
+        debug_assert!(inserted, "block cached twice");
+        if split {
             net_blocks += 1;
-            net_bytes += b.size as i64;
+            net_bytes += size as i64;
         }
         let st = &mut self.stats;
         match net_blocks.cmp(&0) {
@@ -430,6 +443,7 @@ impl AllocatorCore {
     }
 
     /// Absorb free neighbour `src` into `dst`; returns the bytes absorbed (0 if not possible).
+    #[inline]
     fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;

@@ -341,13 +341,6 @@ impl FreePool {
     }
 
     #[inline]
-    pub fn insert(&mut self, idx: u32, rec: &mut BlockRec) {
-        rec.gc_base = self.call_count;
-        let inserted = self.set.insert(FreeKey::of(idx, rec));
-        debug_assert!(inserted, "block cached twice");
-    }
-
-    #[inline]
     pub fn remove(&mut self, idx: u32, rec: &BlockRec) {
         let removed = self.set.remove(&FreeKey::of(idx, rec));
         debug_assert!(removed, "cached block missing from its pool");
