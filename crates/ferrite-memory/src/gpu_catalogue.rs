@@ -66,7 +66,7 @@ impl GpuProfile {
     /// A bare-capacity device (`sim:1GiB`): no context overhead.
     pub fn custom(total_bytes: u64) -> GpuProfile {
         let key = crate::device::format_capacity(total_bytes);
-        GpuProfile { name: format!("simulated {key} device"), key, total_bytes, context_overhead_bytes: 0 }
+        GpuProfile { name: format!("{key} device"), key, total_bytes, context_overhead_bytes: 0 }
     }
 
     /// Bytes available to the allocator.
