@@ -622,6 +622,7 @@ impl AllocatorCore {
             reserved_bytes: self.stats.reserved_bytes.all.current as u64,
             largest_free_block,
             max_split_size: self.config.max_split_size_limit(),
+            host_refused,
         };
         MemoryError::OutOfMemory { report: Box::new(OutOfMemoryReport::diagnose(facts)) }
     }

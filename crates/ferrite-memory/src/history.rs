@@ -55,10 +55,13 @@ pub struct TraceEntry {
     pub frames: Vec<Frame>,
 }
 
+/// One stored event: (action, addr, size, stream, time_us, caller). Frames are built only on export.
+type RawEntry = (TraceAction, u64, u64, u32, u64, Option<&'static Location<'static>>);
+
 /// Recorded events, oldest first, at most `max_entries` of them.
 #[derive(Debug)]
 pub(crate) struct HistoryRing {
-    entries: VecDeque<(TraceAction, u64, u64, u32, u64, Option<&'static Location<'static>>)>,
+    entries: VecDeque<RawEntry>,
     max_entries: usize,
 }
 

@@ -83,6 +83,9 @@ pub struct OutOfMemoryReport {
     pub largest_free_block: u64,
     /// The most this allocator could ever reserve (capacity minus context, capped by the fraction).
     pub limit_bytes: Option<u64>,
+    /// The host machine, not the device, ran out: host-backed devices of this process already
+    /// reserve close to the physical RAM.
+    pub host_refused: bool,
     pub diagnosis: OomDiagnosis,
     /// Ranked remedies, most effective first.
     pub suggestions: Vec<Suggestion>,
@@ -119,6 +122,7 @@ pub(crate) struct OomFacts {
     pub reserved_bytes: u64,
     pub largest_free_block: u64,
     pub max_split_size: Option<u64>,
+    pub host_refused: bool,
 }
 
 impl OutOfMemoryReport {
@@ -227,6 +231,7 @@ impl OutOfMemoryReport {
             reserved_unallocated_bytes: f.reserved_bytes.saturating_sub(f.allocated_bytes),
             largest_free_block: f.largest_free_block,
             limit_bytes: limit,
+            host_refused: f.host_refused,
             diagnosis,
             suggestions: s,
         }
@@ -235,6 +240,13 @@ impl OutOfMemoryReport {
     /// One-sentence explanation of the diagnosis with the numbers behind it.
     pub fn explanation(&self) -> String {
         let needed = self.allocated_bytes.saturating_add(self.rounded_bytes);
+        if self.host_refused {
+            return format!(
+                "the host machine cannot back more memory: host-backed devices of this process reserve {} and a new {} segment would exceed the physical RAM (use `meta` or an unbacked allocator to plan beyond it)",
+                format_size(crate::raw_memory::host_reserved()),
+                format_size(self.segment_bytes)
+            );
+        }
         match (self.diagnosis, self.limit_bytes) {
             (OomDiagnosis::Exhausted, Some(l)) => format!(
                 "the live tensors ({}) plus this request ({}) need {}, more than the {} this allocator may reserve",

@@ -6,6 +6,8 @@
 //! real GPU's capacity and context overhead; `sim:*`) and [`MetaMemory`] (addresses only; `meta`).
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::GpuProfile;
 
@@ -55,7 +57,36 @@ pub trait RawMemory: Send {
     }
 }
 
+/// Bytes of host memory reserved by all host-backed backends of the process (`cpu` and `sim`).
+static HOST_RESERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Physical RAM, read once.
+fn host_ram() -> Option<u64> {
+    static RAM: OnceLock<Option<u64>> = OnceLock::new();
+    *RAM.get_or_init(physical_memory)
+}
+
+/// Host memory reserved by all host-backed devices of this process.
+pub fn host_reserved() -> u64 {
+    HOST_RESERVED.load(Ordering::Relaxed)
+}
+
 fn host_alloc(size: u64) -> Result<RawSegment, RawAllocError> {
+    // Never promise more host memory than the machine has: with overcommit the allocation would
+    // succeed and the process be killed when the pages are touched. Refusing gives a typed OOM.
+    let before = HOST_RESERVED.fetch_add(size, Ordering::Relaxed);
+    if host_ram().is_some_and(|ram| before.saturating_add(size) > ram) {
+        HOST_RESERVED.fetch_sub(size, Ordering::Relaxed);
+        return Err(RawAllocError::HostRefused);
+    }
+    let seg = host_alloc_unchecked(size);
+    if seg.is_err() {
+        HOST_RESERVED.fetch_sub(size, Ordering::Relaxed);
+    }
+    seg
+}
+
+fn host_alloc_unchecked(size: u64) -> Result<RawSegment, RawAllocError> {
     let len = usize::try_from(size).map_err(|_| RawAllocError::HostRefused)?;
     let layout = Layout::from_size_align(len, SEGMENT_ALIGN).map_err(|_| RawAllocError::HostRefused)?;
     if len == 0 {
@@ -69,6 +100,7 @@ fn host_alloc(size: u64) -> Result<RawSegment, RawAllocError> {
 
 fn host_free(segment: RawSegment) {
     if let Some(p) = segment.ptr {
+        HOST_RESERVED.fetch_sub(segment.size, Ordering::Relaxed);
         // `host_alloc` succeeded with exactly this size and alignment, so the layout is valid.
         if let Ok(layout) = Layout::from_size_align(segment.size as usize, SEGMENT_ALIGN) {
             // SAFETY: `p` came from `alloc(layout)` with this layout and is freed exactly once
@@ -97,7 +129,8 @@ impl FakeAddresses {
 }
 
 /// Real host memory (the `cpu` device). The limit defaults to the machine's physical RAM so a run
-/// that would be killed by the kernel gets a diagnosable OOM instead.
+/// that would be killed by the kernel gets a diagnosable OOM instead. (All host-backed devices of
+/// the process together are also kept within the physical RAM.)
 #[derive(Debug)]
 pub struct HostMemory {
     limit: Option<u64>,

@@ -116,3 +116,21 @@ fn segment_granularity_alone_is_fragmentation_with_its_own_advice() {
     assert_eq!(r.suggestions.len(), 1);
     assert!(r.suggestions[0].text.contains("10.00 MiB is unreserved"), "{}", r.suggestions[0].text);
 }
+
+#[test]
+fn a_host_backed_sim_device_larger_than_the_machine_gives_a_typed_oom() {
+    let ram = ferrite_memory::raw_memory::physical_memory();
+    let want: usize = 70 << 30;
+    if ram.is_none_or(|r| r >= want as u64) {
+        println!("SKIPPED: this machine has more than 70 GiB of RAM; nothing to refuse");
+        return;
+    }
+    let a = CachingAllocator::new(Device::parse("sim:h100-80gb").unwrap());
+    let e = a.allocate(want).unwrap_err();
+    let r = e.oom_report().unwrap();
+    assert!(r.host_refused);
+    assert_eq!(r.diagnosis, OomDiagnosis::Exhausted);
+    assert!(e.to_string().contains("the host machine cannot back more memory"), "{e}");
+    // the device keeps working for sizes the host can back
+    assert!(a.allocate(1 << 20).is_ok());
+}
