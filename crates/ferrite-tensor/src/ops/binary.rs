@@ -136,10 +136,11 @@ pub(crate) fn arith_inplace_raw<O: Arith>(dst: &Tensor, src: &Tensor) -> Result<
             Ok(())
         }
     })?;
+    // Temporaries are allocated on every device (meta included) so meta runs account the same.
+    let src = if src.dtype() != dst.dtype() { materialize(src, dst.dtype())? } else { src.clone() };
     if dst.is_meta() {
         return Ok(());
     }
-    let src = if src.dtype() != dst.dtype() { materialize(src, dst.dtype())? } else { src.clone() };
     fn fk<T: Float, O: Arith>(dst: &Tensor, src: &Tensor) -> Result<()> {
         let is = In::<T>::new(src, dst.shape(), O::NAME)?;
         update2::<T, T>(dst, &is, |d, s| T::from_acc(O::float(d.to_acc(), s.to_acc())))
@@ -162,9 +163,6 @@ pub(crate) fn arith_inplace_raw<O: Arith>(dst: &Tensor, src: &Tensor) -> Result<
 
 /// In place `dst = O(dst, s)`.
 pub(crate) fn arith_scalar_inplace_raw<O: Arith>(dst: &Tensor, s: f64) -> Result<()> {
-    if dst.is_meta() {
-        return Ok(());
-    }
     let sv = crate::ops::creation::full_on(dst.storage().allocator(), &[], dst.dtype(), s)?;
     arith_inplace_raw::<O>(dst, &sv)
 }

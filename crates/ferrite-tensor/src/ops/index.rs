@@ -32,6 +32,11 @@ fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static str) -> Resu
     Ok(out)
 }
 
+/// An index tensor as int64 (a handle clone when it already is).
+fn as_i64(index: &Tensor) -> Result<Tensor> {
+    if index.dtype() == DType::I64 { Ok(index.clone()) } else { materialize(index, DType::I64) }
+}
+
 struct CatBackward {
     dim: usize,
     sizes: Vec<usize>,
@@ -207,12 +212,12 @@ impl Tensor {
 
     /// In place: `self.select(dim, index[i]) += src.select(dim, i)` (no autograd).
     pub(crate) fn index_add_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
         if self.is_meta() {
             return Ok(());
         }
         let size = self.shape()[dim];
         let idx = read_indices(index, size, dim, "index_add")?;
-        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
         if dim == 0 && self.is_contiguous() && src.is_contiguous() && self.dtype() == DType::F32 {
             let row = self.numel() / size.max(1);
             let dst = self.ptr::<f32>("index_add")?;
@@ -257,9 +262,9 @@ impl Tensor {
         let d = normalize_dim(dim, self.rank(), "gather")?;
         self.check_gather_shapes(d, index, "gather")?;
         let out = self.empty_like_shape(index.shape(), self.dtype())?;
+        let idx = as_i64(index)?;
         if !out.is_meta() && out.numel() > 0 {
             check_same_device("gather", self, index)?;
-            let idx = index.to_dtype_detached(DType::I64)?;
             let size = self.shape()[d];
             let mut xs: Shape = self.layout().strides.clone();
             let dim_stride = xs[d];
@@ -299,13 +304,13 @@ impl Tensor {
     /// Out of place: a copy of `self` with `src` added at `index` along `dim` (scatter_add, no
     /// autograd). Used by gather/max backward.
     pub(crate) fn scatter_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        self.check_gather_shapes(dim, index, "scatter_add")?;
         let out = materialize(self, self.dtype())?;
+        let idx = as_i64(index)?;
+        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
         if out.is_meta() || index.numel() == 0 {
             return Ok(out);
         }
-        self.check_gather_shapes(dim, index, "scatter_add")?;
-        let idx = index.to_dtype_detached(DType::I64)?;
-        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
         let size = self.shape()[dim];
         let mut os: Shape = out.layout().strides.clone();
         let dim_stride = os[dim];
