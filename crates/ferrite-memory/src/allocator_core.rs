@@ -905,6 +905,33 @@ impl AllocatorCore {
         self.expandable_live -= 1;
     }
 
+    /// Give every segment back to the backend (the allocator is going away; no block is live).
+    fn release_everything(&mut self) {
+        for si in 0..self.segments.len() {
+            let Some(seg) = self.segments[si].take() else { continue };
+            if !seg.expandable {
+                self.raw.free(seg.raw);
+                continue;
+            }
+            // Unmap each contiguous mapped run (runs start and end on page boundaries).
+            let mut i = seg.head;
+            while i != NIL {
+                if !self.arena[i].mapped {
+                    i = self.arena[i].next;
+                    continue;
+                }
+                let start = self.arena[i].addr;
+                let mut len = 0;
+                while i != NIL && self.arena[i].mapped {
+                    len += self.arena[i].size;
+                    i = self.arena[i].next;
+                }
+                self.raw.unmap(&seg.raw, start - seg.raw.addr, len);
+            }
+            self.raw.release_address_space(seg.raw);
+        }
+    }
+
     // ---------------------------------------------------------------- OOM
 
     fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64, stream: u32) -> MemoryError {
@@ -1128,5 +1155,11 @@ impl AllocatorCore {
             return Err("oversize counters disagree with the blocks".into());
         }
         Ok(())
+    }
+}
+
+impl Drop for AllocatorCore {
+    fn drop(&mut self) {
+        self.release_everything();
     }
 }
