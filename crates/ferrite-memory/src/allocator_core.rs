@@ -615,8 +615,12 @@ impl AllocatorCore {
         }
         let key_size = size.max(max_split);
         let pool = if small { &self.small } else { &self.large };
-        if let Some(k) = pool.best_fit(stream, key_size) {
-            if self.arena[k.idx].is_split() || self.arena[k.idx].expandable {
+        // An expandable best fit is never released whole: as in PyTorch, fall through to releasing
+        // oversize blocks below it.
+        if let Some(k) = pool.best_fit(stream, key_size)
+            && !self.arena[k.idx].expandable
+        {
+            if self.arena[k.idx].is_split() {
                 return false;
             }
             self.release_block(k.idx);
@@ -1031,7 +1035,7 @@ impl AllocatorCore {
                 alloc_conf: self.config.to_string(),
                 max_split_size: self.stats.max_split_size,
                 garbage_collection_threshold: self.config.garbage_collection_threshold,
-                expandable_segments: false,
+                expandable_segments: self.config.expandable_segments,
                 roundup_power2_divisions: divisions,
             },
         }
