@@ -9,6 +9,7 @@
 //! each bin a small vector sorted by `(size, addr)`, and a two-level bitmap finds the next
 //! non-empty bin in O(1). Bins partition the size range in order, so the result is exactly the
 //! best fit of an ordered set, at a fraction of a B-tree's cost for the few blocks a bin holds.
+use std::collections::BTreeSet;
 use std::panic::Location;
 
 /// "No block" in neighbour links.
@@ -30,6 +31,10 @@ pub(crate) struct BlockRec {
     /// Counted in `oversize_allocations` (decided at allocation, so a config change cannot
     /// unbalance the statistic).
     pub oversize: bool,
+    /// Backed by memory (always true outside expandable segments).
+    pub mapped: bool,
+    /// Part of an expandable segment.
+    pub expandable: bool,
     /// `get_free_blocks_call_count` of the pool when the block was cached (garbage collection age).
     pub gc_base: u64,
     /// Caller of the allocation that holds the block.
@@ -310,6 +315,13 @@ impl FreeIndex {
         Some(k)
     }
 
+    /// Keys of `stream` with at least `size` bytes, in `(size, addr)` order.
+    pub fn iter_from(&self, stream: u32, size: u64) -> impl Iterator<Item = FreeKey> + '_ {
+        self.stream(stream)
+            .into_iter()
+            .flat_map(move |b| b.bins[bin_of(size)..].iter().flatten().filter(move |k| k.size >= size).copied())
+    }
+
     /// All keys in `(stream, size, addr)` order.
     pub fn iter(&self) -> impl Iterator<Item = &FreeKey> {
         self.streams.iter().flat_map(|(_, b)| b.bins.iter().flatten())
@@ -331,13 +343,15 @@ impl FreeIndex {
 #[derive(Debug)]
 pub(crate) struct FreePool {
     pub set: FreeIndex,
+    /// Unmapped ranges of expandable segments, keyed `(stream, addr, block)`.
+    pub unmapped: BTreeSet<(u32, u64, u32)>,
     /// Calls of `get_free_block` while garbage collection is on (block ages are measured in it).
     pub call_count: u64,
 }
 
 impl FreePool {
     pub fn new() -> FreePool {
-        FreePool { set: FreeIndex::default(), call_count: 0 }
+        FreePool { set: FreeIndex::default(), unmapped: BTreeSet::new(), call_count: 0 }
     }
 
     #[inline]
@@ -361,7 +375,6 @@ impl FreePool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
     #[test]
     fn bins_are_monotonic() {

@@ -30,6 +30,9 @@ pub struct AllocatorConfig {
     /// Fraction of the allowed memory above which cached blocks are reclaimed (0 = off). Only
     /// active together with a per-process memory fraction, exactly as in PyTorch.
     pub garbage_collection_threshold: f64,
+    /// Grow one segment per pool and stream in pages (2 MiB small, 20 MiB large) instead of
+    /// reserving a segment per request, so slightly growing requests do not leave slivers.
+    pub expandable_segments: bool,
     /// Accepted for compatibility; ferrite never holds its lock across a backend call that blocks.
     pub release_lock_on_cudamalloc: bool,
     /// Accepted for compatibility (pinned host memory is not simulated).
@@ -47,6 +50,7 @@ impl Default for AllocatorConfig {
             max_non_split_rounding: LARGE_BUFFER,
             roundup_power2_divisions: [0; ROUNDUP_POWER2_INTERVALS],
             garbage_collection_threshold: 0.0,
+            expandable_segments: false,
             release_lock_on_cudamalloc: false,
             pinned_use_cuda_host_register: false,
             pinned_num_register_threads: 1,
@@ -119,15 +123,7 @@ impl AllocatorConfig {
                 "roundup_power2_divisions" => {
                     next.roundup_power2_divisions = p.divisions(key)?;
                 }
-                "expandable_segments" => {
-                    if p.value_bool(key)? {
-                        return Err(bad(
-                            key,
-                            "True",
-                            "expandable segments are not implemented in ferrite yet (segments are reserved per request, as with PyTorch's default); against fragmentation use max_split_size_mb or garbage_collection_threshold",
-                        ));
-                    }
-                }
+                "expandable_segments" => next.expandable_segments = p.value_bool(key)?,
                 "release_lock_on_cudamalloc" => next.release_lock_on_cudamalloc = p.value_bool(key)?,
                 "pinned_use_cuda_host_register" => next.pinned_use_cuda_host_register = p.value_bool(key)?,
                 "pinned_use_background_threads" => next.pinned_use_background_threads = p.value_bool(key)?,
@@ -343,6 +339,9 @@ impl fmt::Display for AllocatorConfig {
         if self.garbage_collection_threshold > 0.0 {
             parts.push(format!("garbage_collection_threshold:{}", self.garbage_collection_threshold));
         }
+        if self.expandable_segments {
+            parts.push("expandable_segments:True".to_string());
+        }
         if self.release_lock_on_cudamalloc {
             parts.push("release_lock_on_cudamalloc:True".to_string());
         }
@@ -413,7 +412,7 @@ mod tests {
             "garbage_collection_threshold"
         );
         assert_eq!(key_of(AllocatorConfig::parse("expandable_segments:yes").unwrap_err()), "expandable_segments");
-        assert_eq!(key_of(AllocatorConfig::parse("expandable_segments:True").unwrap_err()), "expandable_segments");
+        assert!(AllocatorConfig::parse("expandable_segments:True").unwrap().expandable_segments);
         assert_eq!(
             key_of(AllocatorConfig::parse("roundup_power2_divisions:3").unwrap_err()),
             "roundup_power2_divisions"
@@ -433,7 +432,7 @@ mod tests {
         for s in [
             "",
             "max_split_size_mb:200,garbage_collection_threshold:0.5",
-            "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],release_lock_on_cudamalloc:True",
+            "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],release_lock_on_cudamalloc:True,expandable_segments:True",
             "max_non_split_rounding_mb:40,pinned_num_register_threads:8",
         ] {
             let c = AllocatorConfig::parse(s).unwrap();

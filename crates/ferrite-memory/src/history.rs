@@ -22,6 +22,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A segment was returned to the device.
     SegmentFree,
+    /// Pages were mapped into an expandable segment (`size` = bytes mapped).
+    SegmentMap,
+    /// Pages of an expandable segment were returned to the device.
+    SegmentUnmap,
     /// An allocation failed (`size` = rounded request, `addr` = device free bytes, as PyTorch).
     Oom,
 }

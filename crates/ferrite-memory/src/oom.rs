@@ -40,6 +40,7 @@ pub enum SuggestionKind {
     GradientAccumulation,
     MixedPrecision,
     ActivationCheckpointing,
+    ExpandableSegments,
     MaxSplitSize,
     EmptyCache,
 }
@@ -123,6 +124,7 @@ pub(crate) struct OomFacts {
     pub largest_free_block: u64,
     pub max_split_size: Option<u64>,
     pub host_refused: bool,
+    pub expandable_segments: bool,
 }
 
 impl OutOfMemoryReport {
@@ -183,6 +185,12 @@ impl OutOfMemoryReport {
                 );
             }
             OomDiagnosis::Fragmented => {
+                if !f.expandable_segments {
+                    push(
+                        SuggestionKind::ExpandableSegments,
+                        "set FERRITE_ALLOC_CONF=expandable_segments:True so segments grow in pages instead of leaving unusable slivers".to_string(),
+                    );
+                }
                 let stranded = f.reserved_bytes.saturating_sub(f.allocated_bytes);
                 if stranded == 0 {
                     // Nothing cached: only the segment granularity is in the way.

@@ -36,6 +36,8 @@ pub enum RawAllocError {
     CapacityExceeded,
     /// The host could not provide the memory.
     HostRefused,
+    /// The backend cannot reserve address space for expandable segments.
+    Unsupported,
 }
 
 /// A source of segments. Implementations need not be thread-safe beyond `Send`: the caching
@@ -55,6 +57,99 @@ pub trait RawMemory: Send {
     fn device_free(&self) -> Option<u64> {
         self.usable_capacity().map(|u| u.saturating_sub(self.reserved()))
     }
+    /// Reserve `size` bytes of address space for an expandable segment; nothing is committed
+    /// (PyTorch's `cuMemAddressReserve`).
+    fn reserve_address_space(&mut self, _size: u64) -> Result<RawSegment, RawAllocError> {
+        Err(RawAllocError::Unsupported)
+    }
+    /// Commit `len` bytes at `offset` of a reserved range; counts against the capacity
+    /// (`cuMemCreate` + `cuMemMap`).
+    fn map(&mut self, _range: &RawSegment, _offset: u64, _len: u64) -> Result<(), RawAllocError> {
+        Err(RawAllocError::Unsupported)
+    }
+    /// Give back the memory of `len` committed bytes at `offset` (`cuMemUnmap` + `cuMemRelease`).
+    fn unmap(&mut self, _range: &RawSegment, _offset: u64, _len: u64) {}
+    /// Return a reserved range whose pages are all unmapped.
+    fn release_address_space(&mut self, _range: RawSegment) {}
+}
+
+/// Host address space reserved without backing (`mmap` with `PROT_NONE`); pages become usable
+/// when mapped (`mprotect`) and their memory goes back to the kernel when unmapped (`madvise`).
+#[cfg(unix)]
+mod host_va {
+    use super::{HOST_RESERVED, RawAllocError, RawSegment, host_ram};
+    use std::ptr::NonNull;
+    use std::sync::atomic::Ordering;
+
+    pub fn reserve(size: u64) -> Result<RawSegment, RawAllocError> {
+        let len = usize::try_from(size).map_err(|_| RawAllocError::HostRefused)?;
+        // SAFETY: an anonymous private mapping with no access rights; it aliases nothing and is
+        // only unmapped by `release` with the same length.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(RawAllocError::HostRefused);
+        }
+        let p = NonNull::new(p.cast::<u8>()).ok_or(RawAllocError::HostRefused)?;
+        Ok(RawSegment { addr: p.as_ptr() as u64, ptr: Some(p), size })
+    }
+
+    pub fn map(range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
+        let Some(base) = range.ptr else { return Ok(()) };
+        let before = HOST_RESERVED.fetch_add(len, Ordering::Relaxed);
+        if host_ram().is_some_and(|ram| before.saturating_add(len) > ram) {
+            HOST_RESERVED.fetch_sub(len, Ordering::Relaxed);
+            return Err(RawAllocError::HostRefused);
+        }
+        // SAFETY: `[offset, offset + len)` lies inside the range reserved by `reserve` (the
+        // allocator maps whole pages of its own segment); it becomes readable and writable.
+        let rc = unsafe { libc::mprotect(base.as_ptr().add(offset as usize).cast(), len as usize, libc::PROT_READ | libc::PROT_WRITE) };
+        if rc != 0 {
+            HOST_RESERVED.fetch_sub(len, Ordering::Relaxed);
+            return Err(RawAllocError::HostRefused);
+        }
+        Ok(())
+    }
+
+    pub fn unmap(range: &RawSegment, offset: u64, len: u64) {
+        let Some(base) = range.ptr else { return };
+        // SAFETY: the pages lie inside the reserved range and hold no live block (the allocator
+        // unmaps only free pages); their contents are discarded and access is revoked.
+        unsafe {
+            let p = base.as_ptr().add(offset as usize).cast();
+            libc::madvise(p, len as usize, libc::MADV_DONTNEED);
+            libc::mprotect(p, len as usize, libc::PROT_NONE);
+        }
+        HOST_RESERVED.fetch_sub(len, Ordering::Relaxed);
+    }
+
+    pub fn release(range: RawSegment) {
+        if let Some(base) = range.ptr {
+            // SAFETY: the whole range came from `reserve` with this length and is released once.
+            unsafe { libc::munmap(base.as_ptr().cast(), range.size as usize) };
+        }
+    }
+}
+
+#[cfg(not(unix))]
+mod host_va {
+    use super::{RawAllocError, RawSegment};
+    pub fn reserve(_size: u64) -> Result<RawSegment, RawAllocError> {
+        Err(RawAllocError::Unsupported)
+    }
+    pub fn map(_range: &RawSegment, _offset: u64, _len: u64) -> Result<(), RawAllocError> {
+        Err(RawAllocError::Unsupported)
+    }
+    pub fn unmap(_range: &RawSegment, _offset: u64, _len: u64) {}
+    pub fn release(_range: RawSegment) {}
 }
 
 /// Bytes of host memory reserved by all host-backed backends of the process (`cpu` and `sim`).
@@ -178,6 +273,26 @@ impl RawMemory for HostMemory {
     fn reserved(&self) -> u64 {
         self.reserved
     }
+    fn reserve_address_space(&mut self, size: u64) -> Result<RawSegment, RawAllocError> {
+        host_va::reserve(size)
+    }
+    fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
+        if let Some(l) = self.limit
+            && self.reserved.saturating_add(len) > l
+        {
+            return Err(RawAllocError::CapacityExceeded);
+        }
+        host_va::map(range, offset, len)?;
+        self.reserved += len;
+        Ok(())
+    }
+    fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
+        host_va::unmap(range, offset, len);
+        self.reserved -= len;
+    }
+    fn release_address_space(&mut self, range: RawSegment) {
+        host_va::release(range);
+    }
 }
 
 /// A simulated GPU: refuses a segment exactly where the real card would run out
@@ -232,6 +347,27 @@ impl RawMemory for SimMemory {
     fn reserved(&self) -> u64 {
         self.reserved
     }
+    fn reserve_address_space(&mut self, size: u64) -> Result<RawSegment, RawAllocError> {
+        match &mut self.fake {
+            None => host_va::reserve(size),
+            Some(f) => Ok(RawSegment { addr: f.take(size)?, ptr: None, size }),
+        }
+    }
+    fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
+        if self.reserved.saturating_add(len) > self.usable {
+            return Err(RawAllocError::CapacityExceeded);
+        }
+        host_va::map(range, offset, len)?;
+        self.reserved += len;
+        Ok(())
+    }
+    fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
+        host_va::unmap(range, offset, len);
+        self.reserved -= len;
+    }
+    fn release_address_space(&mut self, range: RawSegment) {
+        host_va::release(range);
+    }
 }
 
 /// Shape-only execution: distinct addresses, no backing memory, no capacity.
@@ -270,6 +406,16 @@ impl RawMemory for MetaMemory {
     }
     fn reserved(&self) -> u64 {
         self.reserved
+    }
+    fn reserve_address_space(&mut self, size: u64) -> Result<RawSegment, RawAllocError> {
+        Ok(RawSegment { addr: self.fake.take(size)?, ptr: None, size })
+    }
+    fn map(&mut self, _range: &RawSegment, _offset: u64, len: u64) -> Result<(), RawAllocError> {
+        self.reserved += len;
+        Ok(())
+    }
+    fn unmap(&mut self, _range: &RawSegment, _offset: u64, len: u64) {
+        self.reserved -= len;
     }
 }
 

@@ -369,3 +369,11 @@ fn sim_refuses_a_segment_exactly_where_the_card_runs_out() {
     a.empty_cache();
     assert!(a.allocate(KIB).is_ok());
 }
+
+#[test]
+fn blocks_and_allocators_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<ferrite_memory::Block>();
+    check::<CachingAllocator>();
+    check::<MemoryError>();
+}

@@ -105,6 +105,8 @@ proptest! {
             "",
             "max_split_size_mb:40",
             "roundup_power2_divisions:4,max_split_size_mb:20,max_non_split_rounding_mb:40",
+            "expandable_segments:True",
+            "expandable_segments:True,max_split_size_mb:40,garbage_collection_threshold:0.5",
         ]),
     ) {
         // 1 GiB: OOMs (and the recovery ladder) happen regularly under this traffic.

@@ -31,8 +31,8 @@ fn scattered_free_memory_is_diagnosed_as_fragmented() {
         assert_eq!(report.largest_free_block, 5 * MIB as u64);
         assert_eq!(report.device_free, Some(0));
         let kinds: Vec<_> = report.suggestions.iter().map(|s| s.kind).collect();
-        assert_eq!(kinds, [SuggestionKind::MaxSplitSize, SuggestionKind::EmptyCache]);
-        assert!(report.suggestions[0].text.contains("max_split_size_mb:20"));
+        assert_eq!(kinds, [SuggestionKind::ExpandableSegments, SuggestionKind::MaxSplitSize, SuggestionKind::EmptyCache]);
+        assert!(report.suggestions[1].text.contains("max_split_size_mb:20"));
         let text = e.to_string();
         assert!(
             text.starts_with("CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 (sim:100MiB:0"),
@@ -101,7 +101,7 @@ fn max_split_size_is_not_suggested_when_already_set() {
     let e = a.allocate(12 * MIB).unwrap_err();
     let r = e.oom_report().unwrap();
     let kinds: Vec<_> = r.suggestions.iter().map(|s| s.kind).collect();
-    assert_eq!(kinds, [SuggestionKind::EmptyCache]);
+    assert_eq!(kinds, [SuggestionKind::ExpandableSegments, SuggestionKind::EmptyCache]);
 }
 
 #[test]
@@ -113,8 +113,9 @@ fn segment_granularity_alone_is_fragmentation_with_its_own_advice() {
     let r = e.oom_report().unwrap();
     assert_eq!(r.diagnosis, OomDiagnosis::Fragmented);
     assert_eq!(r.segment_bytes, 20 * MIB as u64);
-    assert_eq!(r.suggestions.len(), 1);
-    assert!(r.suggestions[0].text.contains("10.00 MiB is unreserved"), "{}", r.suggestions[0].text);
+    assert_eq!(r.suggestions.len(), 2);
+    assert_eq!(r.suggestions[0].kind, SuggestionKind::ExpandableSegments);
+    assert!(r.suggestions[1].text.contains("10.00 MiB is unreserved"), "{}", r.suggestions[1].text);
 }
 
 #[test]

@@ -35,7 +35,10 @@ pub enum MemoryCommand {
 
 pub fn run(args: MemoryArgs) -> CliResult {
     match args.command {
-        MemoryCommand::Replay { trace, device, alloc_conf, json } => run_replay(&trace, device, alloc_conf, json),
+        MemoryCommand::Replay { trace, device, alloc_conf, json } => {
+            print!("{}", replay_output(&trace, device, alloc_conf, json)?);
+            Ok(())
+        }
         MemoryCommand::Gpus => {
             println!("{:<14} {:<26} {:>16} {:>12} {:>12}", "KEY", "NAME", "TOTAL BYTES", "TOTAL", "USABLE");
             for p in GpuProfile::catalogue() {
@@ -54,7 +57,14 @@ pub fn run(args: MemoryArgs) -> CliResult {
     }
 }
 
-fn run_replay(path: &PathBuf, device: Option<String>, alloc_conf: Option<String>, json: bool) -> CliResult {
+/// The text `ferrite memory replay` prints.
+fn replay_output(
+    path: &PathBuf,
+    device: Option<String>,
+    alloc_conf: Option<String>,
+    json: bool,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    use std::fmt::Write;
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
     let trace = Trace::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let spec = device.or_else(|| trace.device.clone()).ok_or(
@@ -67,12 +77,13 @@ fn run_replay(path: &PathBuf, device: Option<String>, alloc_conf: Option<String>
     };
     let report = replay(&trace, device, config)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
-        return Ok(());
+        return Ok(serde_json::to_string_pretty(&report.to_json())? + "\n");
     }
     let s = &report.stats;
-    println!("replayed {} events on {} (alloc conf: \"{}\")", report.events, report.device, report.config);
-    println!(
+    let mut out = String::new();
+    writeln!(out, "replayed {} events on {} (alloc conf: \"{}\")", report.events, report.device, report.config)?;
+    writeln!(
+        out,
         "allocated: {} now, {} peak | reserved: {} now, {} peak | OOMs: {} | retries: {}",
         format_size(s.allocated_bytes.all.current as u64),
         format_size(s.allocated_bytes.all.peak as u64),
@@ -80,10 +91,54 @@ fn run_replay(path: &PathBuf, device: Option<String>, alloc_conf: Option<String>
         format_size(s.reserved_bytes.all.peak as u64),
         s.num_ooms,
         s.num_alloc_retries
-    );
-    print!("{}", report.summary);
+    )?;
+    out.push_str(&report.summary);
     for o in &report.ooms {
-        println!("\nOOM at event {} (id {}, {} bytes): {}\n{}", o.event_index, o.id, o.size, o.diagnosis, o.message);
+        writeln!(out, "\nOOM at event {} (id {}, {} bytes): {}\n{}", o.event_index, o.id, o.size, o.diagnosis, o.message)?;
     }
-    Ok(())
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demo_trace() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-memory/traces/split_large_block.json")
+    }
+
+    #[test]
+    fn replay_json_has_pytorch_keys_and_ooms() {
+        let out = replay_output(&demo_trace(), None, Some(String::new()), true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["num_ooms"], 1);
+        assert_eq!(v["ooms"][0]["event_index"], 47);
+        assert_eq!(v["ooms"][0]["size"], 500u64 << 20);
+        assert_eq!(v["ooms"][0]["diagnosis"], "fragmented");
+        assert_eq!(v["reserved_bytes.all.current"], 0);
+        assert!(v["allocated_bytes.all.peak"].as_i64().unwrap() > 0);
+        // another allocator setting avoids the OOM
+        let out = replay_output(&demo_trace(), None, Some("max_split_size_mb:100".into()), true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["num_ooms"], 0);
+        assert_eq!(v["ooms"].as_array().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn replay_text_reports_the_diagnosis() {
+        let out = replay_output(&demo_trace(), Some("sim:1GiB".into()), Some(String::new()), false).unwrap();
+        assert!(out.contains("OOM at event 47"), "{out}");
+        assert!(out.contains("Diagnosis: fragmented"), "{out}");
+        assert!(out.contains("ferrite memory summary"), "{out}");
+    }
+
+    #[test]
+    fn replay_errors_are_messages() {
+        let e = replay_output(&demo_trace(), None, Some("bogus:1".into()), true).unwrap_err();
+        assert!(e.to_string().contains("bogus"), "{e}");
+        let e = replay_output(&demo_trace(), Some("gpu:0".into()), Some(String::new()), true).unwrap_err();
+        assert!(e.to_string().contains("gpu:0"), "{e}");
+        let e = replay_output(&PathBuf::from("/nonexistent.json"), None, None, true).unwrap_err();
+        assert!(e.to_string().contains("cannot read trace"), "{e}");
+    }
 }
