@@ -38,8 +38,9 @@ element!(i64, DType::I64, |x: i64| x as f64, |v: f64| v as i64);
 element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v as i32);
 element!(u8, DType::U8, |x: u8| x as f64, |v: f64| v as u8);
 
-/// `bool` is stored as one byte holding 0 or 1 (like PyTorch). Not `Pod` itself, so tensors of
-/// dtype Bool are read and written through this byte wrapper or through `to_vec::<bool>` helpers.
+/// How a `bool` element is stored: one byte, 0 or 1 when written by ferrite (like PyTorch); any
+/// nonzero byte (e.g. from a foreign file) reads as true. Users normally pass plain `bool`s (see
+/// [`HostElement`]).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(transparent)]
 pub struct Bool8(pub u8);
@@ -51,6 +52,42 @@ impl Element for Bool8 {
     }
     fn from_f64(v: f64) -> Self {
         Bool8((v != 0.0) as u8)
+    }
+}
+
+/// A Rust value type tensors are built from and read back into: every [`Element`] plus plain
+/// `bool`. `bool` cannot be an [`Element`] itself (elements are `Pod`, so any byte pattern read
+/// from a file must be a valid value, and only 0 and 1 are valid bools); it converts through
+/// [`Bool8`] at the boundary instead, so `Tensor::from_vec(vec![true, false], ..)` and
+/// `to_vec::<bool>()` work like for every other type.
+pub trait HostElement: Copy + Send + Sync + 'static + std::fmt::Debug + PartialEq {
+    /// The element type stored in the tensor.
+    type Stored: Element;
+    fn to_stored(self) -> Self::Stored;
+    fn from_stored(v: Self::Stored) -> Self;
+}
+
+impl<T: Element> HostElement for T {
+    type Stored = T;
+    #[inline(always)]
+    fn to_stored(self) -> T {
+        self
+    }
+    #[inline(always)]
+    fn from_stored(v: T) -> T {
+        v
+    }
+}
+
+impl HostElement for bool {
+    type Stored = Bool8;
+    #[inline(always)]
+    fn to_stored(self) -> Bool8 {
+        Bool8(self as u8)
+    }
+    #[inline(always)]
+    fn from_stored(v: Bool8) -> bool {
+        v.0 != 0
     }
 }
 

@@ -32,7 +32,7 @@ mod tensor;
 
 pub use autograd::{enable_grad, is_grad_enabled, no_grad, BackwardFn, SavedTensor};
 pub use dtype::DType;
-pub use element::{Bool8, Element};
+pub use element::{Bool8, Element, HostElement};
 pub use error::{Result, TensorError};
 pub use ferrite_memory::Device;
 pub use random::{manual_seed, Generator, GeneratorState};

@@ -12,7 +12,7 @@ use ferrite_memory::{allocator, Device};
 use smallvec::SmallVec;
 
 use crate::autograd::{self, BackwardFn, Edge, GradSlot, Node};
-use crate::element::Element;
+use crate::element::{Element, HostElement};
 use crate::error::{Result, TensorError};
 use crate::layout::{checked_numel, Layout, Shape};
 use crate::storage::Storage;
@@ -106,31 +106,35 @@ impl Tensor {
 
     // ---------------------------------------------------------------- public construction
 
-    /// A tensor holding `data` with `shape` on `device`.
+    /// A tensor holding `data` with `shape` on `device` (any [`HostElement`]: f32, f64, f16,
+    /// bf16, i64, i32, u8, bool).
     #[track_caller]
-    pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
+    pub fn from_vec<T: HostElement>(data: Vec<T>, shape: &[usize], device: &Device) -> Result<Tensor> {
         Tensor::from_slice(&data, shape, device)
     }
 
     /// A tensor holding a copy of `data` with `shape` on `device`.
     #[track_caller]
-    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+    pub fn from_slice<T: HostElement>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
         let n = checked_numel(shape).ok_or_else(|| TensorError::invalid("from_slice", format!("shape {shape:?} has too many elements")))?;
         if n != data.len() {
             return Err(TensorError::DataLength { op: "from_slice", len: data.len(), shape: shape.to_vec(), numel: n });
         }
-        let t = Tensor::empty(shape, T::DTYPE, device)?;
+        let t = Tensor::empty(shape, <T::Stored as Element>::DTYPE, device)?;
         if let Some(p) = t.0.storage.ptr() {
-            // SAFETY: the fresh storage holds exactly n elements of T (size checked above), is
-            // at least 512-byte aligned, and nothing else references it yet.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut T, n) };
+            // SAFETY: the fresh storage holds exactly n elements of T::Stored (size checked
+            // above), is at least 512-byte aligned, and nothing else references it yet.
+            let dst = unsafe { std::slice::from_raw_parts_mut(p as *mut T::Stored, n) };
+            for (d, &v) in dst.iter_mut().zip(data) {
+                *d = v.to_stored();
+            }
         }
         Ok(t)
     }
 
     /// A 0-dim tensor.
     #[track_caller]
-    pub fn scalar<T: Element>(v: T, device: &Device) -> Result<Tensor> {
+    pub fn scalar<T: HostElement>(v: T, device: &Device) -> Result<Tensor> {
         Tensor::from_slice(&[v], &[], device)
     }
 

@@ -49,19 +49,19 @@ fn close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Resul
     }
     let g = got.to_vec_f64().map_err(|e| e.to_string())?;
     let w = want.to_vec_f64().map_err(|e| e.to_string())?;
-    let mut worst = (0usize, 0f64);
+    // The worst offending element; NaN (on either side) counts as the worst possible.
+    let mut worst: Option<(usize, f64)> = None;
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         let err = (a - b).abs();
         let tol = atol + rtol * b.abs();
         if !(err <= tol) {
-            let excess = err / tol;
-            if excess > worst.1 || excess.is_nan() {
-                worst = (i, excess);
+            let excess = if err.is_nan() { f64::INFINITY } else { err / tol };
+            if worst.is_none_or(|(_, e)| excess > e) {
+                worst = Some((i, excess));
             }
         }
     }
-    if worst.1 > 0.0 {
-        let i = worst.0;
+    if let Some((i, _)) = worst {
         return Err(format!("{what}: element {i} is {} but PyTorch gives {} (|diff| {:.3e})", g[i], w[i], (g[i] - w[i]).abs()));
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use ferrite_memory::{allocator, Device};
 
 use crate::autograd::{is_grad_enabled, BackwardFn};
-use crate::element::{Bool8, Element};
+use crate::element::{Bool8, Element, HostElement};
 use crate::error::{Result, TensorError};
 use crate::kernels::map::{update2, In};
 use crate::{dispatch_all, dispatch_bits, DType, Tensor};
@@ -164,11 +164,12 @@ impl Tensor {
         Ok(Tensor::from_op1(out, &[self], ToDeviceBackward(self.device().clone())))
     }
 
-    /// The elements in row-major order. `T` must match the dtype (see [`to_vec_f64`](Self::to_vec_f64)
-    /// for any dtype).
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype() {
-            return Err(TensorError::DTypeMismatch { op: "to_vec", detail: format!("tensor has dtype {} but {} was requested; convert with to_dtype first", self.dtype(), T::DTYPE) });
+    /// The elements in row-major order. `T` must match the dtype (`bool` for Bool tensors; see
+    /// [`to_vec_f64`](Self::to_vec_f64) for any dtype).
+    pub fn to_vec<T: HostElement>(&self) -> Result<Vec<T>> {
+        let want = <T::Stored as Element>::DTYPE;
+        if want != self.dtype() {
+            return Err(TensorError::DTypeMismatch { op: "to_vec", detail: format!("tensor has dtype {} but {} was requested; convert with to_dtype first", self.dtype(), want) });
         }
         if self.is_meta() {
             return Err(TensorError::MetaHasNoData { op: "to_vec" });
@@ -176,9 +177,9 @@ impl Tensor {
         let _g = crate::autograd::no_grad();
         let c = self.contiguous()?;
         let n = c.numel();
-        let p = c.ptr::<T>("to_vec")?;
-        // SAFETY: `c` is contiguous with n initialised elements of T.
-        Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+        let p = c.ptr::<T::Stored>("to_vec")?;
+        // SAFETY: `c` is contiguous with n initialised elements of T::Stored.
+        Ok(unsafe { std::slice::from_raw_parts(p, n) }.iter().map(|&v| T::from_stored(v)).collect())
     }
 
     /// The elements converted to f64, for any dtype.

@@ -173,19 +173,22 @@ impl Tensor {
     /// Rows (entries of `dim`) picked by a 1-D index tensor.
     pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
         let d = normalize_dim(dim, self.rank(), "index_select")?;
+        if self.rank() == 0 {
+            // A 0-dim tensor indexes like a 1-element vector (through a recorded reshape, so
+            // backward sees ordinary shapes).
+            return self.reshape_usize(&[1])?.index_select(0, index);
+        }
         if index.rank() > 1 {
             return Err(TensorError::shape("index_select", format!("index must be 0-D or 1-D, got shape {:?}", index.shape())));
         }
-        let rank = self.rank().max(1);
-        let size = if self.rank() == 0 { 1 } else { self.shape()[d] };
-        let k = index.numel();
-        let mut shape = if self.rank() == 0 { Shape::from_slice(&[1]) } else { self.shape_vec() };
-        shape[d] = k;
+        check_same_device("index_select", self, index)?;
+        let size = self.shape()[d];
+        let mut shape = self.shape_vec();
+        shape[d] = index.numel();
         let out = self.empty_like_shape(&shape, self.dtype())?;
         if !out.is_meta() {
-            check_same_device("index_select", self, index)?;
             let idx = read_indices(index, size, d, "index_select")?;
-            let x = if self.rank() == 0 { self.reshape_usize(&[1])? } else { self.clone() };
+            let x = self;
             if d == 0 && x.is_contiguous() {
                 let row = x.numel() / size.max(1) * x.dtype().size_in_bytes();
                 let src = x.ptr::<u8>("index_select")?;
@@ -202,7 +205,6 @@ impl Tensor {
                     copy_into(&dst, &src)?;
                 }
             }
-            let _ = rank;
         }
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);

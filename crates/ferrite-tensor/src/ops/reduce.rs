@@ -395,6 +395,12 @@ impl Tensor {
 
     fn minmax_dim(&self, dim: i64, keepdim: bool, is_max: bool) -> Result<(Tensor, Tensor)> {
         let op = if is_max { "max" } else { "min" };
+        if self.rank() == 0 {
+            // PyTorch: the value itself and index 0.
+            normalize_dim(dim, 0, op)?;
+            let idx = crate::ops::creation::full_on(self.storage().allocator(), &[], DType::I64, 0.0)?;
+            return Ok((self.deep_clone()?, idx));
+        }
         let (vals, idx) = self.index_reduce(dim, keepdim, is_max, true, op)?;
         let vals = vals.ok_or_else(|| TensorError::invalid(op, "internal: values missing"))?;
         if !Tensor::needs_graph(&[self]) {
