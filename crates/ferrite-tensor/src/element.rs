@@ -95,6 +95,12 @@ impl HostElement for bool {
 pub trait AccFloat: num_traits::Float + Send + Sync + Copy + std::iter::Sum + std::ops::AddAssign + 'static + std::fmt::Debug {
     fn erf(self) -> Self;
     fn from_f64c(v: f64) -> Self;
+    /// e^x; for f32 a vectorisable version within 1 ulp (see `kernels::vmath`).
+    fn vexp(self) -> Self;
+    /// tanh(x); for f32 a vectorisable version within 2 ulp.
+    fn vtanh(self) -> Self;
+    /// 1 / (1 + e^-x).
+    fn vsigmoid(self) -> Self;
 }
 impl AccFloat for f32 {
     #[inline(always)]
@@ -105,6 +111,18 @@ impl AccFloat for f32 {
     fn from_f64c(v: f64) -> f32 {
         v as f32
     }
+    #[inline(always)]
+    fn vexp(self) -> f32 {
+        crate::kernels::vmath::exp_f32(self)
+    }
+    #[inline(always)]
+    fn vtanh(self) -> f32 {
+        crate::kernels::vmath::tanh_f32(self)
+    }
+    #[inline(always)]
+    fn vsigmoid(self) -> f32 {
+        crate::kernels::vmath::sigmoid_f32(self)
+    }
 }
 impl AccFloat for f64 {
     #[inline(always)]
@@ -114,6 +132,18 @@ impl AccFloat for f64 {
     #[inline(always)]
     fn from_f64c(v: f64) -> f64 {
         v
+    }
+    #[inline(always)]
+    fn vexp(self) -> f64 {
+        self.exp()
+    }
+    #[inline(always)]
+    fn vtanh(self) -> f64 {
+        self.tanh()
+    }
+    #[inline(always)]
+    fn vsigmoid(self) -> f64 {
+        1.0 / (1.0 + (-self).exp())
     }
 }
 

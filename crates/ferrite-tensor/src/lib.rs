@@ -37,4 +37,5 @@ pub use error::{Result, TensorError};
 pub use ferrite_memory::Device;
 pub use random::{manual_seed, Generator, GeneratorState};
 pub use storage::Storage;
+pub use kernels::simd::simd_level;
 pub use tensor::Tensor;

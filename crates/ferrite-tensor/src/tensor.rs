@@ -218,10 +218,12 @@ impl Tensor {
     }
 
     /// Base pointer (storage offset applied) for kernels. Errors on meta tensors.
+    /// The offset is applied in elements of the tensor's dtype, so byte-typed callers (`T = u8`,
+    /// for raw row copies) get the same address as element-typed ones.
     pub(crate) fn ptr<T>(&self, op: &'static str) -> Result<*mut T> {
         match self.0.storage.ptr() {
             // SAFETY: offset is within the storage (layouts are only built by checked view ops).
-            Some(p) => Ok(unsafe { (p as *mut T).add(self.0.layout.offset) }),
+            Some(p) => Ok(unsafe { p.add(self.0.layout.offset * self.0.dtype.size_in_bytes()) as *mut T }),
             None if self.numel() == 0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
             None => Err(TensorError::MetaHasNoData { op }),
         }

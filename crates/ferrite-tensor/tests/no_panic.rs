@@ -10,13 +10,38 @@ fn shape_strategy() -> impl Strategy<Value = Vec<usize>> {
     prop::collection::vec(0usize..4, 0..5)
 }
 
+/// A tensor of `shape` whose layout depends on `seed`: contiguous, a transposed view, a strided
+/// slice or an expanded (stride-0) view, so kernels see non-contiguous operands too.
 fn make(shape: &[usize], dtype: DType, device: &Device, seed: u64, grad: bool) -> Tensor {
-    let mut g = Generator::new(seed);
-    let t = if dtype.is_floating_point() {
-        Tensor::randn_with(shape, dtype, device, &mut g).unwrap()
-    } else {
-        Tensor::randn_with(shape, DType::F32, device, &mut g).unwrap().mul_scalar(3.0).unwrap().to_dtype(dtype).unwrap()
+    let layout = Generator::new(seed ^ 0x5eed).below(4);
+    let base = |s: &[usize]| {
+        let mut g = Generator::new(seed);
+        if dtype.is_floating_point() {
+            Tensor::randn_with(s, dtype, device, &mut g).unwrap()
+        } else {
+            Tensor::randn_with(s, DType::F32, device, &mut g).unwrap().mul_scalar(3.0).unwrap().to_dtype(dtype).unwrap()
+        }
     };
+    let r = shape.len();
+    let t = match layout {
+        1 if r >= 2 => {
+            let mut s = shape.to_vec();
+            s.swap(0, r - 1);
+            base(&s).transpose(0, (r - 1) as i64).unwrap()
+        }
+        2 if r >= 1 => {
+            let mut s = shape.to_vec();
+            s[0] = s[0] * 2 + 1;
+            base(&s).slice(0, 1, s[0] as i64, 2).unwrap()
+        }
+        3 if r >= 1 && shape[0] > 0 => {
+            let mut s = shape.to_vec();
+            s[0] = 1;
+            base(&s).expand(shape).unwrap()
+        }
+        _ => base(shape),
+    };
+    assert_eq!(t.shape(), shape);
     if grad && dtype.is_floating_point() { t.requires_grad_(true).unwrap() } else { t }
 }
 

@@ -133,8 +133,10 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
             e(ferrite_tensor::functional::embedding(&idx, &x[0]))
         }
         "sdpa" => e(ferrite_tensor::functional::scaled_dot_product_attention(&x[0], &x[1], &x[2], None, a["is_causal"].as_bool().unwrap_or(false), None)),
-        // The LSTM is a layer of ferrite-nn; its parity runs in that crate's suite.
-        "lstm" => Ok(None),
+        "lstm" => {
+            let (out, _) = ferrite_tensor::functional::lstm(&x[0], &x[1], &x[2], Some(&x[3]), Some(&x[4]), None, true).map_err(|e| e.to_string())?;
+            Ok(Some(out))
+        }
         other => Err(format!("unknown op `{other}`")),
     }
 }

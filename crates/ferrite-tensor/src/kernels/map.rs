@@ -1,9 +1,12 @@
 //! Elementwise kernels over strided, broadcast operands into a fresh contiguous output.
 //!
 //! The closures are generic over element types; for f32 the conversions inline away and the
-//! contiguous inner loops vectorise.
+//! contiguous inner loops vectorise. Every walk over rows runs inside [`vectorize`], so those
+//! loops are compiled for AVX-512 / AVX2 when the CPU has them; the element closures handed in
+//! by ops must therefore be small and inlinable (they are: `#[inline(always)]` arithmetic).
 
 use crate::error::Result;
+use crate::kernels::simd::vectorize;
 use crate::kernels::strided::{par_ranges, SendPtr, Walk};
 use crate::layout::Layout;
 use crate::Tensor;
@@ -35,7 +38,7 @@ pub(crate) fn map1<A: Copy + Send + Sync, O: Copy + Send + Sync>(out: &Tensor, a
     let ap = a.ptr;
     par_ranges(n, 1, |start, end| {
         let (ap, op) = (ap, op);
-        w.rows(start, end, |[oa], len, lin| {
+        vectorize(#[inline(always)] || w.rows(start, end, #[inline(always)] |[oa], len, lin| {
             // SAFETY: `out` is a fresh contiguous buffer of n elements; each task writes the
             // disjoint range [start, end). Input offsets come from a layout validated against its
             // storage, so every read is in bounds.
@@ -52,7 +55,7 @@ pub(crate) fn map1<A: Copy + Send + Sync, O: Copy + Send + Sync>(out: &Tensor, a
                     }
                 }
             }
-        });
+        }));
     });
     Ok(())
 }
@@ -69,7 +72,7 @@ pub(crate) fn map2<A: Copy + Send + Sync, B: Copy + Send + Sync, O: Copy + Send 
     let (ap, bp) = (a.ptr, b.ptr);
     par_ranges(n, 1, |start, end| {
         let (ap, bp, op) = (ap, bp, op);
-        w.rows(start, end, |[oa, ob], len, lin| {
+        vectorize(#[inline(always)] || w.rows(start, end, #[inline(always)] |[oa, ob], len, lin| {
             // SAFETY: as in map1; the output range [lin, lin+len) belongs to this task only.
             unsafe {
                 let o = std::slice::from_raw_parts_mut(op.0.add(lin), len);
@@ -102,7 +105,7 @@ pub(crate) fn map2<A: Copy + Send + Sync, B: Copy + Send + Sync, O: Copy + Send 
                     }
                 }
             }
-        });
+        }));
     });
     Ok(())
 }
@@ -129,7 +132,7 @@ pub(crate) fn map3<A: Copy + Send + Sync, B: Copy + Send + Sync, C: Copy + Send 
     let (ap, bp, cp) = (a.ptr, b.ptr, c.ptr);
     par_ranges(n, 1, |start, end| {
         let (ap, bp, cp, op) = (ap, bp, cp, op);
-        w.rows(start, end, |[oa, ob, oc], len, lin| {
+        vectorize(#[inline(always)] || w.rows(start, end, #[inline(always)] |[oa, ob, oc], len, lin| {
             // SAFETY: as in map1.
             unsafe {
                 let o = std::slice::from_raw_parts_mut(op.0.add(lin), len);
@@ -137,7 +140,7 @@ pub(crate) fn map3<A: Copy + Send + Sync, B: Copy + Send + Sync, C: Copy + Send 
                     *o = f(*ap.0.add(oa + i * sa), *bp.0.add(ob + i * sb), *cp.0.add(oc + i * sc));
                 }
             }
-        });
+        }));
     });
     Ok(())
 }
@@ -158,7 +161,7 @@ pub(crate) fn update2<D: Copy + Send + Sync, S: Copy + Send + Sync>(dst: &Tensor
     // is contiguous.
     let run = |start: usize, end: usize| {
         let (dp, sp) = (dp, sp);
-        w.rows(start, end, |[od, os], len, _| {
+        vectorize(#[inline(always)] || w.rows(start, end, #[inline(always)] |[od, os], len, _| {
             // SAFETY: dst offsets come from its validated layout; tasks own disjoint element
             // ranges of a non-overlapping (contiguous) destination.
             unsafe {
@@ -175,7 +178,7 @@ pub(crate) fn update2<D: Copy + Send + Sync, S: Copy + Send + Sync>(dst: &Tensor
                     }
                 }
             }
-        });
+        }));
     };
     if dl.is_contiguous() {
         par_ranges(n, 1, run);
@@ -202,9 +205,14 @@ pub(crate) fn zip2_contig<A: Copy + Send + Sync, B: Copy + Send + Sync, O: Copy 
             let x = std::slice::from_raw_parts(ap.0.add(s), e - s);
             let y = std::slice::from_raw_parts(bp.0.add(s), e - s);
             let o = std::slice::from_raw_parts_mut(op.0.add(s), e - s);
-            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
-                *o = f(x, y);
-            }
+            vectorize(
+                #[inline(always)]
+                || {
+                    for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                        *o = f(x, y);
+                    }
+                },
+            );
         }
     });
     Ok(())
@@ -220,9 +228,14 @@ pub(crate) fn map1_contig<A: Copy + Send + Sync, O: Copy + Send + Sync>(out: &Te
         unsafe {
             let x = std::slice::from_raw_parts(ap.0.add(s), e - s);
             let o = std::slice::from_raw_parts_mut(op.0.add(s), e - s);
-            for (o, &x) in o.iter_mut().zip(x) {
-                *o = f(x);
-            }
+            vectorize(
+                #[inline(always)]
+                || {
+                    for (o, &x) in o.iter_mut().zip(x) {
+                        *o = f(x);
+                    }
+                },
+            );
         }
     });
     Ok(())

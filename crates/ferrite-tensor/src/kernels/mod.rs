@@ -1,4 +1,7 @@
 //! CPU kernels (used by the `cpu` and `sim` devices).
 
+pub(crate) mod gemm;
 pub(crate) mod map;
+pub(crate) mod simd;
 pub(crate) mod strided;
+pub(crate) mod vmath;

@@ -66,6 +66,7 @@ impl<const N: usize> Walk<N> {
 
     /// Call `f(offsets, len, linear_index)` for each inner row segment covering linear element
     /// indices `[start, end)`.
+    #[inline(always)]
     pub fn rows(&self, start: usize, end: usize, mut f: impl FnMut([usize; N], usize, usize)) {
         if start >= end {
             return;

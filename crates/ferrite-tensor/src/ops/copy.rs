@@ -99,6 +99,12 @@ impl BackwardFn for ToDeviceBackward {
 
 /// Refuse in-place writes that autograd cannot track.
 pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) -> Result<()> {
+    if !dst.is_contiguous() && dst.shape().iter().zip(dst.strides()).any(|(&d, &s)| d > 1 && s == 0) {
+        return Err(TensorError::invalid(
+            op,
+            format!("unsupported operation: more than one element of the written-to tensor (shape {:?}, strides {:?}) refers to a single memory location; call .contiguous() before the in-place operation", dst.shape(), dst.strides()),
+        ));
+    }
     if !is_grad_enabled() {
         return Ok(());
     }

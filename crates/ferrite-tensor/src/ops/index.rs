@@ -263,6 +263,11 @@ impl Tensor {
     pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
         let d = normalize_dim(dim, self.rank(), "gather")?;
         self.check_gather_shapes(d, index, "gather")?;
+        check_same_device("gather", self, index)?;
+        if self.rank() == 0 {
+            // 0-dim input and index: index like 1-element vectors.
+            return self.reshape_usize(&[1])?.gather(0, &index.reshape_usize(&[1])?)?.reshape_usize(&[]);
+        }
         let out = self.empty_like_shape(index.shape(), self.dtype())?;
         let idx = as_i64(index)?;
         if !out.is_meta() && out.numel() > 0 {
@@ -307,6 +312,15 @@ impl Tensor {
     /// autograd). Used by gather/max backward.
     pub(crate) fn scatter_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         self.check_gather_shapes(dim, index, "scatter_add")?;
+        check_same_device("scatter_add", self, index)?;
+        check_same_device("scatter_add", self, src)?;
+        if src.rank() != index.rank() || index.shape().iter().zip(src.shape()).any(|(i, s)| i > s) {
+            return Err(TensorError::shape("scatter_add", format!("index {:?} must be no larger than src {:?} in every dimension (and of the same rank)", index.shape(), src.shape())));
+        }
+        if self.rank() == 0 {
+            let one = |t: &Tensor| t.reshape_usize(&[1]);
+            return self.reshape_usize(&[1])?.scatter_raw(0, &one(index)?, &one(src)?)?.reshape_usize(&[]);
+        }
         let out = materialize(self, self.dtype())?;
         let idx = as_i64(index)?;
         let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };

@@ -42,16 +42,17 @@ macro_rules! unary {
     };
 }
 
+#[inline(always)]
 fn c<F: AccFloat>(v: f64) -> F {
     F::from_f64c(v)
 }
 
-unary!(Exp, "exp", "ExpBackward0", true, |x, p| x.exp(), |y, p| y);
+unary!(Exp, "exp", "ExpBackward0", true, |x, p| x.vexp(), |y, p| y);
 unary!(Log, "log", "LogBackward0", false, |x, p| x.ln(), |x, p| x.recip());
 unary!(Sqrt, "sqrt", "SqrtBackward0", true, |x, p| x.sqrt(), |y, p| c::<F>(0.5) / y);
 unary!(Rsqrt, "rsqrt", "RsqrtBackward0", true, |x, p| x.sqrt().recip(), |y, p| c::<F>(-0.5) * y * y * y);
-unary!(Tanh, "tanh", "TanhBackward0", true, |x, p| x.tanh(), |y, p| F::one() - y * y);
-unary!(Sigmoid, "sigmoid", "SigmoidBackward0", true, |x, p| F::one() / (F::one() + (-x).exp()), |y, p| y * (F::one() - y));
+unary!(Tanh, "tanh", "TanhBackward0", true, |x, p| x.vtanh(), |y, p| F::one() - y * y);
+unary!(Sigmoid, "sigmoid", "SigmoidBackward0", true, |x, p| x.vsigmoid(), |y, p| y * (F::one() - y));
 unary!(Relu, "relu", "ReluBackward0", true, |x, p| if x > F::zero() { x } else if x.is_nan() { x } else { F::zero() }, |y, p| if y > F::zero() { F::one() } else { F::zero() });
 unary!(Neg, "neg", "NegBackward0", false, |x, p| -x, |x, p| -F::one());
 unary!(Abs, "abs", "AbsBackward0", false, |x, p| x.abs(), |x, p| if x > F::zero() { F::one() } else if x < F::zero() { -F::one() } else { F::zero() });
@@ -65,24 +66,24 @@ unary!(Gelu, "gelu", "GeluBackward0", false,
     |x, p| c::<F>(0.5) * x * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf()),
     |x, p| {
         let cdf = c::<F>(0.5) * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf());
-        let pdf = (c::<F>(-0.5) * x * x).exp() * c::<F>(0.3989422804014327);
+        let pdf = (c::<F>(-0.5) * x * x).vexp() * c::<F>(0.3989422804014327);
         cdf + x * pdf
     });
 unary!(GeluTanh, "gelu", "GeluBackward0", false,
     |x, p| {
         let k = c::<F>(0.7978845608028654);
         let inner = k * (x + c::<F>(0.044715) * x * x * x);
-        c::<F>(0.5) * x * (F::one() + inner.tanh())
+        c::<F>(0.5) * x * (F::one() + inner.vtanh())
     },
     |x, p| {
         let k = c::<F>(0.7978845608028654);
         let x2 = x * x;
         let inner = k * (x + c::<F>(0.044715) * x2 * x);
-        let t = inner.tanh();
+        let t = inner.vtanh();
         c::<F>(0.5) * (F::one() + t) + c::<F>(0.5) * x * (F::one() - t * t) * k * (F::one() + c::<F>(3.0 * 0.044715) * x2)
     });
-unary!(Silu, "silu", "SiluBackward0", false, |x, p| x / (F::one() + (-x).exp()), |x, p| {
-    let s = F::one() / (F::one() + (-x).exp());
+unary!(Silu, "silu", "SiluBackward0", false, |x, p| x / (F::one() + (-x).vexp()), |x, p| {
+    let s = x.vsigmoid();
     s * (F::one() + x * (F::one() - s))
 });
 unary!(LeakyRelu, "leaky_relu", "LeakyReluBackward0", false, |x, p| if x > F::zero() { x } else { x * p }, |x, p| if x > F::zero() { F::one() } else { p });

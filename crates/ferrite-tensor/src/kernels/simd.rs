@@ -1,0 +1,85 @@
+//! Running a kernel's inner loops with the CPU's widest vector instructions.
+//!
+//! The default build targets baseline x86-64 (SSE2), so auto-vectorised loops would be 4 lanes
+//! wide on a machine with AVX-512. [`vectorize`] re-compiles the closure it is given (which must
+//! be `#[inline(always)]` all the way down to the loop) inside a function with AVX-512 (or
+//! AVX2+FMA) enabled, chosen once at run time from the CPU's feature flags. Kernels stay plain
+//! Rust loops over slices — no intrinsics — and still build and run anywhere.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+const UNKNOWN: u8 = 0;
+const BASELINE: u8 = 1;
+const AVX2: u8 = 2;
+const AVX512: u8 = 3;
+
+static LEVEL: AtomicU8 = AtomicU8::new(UNKNOWN);
+
+#[cold]
+fn detect() -> u8 {
+    #[cfg(target_arch = "x86_64")]
+    let level = if std::env::var_os("FERRITE_NO_SIMD").is_some() {
+        BASELINE
+    } else if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512dq")
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        AVX512
+    } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        AVX2
+    } else {
+        BASELINE
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let level = BASELINE;
+    LEVEL.store(level, Ordering::Relaxed);
+    level
+}
+
+#[inline(always)]
+fn level() -> u8 {
+    match LEVEL.load(Ordering::Relaxed) {
+        UNKNOWN => detect(),
+        l => l,
+    }
+}
+
+/// The instruction set kernels run with (for benchmark reports): `avx512`, `avx2` or `baseline`.
+pub fn simd_level() -> &'static str {
+    match level() {
+        AVX512 => "avx512",
+        AVX2 => "avx2",
+        _ => "baseline",
+    }
+}
+
+/// Run `f` compiled for the best available vector extension. `f` and everything it calls in
+/// its hot loop must be `#[inline(always)]` for the loop to be compiled with those features.
+#[inline(always)]
+pub(crate) fn vectorize<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: the CPU supports every feature the callee enables (checked in `detect`).
+        AVX512 => return unsafe { with_avx512(f) },
+        // SAFETY: as above.
+        AVX2 => return unsafe { with_avx2(f) },
+        _ => {}
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,avx,fma,f16c,sse4.1,sse4.2,popcnt,bmi1,bmi2,lzcnt")]
+unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx,fma,f16c,sse4.1,sse4.2,popcnt,bmi1,bmi2,lzcnt")]
+unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
