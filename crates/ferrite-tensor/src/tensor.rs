@@ -26,6 +26,8 @@ pub(crate) struct TensorImpl {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
+    /// `layout.is_contiguous()`, computed once (it is asked on every op's fast path).
+    contiguous: bool,
     /// Leaves only: whether gradients are wanted.
     requires_grad: AtomicBool,
     grad_fn: Option<Arc<Node>>,
@@ -63,10 +65,12 @@ impl Tensor {
     // ---------------------------------------------------------------- construction (internal)
 
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout, dtype: DType) -> Tensor {
+        let contiguous = layout.is_contiguous();
         Tensor(Arc::new(TensorImpl {
             storage,
             layout,
             dtype,
+            contiguous,
             requires_grad: AtomicBool::new(false),
             grad_fn: None,
             output_nr: 0,
@@ -187,7 +191,7 @@ impl Tensor {
     }
 
     pub fn is_contiguous(&self) -> bool {
-        self.0.layout.is_contiguous()
+        self.0.contiguous
     }
 
     pub fn storage(&self) -> &Arc<Storage> {
@@ -349,6 +353,7 @@ impl Tensor {
                     storage: o.0.storage.clone(),
                     layout: o.0.layout.clone(),
                     dtype: o.0.dtype,
+                    contiguous: o.0.contiguous,
                     requires_grad: AtomicBool::new(false),
                     grad_fn: if can_grad { Some(node.clone()) } else { None },
                     output_nr: i as u32,

@@ -184,3 +184,46 @@ pub(crate) fn update2<D: Copy + Send + Sync, S: Copy + Send + Sync>(dst: &Tensor
     }
     Ok(())
 }
+
+/// Fast path: out[i] = f(a[i], b[i]) for contiguous same-shape operands (no layout walking).
+pub(crate) fn zip2_contig<A: Copy + Send + Sync, B: Copy + Send + Sync, O: Copy + Send + Sync>(
+    out: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(A, B) -> O + Sync + Send,
+) -> Result<()> {
+    let n = out.numel();
+    let (ap, bp, op) = (SendPtr(a.ptr::<A>("map")?), SendPtr(b.ptr::<B>("map")?), SendPtr(out.ptr::<O>("map")?));
+    par_ranges(n, 1, |s, e| {
+        let (ap, bp, op) = (ap, bp, op);
+        // SAFETY: all three are contiguous with n elements (checked by the caller); each task
+        // writes the disjoint output range [s, e) of the fresh output.
+        unsafe {
+            let x = std::slice::from_raw_parts(ap.0.add(s), e - s);
+            let y = std::slice::from_raw_parts(bp.0.add(s), e - s);
+            let o = std::slice::from_raw_parts_mut(op.0.add(s), e - s);
+            for ((o, &x), &y) in o.iter_mut().zip(x).zip(y) {
+                *o = f(x, y);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Fast path: out[i] = f(a[i]) for a contiguous operand.
+pub(crate) fn map1_contig<A: Copy + Send + Sync, O: Copy + Send + Sync>(out: &Tensor, a: &Tensor, f: impl Fn(A) -> O + Sync + Send) -> Result<()> {
+    let n = out.numel();
+    let (ap, op) = (SendPtr(a.ptr::<A>("map")?), SendPtr(out.ptr::<O>("map")?));
+    par_ranges(n, 1, |s, e| {
+        let (ap, op) = (ap, op);
+        // SAFETY: both contiguous with n elements (checked by the caller); disjoint output ranges.
+        unsafe {
+            let x = std::slice::from_raw_parts(ap.0.add(s), e - s);
+            let o = std::slice::from_raw_parts_mut(op.0.add(s), e - s);
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = f(x);
+            }
+        }
+    });
+    Ok(())
+}

@@ -126,8 +126,12 @@ pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
 /// Split `[0, n)` into chunks for rayon when `n` is large enough; `f(start, end)`.
 pub(crate) fn par_ranges(n: usize, cost_per_elem: usize, f: impl Fn(usize, usize) + Sync + Send) {
     let work = n.saturating_mul(cost_per_elem.max(1));
+    if work < PAR_THRESHOLD {
+        f(0, n);
+        return;
+    }
     let threads = rayon::current_num_threads();
-    if work < PAR_THRESHOLD || threads <= 1 {
+    if threads <= 1 {
         f(0, n);
         return;
     }

@@ -7,7 +7,7 @@ use num_traits::Float as NumFloat;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::element::{Bool8, Element, Float, Int};
 use crate::error::{Result, TensorError};
-use crate::kernels::map::{map1, map2, update2, In};
+use crate::kernels::map::{map1, map1_contig, map2, update2, zip2_contig, In};
 use crate::layout::broadcast_shapes;
 use crate::ops::copy::{check_inplace, materialize};
 use crate::ops::{check_same_device, promote_types, promote_with_scalar};
@@ -55,12 +55,18 @@ fn arith_dtype<O: Arith>(d: DType) -> DType {
 }
 
 fn float_kernel<T: Float, O: Arith>(out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() == out.shape() && b.shape() == out.shape() && a.is_contiguous() && b.is_contiguous() {
+        return zip2_contig::<T, T, T>(out, a, b, |x, y| T::from_acc(O::float(x.to_acc(), y.to_acc())));
+    }
     let ia = In::<T>::new(a, out.shape(), O::NAME)?;
     let ib = In::<T>::new(b, out.shape(), O::NAME)?;
     map2::<T, T, T>(out, &ia, &ib, |x, y| T::from_acc(O::float(x.to_acc(), y.to_acc())))
 }
 
 fn int_kernel<T: Int, O: Arith>(out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() == out.shape() && b.shape() == out.shape() && a.is_contiguous() && b.is_contiguous() {
+        return zip2_contig::<T, T, T>(out, a, b, |x, y| T::from_i64(O::int(x.to_i64(), y.to_i64()).unwrap_or(0)));
+    }
     let ia = In::<T>::new(a, out.shape(), O::NAME)?;
     let ib = In::<T>::new(b, out.shape(), O::NAME)?;
     map2::<T, T, T>(out, &ia, &ib, |x, y| T::from_i64(O::int(x.to_i64(), y.to_i64()).unwrap_or(0)))
@@ -69,25 +75,40 @@ fn int_kernel<T: Int, O: Arith>(out: &Tensor, a: &Tensor, b: &Tensor) -> Result<
 /// Compute `O(a, b)` into a fresh tensor of the broadcast shape (no autograd).
 pub(crate) fn arith_raw<O: Arith>(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     check_same_device(O::NAME, a, b)?;
-    let shape = broadcast_shapes(a.shape(), b.shape(), O::NAME)?;
     let dtype = arith_dtype::<O>(promote_types(a.dtype(), b.dtype()));
     if dtype == DType::Bool {
         return Err(TensorError::UnsupportedDType { op: O::NAME, dtype });
     }
-    let a = if a.dtype() != dtype { materialize(a, dtype)? } else { a.clone() };
-    let b = if b.dtype() != dtype { materialize(b, dtype)? } else { b.clone() };
-    let out = a.empty_like_shape(&shape, dtype)?;
+    let ca;
+    let a = if a.dtype() != dtype {
+        ca = materialize(a, dtype)?;
+        &ca
+    } else {
+        a
+    };
+    let cb;
+    let b = if b.dtype() != dtype {
+        cb = materialize(b, dtype)?;
+        &cb
+    } else {
+        b
+    };
+    let out = if a.shape() == b.shape() {
+        a.empty_like_shape(a.shape(), dtype)?
+    } else {
+        a.empty_like_shape(&broadcast_shapes(a.shape(), b.shape(), O::NAME)?, dtype)?
+    };
     if out.is_meta() {
         return Ok(out);
     }
     match dtype {
-        DType::F32 => float_kernel::<f32, O>(&out, &a, &b)?,
-        DType::F64 => float_kernel::<f64, O>(&out, &a, &b)?,
-        DType::F16 => float_kernel::<half::f16, O>(&out, &a, &b)?,
-        DType::BF16 => float_kernel::<half::bf16, O>(&out, &a, &b)?,
-        DType::I64 => int_kernel::<i64, O>(&out, &a, &b)?,
-        DType::I32 => int_kernel::<i32, O>(&out, &a, &b)?,
-        DType::U8 => int_kernel::<u8, O>(&out, &a, &b)?,
+        DType::F32 => float_kernel::<f32, O>(&out, a, b)?,
+        DType::F64 => float_kernel::<f64, O>(&out, a, b)?,
+        DType::F16 => float_kernel::<half::f16, O>(&out, a, b)?,
+        DType::BF16 => float_kernel::<half::bf16, O>(&out, a, b)?,
+        DType::I64 => int_kernel::<i64, O>(&out, a, b)?,
+        DType::I32 => int_kernel::<i32, O>(&out, a, b)?,
+        DType::U8 => int_kernel::<u8, O>(&out, a, b)?,
         DType::Bool => unreachable!("rejected above"),
     }
     Ok(out)
@@ -104,8 +125,11 @@ pub(crate) fn arith_scalar_raw<O: Arith>(a: &Tensor, s: f64) -> Result<Tensor> {
         return Ok(out);
     }
     fn fk<T: Float, O: Arith>(out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
-        let ia = In::<T>::new(a, out.shape(), O::NAME)?;
         let sv = T::acc_from_f64(s);
+        if a.is_contiguous() {
+            return map1_contig::<T, T>(out, a, |x| T::from_acc(O::float(x.to_acc(), sv)));
+        }
+        let ia = In::<T>::new(a, out.shape(), O::NAME)?;
         map1::<T, T>(out, &ia, |x| T::from_acc(O::float(x.to_acc(), sv)))
     }
     fn ik<T: Int, O: Arith>(out: &Tensor, a: &Tensor, s: f64) -> Result<()> {

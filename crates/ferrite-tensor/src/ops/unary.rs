@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::element::{AccFloat, Element, Float};
 use crate::error::{Result, TensorError};
-use crate::kernels::map::{map1, map2, In};
+use crate::kernels::map::{map1, map1_contig, map2, zip2_contig, In};
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
 
@@ -107,12 +107,19 @@ fn powf_exact<F: AccFloat>(x: F, p: F) -> F {
 }
 
 fn unary_kernel<T: Float, U: Unary>(out: &Tensor, x: &Tensor, p: f64) -> Result<()> {
-    let ix = In::<T>::new(x, out.shape(), U::NAME)?;
     let pp = T::acc_from_f64(p);
+    if x.is_contiguous() {
+        return map1_contig::<T, T>(out, x, |v| T::from_acc(U::f(v.to_acc(), pp)));
+    }
+    let ix = In::<T>::new(x, out.shape(), U::NAME)?;
     map1::<T, T>(out, &ix, |v| T::from_acc(U::f(v.to_acc(), pp)))
 }
 
 fn grad_kernel<T: Float, U: Unary>(out: &Tensor, g: &Tensor, s: &Tensor, p: f64) -> Result<()> {
+    if g.shape() == out.shape() && s.shape() == out.shape() && g.is_contiguous() && s.is_contiguous() {
+        let pp = T::acc_from_f64(p);
+        return zip2_contig::<T, T, T>(out, g, s, |g, s| T::from_acc(g.to_acc() * U::df(s.to_acc(), pp)));
+    }
     let ig = In::<T>::new(g, out.shape(), U::BACKWARD)?;
     let is = In::<T>::new(s, out.shape(), U::BACKWARD)?;
     let pp = T::acc_from_f64(p);

@@ -1,0 +1,62 @@
+//! Tensor throughput figures comparable with PyTorch CPU (see `bench/tensor_vs_pytorch.py`,
+//! which runs this and the same workloads in PyTorch with the same thread count).
+//!
+//! `cargo bench -p ferrite-tensor --bench ops_vs_pytorch` prints one line per workload:
+//! `matmul <n> <GFLOP/s>`, `chain <elements> <ms>`, `tiny_add <ns per op>`.
+
+use std::time::Instant;
+
+use ferrite_tensor::{DType, Device, Generator, Tensor};
+
+fn best_of<F: FnMut()>(reps: usize, iters: usize, mut f: F) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+    }
+    best
+}
+
+fn main() {
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    let d = Device::Cpu;
+    let mut g = Generator::new(0);
+    println!("threads {}", rayon::current_num_threads());
+    if want("matmul") {
+        for n in [64usize, 256, 1024, 2048] {
+            let a = Tensor::randn_with(&[n, n], DType::F32, &d, &mut g).unwrap();
+            let b = Tensor::randn_with(&[n, n], DType::F32, &d, &mut g).unwrap();
+            let iters = (2_000_000_000 / (2 * n * n * n)).clamp(1, 2000);
+            let t = best_of(3, iters, || {
+                std::hint::black_box(a.matmul(&b).unwrap());
+            });
+            println!("matmul {n} {:.1}", 2.0 * (n * n * n) as f64 / t / 1e9);
+        }
+    }
+    if want("chain") {
+        for n in [1usize << 20, 1 << 24] {
+            let x = Tensor::randn_with(&[n], DType::F32, &d, &mut g).unwrap();
+            let y = Tensor::randn_with(&[n], DType::F32, &d, &mut g).unwrap();
+            let iters = if n > 1 << 22 { 5 } else { 50 };
+            // ((x * y + x).relu() * 0.5).exp()
+            let t = best_of(3, iters, || {
+                let z = x.mul(&y).unwrap().add(&x).unwrap().relu().unwrap().mul_scalar(0.5).unwrap().exp().unwrap();
+                std::hint::black_box(z);
+            });
+            println!("chain {n} {:.3}", t * 1e3);
+        }
+    }
+    if want("tiny_add") {
+        let a = Tensor::randn_with(&[4], DType::F32, &d, &mut g).unwrap();
+        let b = Tensor::randn_with(&[4], DType::F32, &d, &mut g).unwrap();
+        let iters: usize = std::env::var("TINY_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
+        let t = best_of(5, iters, || {
+            std::hint::black_box(a.add(&b).unwrap());
+        });
+        println!("tiny_add {:.0}", t * 1e9);
+    }
+}
