@@ -136,19 +136,19 @@ mod tests {
         assert_eq!(gb, vec![0.0, 4.0 * coef]);
         // Below the threshold gradients are left as they are (coefficient clamped to 1).
         let c = param_with_grad(&[0.3, 0.4]);
-        assert!((clip_grad_norm_(&[c.clone()], 1.0).unwrap() - 0.5).abs() < 1e-7);
+        assert!((clip_grad_norm_(std::slice::from_ref(&c), 1.0).unwrap() - 0.5).abs() < 1e-7);
         assert_eq!(c.grad().unwrap().to_vec::<f32>().unwrap(), vec![0.3, 0.4]);
     }
 
     #[test]
     fn inf_norm_and_nonfinite_error() {
         let a = param_with_grad(&[1.0, -7.0, 2.0]);
-        assert_eq!(clip_grad_norm_with(&[a.clone()], 100.0, f64::INFINITY, false).unwrap(), 7.0);
+        assert_eq!(clip_grad_norm_with(std::slice::from_ref(&a), 100.0, f64::INFINITY, false).unwrap(), 7.0);
         let bad = param_with_grad(&[1.0, f32::NAN]);
-        let e = clip_grad_norm_with(&[bad.clone()], 1.0, 2.0, true).unwrap_err();
+        let e = clip_grad_norm_with(std::slice::from_ref(&bad), 1.0, 2.0, true).unwrap_err();
         assert!(e.to_string().contains("non-finite"), "{e}");
         // Without the check, PyTorch scales by the NaN coefficient.
-        assert!(clip_grad_norm_with(&[bad.clone()], 1.0, 2.0, false).unwrap().is_nan());
+        assert!(clip_grad_norm_with(std::slice::from_ref(&bad), 1.0, 2.0, false).unwrap().is_nan());
         assert!(bad.grad().unwrap().to_vec::<f32>().unwrap()[0].is_nan());
     }
 
@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn clip_value_clamps() {
         let a = param_with_grad(&[-3.0, 0.5, 2.0, f32::NAN]);
-        clip_grad_value_(&[a.clone()], 1.0).unwrap();
+        clip_grad_value_(std::slice::from_ref(&a), 1.0).unwrap();
         let g = a.grad().unwrap().to_vec::<f32>().unwrap();
         assert_eq!(&g[..3], &[-1.0, 0.5, 1.0]);
         assert!(g[3].is_nan());

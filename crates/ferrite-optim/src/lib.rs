@@ -31,6 +31,9 @@
 //! # Ok(()) }
 //! ```
 
+// `!(x >= 0.0)` is how the validators reject NaN along with negative values.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
 mod accumulation;
 mod adam;
 mod clip_grad;

@@ -101,7 +101,7 @@ fn resume_is_bit_identical() {
             for ((ka, va), (kb, vb)) in ea.iter().zip(eb) {
                 assert_eq!(ka, kb);
                 match (va, vb) {
-                    (StateValue::Tensor(x), StateValue::Tensor(y)) => assert_eq!(bits(&[x.clone()]), bits(&[y.clone()]), "{ka}"),
+                    (StateValue::Tensor(x), StateValue::Tensor(y)) => assert_eq!(bits(std::slice::from_ref(x)), bits(std::slice::from_ref(y)), "{ka}"),
                     _ => panic!("unexpected state value for {ka}"),
                 }
             }
@@ -166,7 +166,7 @@ fn assert_state_eq(a: &OptimizerState, b: &OptimizerState) {
         assert_eq!(ia, ib);
         for ((_, va), (_, vb)) in ea.iter().zip(eb) {
             if let (StateValue::Tensor(x), StateValue::Tensor(y)) = (va, vb) {
-                assert_eq!(bits(&[x.clone()]), bits(&[y.clone()]));
+                assert_eq!(bits(std::slice::from_ref(x)), bits(std::slice::from_ref(y)));
             }
         }
     }
