@@ -329,8 +329,10 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
                 )));
             }
             if let (Some(a), Some(b)) = (&sg.param_names, &g.param_names) {
-                if a != b {
-                    let (i, (x, y)) = a.iter().zip(b).enumerate().find(|(_, (x, y))| x != y).unwrap_or((0, (&a[0], &b[0])));
+                if a.len() != b.len() {
+                    return Err(OptimError::StateDict(format!("group {gi} has {} parameter names in the saved state but {} here", a.len(), b.len())));
+                }
+                if let Some((i, (x, y))) = a.iter().zip(b).enumerate().find(|(_, (x, y))| x != y) {
                     return Err(OptimError::StateDict(format!("parameter {i} of group {gi} is named `{x}` in the saved state but `{y}` here")));
                 }
             }
