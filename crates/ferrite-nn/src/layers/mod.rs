@@ -1,0 +1,10 @@
+//! Layers, one file each.
+
+pub mod activation;
+pub mod attention;
+pub mod dropout;
+pub mod embedding;
+pub mod layer_norm;
+pub mod linear;
+pub mod sequential;
+pub mod transformer;
