@@ -44,6 +44,7 @@ pub use layers::dropout::Dropout;
 pub use layers::embedding::Embedding;
 pub use layers::layer_norm::LayerNorm;
 pub use layers::linear::Linear;
+pub use layers::lstm::{LstmLayer, LSTM};
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
 pub use loss::{CrossEntropyLoss, MSELoss, NLLLoss, Reduction};

@@ -6,5 +6,6 @@ pub mod dropout;
 pub mod embedding;
 pub mod layer_norm;
 pub mod linear;
+pub mod lstm;
 pub mod sequential;
 pub mod transformer;
