@@ -34,7 +34,7 @@ type Region = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
 /// # use ferrite_nn::{checkpoint, Linear, Module, ReLU, Sequential};
 /// # use ferrite_tensor::{DType, Device, Tensor};
 /// # fn main() -> ferrite_nn::Result<()> {
-/// let block = Sequential::new().add(Linear::new(16, 16)?).add(ReLU::new());
+/// let block = Sequential::new().append(Linear::new(16, 16)?).append(ReLU::new());
 /// let x = Tensor::randn(&[4, 16], DType::F32, &Device::Cpu)?.requires_grad_(true)?;
 /// let b = block.clone(); // shares the parameters; the graph keeps this handle until backward
 /// let y = checkpoint(move |xs| b.forward(&xs[0]), &[&x])?;

@@ -42,6 +42,13 @@ impl NnError {
     }
 }
 
+impl From<ferrite_memory::MemoryError> for NnError {
+    /// Device parsing and allocator errors arrive as tensor errors, so `oom_report()` finds them.
+    fn from(e: ferrite_memory::MemoryError) -> Self {
+        NnError::Tensor(TensorError::Memory(e))
+    }
+}
+
 pub type Result<T, E = NnError> = std::result::Result<T, E>;
 
 /// A parameter whose shape in the checkpoint differs from the model's.

@@ -64,7 +64,7 @@ fn fill_from(t: &Tensor, src: Tensor) -> Result<()> {
 
 /// Fill with U(low, high).
 pub fn uniform_(t: &Tensor, low: f64, high: f64, g: &mut Generator) -> Result<()> {
-    if !(low <= high) {
+    if low.is_nan() || high.is_nan() || low > high {
         return Err(NnError::config("init", format!("uniform_ expects low <= high, got {low} > {high}")));
     }
     fill_from(t, Tensor::uniform_with(t.shape(), low, high, DType::F32, t.device(), g)?)
@@ -72,7 +72,7 @@ pub fn uniform_(t: &Tensor, low: f64, high: f64, g: &mut Generator) -> Result<()
 
 /// Fill with N(mean, std²).
 pub fn normal_(t: &Tensor, mean: f64, std: f64, g: &mut Generator) -> Result<()> {
-    if !(std >= 0.0) {
+    if std.is_nan() || std < 0.0 {
         return Err(NnError::config("init", format!("normal_ expects std >= 0, got {std}")));
     }
     fill_from(t, Tensor::normal_with(t.shape(), mean, std, DType::F32, t.device(), g)?)

@@ -10,9 +10,9 @@
 //! let mut g = Generator::new(0);
 //! let cpu = Device::Cpu;
 //! let model = Sequential::new()
-//!     .add(Linear::new_with(64, 32, true, &cpu, &mut g)?)
-//!     .add(ReLU::new())
-//!     .add(Linear::new_with(32, 10, true, &cpu, &mut g)?);
+//!     .append(Linear::new_with(64, 32, true, &cpu, &mut g)?)
+//!     .append(ReLU::new())
+//!     .append(Linear::new_with(32, 10, true, &cpu, &mut g)?);
 //! let keys: Vec<String> = model.state_dict().keys().map(String::from).collect();
 //! assert_eq!(keys, ["0.weight", "0.bias", "2.weight", "2.bias"]);
 //! let x = Tensor::randn_with(&[8, 64], ferrite_tensor::DType::F32, &cpu, &mut g)?;

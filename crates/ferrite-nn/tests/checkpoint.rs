@@ -16,7 +16,7 @@ use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor};
 
 fn block(g: &mut Generator, dropout: Option<RngHandle>) -> Sequential {
     let d = Device::Cpu;
-    let mut s = Sequential::new().add(Linear::new_with(16, 32, true, &d, g).unwrap()).add(ReLU::new()).add(Linear::new_with(32, 16, true, &d, g).unwrap());
+    let mut s = Sequential::new().append(Linear::new_with(16, 32, true, &d, g).unwrap()).append(ReLU::new()).append(Linear::new_with(32, 16, true, &d, g).unwrap());
     if let Some(r) = dropout {
         s.push(Dropout::with_rng(0.3, r).unwrap());
     }

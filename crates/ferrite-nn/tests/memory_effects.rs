@@ -21,7 +21,7 @@ fn sim(n: usize) -> Device {
 
 /// One block of the MLP: Linear → ReLU (→ Dropout).
 fn block(d: &Device, g: &mut Generator, dropout: f64) -> Sequential {
-    let mut b = Sequential::new().add(Linear::new_with(WIDTH, WIDTH, true, d, g).unwrap()).add(ReLU::new());
+    let mut b = Sequential::new().append(Linear::new_with(WIDTH, WIDTH, true, d, g).unwrap()).append(ReLU::new());
     if dropout > 0.0 {
         b.push(Dropout::new_with(dropout, g).unwrap());
     }
@@ -246,4 +246,28 @@ fn eval_no_grad_inference_keeps_no_activations() {
     assert!(held_train >= LAYERS as u64 * act, "a training forward keeps the activations for backward");
     drop(y);
     assert_eq!(a.memory_allocated(), base, "dropping the output frees the graph");
+}
+
+#[test]
+fn models_build_and_train_on_meta_with_the_allocations_of_a_real_device() {
+    // The planner runs a step on `meta` to predict memory: same allocations, no data. (The only
+    // test of this binary on `meta`, whose allocator is process-wide.)
+    let step = |d: &Device| {
+        let a = allocator(d);
+        let base = a.memory_allocated();
+        a.reset_peak_memory_stats();
+        let mut g = Generator::new(0);
+        let cfg = ferrite_nn::TransformerConfig::new(64, 4).dim_feedforward(128).dropout(0.1);
+        let block = ferrite_nn::TransformerBlock::new_with(cfg, d, &mut g).unwrap();
+        let x = Tensor::zeros(&[2, 32, 64], DType::F32, d).unwrap();
+        let y = Checkpointed::new(block.clone()).forward(&x).unwrap();
+        y.sum().unwrap().backward().unwrap();
+        let grads: u64 = block.parameters().iter().map(|p| p.grad().unwrap().nbytes() as u64).sum();
+        (a.max_memory_allocated() - base, grads)
+    };
+    let (peak_meta, grads_meta) = step(&Device::Meta);
+    let (peak_sim, grads_sim) = step(&sim(7));
+    println!("transformer block step: peak {:.3} MiB on meta, {:.3} MiB on sim", mib(peak_meta), mib(peak_sim));
+    assert_eq!(grads_meta, grads_sim);
+    assert_eq!(peak_meta, peak_sim);
 }

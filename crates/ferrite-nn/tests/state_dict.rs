@@ -26,10 +26,10 @@ impl Net {
         Ok(Net {
             emb: Embedding::new_with(10, 8, None, &d, g)?,
             encoder: Sequential::new()
-                .add(Linear::new_with(8, 8, true, &d, g)?)
-                .add(GELU::new())
-                .add(Dropout::new_with(0.1, g)?)
-                .add(Sequential::new().add(LayerNorm::new(&[8])?).add(Linear::new_with(8, 4, false, &d, g)?)),
+                .append(Linear::new_with(8, 8, true, &d, g)?)
+                .append(GELU::new())
+                .append(Dropout::new_with(0.1, g)?)
+                .append(Sequential::new().append(LayerNorm::new(&[8])?).append(Linear::new_with(8, 4, false, &d, g)?)),
             head: Linear::new_with(4, 3, true, &d, g)?,
             training: true,
         })
@@ -165,7 +165,7 @@ fn loads_pytorch_sequential_weights_and_reproduces_its_first_loss() {
     assert_eq!(init.strip_prefix("init."), 4);
     let mut g = Generator::new(1);
     let d = Device::Cpu;
-    let mut model = Sequential::new().add(Linear::new_with(8, 16, true, &d, &mut g).unwrap()).add(Tanh::new()).add(Linear::new_with(16, 3, true, &d, &mut g).unwrap());
+    let mut model = Sequential::new().append(Linear::new_with(8, 16, true, &d, &mut g).unwrap()).append(Tanh::new()).append(Linear::new_with(16, 3, true, &d, &mut g).unwrap());
     let report = model.load_state_dict(&init, true).unwrap();
     assert!(report.is_empty());
     let x = get(&fx, "X").narrow(0, 0, 4).unwrap();
@@ -227,9 +227,9 @@ fn strict_errors_list_missing_then_unexpected_like_pytorch() {
 
 #[test]
 fn module_prefix_is_diagnosed_and_stripped_by_an_option() {
-    let src = Sequential::new().add(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(0)).unwrap()).add(ReLU::new());
+    let src = Sequential::new().append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(0)).unwrap()).append(ReLU::new());
     let dp = src.state_dict().with_prefix("module.");
-    let mut dst = Sequential::new().add(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(1)).unwrap()).add(ReLU::new());
+    let mut dst = Sequential::new().append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(1)).unwrap()).append(ReLU::new());
     let err = dst.load_state_dict(&dp, true).unwrap_err();
     let msg = err.to_string();
     println!("{msg}");
@@ -261,8 +261,8 @@ fn train_eval_zero_grad_and_checkpointed_wrapper() {
     net.zero_grad().unwrap();
     assert!(net.parameters().iter().all(|p| p.grad().is_none()));
     // Checkpointing a module does not change its state-dict keys.
-    let plain = Sequential::new().add(Linear::new(4, 4).unwrap()).add(ReLU::new());
-    let wrapped = Sequential::new().add(Checkpointed::new(plain.clone())).add(Linear::new(4, 2).unwrap());
+    let plain = Sequential::new().append(Linear::new(4, 4).unwrap()).append(ReLU::new());
+    let wrapped = Sequential::new().append(Checkpointed::new(plain.clone())).append(Linear::new(4, 2).unwrap());
     assert_eq!(keys(&wrapped.state_dict()), ["0.0.weight", "0.0.bias", "1.weight", "1.bias"]);
 }
 
@@ -271,7 +271,7 @@ fn tied_parameters_are_listed_once_and_stay_tied_when_moved() {
     let mut a = Linear::new(4, 4).unwrap();
     let mut b = a.clone(); // shares a's tensors
     b.bias = None;
-    let mut tied = Sequential::new().add(a.clone()).add(b);
+    let mut tied = Sequential::new().append(a.clone()).append(b);
     assert_eq!(keys(&tied.state_dict()), ["0.weight", "0.bias", "1.weight"]);
     assert_eq!(tied.parameters().len(), 2);
     tied.to_device(&Device::parse("sim:1GiB:41").unwrap()).unwrap();
@@ -291,7 +291,7 @@ fn modules_are_send_and_sync() {
     check::<Checkpointed<Sequential>>();
     check::<StateDict>();
     // And actually usable from another thread.
-    let m = Sequential::new().add(Linear::new(2, 2).unwrap()).add(Tanh::new());
+    let m = Sequential::new().append(Linear::new(2, 2).unwrap()).append(Tanh::new());
     let x = Tensor::ones(&[1, 2], DType::F32, &Device::Cpu).unwrap();
     let y = std::thread::spawn(move || m.forward(&x).unwrap().to_vec::<f32>().unwrap()).join().unwrap();
     assert_eq!(y.len(), 2);

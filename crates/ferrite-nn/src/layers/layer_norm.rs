@@ -30,7 +30,7 @@ impl LayerNorm {
         if normalized_shape.is_empty() {
             return Err(NnError::config("LayerNorm", "normalized_shape must name at least one dimension"));
         }
-        if !(eps > 0.0) {
+        if eps.is_nan() || eps <= 0.0 {
             return Err(NnError::config("LayerNorm", format!("eps must be positive, got {eps}")));
         }
         let weight = if elementwise_affine { Some(new_parameter(normalized_shape, device, ones_)?) } else { None };

@@ -18,8 +18,8 @@ impl Sequential {
         Sequential { layers: Vec::new(), training: true }
     }
 
-    /// Builder: append a layer.
-    pub fn add(mut self, layer: impl Module + 'static) -> Sequential {
+    /// Builder: append a layer (PyTorch's `Sequential.append`, which also returns the container).
+    pub fn append(mut self, layer: impl Module + 'static) -> Sequential {
         self.layers.push(Box::new(layer));
         self
     }
