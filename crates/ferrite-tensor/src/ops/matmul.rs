@@ -116,6 +116,12 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         DType::F64 => run!(f64, 1.0f64),
         d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
     }
+    // The microkernels leave dirty AVX upper state behind (see kernels/avx_state.rs).
+    if matches!(par, Par::Seq) {
+        crate::kernels::avx_state::clear_upper_state_here();
+    } else {
+        crate::kernels::avx_state::clear_upper_state_everywhere();
+    }
     Ok(())
 }
 
