@@ -56,19 +56,43 @@ impl<D: Dataset> Dataset for Arc<D> {
     }
 }
 
-/// An in-memory list of samples is a dataset; `get` clones the sample.
-impl<T: Clone + Send + Sync + 'static> Dataset for Vec<T> {
+/// A list of samples held in memory; `get` clones the sample.
+///
+/// (A wrapper rather than `impl Dataset for Vec<T>`, which would make every `vec.get(i)` in code
+/// that imports [`Dataset`] resolve to the trait method.)
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InMemory<T>(pub Vec<T>);
+
+impl<T> InMemory<T> {
+    pub fn new(samples: Vec<T>) -> InMemory<T> {
+        InMemory(samples)
+    }
+}
+
+impl<T> From<Vec<T>> for InMemory<T> {
+    fn from(samples: Vec<T>) -> InMemory<T> {
+        InMemory(samples)
+    }
+}
+
+impl<T> FromIterator<T> for InMemory<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> InMemory<T> {
+        InMemory(iter.into_iter().collect())
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Dataset for InMemory<T> {
     type Sample = T;
 
     fn len(&self) -> usize {
-        Vec::len(self)
+        self.0.len()
     }
 
     fn get(&self, index: usize, _rng: &mut Generator) -> Result<T, BoxError> {
-        self.as_slice()
+        self.0
             .get(index)
             .cloned()
-            .ok_or_else(|| format!("index {index} out of range for a dataset of {} samples", Vec::len(self)).into())
+            .ok_or_else(|| format!("index {index} out of range for a dataset of {} samples", self.0.len()).into())
     }
 }
 
@@ -137,7 +161,6 @@ impl<D: Dataset> Dataset for Subset<D> {
     fn get(&self, index: usize, rng: &mut Generator) -> Result<D::Sample, BoxError> {
         let inner = *self
             .indices
-            .as_slice()
             .get(index)
             .ok_or_else(|| format!("index {index} out of range for a subset of {} samples", self.indices.len()))?;
         self.dataset.get(inner, rng)
@@ -211,16 +234,16 @@ mod tests {
 
     #[test]
     fn vec_dataset_and_out_of_range() {
-        let d = vec![1, 2, 3];
+        let d = InMemory::new(vec![1, 2, 3]);
         let mut g = Generator::new(0);
-        assert_eq!(Dataset::len(&d), 3);
+        assert_eq!(d.len(), 3);
         assert_eq!(d.get(2, &mut g).unwrap(), 3);
         assert!(d.get(3, &mut g).is_err());
     }
 
     #[test]
     fn map_sees_the_same_generator_stream() {
-        let d = vec![10.0f64; 4].map(|x, rng| Ok(x + rng.uniform_f64()));
+        let d = InMemory::new(vec![10.0f64; 4]).map(|x, rng| Ok(x + rng.uniform_f64()));
         let mut a = Generator::new(3);
         let mut b = Generator::new(3);
         assert_eq!(d.get(0, &mut a).unwrap(), 10.0 + b.uniform_f64());
@@ -228,12 +251,12 @@ mod tests {
 
     #[test]
     fn subset_checks_indices() {
-        let s = Subset::new(vec!['a', 'b', 'c'], vec![2, 0]).unwrap();
+        let s = Subset::new(InMemory::new(vec!['a', 'b', 'c']), vec![2, 0]).unwrap();
         let mut g = Generator::new(0);
         assert_eq!(s.len(), 2);
         assert_eq!(s.get(0, &mut g).unwrap(), 'c');
-        assert!(Subset::new(vec!['a'], vec![1]).is_err());
-        assert_eq!(Subset::first(vec![1, 2, 3], 10).len(), 3);
+        assert!(Subset::new(InMemory::new(vec!['a']), vec![1]).is_err());
+        assert_eq!(Subset::first(InMemory::new(vec![1, 2, 3]), 10).len(), 3);
     }
 
     #[test]

@@ -80,8 +80,8 @@ pub enum DataError {
     #[error("{stream} drew {drawn} random 32-bit words, more than the {limit} its stream holds; draw less per sample or derive a sub-generator with `Generator::new(rng.next_u64())`")]
     RandomStreamOverrun { stream: String, drawn: u128, limit: u128 },
     /// A data file the dataset needs is not on this machine.
-    #[error("{dataset}: {path} not found; install the Debian package `{package}` (`apt-get install {package}`) or point `{env_var}` at a directory holding the files")]
-    DatasetMissing { dataset: &'static str, path: PathBuf, package: &'static str, env_var: &'static str },
+    #[error("{dataset}: {path} not found; install the Debian package `{package}` (`apt-get install {package}`){}", env_hint(env_var))]
+    DatasetMissing { dataset: &'static str, path: PathBuf, package: &'static str, env_var: Option<&'static str> },
     /// Reading a file failed.
     #[error("cannot read {path}: {source}")]
     Io {
@@ -152,6 +152,10 @@ impl DataError {
             _ => None,
         }
     }
+}
+
+fn env_hint(env_var: &Option<&'static str>) -> String {
+    env_var.map(|v| format!(" or set {v} to a directory holding the files")).unwrap_or_default()
 }
 
 /// Turn a caught panic payload into the message the user wrote.

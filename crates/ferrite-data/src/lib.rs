@@ -18,10 +18,17 @@
 //! device in the background), [`seeding`], and the built-in datasets [`digits`],
 //! [`fashion_mnist`], [`char_text`] with [`builtin`] as the entry point for the CLI.
 
+pub mod builtin;
+pub mod char_text;
 pub mod collate;
 pub mod dataset;
+pub mod digits;
 pub mod error;
+pub mod fashion_mnist;
 mod fetch;
+pub mod file_bytes;
+pub mod idx;
+pub mod image_classification;
 pub mod iterable_loader;
 pub mod loader;
 pub mod sampler;
@@ -29,9 +36,12 @@ pub mod seeding;
 pub mod staging;
 mod worker_pool;
 
+pub use builtin::{builtin_dataset, DatasetKind, Splits};
+pub use char_text::{CharText, TextExample};
 pub use collate::{collate_fn, Collate, VecCollate};
-pub use dataset::{Dataset, IterableDataset, Mapped, Subset, WorkerInfo};
+pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo};
 pub use error::{BoxError, DataError, Origin};
+pub use image_classification::{ImageClassification, ImageExample, Normalization, Split};
 pub use iterable_loader::{IterableEpoch, IterableLoader};
 pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
 pub use sampler::{BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler};

@@ -3,10 +3,10 @@
 //! any number of workers.
 //!
 //! ```
-//! use ferrite_data::{DataLoader, Dataset};
+//! use ferrite_data::{DataLoader, Dataset, InMemory};
 //!
 //! // A dataset of 10 numbers with a random augmentation drawn from the per-sample generator.
-//! let data = (0..10).map(|i| i as f64).collect::<Vec<f64>>().map(|x, rng| Ok(x + rng.uniform_f64()));
+//! let data = (0..10).map(|i| i as f64).collect::<InMemory<f64>>().map(|x, rng| Ok(x + rng.uniform_f64()));
 //! let mut loader = DataLoader::builder(data).batch_size(4).shuffle(true).seed(42).num_workers(2).build()?;
 //! for epoch in 0..2 {
 //!     for batch in &mut loader {

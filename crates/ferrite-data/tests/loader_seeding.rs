@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrite_data::{collate_fn, BoxError, DataLoader, Dataset, Generator, SubsetRandomSampler, WeightedRandomSampler};
+use ferrite_data::{InMemory, collate_fn, BoxError, DataLoader, Dataset, Generator, SubsetRandomSampler, WeightedRandomSampler};
 
 /// Every sample has the same underlying value; only the random augmentation tells them apart.
 /// It reports which thread loaded it.
@@ -124,11 +124,11 @@ fn batches_arrive_in_sampler_order_without_shuffle() {
 
 #[test]
 fn drop_last_and_custom_samplers() {
-    let mut loader = DataLoader::builder((0..10).collect::<Vec<u32>>()).batch_size(4).drop_last(true).build().unwrap();
+    let mut loader = DataLoader::builder((0..10).collect::<InMemory<u32>>()).batch_size(4).drop_last(true).build().unwrap();
     let batches: Vec<Vec<u32>> = loader.epoch().map(|b| b.unwrap()).collect();
     assert_eq!(batches, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
 
-    let mut loader = DataLoader::builder((0..10).collect::<Vec<u32>>())
+    let mut loader = DataLoader::builder((0..10).collect::<InMemory<u32>>())
         .batch_size(2)
         .sampler(SubsetRandomSampler::new(vec![1, 3, 5]))
         .num_workers(2)
@@ -140,17 +140,17 @@ fn drop_last_and_custom_samplers() {
     assert_eq!(seen, [1, 3, 5]);
 
     let weighted = WeightedRandomSampler::new(vec![0.0, 0.0, 1.0], 6, true).unwrap();
-    let mut loader = DataLoader::builder(vec!['a', 'b', 'c']).batch_size(6).sampler(weighted).seed(1).build().unwrap();
+    let mut loader = DataLoader::builder(InMemory::new(vec!['a', 'b', 'c'])).batch_size(6).sampler(weighted).seed(1).build().unwrap();
     assert_eq!(loader.epoch().next().unwrap().unwrap(), vec!['c'; 6]);
 
-    let err = DataLoader::builder(vec![1]).shuffle(true).sampler(SubsetRandomSampler::new(vec![0])).build().err().unwrap();
+    let err = DataLoader::builder(InMemory::new(vec![1])).shuffle(true).sampler(SubsetRandomSampler::new(vec![0])).build().err().unwrap();
     assert!(err.to_string().contains("mutually exclusive"), "{err}");
-    assert!(DataLoader::builder(vec![1]).batch_size(0).build().is_err());
+    assert!(DataLoader::builder(InMemory::new(vec![1])).batch_size(0).build().is_err());
 }
 
 #[test]
 fn restoring_the_generator_state_repeats_the_next_epoch() {
-    let data = (0..20).collect::<Vec<u32>>().map(|x, rng| Ok((x, rng.next_u32())));
+    let data = (0..20).collect::<InMemory<u32>>().map(|x, rng| Ok((x, rng.next_u32())));
     let mut loader = DataLoader::builder(data).batch_size(5).shuffle(true).seed(5).num_workers(2).build().unwrap();
     let _first: Vec<_> = loader.epoch().collect();
     let state = loader.generator_state();
