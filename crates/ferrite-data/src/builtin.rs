@@ -94,6 +94,9 @@ mod tests {
         let s = builtin_dataset(DatasetKind::Digits).unwrap();
         assert_eq!((s.train.num_features(), s.train.num_classes()), (64, 10));
         assert_eq!(s.train.len() + s.test.len(), 1797);
+        let mut loader = s.test.loader(100).num_workers(2).build().unwrap();
+        let shapes: Vec<[usize; 4]> = loader.epoch().map(|b| b.unwrap().shape()).collect();
+        assert_eq!(shapes, [[100, 1, 8, 8], [100, 1, 8, 8], [100, 1, 8, 8], [59, 1, 8, 8]]);
     }
 
     use crate::Dataset;

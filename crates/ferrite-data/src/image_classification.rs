@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use ferrite_tensor::Generator;
 
+use crate::batch_collate::ImageCollate;
 use crate::dataset::Dataset;
+use crate::loader::{DataLoader, DataLoaderBuilder};
 use crate::error::{BoxError, DataError};
 
 /// Per-channel normalisation applied after scaling pixels to `[0, 1]`: `(x - mean) / std`.
@@ -160,6 +162,15 @@ impl ImageClassification {
         out.images = Arc::new(self.images[..n * self.num_features()].to_vec());
         out.labels = Arc::new(self.labels[..n].to_vec());
         out
+    }
+
+    /// A loader builder over this dataset that collates into contiguous [`ImageBatch`]es
+    /// (set workers, shuffle and seed on the returned builder).
+    ///
+    /// [`ImageBatch`]: crate::batch_collate::ImageBatch
+    pub fn loader(self, batch_size: usize) -> DataLoaderBuilder<ImageClassification, ImageCollate> {
+        let shape = self.sample_shape();
+        DataLoader::builder(self).batch_size(batch_size).collate(ImageCollate::new(shape))
     }
 
     /// Mean and standard deviation of all pixels scaled to `[0, 1]` (how the published

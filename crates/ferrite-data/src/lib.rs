@@ -18,6 +18,7 @@
 //! device in the background), [`seeding`], and the built-in datasets [`digits`],
 //! [`fashion_mnist`], [`char_text`] with [`builtin`] as the entry point for the CLI.
 
+pub mod batch_collate;
 pub mod builtin;
 pub mod char_text;
 pub mod collate;
@@ -36,6 +37,7 @@ pub mod seeding;
 pub mod staging;
 mod worker_pool;
 
+pub use batch_collate::{ImageBatch, ImageCollate, TextBatch, TextCollate};
 pub use builtin::{builtin_dataset, DatasetKind, Splits};
 pub use char_text::{CharText, TextExample};
 pub use collate::{collate_fn, Collate, VecCollate};
