@@ -209,6 +209,24 @@ impl WorkerInfo {
     }
 }
 
+thread_local! {
+    static CURRENT_WORKER: std::cell::RefCell<Option<WorkerInfo>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The worker the calling thread is, if it is a loader worker (PyTorch's `get_worker_info()`);
+/// `None` on any other thread, including the iterating thread when `num_workers == 0`.
+///
+/// For per-worker resources (a file handle, a cache). Draw augmentation from the generator `get`
+/// receives instead: the worker generator's draws depend on which samples this worker happens to
+/// load, which depends on the number of workers.
+pub fn worker_info() -> Option<WorkerInfo> {
+    CURRENT_WORKER.with(|w| w.borrow().clone())
+}
+
+pub(crate) fn set_worker_info(info: Option<WorkerInfo>) {
+    CURRENT_WORKER.with(|w| *w.borrow_mut() = info);
+}
+
 /// A dataset read as a stream, like PyTorch's `IterableDataset`.
 ///
 /// Each worker calls [`iter`](Self::iter) once per epoch and must yield only its share of the
@@ -267,5 +285,9 @@ mod tests {
         assert_ne!(w0.generator().next_u64(), w1.generator().next_u64());
         let owned: Vec<bool> = (0..4).map(|i| w1.owns(i)).collect();
         assert_eq!(owned, [false, true, false, true]);
+        assert!(worker_info().is_none());
+        set_worker_info(Some(w1));
+        assert_eq!(worker_info().map(|w| w.id()), Some(1));
+        set_worker_info(None);
     }
 }

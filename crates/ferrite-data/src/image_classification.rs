@@ -83,7 +83,7 @@ impl ImageClassification {
         if let Some((index, &label)) = labels.iter().enumerate().find(|(_, l)| usize::from(**l) >= class_names.len()) {
             return Err(DataError::BadLabel { dataset: name.to_string(), index, label: label.into(), num_classes: class_names.len() });
         }
-        if max_value == 0 || !(normalization.std > 0.0) {
+        if max_value == 0 || normalization.std.is_nan() || normalization.std <= 0.0 {
             return Err(DataError::InvalidConfig(format!("{name}: max pixel value and normalisation std must be positive")));
         }
         Ok(ImageClassification {

@@ -23,7 +23,7 @@ use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Generator, GeneratorState};
 
 use crate::collate::{Collate, VecCollate};
-use crate::dataset::{IterableDataset, WorkerInfo};
+use crate::dataset::{set_worker_info, IterableDataset, WorkerInfo};
 use crate::error::{panic_message, BoxError, DataError, Origin};
 use crate::fetch::collate_and_stage;
 use crate::seeding::{EpochSeed, Stream, MAX_WORKERS};
@@ -251,7 +251,7 @@ impl<D: IterableDataset, C: Collate<D::Sample>> IterableLoader<D, C> {
         let seed = EpochSeed::draw(&mut self.generator);
         let this: &IterableLoader<D, C> = self;
         let mode = if this.num_workers == 0 {
-            Mode::Inline(StreamReader::new(&this.shared, seed.clone(), Origin::MainThread, 0, 1))
+            Mode::Inline(Box::new(StreamReader::new(&this.shared, seed.clone(), Origin::MainThread, 0, 1)))
         } else {
             match spawn_workers(&this.shared, &seed, this.num_workers, this.prefetch) {
                 Ok(w) => Mode::Workers(w),
@@ -320,7 +320,9 @@ fn spawn_workers<D: IterableDataset, C: Collate<D::Sample>>(shared: &Arc<Shared<
         let shared = Arc::clone(shared);
         let seed = seed.clone();
         let cancel = Arc::clone(&workers.cancel);
+        let info = WorkerInfo::new(id, n, seed.clone());
         let spawned = std::thread::Builder::new().name(format!("ferrite-data-worker-{id}")).spawn(move || {
+            set_worker_info(Some(info));
             let mut reader = StreamReader::new(&shared, seed, Origin::Worker(id), id, n);
             loop {
                 match reader.next_batch(&cancel) {
@@ -351,7 +353,7 @@ fn spawn_workers<D: IterableDataset, C: Collate<D::Sample>>(shared: &Arc<Shared<
 }
 
 enum Mode<'a, D: IterableDataset, C: Collate<D::Sample>> {
-    Inline(StreamReader<'a, D, C>),
+    Inline(Box<StreamReader<'a, D, C>>),
     Workers(Workers<C::Batch>),
     Failed(Option<DataError>),
 }

@@ -41,7 +41,7 @@ pub use batch_collate::{ImageBatch, ImageCollate, TextBatch, TextCollate};
 pub use builtin::{builtin_dataset, DatasetKind, Splits};
 pub use char_text::{CharText, TextExample};
 pub use collate::{collate_fn, Collate, VecCollate};
-pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo};
+pub use dataset::{worker_info, Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo};
 pub use error::{BoxError, DataError, Origin};
 pub use image_classification::{ImageClassification, ImageExample, Normalization, Split};
 pub use iterable_loader::{IterableEpoch, IterableLoader};

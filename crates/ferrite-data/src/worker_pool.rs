@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::collate::Collate;
-use crate::dataset::Dataset;
+use crate::dataset::{set_worker_info, Dataset, WorkerInfo};
 use crate::error::{DataError, Origin};
 use crate::fetch::{Pipeline, Task};
 use crate::seeding::EpochSeed;
@@ -52,7 +52,9 @@ impl<B: Send + 'static> WorkerPool<B> {
             let tasks = task_rx.clone();
             let results = result_tx.clone();
             let cancel = Arc::clone(&pool.cancel);
+            let info = WorkerInfo::new(id, num_workers, epoch.clone());
             let spawned = std::thread::Builder::new().name(format!("ferrite-data-worker-{id}")).spawn(move || {
+                set_worker_info(Some(info));
                 while let Ok(task) = tasks.recv() {
                     if cancel.load(Ordering::Relaxed) {
                         return;

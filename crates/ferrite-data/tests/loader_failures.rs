@@ -153,7 +153,7 @@ fn a_dropped_epoch_leaves_the_loader_usable() {
     let mut e = loader.epoch();
     assert_eq!(e.next().unwrap().unwrap()[0], 0);
     drop(e);
-    let all: Vec<u32> = loader.epoch().map(|b| b.unwrap()).flatten().collect();
+    let all: Vec<u32> = loader.epoch().flat_map(|b| b.unwrap()).collect();
     assert_eq!(all, (0..100).collect::<Vec<_>>());
 }
 

@@ -29,7 +29,7 @@ impl Dataset for ConstantWithNoise {
 #[test]
 fn two_workers_applying_a_random_augmentation_produce_different_values() {
     let mut loader = DataLoader::builder(ConstantWithNoise).batch_size(4).num_workers(2).seed(7).build().unwrap();
-    let samples: Vec<(String, f64)> = loader.epoch().map(|b| b.unwrap()).flatten().collect();
+    let samples: Vec<(String, f64)> = loader.epoch().flat_map(|b| b.unwrap()).collect();
     assert_eq!(samples.len(), 64);
     let by = |w: &str| samples.iter().filter(|(t, _)| t == w).map(|(_, v)| *v).collect::<Vec<f64>>();
     let w0 = by("ferrite-data-worker-0");
@@ -115,10 +115,26 @@ fn successive_epochs_differ_in_order_and_augmentation() {
 }
 
 #[test]
+fn worker_info_names_the_worker_and_its_generator_differs_per_worker() {
+    let data = (0..32).collect::<InMemory<u32>>().map(|_, _| {
+        std::thread::sleep(Duration::from_micros(300));
+        let w = ferrite_data::worker_info().expect("running in a worker");
+        Ok((w.id(), w.num_workers(), w.generator().next_u64()))
+    });
+    let mut loader = DataLoader::builder(data).batch_size(2).num_workers(2).seed(4).build().unwrap();
+    let seen: Vec<(usize, usize, u64)> = loader.epoch().flat_map(|b| b.unwrap()).collect();
+    assert!(seen.iter().all(|&(id, n, _)| id < 2 && n == 2));
+    let first_draw = |w: usize| seen.iter().find(|s| s.0 == w).map(|s| s.2);
+    assert!(first_draw(0).is_some() && first_draw(1).is_some());
+    assert_ne!(first_draw(0), first_draw(1), "the two workers' own generators must differ");
+    assert!(ferrite_data::worker_info().is_none(), "the test thread is not a worker");
+}
+
+#[test]
 fn batches_arrive_in_sampler_order_without_shuffle() {
     let mut loader = DataLoader::builder(Augmented { n: 50 }).batch_size(3).num_workers(4).seed(0).build().unwrap();
     assert_eq!(loader.len(), 17);
-    let indices: Vec<usize> = loader.epoch().map(|b| b.unwrap()).flatten().map(|(i, _)| i).collect();
+    let indices: Vec<usize> = loader.epoch().flat_map(|b| b.unwrap()).map(|(i, _)| i).collect();
     assert_eq!(indices, (0..50).collect::<Vec<_>>());
 }
 
@@ -135,7 +151,7 @@ fn drop_last_and_custom_samplers() {
         .seed(3)
         .build()
         .unwrap();
-    let mut seen: Vec<u32> = loader.epoch().map(|b| b.unwrap()).flatten().collect();
+    let mut seen: Vec<u32> = loader.epoch().flat_map(|b| b.unwrap()).collect();
     seen.sort_unstable();
     assert_eq!(seen, [1, 3, 5]);
 
