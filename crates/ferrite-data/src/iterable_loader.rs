@@ -26,7 +26,7 @@ use crate::collate::{Collate, VecCollate};
 use crate::dataset::{set_worker_info, IterableDataset, WorkerInfo};
 use crate::error::{panic_message, BoxError, DataError, Origin};
 use crate::fetch::collate_and_stage;
-use crate::seeding::{EpochSeed, Stream, MAX_WORKERS};
+use crate::seeding::{EpochSeed, Stream, MAX_BATCHES_PER_EPOCH, MAX_WORKERS};
 use crate::staging::{stager_to, Stager, ToDevice};
 use crate::worker_pool::LIVENESS_POLL;
 
@@ -233,7 +233,12 @@ impl<'a, D: IterableDataset, C: Collate<D::Sample>> StreamReader<'a, D, C> {
             self.failed = true; // stream over
             return None;
         }
-        let stream = Stream::Batch((self.batches * self.num_workers + self.worker) as u64);
+        let global = (self.batches * self.num_workers + self.worker) as u64;
+        if global >= MAX_BATCHES_PER_EPOCH {
+            self.failed = true;
+            return Some(Err(DataError::InvalidConfig(format!("an epoch of more than {MAX_BATCHES_PER_EPOCH} batches exhausts the batch random streams; use a larger batch size"))));
+        }
+        let stream = Stream::Batch(global);
         let batch_number = self.batches;
         self.batches += 1;
         let shared = self.shared;

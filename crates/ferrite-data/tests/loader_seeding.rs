@@ -203,3 +203,21 @@ fn prefetch_depth_bounds_the_work_ahead_of_the_consumer() {
     assert_eq!(calls.load(Ordering::SeqCst), 12, "workers must prefetch exactly the configured depth");
     drop(epoch);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    /// For any configuration, every worker count yields exactly what 0 workers yield.
+    #[test]
+    fn worker_count_never_changes_an_epoch(n in 0usize..60, bs in 1usize..9, workers in 1usize..4, prefetch in 1usize..6, shuffle: bool, drop_last: bool, seed: u64) {
+        let run = |w: usize| {
+            let data = (0..n as u32).collect::<InMemory<u32>>().map(|x, rng| Ok((x, rng.next_u32())));
+            let mut loader = DataLoader::builder(data).batch_size(bs).shuffle(shuffle).drop_last(drop_last)
+                .seed(seed).num_workers(w).prefetch(prefetch).build().unwrap();
+            (0..2).map(|_| loader.epoch().map(|b| b.unwrap()).collect::<Vec<_>>()).collect::<Vec<_>>()
+        };
+        let reference = run(0);
+        let expected = if drop_last { n / bs } else { n.div_ceil(bs) };
+        proptest::prop_assert_eq!(reference[0].len(), expected);
+        proptest::prop_assert_eq!(run(workers), reference);
+    }
+}
