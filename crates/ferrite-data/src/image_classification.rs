@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ferrite_tensor::Generator;
 
 use crate::batch_collate::ImageCollate;
+use crate::tensor_collate::Tensors;
 use crate::dataset::Dataset;
 use crate::loader::{DataLoader, DataLoaderBuilder};
 use crate::error::{BoxError, DataError};
@@ -171,6 +172,13 @@ impl ImageClassification {
     pub fn loader(self, batch_size: usize) -> DataLoaderBuilder<ImageClassification, ImageCollate> {
         let shape = self.sample_shape();
         DataLoader::builder(self).batch_size(batch_size).collate(ImageCollate::new(shape))
+    }
+
+    /// A loader builder over this dataset whose batches are tensors: `(f32 [n, 1, h, w],
+    /// i64 [n])` on `cpu` — add `.stage_to(device)` to receive them on the training device.
+    pub fn tensor_loader(self, batch_size: usize) -> DataLoaderBuilder<ImageClassification, Tensors<ImageCollate>> {
+        let shape = self.sample_shape();
+        DataLoader::builder(self).batch_size(batch_size).collate(Tensors(ImageCollate::new(shape)))
     }
 
     /// Mean and standard deviation of all pixels scaled to `[0, 1]` (how the published

@@ -35,6 +35,7 @@ pub mod loader;
 pub mod sampler;
 pub mod seeding;
 pub mod staging;
+pub mod tensor_collate;
 mod worker_pool;
 
 pub use batch_collate::{ImageBatch, ImageCollate, TextBatch, TextCollate};
@@ -49,6 +50,8 @@ pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
 pub use sampler::{BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler};
 pub use seeding::{EpochSeed, Stream};
 pub use staging::ToDevice;
+pub use tensor_collate::{IntoTensors, StackCollate, Stackable, Tensors};
 
-/// The generator type datasets receive (re-exported from `ferrite-tensor`).
-pub use ferrite_tensor::Generator;
+/// The generator type datasets receive, and the tensor type batches are made of (re-exported
+/// from `ferrite-tensor`).
+pub use ferrite_tensor::{Generator, Tensor};

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use ferrite_memory::Device;
+use ferrite_tensor::Tensor;
 
 use crate::error::BoxError;
 
@@ -24,6 +25,13 @@ pub type Stager<B> = Arc<dyn Fn(B) -> Result<B, BoxError> + Send + Sync>;
 /// The stager that moves batches to `device`.
 pub fn stager_to<B: ToDevice>(device: Device) -> Stager<B> {
     Arc::new(move |batch: B| batch.to_device(&device))
+}
+
+impl ToDevice for Tensor {
+    fn to_device(self, device: &Device) -> Result<Tensor, BoxError> {
+        // A batch is data, not part of a graph: detach so the copy records no autograd history.
+        Ok(Tensor::to_device(&self.detach(), device)?)
+    }
 }
 
 impl<T: ToDevice> ToDevice for Vec<T> {
@@ -41,5 +49,18 @@ impl<A: ToDevice, B: ToDevice> ToDevice for (A, B) {
 impl<A: ToDevice, B: ToDevice, C: ToDevice> ToDevice for (A, B, C) {
     fn to_device(self, device: &Device) -> Result<Self, BoxError> {
         Ok((self.0.to_device(device)?, self.1.to_device(device)?, self.2.to_device(device)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_move_without_history() {
+        let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2], &Device::Cpu).unwrap().requires_grad_(true).unwrap();
+        let (moved, same) = ToDevice::to_device((x.clone(), x), &Device::Meta).unwrap();
+        assert_eq!((moved.device(), same.device()), (&Device::Meta, &Device::Meta));
+        assert!(moved.grad_fn().is_none() && !moved.requires_grad());
     }
 }
