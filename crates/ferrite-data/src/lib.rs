@@ -13,10 +13,11 @@
 //! - workers are threads that catch panics in user code and report them as a [`DataError`] naming
 //!   the worker and the sample index; dropping an epoch (or the loader) mid-way stops and joins them.
 //!
-//! Modules: [`dataset`] (traits, `Subset`, `map`), [`sampler`], [`collate`], [`loader`]
-//! (map-style [`DataLoader`]), [`iterable_loader`], [`staging`] (moving batches to the training
-//! device in the background), [`seeding`], and the built-in datasets [`digits`],
-//! [`fashion_mnist`], [`char_text`] with [`builtin`] as the entry point for the CLI.
+//! Modules: [`dataset`] (traits, `Subset`, `map`), [`sampler`], [`collate`], [`batch_collate`]
+//! and [`tensor_collate`] (contiguous buffers and tensors), [`loader`] (map-style
+//! [`DataLoader`]), [`iterable_loader`], [`staging`] (moving batches to the training device in
+//! the background), [`seeding`], and the built-in datasets [`digits`], [`fashion_mnist`]
+//! (read with [`idx`]), [`char_text`], with [`builtin`] as the entry point for the CLI.
 
 pub mod batch_collate;
 pub mod builtin;
