@@ -1,14 +1,37 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Checkpoints for ferrite: safetensors state_dicts, a safe reader for PyTorch `.pt`/`.pth`
+//! files, and atomic training checkpoints.
+//!
+//! Layers, bottom up:
+//! - [`RawTensor`] and [`Value`]: what a file holds (dtype, layout, shared storage bytes; and the
+//!   tree of dicts/lists/numbers around the tensors), independent of devices.
+//! - Readers: [`read`] recognises PyTorch zip and legacy files (through a restricted unpickler that
+//!   refuses anything but weights — see the `pickle` module), safetensors files and ferrite
+//!   checkpoints, and memory-maps them.
+//! - Writers: [`write_safetensors`] and [`save_checkpoint`], both through [`AtomicFile`] (temporary
+//!   file, fsync, rename, directory fsync).
+//! - state_dict helpers: [`state_dict_from_value`], [`strip_prefix`], [`check_keys`].
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod atomic_file;
+mod checkpoint;
+mod error;
+mod format;
+mod mapped_file;
+mod pickle;
+mod pt_legacy;
+mod pt_zip;
+mod raw_tensor;
+mod read;
+mod safetensors_format;
+mod state_dict;
+mod value;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use atomic_file::{AtomicFile, write_atomically};
+pub use checkpoint::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint};
+pub use error::{IoError, Result};
+pub use format::{FileFormat, detect_format};
+pub use mapped_file::map_file;
+pub use raw_tensor::{Element, RawTensor, contiguous_strides};
+pub use read::{read, read_bytes};
+pub use safetensors_format::{SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to};
+pub use state_dict::{IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix};
+pub use value::Value;
