@@ -1,6 +1,8 @@
 //! Shared helpers for ferrite-io's integration tests.
 #![allow(dead_code)]
 
+pub mod pt_builder;
+
 use std::path::PathBuf;
 
 /// `../shared/fixtures/pytorch-reference` relative to the workspace root, or
