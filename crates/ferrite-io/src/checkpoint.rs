@@ -10,13 +10,14 @@
 //! weights; ferrite gets the exact tree back. Saving goes through [`AtomicFile`](crate::AtomicFile).
 
 use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
 use std::path::Path;
 
 use serde_json::{Map, Value as Json, json};
 
 use crate::error::{IoError, Result};
 use crate::raw_tensor::RawTensor;
-use crate::safetensors_format::{SafetensorsFile, write_safetensors};
+use crate::safetensors_format::{SafetensorsFile, write_safetensors, write_safetensors_to};
 use crate::value::{Value, key_to_string};
 
 /// `__metadata__` key holding the JSON tree.
@@ -29,10 +30,21 @@ const VERSION: &str = "1";
 /// whatever happens during the call.
 pub fn save_checkpoint(path: impl AsRef<Path>, tree: &Value) -> Result<()> {
     let (json, tensors) = encode(tree)?;
+    write_safetensors(path, tensors.iter().map(|(n, t)| (n.as_str(), *t)), &tree_metadata(json))
+}
+
+/// Streams the checkpoint file for `tree` to `out` (for callers that manage the file themselves,
+/// e.g. through an [`AtomicFile`](crate::AtomicFile)).
+pub fn write_checkpoint_to(out: &mut impl Write, tree: &Value) -> Result<()> {
+    let (json, tensors) = encode(tree)?;
+    write_safetensors_to(out, tensors.iter().map(|(n, t)| (n.as_str(), *t)), &tree_metadata(json))
+}
+
+fn tree_metadata(json: String) -> BTreeMap<String, String> {
     let mut meta = BTreeMap::new();
     meta.insert(CHECKPOINT_TREE_KEY.to_string(), json);
     meta.insert(CHECKPOINT_VERSION_KEY.to_string(), VERSION.to_string());
-    write_safetensors(path, tensors.iter().map(|(n, t)| (n.as_str(), *t)), &meta)
+    meta
 }
 
 /// Splits a tree into its JSON skeleton and its named tensors.

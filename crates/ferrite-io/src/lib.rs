@@ -26,7 +26,7 @@ mod state_dict;
 mod value;
 
 pub use atomic_file::{AtomicFile, write_atomically};
-pub use checkpoint::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint};
+pub use checkpoint::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint, write_checkpoint_to};
 pub use error::{IoError, Result};
 pub use format::{FileFormat, detect_format};
 pub use mapped_file::map_file;
