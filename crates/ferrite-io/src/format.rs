@@ -17,6 +17,17 @@ pub enum FileFormat {
     Safetensors,
 }
 
+impl FileFormat {
+    /// A short human-readable name (`ferrite inspect` prints it).
+    pub fn name(self) -> &'static str {
+        match self {
+            FileFormat::PyTorchZip => "pytorch-zip",
+            FileFormat::PyTorchLegacy => "pytorch-legacy",
+            FileFormat::Safetensors => "safetensors",
+        }
+    }
+}
+
 /// The first pickle of a legacy file: protocol 2, the 80-bit magic number 0x1950a86a20f9469cfc6c.
 pub(crate) const LEGACY_MAGIC_PICKLE: [u8; 15] =
     [0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19, b'.'];

@@ -26,6 +26,14 @@ pub fn read(path: impl AsRef<Path>) -> Result<Value> {
     read_bytes_named(&map_file(path)?, path)
 }
 
+/// [`read`], also reporting which container format the file was.
+pub fn read_with_format(path: impl AsRef<Path>) -> Result<(FileFormat, Value)> {
+    let path = path.as_ref();
+    let bytes = map_file(path)?;
+    let format = detect_format(&bytes, path)?;
+    Ok((format, read_bytes_named(&bytes, path)?))
+}
+
 /// [`read`] for bytes already in memory.
 pub fn read_bytes(bytes: &Bytes) -> Result<Value> {
     read_bytes_named(bytes, Path::new("<memory>"))

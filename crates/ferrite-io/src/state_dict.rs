@@ -54,6 +54,29 @@ pub fn strip_prefix(sd: StateDict, prefix: &str) -> StateDict {
     sd.into_iter().map(|(k, t)| (k.strip_prefix(prefix).map(str::to_string).unwrap_or(k), t)).collect()
 }
 
+/// Strips `prefix` from the keys of every state_dict inside `tree` (every dict whose values are
+/// all tensors), e.g. the `model` entry of a DataParallel training checkpoint. Returns how many
+/// keys changed.
+pub fn strip_prefix_in_tree(tree: &mut Value, prefix: &str) -> usize {
+    match tree {
+        Value::Dict(items) if !items.is_empty() && items.iter().all(|(_, v)| matches!(v, Value::Tensor(_))) => {
+            let mut n = 0;
+            for (k, _) in items.iter_mut() {
+                if let Value::Str(s) = k
+                    && let Some(rest) = s.strip_prefix(prefix)
+                {
+                    *s = rest.to_string();
+                    n += 1;
+                }
+            }
+            n
+        }
+        Value::Dict(items) => items.iter_mut().map(|(_, v)| strip_prefix_in_tree(v, prefix)).sum(),
+        Value::List(items) | Value::Tuple(items) => items.iter_mut().map(|v| strip_prefix_in_tree(v, prefix)).sum(),
+        _ => 0,
+    }
+}
+
 /// Keys a model expects but the state_dict lacks, and keys it has that the model does not.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IncompatibleKeys {
@@ -114,6 +137,19 @@ mod tests {
         let stripped = strip_prefix(sd, "module.");
         let keys: Vec<&str> = stripped.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(check_keys(&expected, &keys, true).unwrap(), IncompatibleKeys::default());
+    }
+
+    #[test]
+    fn prefix_stripped_inside_nested_checkpoints() {
+        let t = RawTensor::from_values(vec![1], &[0.0f32]).unwrap();
+        let mut model = Value::dict();
+        model.insert("module.w", t.clone()).unwrap();
+        model.insert("module.b", t).unwrap();
+        let mut root = Value::dict();
+        root.insert("module.epoch", 1i64).unwrap();
+        root.insert("model", model).unwrap();
+        assert_eq!(strip_prefix_in_tree(&mut root, "module."), 2);
+        assert!(root.at("model/w").is_some() && root.get("module.epoch").is_some());
     }
 
     #[test]
