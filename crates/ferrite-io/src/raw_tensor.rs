@@ -59,10 +59,7 @@ impl RawTensor {
     /// addresses lies past the end of the storage.
     pub fn new(dtype: DType, shape: Vec<usize>, strides: Vec<usize>, offset: usize, storage: Bytes) -> Result<RawTensor> {
         if shape.len() != strides.len() {
-            return Err(IoError::Pickle {
-                offset: 0,
-                reason: format!("tensor has {} dimensions but {} strides", shape.len(), strides.len()),
-            });
+            return Err(IoError::structure("", format!("tensor has {} dimensions but {} strides", shape.len(), strides.len())));
         }
         let available = storage.len() / dtype.size_in_bytes();
         let needed = required_elements(&shape, &strides, offset);
