@@ -162,7 +162,7 @@ impl RawTensor {
     pub fn to_contiguous(&self) -> RawTensor {
         let bytes = match self.contiguous_bytes() {
             Cow::Borrowed(b) if b.len() == self.storage.len() => self.storage.clone(),
-            Cow::Borrowed(b) if b.is_empty() => Bytes::new(),
+            Cow::Borrowed([]) => Bytes::new(),
             Cow::Borrowed(_) => {
                 let es = self.dtype.size_in_bytes();
                 self.storage.slice(self.offset * es..self.offset * es + self.nbytes())

@@ -70,9 +70,8 @@ fn apply(data: &mut Vec<u8>, muts: &[Mutation]) {
                 let w = *w as usize;
                 let at = i % len;
                 let bytes = v.to_le_bytes();
-                for k in 0..w.min(len - at) {
-                    data[at + k] = bytes[k];
-                }
+                let n = w.min(len - at);
+                data[at..at + n].copy_from_slice(&bytes[..n]);
             }
         }
     }
@@ -97,7 +96,10 @@ fn config() -> Config {
 }
 
 /// Records of the zip fixtures: (file, records, index of data.pkl).
-fn zip_seeds() -> Vec<(String, Vec<(String, Vec<u8>)>, usize)> {
+/// A zip fixture: its name, its records and the index of `data.pkl`.
+type ZipSeed = (String, Vec<(String, Vec<u8>)>, usize);
+
+fn zip_seeds() -> Vec<ZipSeed> {
     ["plain_state_dict.pt", "shared_storage_views.pt", "training_checkpoint.pt", "bf16_state_dict.pt", "malicious_reduce.pt", "full_model_pickle.pt"]
         .iter()
         .filter_map(|n| {

@@ -58,7 +58,7 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
     writeln!(o, "{} ({}): {} tensors, {} elements, {:.2} MiB", args.file.display(), format.name(), tensors.len(), total, bytes as f64 / (1 << 20) as f64)?;
     let name_w = tensors.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
     let shape_w = tensors.iter().map(|(_, t)| format!("{:?}", t.shape()).len()).max().unwrap_or(5).max(5);
-    writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}", "name", "dtype", "shape", "sum")?;
+    writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  sum", "name", "dtype", "shape")?;
     for (name, t) in &tensors {
         writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}", name, t.dtype().name(), format!("{:?}", t.shape()), t.sum_f64())?;
     }

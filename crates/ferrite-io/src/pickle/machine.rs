@@ -804,7 +804,7 @@ mod tests {
         assert!(run(&[]).is_err());
         assert!(run(&[0x80, 2, b'X', 0xff, 0xff, 0xff, 0xff]).is_err());
         assert!(run(&[0x80, 2, 0x8d, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f]).is_err());
-        assert!(run(&[b'.']).is_err());
+        assert!(run(b".").is_err());
         assert!(run(&[b'h', 7, b'.']).is_err());
         assert!(run(&[0xfe]).is_err());
         assert!(run(b"cposix\nsystem\n.").unwrap_err().to_string().contains("posix.system"));
