@@ -263,6 +263,25 @@ mod tests {
         assert_eq!(back.at("rng").and_then(Value::as_generator_state).unwrap().word_pos, 1 << 100);
     }
 
+    proptest::proptest! {
+        /// Every f64 bit pattern and i64 survives the JSON tree (serde_json's `float_roundtrip`
+        /// parsing is required for this; the default parser is off by an ulp on some values).
+        #[test]
+        fn numbers_round_trip_bit_exactly(bits in proptest::prelude::any::<u64>(), i in proptest::prelude::any::<i64>()) {
+            let f = f64::from_bits(bits);
+            let mut tree = Value::dict();
+            tree.insert("f", f).unwrap();
+            tree.insert("i", i).unwrap();
+            let (json, _) = encode(&tree).unwrap();
+            let mut meta = BTreeMap::new();
+            meta.insert(CHECKPOINT_TREE_KEY.to_string(), json);
+            let back = decode(SafetensorsFile { tensors: Vec::new(), metadata: meta }).unwrap().unwrap();
+            let g = back.get("f").and_then(Value::as_float).unwrap();
+            proptest::prop_assert!(g.to_bits() == f.to_bits() || (f.is_nan() && g.is_nan()), "{f:e} came back as {g:e}");
+            proptest::prop_assert_eq!(back.get("i"), Some(&Value::Int(i)));
+        }
+    }
+
     #[test]
     fn malformed_trees_are_typed_errors() {
         for bad in [r#"{"tensor": "nope"}"#, r#"{"what": 1}"#, r#"{"dict": [[1]]}"#, r#"{"bytes": "zz"}"#, "[[[[", r#"{"float": "x"}"#] {
