@@ -30,7 +30,7 @@ def bench(what, f, runs=5):
         f()
         ts.append(time.perf_counter() - t)
     s = statistics.median(ts)
-    print(f"{what:<58} {s:>8.3} s  {nbytes / GIB / s:>7.2} GiB/s")
+    print(f"{what:<58} {s:>8.3f} s  {nbytes / GIB / s:>7.2f} GiB/s")
 
 
 bench("torch.save (zip, no fsync)", lambda: torch.save(sd, path))
