@@ -1,99 +1,276 @@
-//! INTERIM allocator: direct host allocation per block with minimal statistics. Replaced by the
-//! PyTorch-semantics caching allocator (issue 2); the public signatures are the contract.
-use std::alloc::{alloc, dealloc, Layout};
+//! The public caching allocator: one per device, thread-safe, RAII blocks.
+//!
+//! Every tensor buffer in ferrite comes from [`CachingAllocator::allocate`], so the allocator's
+//! statistics are the truth about device memory. The hot path (a cached allocation and its free)
+//! takes one uncontended lock each and touches no heap: blocks are arena records found through
+//! an ordered free set, and a [`Block`] carries its record index back on drop.
+use std::collections::BTreeMap;
+use std::panic::Location;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::{Device, MemoryError};
+use parking_lot::Mutex;
 
-const ALIGN: usize = 512;
+use crate::allocator_core::AllocatorCore;
+use crate::block_pool::NIL;
+use crate::raw_memory::{HostMemory, MetaMemory, RawMemory, SimMemory};
+use crate::snapshot::MemorySnapshot;
+use crate::stats::MemoryStats;
+use crate::{AllocatorConfig, Device, MemoryError, TraceEntry};
 
-struct Inner {
+struct Shared {
     device: Device,
-    allocated: AtomicU64,
-    peak: AtomicU64,
-    next_meta: AtomicU64,
+    core: Mutex<AllocatorCore>,
 }
 
-/// One allocator per device (see [`crate::allocator`]).
+/// How a block finds its allocator: registry allocators live for the whole process, so their
+/// blocks hold a plain `'static` reference and the hot path does no reference counting;
+/// private allocators are reference-counted so they outlive their last block.
+#[derive(Clone)]
+enum SharedRef {
+    Static(&'static Shared),
+    Counted(Arc<Shared>),
+}
+
+impl std::ops::Deref for SharedRef {
+    type Target = Shared;
+    #[inline]
+    fn deref(&self) -> &Shared {
+        match self {
+            SharedRef::Static(s) => s,
+            SharedRef::Counted(a) => a,
+        }
+    }
+}
+
+/// A caching allocator for one device. Use [`crate::allocator`] for the process-wide one of a
+/// device, or the constructors here for a private one (tests, replays, planning).
 pub struct CachingAllocator {
-    inner: Arc<Inner>,
+    shared: SharedRef,
 }
 
 /// A device buffer. Returned to its allocator when dropped.
 pub struct Block {
-    inner: Arc<Inner>,
+    shared: SharedRef,
     ptr: Option<NonNull<u8>>,
     addr: u64,
     size: usize,
     requested: usize,
+    idx: u32,
+    stream: u32,
 }
 
-// SAFETY: a Block exclusively owns its buffer; the pointer is never shared except through the
-// Block itself, and the allocator state it refers to is atomic.
+// SAFETY: a Block exclusively owns its range of a segment; the pointer is only handed out through
+// `host_ptr` (writing through it is the caller's `unsafe` business) and the allocator state it
+// returns to on drop is behind a mutex.
 unsafe impl Send for Block {}
-// SAFETY: &Block only exposes the pointer value; writing through it is the caller's unsafe business.
+// SAFETY: `&Block` only exposes plain values and the pointer value, never the bytes.
 unsafe impl Sync for Block {}
 
+fn default_backend(device: &Device) -> Box<dyn RawMemory> {
+    match device {
+        Device::Cpu => Box::new(HostMemory::new()),
+        Device::Sim { profile, .. } => Box::new(SimMemory::new(profile)),
+        Device::Meta => Box::new(MetaMemory::new()),
+    }
+}
+
 impl CachingAllocator {
+    /// A private allocator for `device` with PyTorch's default settings (the environment is not
+    /// read; see [`CachingAllocator::from_env`]).
     pub fn new(device: Device) -> Self {
-        CachingAllocator {
-            inner: Arc::new(Inner { device, allocated: AtomicU64::new(0), peak: AtomicU64::new(0), next_meta: AtomicU64::new(1 << 40) }),
-        }
+        Self::with_config(device, AllocatorConfig::default())
+    }
+
+    /// A private allocator with the given settings.
+    pub fn with_config(device: Device, config: AllocatorConfig) -> Self {
+        let raw = default_backend(&device);
+        Self::with_backend(device, config, raw)
+    }
+
+    /// A private allocator configured from `FERRITE_ALLOC_CONF`.
+    pub fn from_env(device: Device) -> Result<Self, MemoryError> {
+        Ok(Self::with_config(device, AllocatorConfig::from_env()?))
+    }
+
+    /// An allocator that makes exactly the decisions of the real one for `device` (same capacity,
+    /// same addresses layout rules) but backs nothing with memory: for replays and planning.
+    /// Its blocks have no host pointer.
+    pub fn unbacked(device: Device, config: AllocatorConfig) -> Self {
+        let raw: Box<dyn RawMemory> = match &device {
+            Device::Sim { profile, .. } => Box::new(SimMemory::unbacked(profile)),
+            Device::Cpu => match crate::raw_memory::physical_memory() {
+                Some(ram) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(ram))),
+                None => Box::new(MetaMemory::new()),
+            },
+            Device::Meta => Box::new(MetaMemory::new()),
+        };
+        Self::with_backend(device, config, raw)
+    }
+
+    /// An allocator over a custom raw memory backend.
+    pub fn with_backend(device: Device, config: AllocatorConfig, raw: Box<dyn RawMemory>) -> Self {
+        let core = AllocatorCore::new(device.clone(), config, raw);
+        CachingAllocator { shared: SharedRef::Counted(Arc::new(Shared { device, core: Mutex::new(core) })) }
+    }
+
+    /// An allocator that is never freed (the registry's): its blocks skip reference counting.
+    pub(crate) fn process_lifetime(device: Device, config: AllocatorConfig) -> Self {
+        let raw = default_backend(&device);
+        let core = AllocatorCore::new(device.clone(), config, raw);
+        let shared: &'static Shared = Box::leak(Box::new(Shared { device, core: Mutex::new(core) }));
+        CachingAllocator { shared: SharedRef::Static(shared) }
     }
 
     pub fn device(&self) -> &Device {
-        &self.inner.device
+        &self.shared.device
     }
 
-    /// Allocate `size` bytes (uninitialised). `size == 0` gives an empty block.
+    /// Allocate `size` bytes (uninitialised) on the default stream. `size == 0` gives an empty
+    /// block that touches no statistics.
     #[track_caller]
+    #[inline]
     pub fn allocate(&self, size: usize) -> Result<Block, MemoryError> {
-        let rounded = if size == 0 { 0 } else { size.div_ceil(ALIGN) * ALIGN };
-        let (ptr, addr) = if rounded == 0 {
-            (None, 0)
-        } else if matches!(self.inner.device, Device::Meta) {
-            (None, self.inner.next_meta.fetch_add(rounded as u64, Ordering::Relaxed))
-        } else {
-            let layout = Layout::from_size_align(rounded, ALIGN).map_err(|_| self.oom(size))?;
-            // SAFETY: layout has non-zero size.
-            let p = NonNull::new(unsafe { alloc(layout) }).ok_or_else(|| self.oom(size))?;
-            (Some(p), p.as_ptr() as u64)
-        };
-        let now = self.inner.allocated.fetch_add(rounded as u64, Ordering::Relaxed) + rounded as u64;
-        self.inner.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(Block { inner: self.inner.clone(), ptr, addr, size: rounded, requested: size })
+        self.allocate_impl(size, 0, Location::caller())
     }
 
-    fn oom(&self, size: usize) -> MemoryError {
-        MemoryError::OutOfMemory { device: self.inner.device.to_string(), requested: size as u64 }
+    /// Allocate on a given stream; freed blocks are reused only by the same stream.
+    #[track_caller]
+    #[inline]
+    pub fn allocate_on_stream(&self, size: usize, stream: u32) -> Result<Block, MemoryError> {
+        self.allocate_impl(size, stream, Location::caller())
     }
 
+    fn allocate_impl(&self, size: usize, stream: u32, loc: &'static Location<'static>) -> Result<Block, MemoryError> {
+        if size == 0 {
+            return Ok(Block { shared: self.shared.clone(), ptr: None, addr: 0, size: 0, requested: 0, idx: NIL, stream });
+        }
+        let a = self.shared.core.lock().malloc(size as u64, stream, loc)?;
+        Ok(Block {
+            shared: self.shared.clone(),
+            ptr: a.ptr,
+            addr: a.addr,
+            size: a.size as usize,
+            requested: size,
+            idx: a.idx,
+            stream,
+        })
+    }
+
+    /// Bytes held by live blocks (`torch.cuda.memory_allocated`).
     pub fn memory_allocated(&self) -> u64 {
-        self.inner.allocated.load(Ordering::Relaxed)
+        self.shared.core.lock().stats.allocated_bytes.all.current as u64
     }
+    /// Peak of [`Self::memory_allocated`] since creation or the last peak reset.
     pub fn max_memory_allocated(&self) -> u64 {
-        self.inner.peak.load(Ordering::Relaxed)
+        self.shared.core.lock().stats.allocated_bytes.all.peak as u64
     }
+    /// Bytes reserved in segments (`torch.cuda.memory_reserved`).
     pub fn memory_reserved(&self) -> u64 {
-        self.memory_allocated()
+        self.shared.core.lock().stats.reserved_bytes.all.current as u64
     }
+    /// Peak of [`Self::memory_reserved`].
     pub fn max_memory_reserved(&self) -> u64 {
-        self.max_memory_allocated()
+        self.shared.core.lock().stats.reserved_bytes.all.peak as u64
     }
+    /// Every peak := current.
     pub fn reset_peak_memory_stats(&self) {
-        self.inner.peak.store(self.memory_allocated(), Ordering::Relaxed);
+        self.shared.core.lock().stats.reset_peaks();
     }
-    pub fn empty_cache(&self) {}
+    /// Running totals and event counters := 0.
+    pub fn reset_accumulated_memory_stats(&self) {
+        self.shared.core.lock().stats.reset_accumulated();
+    }
+    /// Return every cached segment that holds no live block to the device.
+    pub fn empty_cache(&self) {
+        self.shared.core.lock().release_cached_blocks();
+    }
+
+    /// All statistics (`torch.cuda.memory_stats`, nested).
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.shared.core.lock().stats.clone()
+    }
+    /// The flattened view with PyTorch's keys (`allocated_bytes.all.peak`, `num_ooms`, …).
+    pub fn memory_stats_flat(&self) -> BTreeMap<String, i64> {
+        self.memory_stats().flatten()
+    }
+    /// The `torch.cuda.memory_summary()` table.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        let stats = self.memory_stats();
+        crate::memory_summary::memory_summary(&stats, &self.shared.device.to_string(), abbreviated)
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> AllocatorConfig {
+        self.shared.core.lock().config().clone()
+    }
+    /// Replace the settings (takes effect for the next allocation; cached blocks stay).
+    pub fn set_config(&self, config: AllocatorConfig) {
+        self.shared.core.lock().set_config(config);
+    }
+    /// Apply a `PYTORCH_CUDA_ALLOC_CONF`-style string on top of the current settings
+    /// (like `torch.cuda.memory._set_allocator_settings`).
+    pub fn set_alloc_conf(&self, spec: &str) -> Result<(), MemoryError> {
+        let mut core = self.shared.core.lock();
+        let mut cfg = core.config().clone();
+        cfg.apply(spec)?;
+        core.set_config(cfg);
+        Ok(())
+    }
+    pub(crate) fn set_config_error(&self, e: MemoryError) {
+        self.shared.core.lock().set_config_error(e);
+    }
+
+    /// Cap reserved memory at `fraction × total capacity` (`set_per_process_memory_fraction`).
+    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), MemoryError> {
+        self.shared.core.lock().set_fraction(fraction)
+    }
+    /// The fraction set by [`Self::set_per_process_memory_fraction`], if any.
+    pub fn per_process_memory_fraction(&self) -> Option<f64> {
+        self.shared.core.lock().fraction()
+    }
+    /// `(free, total)` device memory, as `torch.cuda.mem_get_info`; `None` without a fixed capacity.
+    pub fn mem_get_info(&self) -> Option<(u64, u64)> {
+        self.shared.core.lock().mem_get_info()
+    }
+    /// Size of the largest cached free block.
+    pub fn largest_free_block(&self) -> u64 {
+        self.shared.core.lock().largest_free_block()
+    }
+
+    /// Start (`Some(max_entries)`) or stop and clear (`None`) recording allocator events.
+    pub fn record_memory_history(&self, max_entries: Option<usize>) {
+        self.shared.core.lock().record_history(max_entries);
+    }
+    /// The recorded events, oldest first.
+    pub fn memory_history(&self) -> Vec<TraceEntry> {
+        self.shared.core.lock().history()
+    }
+    /// Segments, blocks, history and settings (`torch.cuda.memory._snapshot`).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        self.shared.core.lock().snapshot()
+    }
+
+    /// Recompute every current statistic from the segments and blocks and compare; also checks
+    /// that neighbouring free blocks are merged and blocks tile their segments exactly.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        self.shared.core.lock().check_consistency()
+    }
+}
+
+impl std::fmt::Debug for CachingAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator").field("device", &self.shared.device.to_string()).finish()
+    }
 }
 
 impl Block {
-    /// Device address (fake but unique for `meta`).
+    /// Device address (fake but unique among live blocks for `meta`).
     pub fn addr(&self) -> u64 {
         self.addr
     }
-    /// Host pointer to the bytes: `Some` for `cpu` and `sim`, `None` for `meta` and empty blocks.
+    /// Host pointer to the bytes: `Some` for `cpu` and `sim`, `None` for `meta`, unbacked
+    /// allocators and empty blocks. At least 512-byte aligned.
     pub fn host_ptr(&self) -> Option<NonNull<u8>> {
         self.ptr
     }
@@ -106,17 +283,30 @@ impl Block {
         self.requested
     }
     pub fn device(&self) -> &Device {
-        &self.inner.device
+        &self.shared.device
+    }
+    /// Stream the block was allocated on.
+    pub fn stream(&self) -> u32 {
+        self.stream
+    }
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("device", &self.shared.device.to_string())
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.size)
+            .field("requested", &self.requested)
+            .finish()
     }
 }
 
 impl Drop for Block {
+    #[inline]
     fn drop(&mut self) {
-        if let Some(p) = self.ptr {
-            let layout = Layout::from_size_align(self.size, ALIGN).expect("layout was valid at allocation");
-            // SAFETY: p was allocated with exactly this layout and is freed once.
-            unsafe { dealloc(p.as_ptr(), layout) };
+        if self.idx != NIL {
+            self.shared.core.lock().free(self.idx);
         }
-        self.inner.allocated.fetch_sub(self.size as u64, Ordering::Relaxed);
     }
 }

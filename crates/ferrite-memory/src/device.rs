@@ -1,10 +1,12 @@
+//! Device names: where memory lives (`cpu`, `sim:<gpu>[:index]`, `meta`).
 use std::fmt;
 use std::str::FromStr;
 
 use crate::{GpuProfile, MemoryError};
 
 /// Which backend a device's memory comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DeviceKind {
     Cpu,
     Sim,
@@ -22,6 +24,23 @@ pub enum Device {
 }
 
 impl Device {
+    /// The device index (`N` of `sim:<gpu>:N`; 0 for `cpu` and `meta`).
+    pub fn index(&self) -> usize {
+        match self {
+            Device::Sim { index, .. } => *index,
+            _ => 0,
+        }
+    }
+
+    /// A human name of the hardware: the GPU model for `sim`, `host memory` for `cpu`.
+    pub fn hardware_name(&self) -> String {
+        match self {
+            Device::Cpu => "host memory".to_string(),
+            Device::Sim { profile, .. } => profile.name.clone(),
+            Device::Meta => "meta (no memory)".to_string(),
+        }
+    }
+
     pub fn kind(&self) -> DeviceKind {
         match self {
             Device::Cpu => DeviceKind::Cpu,
@@ -53,7 +72,7 @@ impl Device {
                     let keys: Vec<&str> = crate::GPU_CATALOGUE.iter().map(|g| g.0).collect();
                     bad(&format!("unknown GPU `{name}`; known: {} (or a capacity such as `1GiB`)", keys.join(", ")))
                 })?;
-                GpuProfile { key: name.to_string(), name: format!("simulated {name}"), total_bytes: bytes, context_overhead_bytes: 0 }
+                GpuProfile::custom(bytes)
             }
         };
         Ok(Device::Sim { profile, index })
@@ -96,5 +115,45 @@ impl fmt::Display for Device {
             Device::Meta => write!(f, "meta"),
             Device::Sim { profile, index } => write!(f, "sim:{}:{}", profile.key, index),
         }
+    }
+}
+
+/// Canonical spelling of a capacity: the largest binary unit that divides it exactly.
+pub(crate) fn format_capacity(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_displays_devices() {
+        assert_eq!(Device::parse("cpu").unwrap(), Device::Cpu);
+        assert_eq!(Device::parse("meta").unwrap(), Device::Meta);
+        let d = Device::parse("sim:a100-40gb").unwrap();
+        assert_eq!(d.to_string(), "sim:a100-40gb:0");
+        assert_eq!(Device::parse(&d.to_string()).unwrap(), d);
+        let d = Device::parse("sim:h100-80gb:3").unwrap();
+        assert_eq!(d.index(), 3);
+        let d = Device::parse("sim:1GiB").unwrap();
+        assert_eq!(d, Device::parse("sim:1024MiB").unwrap());
+        assert_eq!(d.to_string(), "sim:1GiB:0");
+        match &d {
+            Device::Sim { profile, .. } => {
+                assert_eq!(profile.total_bytes, 1 << 30);
+                assert_eq!(profile.context_overhead_bytes, 0);
+            }
+            _ => unreachable!(),
+        }
+        assert!(Device::parse("sim:nope").is_err());
+        assert!(Device::parse("sim:a100-40gb:x").is_err());
+        assert!(Device::parse("cuda:0").is_err());
+        assert!(Device::parse("sim:0GiB").is_err());
     }
 }

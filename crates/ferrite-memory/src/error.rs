@@ -1,4 +1,7 @@
+//! The one error type of the memory layer.
 use thiserror::Error;
+
+use crate::oom::OutOfMemoryReport;
 
 /// Every failure the memory layer can report.
 #[derive(Debug, Error, Clone, PartialEq)]
@@ -6,7 +9,28 @@ pub enum MemoryError {
     /// A device string that does not name a device.
     #[error("invalid device `{spec}`: {reason}")]
     InvalidDevice { spec: String, reason: String },
-    /// An allocation that the device cannot satisfy.
-    #[error("out of memory on {device}: tried to allocate {requested} bytes")]
-    OutOfMemory { device: String, requested: u64 },
+    /// An allocation the device cannot satisfy, with the full picture and a diagnosis
+    /// (see [`OutOfMemoryReport`]; its `Display` starts like PyTorch's OOM message).
+    #[error("{report}")]
+    OutOfMemory { report: Box<OutOfMemoryReport> },
+    /// An allocator option (`FERRITE_ALLOC_CONF` / [`crate::AllocatorConfig`]) that is unknown or
+    /// has a bad value.
+    #[error("invalid allocator option `{key}`{}: {reason}", if value.is_empty() { String::new() } else { format!(" = `{value}`") })]
+    InvalidConfig { key: String, value: String, reason: String },
+    /// A request the allocator refuses whatever the device: more than 1 EiB.
+    #[error("cannot allocate {requested} bytes on {device}: requests of 1 EiB or more are refused")]
+    RequestTooLarge { device: String, requested: u64 },
+    /// An allocation trace that cannot be replayed.
+    #[error("invalid allocation trace: {reason}")]
+    InvalidTrace { reason: String },
+}
+
+impl MemoryError {
+    /// The OOM report, if this is an out-of-memory error.
+    pub fn oom_report(&self) -> Option<&OutOfMemoryReport> {
+        match self {
+            MemoryError::OutOfMemory { report } => Some(report),
+            _ => None,
+        }
+    }
 }

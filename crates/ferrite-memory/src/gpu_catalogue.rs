@@ -1,23 +1,47 @@
+//! Real GPU models whose memory a `sim` device reproduces.
+//!
+//! A `sim:a100-40gb` device must run out of memory exactly where the real card would, so each
+//! entry carries the card's `totalGlobalMem` (what `cudaGetDeviceProperties` / PyTorch's
+//! `total_memory` report, not the marketing figure) and the memory a CUDA context takes before the
+//! first tensor.
+//!
+//! Sources for `totalGlobalMem`: CUDA `deviceQuery` output ("Total amount of global memory")
+//! for T4 (15843721216), A100-SXM4-40GB (42505273344) and RTX 4090 (25756696576, Linux driver);
+//! `torch.cuda.get_device_properties` / NVML listings for A100-SXM4-80GB (85198045184 = 81251 MiB),
+//! H100 80GB HBM3 (85520809984 = 81559 MiB), RTX 3090 (25446842368 = 24268 MiB) and
+//! V100-SXM2-32GB (34089205760 = 32510 MiB).
+//!
+//! Context overhead: what `nvidia-smi` shows for a process minus `torch.cuda.memory_reserved()`
+//! right after the first tiny CUDA tensor (CUDA 12 with lazy module loading, cuBLAS handle
+//! created). Published measurements range from about 250 MiB to 600 MiB depending on driver,
+//! CUDA version and architecture; we take 300 MiB for Volta/Turing, 400 MiB for Ampere/Ada and
+//! 500 MiB for Hopper (larger kernel images). It is an estimate, documented as such: use a bare
+//! capacity (`sim:39GiB`) to model a different figure.
+
 /// A GPU model whose memory a `sim` device reproduces.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct GpuProfile {
     /// Short name used in device strings, e.g. `a100-40gb`.
     pub key: String,
     /// Marketing name, e.g. `NVIDIA A100-SXM4-40GB`.
     pub name: String,
-    /// Total device memory in bytes as reported by `cudaMemGetInfo`'s `total`.
+    /// Total device memory in bytes (`totalGlobalMem`).
     pub total_bytes: u64,
     /// Bytes taken by the CUDA context and runtime before the first tensor.
     pub context_overhead_bytes: u64,
 }
 
-/// (key, name, total bytes, context overhead bytes)
+const MIB: u64 = 1 << 20;
+
+/// The catalogue: (key, name, total bytes = `totalGlobalMem`, context overhead bytes).
 pub static GPU_CATALOGUE: &[(&str, &str, u64, u64)] = &[
-    ("t4-16gb", "NVIDIA Tesla T4", 15_843_721_216, 300 * 1024 * 1024),
-    ("rtx4090-24gb", "NVIDIA GeForce RTX 4090", 25_393_692_672, 400 * 1024 * 1024),
-    ("a100-40gb", "NVIDIA A100-SXM4-40GB", 42_505_273_344, 500 * 1024 * 1024),
-    ("a100-80gb", "NVIDIA A100-SXM4-80GB", 85_089_730_560, 500 * 1024 * 1024),
-    ("h100-80gb", "NVIDIA H100 80GB HBM3", 85_028_388_864, 500 * 1024 * 1024),
+    ("t4-16gb", "NVIDIA Tesla T4", 15_843_721_216, 300 * MIB),
+    ("v100-32gb", "Tesla V100-SXM2-32GB", 34_089_205_760, 300 * MIB),
+    ("rtx3090-24gb", "NVIDIA GeForce RTX 3090", 25_446_842_368, 400 * MIB),
+    ("rtx4090-24gb", "NVIDIA GeForce RTX 4090", 25_756_696_576, 400 * MIB),
+    ("a100-40gb", "NVIDIA A100-SXM4-40GB", 42_505_273_344, 400 * MIB),
+    ("a100-80gb", "NVIDIA A100-SXM4-80GB", 85_198_045_184, 400 * MIB),
+    ("h100-80gb", "NVIDIA H100 80GB HBM3", 85_520_809_984, 500 * MIB),
 ];
 
 impl GpuProfile {
@@ -34,8 +58,34 @@ impl GpuProfile {
             })
     }
 
+    /// Every catalogue entry as a profile.
+    pub fn catalogue() -> Vec<GpuProfile> {
+        GPU_CATALOGUE.iter().filter_map(|(k, ..)| GpuProfile::lookup(k)).collect()
+    }
+
+    /// A bare-capacity device (`sim:1GiB`): no context overhead.
+    pub fn custom(total_bytes: u64) -> GpuProfile {
+        let key = crate::device::format_capacity(total_bytes);
+        GpuProfile { name: format!("{key} device"), key, total_bytes, context_overhead_bytes: 0 }
+    }
+
     /// Bytes available to the allocator.
     pub fn usable_bytes(&self) -> u64 {
         self.total_bytes.saturating_sub(self.context_overhead_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn catalogue_has_the_required_cards() {
+        for k in ["t4-16gb", "rtx4090-24gb", "a100-40gb", "a100-80gb", "h100-80gb"] {
+            let p = GpuProfile::lookup(k).unwrap();
+            assert!(p.usable_bytes() < p.total_bytes);
+        }
+        assert_eq!(GpuProfile::lookup("A100-40GB").unwrap().total_bytes, 42_505_273_344);
+        assert!(GpuProfile::lookup("nope").is_none());
     }
 }

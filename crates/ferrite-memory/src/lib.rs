@@ -4,21 +4,53 @@
 //! statistics are therefore the truth about what tensors hold. See `../shared/DESIGN.md`,
 //! "The memory spine".
 //!
-//! NOTE (interim): this file fixes the public contract that `ferrite-tensor` builds on. The
-//! allocator internals behind it are being replaced by the full PyTorch-semantics implementation
-//! (issue 2); the signatures below stay.
+//! - [`raw_memory`]: backends that obtain segments — host memory, a simulated GPU with a real
+//!   card's capacity ([`GPU_CATALOGUE`]), and address-only `meta` memory.
+//! - [`CachingAllocator`]: PyTorch's caching-allocator semantics (rounding, pools, best fit,
+//!   split/merge, `max_split_size`, the OOM ladder, garbage collection, memory fraction),
+//!   configured with [`AllocatorConfig`] in `PYTORCH_CUDA_ALLOC_CONF` syntax.
+//! - [`MemoryStats`], [`memory_summary`], history ([`TraceEntry`]) and [`MemorySnapshot`]s.
+//! - [`OutOfMemoryReport`]: an OOM is a value that says *exhausted* or *fragmented* and what to do.
+//! - [`replay`]: run a recorded allocation trace through an allocator.
+//!
+//! ```
+//! use ferrite_memory::{CachingAllocator, Device};
+//! let alloc = CachingAllocator::new(Device::parse("sim:a100-40gb").unwrap());
+//! let b = alloc.allocate(600 * 1024).unwrap();
+//! assert_eq!(alloc.memory_allocated(), 600 * 1024);
+//! assert_eq!(alloc.memory_reserved(), 2 << 20); // one 2 MiB small-pool segment
+//! drop(b);
+//! alloc.empty_cache();
+//! assert_eq!(alloc.memory_reserved(), 0);
+//! ```
 
+mod allocator_core;
+mod block_pool;
+mod caching_allocator;
+mod config;
 mod device;
 mod error;
 mod gpu_catalogue;
-mod caching_allocator;
+pub mod history;
+pub mod memory_summary;
+pub mod oom;
+pub mod raw_memory;
 mod registry;
+pub mod replay;
+pub mod size_rules;
+pub mod snapshot;
+pub mod stats;
 
 pub use caching_allocator::{Block, CachingAllocator};
+pub use config::{ALLOC_CONF_ENV, AllocatorConfig};
 pub use device::{Device, DeviceKind};
 pub use error::MemoryError;
-pub use gpu_catalogue::{GpuProfile, GPU_CATALOGUE};
-pub use registry::allocator;
+pub use gpu_catalogue::{GPU_CATALOGUE, GpuProfile};
+pub use history::{Frame, TraceAction, TraceEntry};
+pub use oom::{OomDiagnosis, OutOfMemoryReport, Suggestion, SuggestionKind, format_size};
+pub use registry::{allocator, configure, env_alloc_config};
+pub use snapshot::{BlockSnapshot, BlockState, MemorySnapshot, SegmentSnapshot};
+pub use stats::{MemoryStats, Stat, StatArray, StatType};
 
 /// Convenience result alias for this crate.
 pub type Result<T, E = MemoryError> = std::result::Result<T, E>;

@@ -1,9 +1,40 @@
 //! Tensors, CPU kernels and the autograd engine of ferrite.
 //!
-//! NOTE (in progress, issue 3): `dtype` and `random` are fixed contracts other crates build on.
+//! Every tensor's bytes are a block from its device's caching allocator (`ferrite-memory`), so
+//! the allocator's statistics are the truth about what tensors hold, and a `meta` run (shapes
+//! only) makes exactly the allocations a real run would.
+//!
+//! ```
+//! use ferrite_memory::Device;
+//! use ferrite_tensor::{DType, Tensor};
+//! # fn main() -> Result<(), ferrite_tensor::TensorError> {
+//! let cpu = Device::Cpu;
+//! let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2], &cpu)?.requires_grad_(true)?;
+//! let x = Tensor::ones(&[2, 2], DType::F32, &cpu)?;
+//! let loss = x.matmul(&w)?.relu()?.sum()?;
+//! loss.backward()?;
+//! assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![2.0, 2.0, 2.0, 2.0]);
+//! # Ok(()) }
+//! ```
 
+pub mod autocast;
+pub mod autograd;
 pub mod dtype;
+pub mod element;
+mod error;
+pub mod functional;
+pub(crate) mod kernels;
+pub mod layout;
+pub mod ops;
 pub mod random;
+mod storage;
+mod tensor;
 
+pub use autograd::{enable_grad, is_grad_enabled, no_grad, BackwardFn, SavedTensor};
 pub use dtype::DType;
+pub use element::{Bool8, Element};
+pub use error::{Result, TensorError};
+pub use ferrite_memory::Device;
 pub use random::{manual_seed, Generator, GeneratorState};
+pub use storage::Storage;
+pub use tensor::Tensor;

@@ -1,0 +1,343 @@
+//! Out-of-memory as a value: the full picture, a diagnosis and what to do about it.
+//!
+//! PyTorch's "CUDA out of memory" message lists numbers but leaves the user to work out whether
+//! the tensors simply do not fit (*exhausted*) or whether memory exists but is scattered
+//! (*fragmented*), which call for opposite remedies. [`OutOfMemoryReport`] keeps PyTorch's
+//! wording at the start, so the message is recognisable, then states the diagnosis and ranked
+//! suggestions.
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::DeviceKind;
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomDiagnosis {
+    /// The live tensors plus this request exceed what the device (or the memory fraction)
+    /// allows: no allocator setting can help, the workload must shrink.
+    Exhausted,
+    /// Enough bytes are free or cached in total, but no contiguous block or segment fits.
+    Fragmented,
+}
+
+impl fmt::Display for OomDiagnosis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OomDiagnosis::Exhausted => "exhausted",
+            OomDiagnosis::Fragmented => "fragmented",
+        })
+    }
+}
+
+/// A remedy, most effective first in [`OutOfMemoryReport::suggestions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuggestionKind {
+    RaiseMemoryFraction,
+    ReduceBatchSize,
+    GradientAccumulation,
+    MixedPrecision,
+    ActivationCheckpointing,
+    ExpandableSegments,
+    MaxSplitSize,
+    EmptyCache,
+}
+
+/// One ranked suggestion with a sentence that carries the relevant numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Suggestion {
+    pub kind: SuggestionKind,
+    pub text: String,
+}
+
+/// Everything known about a failed allocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutOfMemoryReport {
+    /// Device string, e.g. `sim:a100-40gb:0`.
+    pub device: String,
+    pub device_kind: DeviceKind,
+    /// Device index (the `N` of `GPU N` in the message).
+    pub device_index: usize,
+    /// Human name of the device model, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub device_name: String,
+    /// Bytes the caller asked for.
+    pub requested_bytes: u64,
+    /// The request after rounding (what a block of this allocation would hold).
+    pub rounded_bytes: u64,
+    /// Size of the segment the allocator tried to reserve (PyTorch's "Tried to allocate").
+    pub segment_bytes: u64,
+    /// Total device memory (`totalGlobalMem`), if the device has a fixed capacity.
+    pub total_capacity: Option<u64>,
+    /// Device memory not reserved by anyone (what `cudaMemGetInfo` would call free).
+    pub device_free: Option<u64>,
+    /// Limit from the per-process memory fraction, if one is set.
+    pub allowed_bytes: Option<u64>,
+    /// Bytes held by live blocks (`allocated_bytes.all.current`).
+    pub allocated_bytes: u64,
+    /// Bytes reserved in segments (`reserved_bytes.all.current`).
+    pub reserved_bytes: u64,
+    /// `reserved - allocated`: cached but unusable for this request.
+    pub reserved_unallocated_bytes: u64,
+    /// Largest free block held in the cache.
+    pub largest_free_block: u64,
+    /// The most this allocator could ever reserve (capacity minus context, capped by the fraction).
+    pub limit_bytes: Option<u64>,
+    /// The host machine, not the device, ran out: host-backed devices of this process already
+    /// reserve close to the physical RAM.
+    pub host_refused: bool,
+    pub diagnosis: OomDiagnosis,
+    /// Ranked remedies, most effective first.
+    pub suggestions: Vec<Suggestion>,
+}
+
+/// PyTorch's `format_size`: `N bytes`, then KiB / MiB / GiB with two decimals.
+pub fn format_size(size: u64) -> String {
+    const KIB: f64 = 1024.0;
+    if size <= 1024 {
+        format!("{size} bytes")
+    } else if size <= 1 << 20 {
+        format!("{:.2} KiB", size as f64 / KIB)
+    } else if size <= 1 << 30 {
+        format!("{:.2} MiB", size as f64 / (KIB * KIB))
+    } else {
+        format!("{:.2} GiB", size as f64 / (KIB * KIB * KIB))
+    }
+}
+
+/// Inputs of [`OutOfMemoryReport::diagnose`], gathered by the allocator under its lock.
+pub(crate) struct OomFacts {
+    pub device: String,
+    pub device_kind: DeviceKind,
+    pub device_index: usize,
+    pub device_name: String,
+    pub requested_bytes: u64,
+    pub rounded_bytes: u64,
+    pub segment_bytes: u64,
+    pub total_capacity: Option<u64>,
+    pub usable_capacity: Option<u64>,
+    pub device_free: Option<u64>,
+    pub allowed_bytes: Option<u64>,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub largest_free_block: u64,
+    pub max_split_size: Option<u64>,
+    pub host_refused: bool,
+    pub expandable_segments: bool,
+}
+
+impl OutOfMemoryReport {
+    pub(crate) fn diagnose(f: OomFacts) -> OutOfMemoryReport {
+        let limit = match (f.usable_capacity, f.allowed_bytes) {
+            (Some(u), Some(a)) => Some(u.min(a)),
+            (u, a) => u.or(a),
+        };
+        let needed = f.allocated_bytes.saturating_add(f.rounded_bytes);
+        // With no fixed capacity the host itself refused: nothing is merely scattered.
+        let diagnosis = match limit {
+            Some(l) if needed <= l => OomDiagnosis::Fragmented,
+            _ => OomDiagnosis::Exhausted,
+        };
+        let mut s: Vec<Suggestion> = Vec::new();
+        let mut push = |kind, text: String| s.push(Suggestion { kind, text });
+        match diagnosis {
+            OomDiagnosis::Exhausted => {
+                if let (Some(a), Some(u)) = (f.allowed_bytes, f.usable_capacity)
+                    && a < u
+                    && needed <= u
+                {
+                    push(
+                        SuggestionKind::RaiseMemoryFraction,
+                        format!(
+                            "raise the per-process memory fraction: it allows {}, the device could hold the {} needed",
+                            format_size(a),
+                            format_size(needed)
+                        ),
+                    );
+                }
+                let short = limit.map(|l| needed.saturating_sub(l)).unwrap_or(0);
+                push(
+                    SuggestionKind::ReduceBatchSize,
+                    if short > 0 {
+                        format!(
+                            "reduce the batch size: live tensors ({}) plus this request ({}) exceed the {} available by {}",
+                            format_size(f.allocated_bytes),
+                            format_size(f.rounded_bytes),
+                            format_size(limit.unwrap_or(0)),
+                            format_size(short)
+                        )
+                    } else {
+                        "reduce the batch size (the host refused the memory)".to_string()
+                    },
+                );
+                push(
+                    SuggestionKind::GradientAccumulation,
+                    "accumulate gradients over smaller micro-batches: same effective batch, a fraction of the activation memory".to_string(),
+                );
+                push(
+                    SuggestionKind::MixedPrecision,
+                    "train in mixed precision (autocast to bf16/f16): activations and their gradients take half the bytes".to_string(),
+                );
+                push(
+                    SuggestionKind::ActivationCheckpointing,
+                    "checkpoint activations: recompute them in backward instead of keeping them alive".to_string(),
+                );
+            }
+            OomDiagnosis::Fragmented => {
+                if !f.expandable_segments {
+                    push(
+                        SuggestionKind::ExpandableSegments,
+                        "set FERRITE_ALLOC_CONF=expandable_segments:True so segments grow in pages instead of leaving unusable slivers".to_string(),
+                    );
+                }
+                let stranded = f.reserved_bytes.saturating_sub(f.allocated_bytes);
+                if stranded == 0 {
+                    // Nothing cached: only the segment granularity is in the way.
+                    push(
+                        SuggestionKind::ReduceBatchSize,
+                        format!(
+                            "free a tensor or shrink the batch slightly: this request needs a new {} segment and only {} is unreserved",
+                            format_size(f.segment_bytes),
+                            format_size(f.device_free.unwrap_or(0))
+                        ),
+                    );
+                }
+                if f.max_split_size.is_none() && stranded > 0 {
+                    let mb = (f.rounded_bytes >> 20).max(20);
+                    push(
+                        SuggestionKind::MaxSplitSize,
+                        format!(
+                            "set FERRITE_ALLOC_CONF=max_split_size_mb:{mb} so large cached blocks are kept whole for large requests instead of being split"
+                        ),
+                    );
+                }
+                if stranded > 0 {
+                    push(
+                        SuggestionKind::EmptyCache,
+                        format!(
+                            "call empty_cache() between phases (e.g. after evaluation) so the {} reserved but unallocated can be reserved again in the shapes the next phase needs",
+                            format_size(stranded)
+                        ),
+                    );
+                }
+            }
+        }
+        OutOfMemoryReport {
+            device: f.device,
+            device_kind: f.device_kind,
+            device_index: f.device_index,
+            device_name: f.device_name,
+            requested_bytes: f.requested_bytes,
+            rounded_bytes: f.rounded_bytes,
+            segment_bytes: f.segment_bytes,
+            total_capacity: f.total_capacity,
+            device_free: f.device_free,
+            allowed_bytes: f.allowed_bytes,
+            allocated_bytes: f.allocated_bytes,
+            reserved_bytes: f.reserved_bytes,
+            reserved_unallocated_bytes: f.reserved_bytes.saturating_sub(f.allocated_bytes),
+            largest_free_block: f.largest_free_block,
+            limit_bytes: limit,
+            host_refused: f.host_refused,
+            diagnosis,
+            suggestions: s,
+        }
+    }
+
+    /// One-sentence explanation of the diagnosis with the numbers behind it.
+    pub fn explanation(&self) -> String {
+        let needed = self.allocated_bytes.saturating_add(self.rounded_bytes);
+        if self.host_refused {
+            return format!(
+                "the host machine cannot back more memory: host-backed devices of this process reserve {} and a new {} segment would exceed the physical RAM (use `meta` or an unbacked allocator to plan beyond it)",
+                format_size(crate::raw_memory::host_reserved()),
+                format_size(self.segment_bytes)
+            );
+        }
+        match (self.diagnosis, self.limit_bytes) {
+            (OomDiagnosis::Exhausted, Some(l)) => format!(
+                "the live tensors ({}) plus this request ({}) need {}, more than the {} this allocator may reserve",
+                format_size(self.allocated_bytes),
+                format_size(self.rounded_bytes),
+                format_size(needed),
+                format_size(l)
+            ),
+            (OomDiagnosis::Exhausted, None) => {
+                "the host refused the memory (no fixed device capacity applies)".to_string()
+            }
+            (OomDiagnosis::Fragmented, l) => format!(
+                "{} would fit in the {} this allocator may reserve, but the largest free cached block is {} and a new {} segment does not fit in the {} still unreserved",
+                format_size(needed),
+                format_size(l.unwrap_or(0)),
+                format_size(self.largest_free_block),
+                format_size(self.segment_bytes),
+                format_size(l.unwrap_or(0).saturating_sub(self.reserved_bytes))
+            ),
+        }
+    }
+}
+
+impl fmt::Display for OutOfMemoryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (prefix, who) = match self.device_kind {
+            DeviceKind::Sim => (
+                "CUDA out of memory",
+                format!("GPU {} ({}, {}, simulated)", self.device_index, self.device, self.device_name),
+            ),
+            DeviceKind::Cpu => ("CPU out of memory", format!("CPU ({})", self.device_name)),
+            DeviceKind::Meta => ("Meta device out of memory", "The meta device".to_string()),
+        };
+        write!(f, "{prefix}. Tried to allocate {}. ", format_size(self.segment_bytes))?;
+        match (self.total_capacity, self.device_free) {
+            (Some(t), Some(free)) => write!(
+                f,
+                "{who} has a total capacity of {} of which {} is free. ",
+                format_size(t),
+                format_size(free)
+            )?,
+            _ => write!(f, "{who} has no fixed capacity and the host refused the memory. ")?,
+        }
+        if let Some(a) = self.allowed_bytes {
+            write!(f, "{} allowed; ", format_size(a))?;
+        }
+        write!(
+            f,
+            "Of the allocated memory {} is allocated by ferrite, and {} is reserved by ferrite but unallocated.",
+            format_size(self.allocated_bytes),
+            format_size(self.reserved_unallocated_bytes)
+        )?;
+        write!(
+            f,
+            "\nDiagnosis: {} — {} (requested {}, rounded to {}).",
+            self.diagnosis,
+            self.explanation(),
+            format_size(self.requested_bytes),
+            format_size(self.rounded_bytes)
+        )?;
+        if !self.suggestions.is_empty() {
+            write!(f, "\nSuggestions, most effective first:")?;
+            for (i, s) in self.suggestions.iter().enumerate() {
+                write!(f, "\n  {}. {}", i + 1, s.text)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_size_matches_pytorch() {
+        assert_eq!(format_size(0), "0 bytes");
+        assert_eq!(format_size(1024), "1024 bytes");
+        assert_eq!(format_size(1025), "1.00 KiB");
+        assert_eq!(format_size(1 << 20), "1024.00 KiB");
+        assert_eq!(format_size(2 << 20), "2.00 MiB");
+        assert_eq!(format_size(20 << 20), "20.00 MiB");
+        assert_eq!(format_size(1 << 30), "1024.00 MiB");
+        assert_eq!(format_size(42_505_273_344), "39.59 GiB");
+    }
+}

@@ -1,0 +1,244 @@
+//! Rust types that can be tensor elements, and the arithmetic type each one computes in.
+//!
+//! Half-precision types compute in f32 (loads widen, stores round to nearest even) — the same
+//! contract as PyTorch's CPU kernels — so kernels are written once over [`Float`].
+
+use half::{bf16, f16};
+
+use crate::DType;
+
+/// A Rust type that maps 1:1 onto a [`DType`].
+pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug + PartialEq + bytemuck::Pod {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                ($to)(self)
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                ($from)(v)
+            }
+        }
+    };
+}
+
+element!(f32, DType::F32, |x: f32| x as f64, |v: f64| v as f32);
+element!(f64, DType::F64, |x: f64| x, |v: f64| v);
+element!(f16, DType::F16, |x: f16| x.to_f64(), f16::from_f64);
+element!(bf16, DType::BF16, |x: bf16| x.to_f64(), bf16::from_f64);
+element!(i64, DType::I64, |x: i64| x as f64, |v: f64| v as i64);
+element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v as i32);
+element!(u8, DType::U8, |x: u8| x as f64, |v: f64| v as u8);
+
+/// `bool` is stored as one byte holding 0 or 1 (like PyTorch). Not `Pod` itself, so tensors of
+/// dtype Bool are read and written through this byte wrapper or through `to_vec::<bool>` helpers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct Bool8(pub u8);
+
+impl Element for Bool8 {
+    const DTYPE: DType = DType::Bool;
+    fn to_f64(self) -> f64 {
+        if self.0 != 0 { 1.0 } else { 0.0 }
+    }
+    fn from_f64(v: f64) -> Self {
+        Bool8((v != 0.0) as u8)
+    }
+}
+
+/// The types kernels compute in (f32, f64): num-traits' `Float` plus what it lacks.
+pub trait AccFloat: num_traits::Float + Send + Sync + Copy + std::iter::Sum + std::ops::AddAssign + 'static + std::fmt::Debug {
+    fn erf(self) -> Self;
+    fn from_f64c(v: f64) -> Self;
+}
+impl AccFloat for f32 {
+    #[inline(always)]
+    fn erf(self) -> f32 {
+        libm::erff(self)
+    }
+    #[inline(always)]
+    fn from_f64c(v: f64) -> f32 {
+        v as f32
+    }
+}
+impl AccFloat for f64 {
+    #[inline(always)]
+    fn erf(self) -> f64 {
+        libm::erf(self)
+    }
+    #[inline(always)]
+    fn from_f64c(v: f64) -> f64 {
+        v
+    }
+}
+
+/// Floating-point element types: they compute in `Acc` (f32 for f16/bf16/f32, f64 for f64).
+pub trait Float: Element {
+    type Acc: AccFloat;
+    fn to_acc(self) -> Self::Acc;
+    fn from_acc(v: Self::Acc) -> Self;
+    fn acc_from_f64(v: f64) -> Self::Acc;
+    fn acc_to_f64(v: Self::Acc) -> f64;
+}
+
+impl Float for f32 {
+    type Acc = f32;
+    #[inline(always)]
+    fn to_acc(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_acc(v: f32) -> f32 {
+        v
+    }
+    #[inline(always)]
+    fn acc_from_f64(v: f64) -> f32 {
+        v as f32
+    }
+    #[inline(always)]
+    fn acc_to_f64(v: f32) -> f64 {
+        v as f64
+    }
+}
+impl Float for f64 {
+    type Acc = f64;
+    #[inline(always)]
+    fn to_acc(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn from_acc(v: f64) -> f64 {
+        v
+    }
+    #[inline(always)]
+    fn acc_from_f64(v: f64) -> f64 {
+        v
+    }
+    #[inline(always)]
+    fn acc_to_f64(v: f64) -> f64 {
+        v
+    }
+}
+impl Float for f16 {
+    type Acc = f32;
+    #[inline(always)]
+    fn to_acc(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn from_acc(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    #[inline(always)]
+    fn acc_from_f64(v: f64) -> f32 {
+        v as f32
+    }
+    #[inline(always)]
+    fn acc_to_f64(v: f32) -> f64 {
+        v as f64
+    }
+}
+impl Float for bf16 {
+    type Acc = f32;
+    #[inline(always)]
+    fn to_acc(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn from_acc(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+    #[inline(always)]
+    fn acc_from_f64(v: f64) -> f32 {
+        v as f32
+    }
+    #[inline(always)]
+    fn acc_to_f64(v: f32) -> f64 {
+        v as f64
+    }
+}
+
+/// Integer element types (arithmetic wraps like PyTorch's).
+pub trait Int: Element + Ord {
+    fn to_i64(self) -> i64;
+    fn from_i64(v: i64) -> Self;
+}
+impl Int for i64 {
+    fn to_i64(self) -> i64 {
+        self
+    }
+    fn from_i64(v: i64) -> i64 {
+        v
+    }
+}
+impl Int for i32 {
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    fn from_i64(v: i64) -> i32 {
+        v as i32
+    }
+}
+impl Int for u8 {
+    fn to_i64(self) -> i64 {
+        self as i64
+    }
+    fn from_i64(v: i64) -> u8 {
+        v as u8
+    }
+}
+
+/// Dispatch on a dtype to a block generic over the floating-point element type `$T`.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_float {
+    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => { type $T = f32; $body }
+            $crate::DType::F64 => { type $T = f64; $body }
+            $crate::DType::F16 => { type $T = half::f16; $body }
+            $crate::DType::BF16 => { type $T = half::bf16; $body }
+            other => return Err($crate::TensorError::UnsupportedDType { op: $op, dtype: other }),
+        }
+    };
+}
+
+/// Dispatch on any dtype to a block generic over the element type `$T` (bool as [`Bool8`]).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_all {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => { type $T = f32; $body }
+            $crate::DType::F64 => { type $T = f64; $body }
+            $crate::DType::F16 => { type $T = half::f16; $body }
+            $crate::DType::BF16 => { type $T = half::bf16; $body }
+            $crate::DType::I64 => { type $T = i64; $body }
+            $crate::DType::I32 => { type $T = i32; $body }
+            $crate::DType::U8 => { type $T = u8; $body }
+            $crate::DType::Bool => { type $T = $crate::element::Bool8; $body }
+        }
+    };
+}
+
+/// Dispatch on the element *size* for pure data movement (copies, gathers, cats).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! dispatch_bits {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype.size_in_bytes() {
+            8 => { type $T = u64; $body }
+            4 => { type $T = u32; $body }
+            2 => { type $T = u16; $body }
+            _ => { type $T = u8; $body }
+        }
+    };
+}

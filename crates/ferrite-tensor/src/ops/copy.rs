@@ -1,0 +1,228 @@
+//! Copies and conversions: contiguous, deep clone, dtype and device changes, reading data back.
+
+use std::borrow::Cow;
+
+use ferrite_memory::{allocator, Device};
+
+use crate::autograd::{is_grad_enabled, BackwardFn};
+use crate::element::{Bool8, Element};
+use crate::error::{Result, TensorError};
+use crate::kernels::map::{update2, In};
+use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+
+/// Write `src` (broadcast to dst's shape, any dtype) into `dst` (any non-overlapping layout).
+pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    if dst.is_meta() || dst.numel() == 0 {
+        return Ok(());
+    }
+    if src.is_meta() {
+        return Err(TensorError::MetaHasNoData { op: "copy" });
+    }
+    if dst.dtype() == src.dtype() {
+        dispatch_bits!(dst.dtype(), T => {
+            let s = In::<T>::new(src, dst.shape(), "copy_")?;
+            update2::<T, T>(dst, &s, |_, x| x)?;
+        });
+        return Ok(());
+    }
+    match (src.dtype(), dst.dtype()) {
+        (DType::F32, DType::BF16) => {
+            let s = In::<f32>::new(src, dst.shape(), "copy_")?;
+            update2::<half::bf16, f32>(dst, &s, |_, x| half::bf16::from_f32(x))
+        }
+        (DType::F32, DType::F16) => {
+            let s = In::<f32>::new(src, dst.shape(), "copy_")?;
+            update2::<half::f16, f32>(dst, &s, |_, x| half::f16::from_f32(x))
+        }
+        (DType::BF16, DType::F32) => {
+            let s = In::<half::bf16>::new(src, dst.shape(), "copy_")?;
+            update2::<f32, half::bf16>(dst, &s, |_, x| x.to_f32())
+        }
+        (DType::F16, DType::F32) => {
+            let s = In::<half::f16>::new(src, dst.shape(), "copy_")?;
+            update2::<f32, half::f16>(dst, &s, |_, x| x.to_f32())
+        }
+        (sd, dd) => {
+            dispatch_all!(sd, S => {
+                let s = In::<S>::new(src, dst.shape(), "copy_")?;
+                dispatch_all!(dd, D => {
+                    update2::<D, S>(dst, &s, |_, x| D::from_f64(x.to_f64()))?;
+                });
+            });
+            Ok(())
+        }
+    }
+}
+
+/// A contiguous copy with the given dtype on the same device, no autograd.
+pub(crate) fn materialize(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let out = t.empty_like_shape(t.shape(), dtype)?;
+    copy_into(&out, t)?;
+    Ok(out)
+}
+
+struct IdentityBackward(&'static str);
+impl BackwardFn for IdentityBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(self.0)
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![g[0].clone()])
+    }
+}
+
+struct ToDTypeBackward(DType);
+impl BackwardFn for ToDTypeBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("ToCopyBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![match &g[0] {
+            Some(g) => Some(g.to_dtype(self.0)?),
+            None => None,
+        }])
+    }
+}
+
+struct ToDeviceBackward(Device);
+impl BackwardFn for ToDeviceBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("ToCopyBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![match &g[0] {
+            Some(g) => Some(g.to_device(&self.0)?),
+            None => None,
+        }])
+    }
+}
+
+/// Refuse in-place writes that autograd cannot track.
+pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) -> Result<()> {
+    if !is_grad_enabled() {
+        return Ok(());
+    }
+    if dst.requires_grad() {
+        if dst.is_leaf() {
+            return Err(TensorError::InplaceOnLeaf { op });
+        }
+        return Err(TensorError::invalid(op, "in-place operations on tensors that require grad are not recorded by autograd; use the out-of-place form"));
+    }
+    if others.iter().any(|t| t.requires_grad()) {
+        return Err(TensorError::invalid(op, "an in-place operation cannot take an operand that requires grad while grad mode is on; use the out-of-place form or no_grad()"));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// This tensor if already contiguous, else a contiguous copy (gradient flows through).
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        let out = materialize(self, self.dtype())?;
+        Ok(Tensor::from_op1(out, &[self], IdentityBackward("CloneBackward0")))
+    }
+
+    /// A copy with its own storage (PyTorch's `clone()`; gradient flows through).
+    pub fn deep_clone(&self) -> Result<Tensor> {
+        let out = materialize(self, self.dtype())?;
+        Ok(Tensor::from_op1(out, &[self], IdentityBackward("CloneBackward0")))
+    }
+
+    /// Convert to `dtype` (a no-op handle clone if already that dtype).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = materialize(self, dtype)?;
+        if !dtype.is_floating_point() {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op1(out, &[self], ToDTypeBackward(self.dtype())))
+    }
+
+    /// Copy to `device` (both devices' allocators account the bytes). To `meta` keeps the shape
+    /// only; from `meta` to a real device is an error (there is no data to copy).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        if self.is_meta() && !matches!(device, Device::Meta) && self.numel() > 0 {
+            return Err(TensorError::MetaHasNoData { op: "to_device" });
+        }
+        let src = if self.is_contiguous() { self.clone() } else { self.detach().contiguous()? };
+        let out = Tensor::empty_with(&allocator(device), self.shape(), self.dtype())?;
+        if !out.is_meta() && out.numel() > 0 {
+            let n = out.nbytes();
+            let s = src.ptr::<u8>("to_device")?;
+            let d = out.ptr::<u8>("to_device")?;
+            // SAFETY: both buffers hold `n` bytes (same shape and dtype, contiguous) and are
+            // distinct allocations.
+            unsafe { std::ptr::copy_nonoverlapping(s, d, n) };
+        }
+        Ok(Tensor::from_op1(out, &[self], ToDeviceBackward(self.device().clone())))
+    }
+
+    /// The elements in row-major order. `T` must match the dtype (see [`to_vec_f64`](Self::to_vec_f64)
+    /// for any dtype).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(TensorError::DTypeMismatch { op: "to_vec", detail: format!("tensor has dtype {} but {} was requested; convert with to_dtype first", self.dtype(), T::DTYPE) });
+        }
+        if self.is_meta() {
+            return Err(TensorError::MetaHasNoData { op: "to_vec" });
+        }
+        let _g = crate::autograd::no_grad();
+        let c = self.contiguous()?;
+        let n = c.numel();
+        let p = c.ptr::<T>("to_vec")?;
+        // SAFETY: `c` is contiguous with n initialised elements of T.
+        Ok(unsafe { std::slice::from_raw_parts(p, n) }.to_vec())
+    }
+
+    /// The elements converted to f64, for any dtype.
+    pub fn to_vec_f64(&self) -> Result<Vec<f64>> {
+        dispatch_all!(self.dtype(), T => {
+            Ok(self.to_vec::<T>()?.into_iter().map(|v| v.to_f64()).collect())
+        })
+    }
+
+    /// Bool tensors as Rust bools.
+    pub fn to_vec_bool(&self) -> Result<Vec<bool>> {
+        Ok(self.to_vec::<Bool8>()?.into_iter().map(|b| b.0 != 0).collect())
+    }
+
+    /// The single value of a one-element tensor as f64. A plain number: it carries no graph.
+    pub fn item(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            return Err(TensorError::invalid("item", format!("a Tensor with {} elements cannot be converted to a number", self.numel())));
+        }
+        Ok(self.to_vec_f64()?[0])
+    }
+
+    /// Copy `src` into this tensor in place (broadcast, dtype-converted). Bumps the version.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        check_inplace("copy_", self, &[src])?;
+        if !self.is_meta() {
+            crate::ops::check_same_device("copy_", self, src)?;
+        }
+        copy_into(self, src)?;
+        self.storage().bump_version();
+        Ok(())
+    }
+
+    /// Fill with `value` in place.
+    pub fn fill_(&self, value: f64) -> Result<()> {
+        check_inplace("fill_", self, &[])?;
+        let v = crate::ops::creation::full_on(self.storage().allocator(), &[], self.dtype(), value)?;
+        copy_into(self, &v)?;
+        self.storage().bump_version();
+        Ok(())
+    }
+
+    /// Zero in place.
+    pub fn zero_(&self) -> Result<()> {
+        self.fill_(0.0)
+    }
+}

@@ -1,0 +1,447 @@
+//! Joining and indexing: cat, stack, index_select, gather, scatter_add, where, masked_fill.
+
+use std::borrow::Cow;
+
+use crate::autograd::{BackwardFn, SavedTensor};
+use crate::element::{Bool8, Element};
+
+use crate::error::{Result, TensorError};
+use crate::kernels::map::{map3, In};
+use crate::kernels::strided::{SendPtr, Walk};
+use crate::layout::{broadcast_shapes, normalize_dim, Shape};
+use crate::ops::copy::{copy_into, materialize};
+use crate::ops::{check_same_device, promote_types};
+use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+
+/// Read an index tensor (int64/int32/uint8) as i64s, validating against `size`.
+fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static str) -> Result<Vec<i64>> {
+    let v: Vec<i64> = match idx.dtype() {
+        DType::I64 => idx.to_vec::<i64>()?,
+        DType::I32 => idx.to_vec::<i32>()?.into_iter().map(|x| x as i64).collect(),
+        DType::U8 => idx.to_vec::<u8>()?.into_iter().map(|x| x as i64).collect(),
+        d => return Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {d}") }),
+    };
+    let mut out = Vec::with_capacity(v.len());
+    for i in v {
+        let j = if i < 0 { i + size as i64 } else { i };
+        if j < 0 || j as usize >= size {
+            return Err(TensorError::IndexOutOfRange { op, index: i, dim, size });
+        }
+        out.push(j);
+    }
+    Ok(out)
+}
+
+/// An index tensor as int64 (a handle clone when it already is).
+fn as_i64(index: &Tensor) -> Result<Tensor> {
+    if index.dtype() == DType::I64 { Ok(index.clone()) } else { materialize(index, DType::I64) }
+}
+
+struct CatBackward {
+    dim: usize,
+    sizes: Vec<usize>,
+}
+impl BackwardFn for CatBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("CatBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None; self.sizes.len()]) };
+        let mut out = Vec::with_capacity(self.sizes.len());
+        let mut s = 0;
+        for &n in &self.sizes {
+            out.push(Some(g.narrow(self.dim as i64, s, n)?));
+            s += n;
+        }
+        Ok(out)
+    }
+}
+
+struct IndexSelectBackward {
+    dim: usize,
+    index: SavedTensor,
+    in_shape: Shape,
+}
+impl BackwardFn for IndexSelectBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("IndexSelectBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let idx = self.index.get("IndexSelectBackward0")?;
+        let z = crate::ops::creation::full_on(g.storage().allocator(), &self.in_shape, g.dtype(), 0.0)?;
+        z.index_add_raw(self.dim, idx, g)?;
+        Ok(vec![Some(z)])
+    }
+}
+
+struct GatherBackward {
+    dim: usize,
+    index: SavedTensor,
+    in_shape: Shape,
+}
+impl BackwardFn for GatherBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("GatherBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let idx = self.index.get("GatherBackward0")?;
+        let z = crate::ops::creation::full_on(g.storage().allocator(), &self.in_shape, g.dtype(), 0.0)?;
+        Ok(vec![Some(z.scatter_raw(self.dim, idx, g)?)])
+    }
+}
+
+struct WhereBackward {
+    cond: SavedTensor,
+    a: (Shape, DType),
+    b: (Shape, DType),
+}
+impl BackwardFn for WhereBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("WhereBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None, None]) };
+        let c = self.cond.get("WhereBackward0")?;
+        let zero = crate::ops::creation::full_on(g.storage().allocator(), &[], g.dtype(), 0.0)?;
+        let ga = Tensor::where_raw(c, g, &zero)?;
+        let gb = Tensor::where_raw(c, &zero, g)?;
+        Ok(vec![
+            Some(crate::ops::binary::reduce_grad(&ga, &self.a.0, self.a.1)?),
+            Some(crate::ops::binary::reduce_grad(&gb, &self.b.0, self.b.1)?),
+        ])
+    }
+}
+
+impl Tensor {
+    /// Concatenate along `dim`. All tensors must agree on the other dims and the device.
+    pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| TensorError::invalid("cat", "expected a non-empty list of tensors"))?;
+        let rank = first.rank();
+        if rank == 0 {
+            return Err(TensorError::invalid("cat", "zero-dimensional tensor cannot be concatenated"));
+        }
+        let d = normalize_dim(dim, rank, "cat")?;
+        let mut dtype = first.dtype();
+        let mut shape: Shape = first.shape_vec();
+        shape[d] = 0;
+        for (i, t) in tensors.iter().enumerate() {
+            check_same_device("cat", first, t)?;
+            if t.rank() != rank {
+                return Err(TensorError::shape("cat", format!("tensors must have the same number of dimensions: got {} and {} (tensor {i})", rank, t.rank())));
+            }
+            for k in 0..rank {
+                if k != d && t.shape()[k] != first.shape()[k] {
+                    return Err(TensorError::shape("cat", format!("sizes of tensors must match except in dimension {d}: expected size {} but got size {} for tensor number {i} in the list (shapes {:?} and {:?})", first.shape()[k], t.shape()[k], first.shape(), t.shape())));
+                }
+            }
+            shape[d] += t.shape()[d];
+            dtype = promote_types(dtype, t.dtype());
+        }
+        let out = first.empty_like_shape(&shape, dtype)?;
+        let mut s = 0;
+        for t in tensors {
+            let n = t.shape()[d];
+            if n > 0 {
+                let region = out.view_with_layout(out.layout().narrow(d, s, n, "cat")?);
+                copy_into(&region, t)?;
+            }
+            s += n;
+        }
+        if !Tensor::needs_graph(tensors) {
+            return Ok(out);
+        }
+        let sizes = tensors.iter().map(|t| t.shape()[d]).collect();
+        Ok(Tensor::from_op1(out, tensors, CatBackward { dim: d, sizes }))
+    }
+
+    /// Stack along a new dimension `dim`.
+    pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        let first = tensors.first().ok_or_else(|| TensorError::invalid("stack", "expected a non-empty list of tensors"))?;
+        let d = normalize_dim(dim, first.rank() + 1, "stack")?;
+        for (i, t) in tensors.iter().enumerate() {
+            if t.shape() != first.shape() {
+                return Err(TensorError::shape("stack", format!("stack expects each tensor to be equal size, but got {:?} at entry 0 and {:?} at entry {i}", first.shape(), t.shape())));
+            }
+        }
+        let u: Vec<Tensor> = tensors.iter().map(|t| t.unsqueeze(d as i64)).collect::<Result<_>>()?;
+        let r: Vec<&Tensor> = u.iter().collect();
+        Tensor::cat(&r, d as i64)
+    }
+
+    /// Rows (entries of `dim`) picked by a 1-D index tensor.
+    pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        let d = normalize_dim(dim, self.rank(), "index_select")?;
+        if index.rank() > 1 {
+            return Err(TensorError::shape("index_select", format!("index must be 0-D or 1-D, got shape {:?}", index.shape())));
+        }
+        let rank = self.rank().max(1);
+        let size = if self.rank() == 0 { 1 } else { self.shape()[d] };
+        let k = index.numel();
+        let mut shape = if self.rank() == 0 { Shape::from_slice(&[1]) } else { self.shape_vec() };
+        shape[d] = k;
+        let out = self.empty_like_shape(&shape, self.dtype())?;
+        if !out.is_meta() {
+            check_same_device("index_select", self, index)?;
+            let idx = read_indices(index, size, d, "index_select")?;
+            let x = if self.rank() == 0 { self.reshape_usize(&[1])? } else { self.clone() };
+            if d == 0 && x.is_contiguous() {
+                let row = x.numel() / size.max(1) * x.dtype().size_in_bytes();
+                let src = x.ptr::<u8>("index_select")?;
+                let dst = out.ptr::<u8>("index_select")?;
+                for (i, &j) in idx.iter().enumerate() {
+                    // SAFETY: j < size (validated); rows of `row` bytes in a contiguous source,
+                    // distinct destination rows in the fresh output.
+                    unsafe { std::ptr::copy_nonoverlapping(src.add(j as usize * row), dst.add(i * row), row) };
+                }
+            } else {
+                for (i, &j) in idx.iter().enumerate() {
+                    let dst = out.view_with_layout(out.layout().select(d, i));
+                    let src = x.view_with_layout(x.layout().select(d, j as usize));
+                    copy_into(&dst, &src)?;
+                }
+            }
+            let _ = rank;
+        }
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op1(out, &[self], IndexSelectBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() }))
+    }
+
+    /// In place: `self.select(dim, index[i]) += src.select(dim, i)` (no autograd).
+    pub(crate) fn index_add_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
+        if self.is_meta() {
+            return Ok(());
+        }
+        let size = self.shape()[dim];
+        let idx = read_indices(index, size, dim, "index_add")?;
+        if dim == 0 && self.is_contiguous() && src.is_contiguous() && self.dtype() == DType::F32 {
+            let row = self.numel() / size.max(1);
+            let dst = self.ptr::<f32>("index_add")?;
+            let s = src.ptr::<f32>("index_add")?;
+            for (i, &j) in idx.iter().enumerate() {
+                // SAFETY: validated row indices into contiguous buffers of matching row length.
+                unsafe {
+                    let d = std::slice::from_raw_parts_mut(dst.add(j as usize * row), row);
+                    let s = std::slice::from_raw_parts(s.add(i * row), row);
+                    for (d, &s) in d.iter_mut().zip(s) {
+                        *d += s;
+                    }
+                }
+            }
+            return Ok(());
+        }
+        for (i, &j) in idx.iter().enumerate() {
+            let dst = self.view_with_layout(self.layout().select(dim, j as usize));
+            let s = src.view_with_layout(src.layout().select(dim, i));
+            crate::ops::binary::arith_inplace_raw::<crate::ops::binary::Add>(&dst, &s)?;
+        }
+        Ok(())
+    }
+
+    fn check_gather_shapes(&self, dim: usize, index: &Tensor, op: &'static str) -> Result<()> {
+        if index.rank() != self.rank() {
+            return Err(TensorError::shape(op, format!("index tensor must have the same number of dimensions as the input tensor ({} vs {})", index.rank(), self.rank())));
+        }
+        for k in 0..self.rank() {
+            if k != dim && index.shape()[k] > self.shape()[k] {
+                return Err(TensorError::shape(op, format!("size does not match at dimension {k}: expected index {:?} to be no larger than self {:?} apart from dimension {dim}", index.shape(), self.shape())));
+            }
+        }
+        if !matches!(index.dtype(), DType::I64 | DType::I32) {
+            return Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {}", index.dtype()) });
+        }
+        Ok(())
+    }
+
+    /// `out[..i..] = self[.. index[..i..] ..]` along `dim` (PyTorch's `gather`).
+    pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        let d = normalize_dim(dim, self.rank(), "gather")?;
+        self.check_gather_shapes(d, index, "gather")?;
+        let out = self.empty_like_shape(index.shape(), self.dtype())?;
+        let idx = as_i64(index)?;
+        if !out.is_meta() && out.numel() > 0 {
+            check_same_device("gather", self, index)?;
+            let size = self.shape()[d];
+            let mut xs: Shape = self.layout().strides.clone();
+            let dim_stride = xs[d];
+            xs[d] = 0;
+            let w = Walk::new(index.shape(), [idx.strides(), xs.as_slice()], [idx.storage_offset(), self.storage_offset()]);
+            let [si, sx] = w.inner_strides();
+            let ip = idx.storage_base_ptr::<i64>("gather")?;
+            dispatch_bits!(self.dtype(), T => {
+                let xp = self.storage_base_ptr::<T>("gather")?;
+                let op = out.ptr::<T>("gather")?;
+                let mut bad: Option<i64> = None;
+                w.rows(0, out.numel(), |[oi, ox], len, lin| {
+                    for k in 0..len {
+                        // SAFETY: offsets from validated layouts; j checked against `size`.
+                        unsafe {
+                            let j = *ip.add(oi + k * si);
+                            let jj = if j < 0 { j + size as i64 } else { j };
+                            if jj < 0 || jj as usize >= size {
+                                bad.get_or_insert(j);
+                                continue;
+                            }
+                            *op.add(lin + k) = *xp.add(ox + k * sx + jj as usize * dim_stride);
+                        }
+                    }
+                });
+                if let Some(j) = bad {
+                    return Err(TensorError::IndexOutOfRange { op: "gather", index: j, dim: d, size });
+                }
+            });
+        }
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op1(out, &[self], GatherBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() }))
+    }
+
+    /// Out of place: a copy of `self` with `src` added at `index` along `dim` (scatter_add, no
+    /// autograd). Used by gather/max backward.
+    pub(crate) fn scatter_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        self.check_gather_shapes(dim, index, "scatter_add")?;
+        let out = materialize(self, self.dtype())?;
+        let idx = as_i64(index)?;
+        let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
+        if out.is_meta() || index.numel() == 0 {
+            return Ok(out);
+        }
+        let size = self.shape()[dim];
+        let mut os: Shape = out.layout().strides.clone();
+        let dim_stride = os[dim];
+        os[dim] = 0;
+        let w = Walk::new(index.shape(), [idx.strides(), src.strides(), os.as_slice()], [idx.storage_offset(), src.storage_offset(), 0]);
+        let [si, ss, so] = w.inner_strides();
+        let ip = idx.storage_base_ptr::<i64>("scatter_add")?;
+        let mut bad: Option<i64> = None;
+        dispatch_all!(self.dtype(), T => {
+            let sp = src.storage_base_ptr::<T>("scatter_add")?;
+            let op = SendPtr(out.ptr::<T>("scatter_add")?);
+            w.rows(0, index.numel(), |[oi, os_, oo], len, _| {
+                for k in 0..len {
+                    // SAFETY: offsets from validated layouts; j checked against `size`.
+                    unsafe {
+                        let j = *ip.add(oi + k * si);
+                        let jj = if j < 0 { j + size as i64 } else { j };
+                        if jj < 0 || jj as usize >= size {
+                            bad.get_or_insert(j);
+                            continue;
+                        }
+                        let p = op.0.add(oo + k * so + jj as usize * dim_stride);
+                        *p = T::from_f64((*p).to_f64() + (*sp.add(os_ + k * ss)).to_f64());
+                    }
+                }
+            });
+        });
+        if let Some(j) = bad {
+            return Err(TensorError::IndexOutOfRange { op: "scatter_add", index: j, dim, size });
+        }
+        Ok(out)
+    }
+
+    /// Differentiable scatter-add along `dim` (out of place).
+    pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let d = normalize_dim(dim, self.rank(), "scatter_add")?;
+        let out = self.scatter_raw(d, index, src)?;
+        if !Tensor::needs_graph(&[self, src]) {
+            return Ok(out);
+        }
+        struct ScatterAddBackward {
+            dim: usize,
+            index: SavedTensor,
+        }
+        impl BackwardFn for ScatterAddBackward {
+            fn name(&self) -> Cow<'static, str> {
+                Cow::Borrowed("ScatterAddBackward0")
+            }
+            fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+                let Some(g) = &g[0] else { return Ok(vec![None, None]) };
+                let idx = self.index.get("ScatterAddBackward0")?;
+                Ok(vec![Some(g.clone()), Some(g.gather(self.dim as i64, idx)?)])
+            }
+        }
+        Ok(Tensor::from_op1(out, &[self, src], ScatterAddBackward { dim: d, index: SavedTensor::new(index) }))
+    }
+
+    pub(crate) fn where_raw(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        check_same_device("where", a, b)?;
+        check_same_device("where", cond, a)?;
+        let shape = broadcast_shapes(cond.shape(), a.shape(), "where")?;
+        let shape = broadcast_shapes(&shape, b.shape(), "where")?;
+        let dtype = promote_types(a.dtype(), b.dtype());
+        let a = if a.dtype() != dtype { materialize(a, dtype)? } else { a.clone() };
+        let b = if b.dtype() != dtype { materialize(b, dtype)? } else { b.clone() };
+        let c = if cond.dtype() != DType::Bool { cond.ne_scalar(0.0)? } else { cond.clone() };
+        let out = a.empty_like_shape(&shape, dtype)?;
+        if out.is_meta() {
+            return Ok(out);
+        }
+        let ic = In::<Bool8>::new(&c, &shape, "where")?;
+        dispatch_bits!(dtype, T => {
+            let ia = In::<T>::new(&a, &shape, "where")?;
+            let ib = In::<T>::new(&b, &shape, "where")?;
+            map3::<Bool8, T, T, T>(&out, &ic, &ia, &ib, |c, x, y| if c.0 != 0 { x } else { y })?;
+        });
+        Ok(out)
+    }
+
+    /// `cond ? a : b` elementwise with broadcasting (PyTorch's `torch.where`).
+    pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let out = Tensor::where_raw(cond, a, b)?;
+        if !Tensor::needs_graph(&[a, b]) {
+            return Ok(out);
+        }
+        let f = WhereBackward { cond: SavedTensor::new(cond), a: (a.shape_vec(), a.dtype()), b: (b.shape_vec(), b.dtype()) };
+        Ok(Tensor::from_op1(out, &[a, b], f))
+    }
+
+    /// `value` where `mask` is true, else `self` (out of place).
+    pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
+        let v = crate::ops::creation::full_on(self.storage().allocator(), &[], self.dtype(), value)?;
+        let out = Tensor::where_raw(mask, &v, self)?;
+        if out.shape() != self.shape() {
+            return Err(TensorError::shape("masked_fill", format!("mask of shape {:?} cannot be broadcast to the tensor's shape {:?}", mask.shape(), self.shape())));
+        }
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        struct MaskedFillBackward {
+            mask: SavedTensor,
+        }
+        impl BackwardFn for MaskedFillBackward {
+            fn name(&self) -> Cow<'static, str> {
+                Cow::Borrowed("MaskedFillBackward0")
+            }
+            fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+                let Some(g) = &g[0] else { return Ok(vec![None]) };
+                let m = self.mask.get("MaskedFillBackward0")?;
+                let zero = crate::ops::creation::full_on(g.storage().allocator(), &[], g.dtype(), 0.0)?;
+                Ok(vec![Some(Tensor::where_raw(m, &zero, g)?)])
+            }
+        }
+        Ok(Tensor::from_op1(out, &[self], MaskedFillBackward { mask: SavedTensor::new(mask) }))
+    }
+
+    /// One-hot encoding of an integer tensor (int64 output with a trailing class dim).
+    pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
+        let mut shape = self.shape_vec();
+        shape.push(num_classes);
+        let out = crate::ops::creation::full_on(self.storage().allocator(), &shape, DType::I64, 0.0)?;
+        if out.is_meta() {
+            return Ok(out);
+        }
+        let idx = read_indices(&self.reshape_usize(&[self.numel()])?, num_classes, self.rank(), "one_hot")?;
+        let p = out.ptr::<i64>("one_hot")?;
+        for (i, &j) in idx.iter().enumerate() {
+            // SAFETY: i < numel, j < num_classes: inside the fresh [numel, num_classes] buffer.
+            unsafe { *p.add(i * num_classes + j as usize) = 1 };
+        }
+        Ok(out)
+    }
+}
+

@@ -1,0 +1,482 @@
+//! Reductions over dimensions: sum, mean, max/min with indices, argmax/argmin, var.
+//!
+//! Floating-point sums accumulate in f64 and round once, so results match PyTorch's cascaded
+//! f32 sums within 1 ulp-ish tolerances regardless of how the work is split across threads.
+
+use std::borrow::Cow;
+
+use smallvec::SmallVec;
+
+use crate::autograd::{BackwardFn, SavedTensor};
+use crate::element::{Element, Float};
+use crate::error::{Result, TensorError};
+use crate::kernels::strided::{par_ranges, SendPtr, Walk};
+use crate::layout::{normalize_dim, Layout, Shape};
+use crate::ops::copy::materialize;
+use crate::{dispatch_all, DType, Tensor};
+
+/// How a reduction maps input elements to outputs.
+pub(crate) struct Plan {
+    /// Output shape as returned (reduced dims removed unless keepdim).
+    pub out_shape: Shape,
+    /// Output shape with reduced dims kept as 1 (for broadcasting gradients back).
+    pub keep_shape: Shape,
+    /// Input layout permuted so kept dims come first and reduced dims last.
+    pub permuted: Layout,
+    /// Elements reduced into each output.
+    pub rn: usize,
+    pub reduced: SmallVec<[bool; 6]>,
+}
+
+pub(crate) fn plan(x: &Tensor, dims: &[i64], keepdim: bool, op: &'static str) -> Result<Plan> {
+    let rank = x.rank();
+    let mut reduced: SmallVec<[bool; 6]> = SmallVec::from_elem(false, rank);
+    if dims.is_empty() {
+        reduced.iter_mut().for_each(|r| *r = true);
+    }
+    for &d in dims {
+        let d = normalize_dim(d, rank, op)?;
+        if rank == 0 {
+            continue;
+        }
+        if reduced[d] {
+            return Err(TensorError::invalid(op, format!("dim {d} appears multiple times in the list of dims")));
+        }
+        reduced[d] = true;
+    }
+    let l = x.layout();
+    let mut order: SmallVec<[usize; 6]> = (0..rank).filter(|&d| !reduced[d]).collect();
+    order.extend((0..rank).filter(|&d| reduced[d]));
+    let permuted = l.permute(&order, op)?;
+    let mut out_shape = Shape::new();
+    let mut keep_shape = Shape::new();
+    let mut rn = 1usize;
+    for d in 0..rank {
+        if reduced[d] {
+            rn *= l.shape[d];
+            keep_shape.push(1);
+            if keepdim {
+                out_shape.push(1);
+            }
+        } else {
+            keep_shape.push(l.shape[d]);
+            out_shape.push(l.shape[d]);
+        }
+    }
+    Ok(Plan { out_shape, keep_shape, permuted, rn, reduced })
+}
+
+/// For each output index in parallel, feed its reduced elements (as strided rows) to `f`.
+fn for_each_output<T: Copy + Send + Sync>(
+    base: SendPtr<T>,
+    p: &Plan,
+    n_out: usize,
+    f: impl Fn(usize, &mut dyn FnMut(&mut dyn FnMut(*const T, usize, usize))) + Sync + Send,
+) {
+    let w = Walk::new(&p.permuted.shape, [p.permuted.strides.as_slice()], [p.permuted.offset]);
+    let [inner_stride] = w.inner_strides();
+    let rn = p.rn;
+    par_ranges(n_out, rn.max(1), |s, e| {
+        let base = base;
+        for o in s..e {
+            let mut visit = |g: &mut dyn FnMut(*const T, usize, usize)| {
+                w.rows(o * rn, (o + 1) * rn, |[off], len, _| {
+                    // SAFETY: offsets come from the input's validated layout.
+                    g(unsafe { base.0.add(off) }, len, inner_stride)
+                });
+            };
+            f(o, &mut visit);
+        }
+    });
+}
+
+fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Result<()> {
+    let n_out = out.numel();
+    let op = SendPtr(out.ptr::<T>("sum")?);
+    // Fast path: contiguous input reduced over a leading block of dims (bias / norm-weight
+    // gradients): accumulate whole rows, which vectorises.
+    let l = x.layout();
+    let prefix = l.is_contiguous() && {
+        let k = p.reduced.iter().take_while(|&&r| r).count();
+        p.reduced.iter().skip(k).all(|&r| !r) && k > 0 && k < p.reduced.len()
+    };
+    if prefix && p.rn > 1 {
+        let xp = SendPtr(x.ptr::<T>("sum")?);
+        let m = n_out;
+        let rn = p.rn;
+        par_ranges(m, rn, |s, e| {
+            let (xp, op) = (xp, op);
+            // Accumulate in chunks of 256 columns in f64 on the stack, then round once.
+            let mut acc = [0f64; 256];
+            let mut c0 = s;
+            while c0 < e {
+                let c1 = (c0 + 256).min(e);
+                let a = &mut acc[..c1 - c0];
+                a.fill(0.0);
+                for r in 0..rn {
+                    // SAFETY: row r, columns [c0, c1) of a contiguous [rn, m] input.
+                    let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), c1 - c0) };
+                    for (a, &v) in a.iter_mut().zip(row) {
+                        *a += T::acc_to_f64(v.to_acc());
+                    }
+                }
+                for (i, &a) in acc[..c1 - c0].iter().enumerate() {
+                    // SAFETY: this task owns output columns [s, e).
+                    unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
+                }
+                c0 = c1;
+            }
+        });
+        return Ok(());
+    }
+    let base = SendPtr(x.storage_base_ptr::<T>("sum")?);
+    for_each_output::<T>(base, p, n_out, |o, visit| {
+        let op = op;
+        let mut total = 0f64;
+        visit(&mut |ptr, len, stride| {
+            // SAFETY: ptr..ptr+len*stride lies within the input (from its layout).
+            unsafe {
+                if stride == 1 {
+                    let s = std::slice::from_raw_parts(ptr, len);
+                    let mut lanes = [0f64; 8];
+                    let chunks = s.chunks_exact(8);
+                    let rest = chunks.remainder();
+                    for ch in chunks {
+                        for k in 0..8 {
+                            lanes[k] += T::acc_to_f64(ch[k].to_acc());
+                        }
+                    }
+                    let mut t: f64 = lanes.iter().sum();
+                    for &v in rest {
+                        t += T::acc_to_f64(v.to_acc());
+                    }
+                    total += t;
+                } else {
+                    for i in 0..len {
+                        total += T::acc_to_f64((*ptr.add(i * stride)).to_acc());
+                    }
+                }
+            }
+        });
+        // SAFETY: output o belongs to this task.
+        unsafe { *op.0.add(o) = T::from_f64(total * scale) };
+    });
+    Ok(())
+}
+
+fn sum_int_kernel<T: Element>(x: &Tensor, p: &Plan, out: &Tensor) -> Result<()> {
+    let op = SendPtr(out.ptr::<i64>("sum")?);
+    let base = SendPtr(x.storage_base_ptr::<T>("sum")?);
+    for_each_output::<T>(base, p, out.numel(), |o, visit| {
+        let op = op;
+        let mut total = 0i64;
+        visit(&mut |ptr, len, stride| {
+            for i in 0..len {
+                // SAFETY: within the input's layout.
+                total = total.wrapping_add(unsafe { *ptr.add(i * stride) }.to_f64() as i64);
+            }
+        });
+        // SAFETY: output o belongs to this task.
+        unsafe { *op.0.add(o) = total };
+    });
+    Ok(())
+}
+
+/// Sum (scaled) over `dims` without autograd. Integer and bool inputs sum to int64.
+pub(crate) fn sum_raw(x: &Tensor, dims: &[i64], keepdim: bool, scale: f64, op: &'static str) -> Result<(Tensor, Plan)> {
+    let p = plan(x, dims, keepdim, op)?;
+    let out_dtype = if x.dtype().is_floating_point() { x.dtype() } else { DType::I64 };
+    let out = x.empty_like_shape(&p.out_shape, out_dtype)?;
+    if out.is_meta() {
+        return Ok((out, p));
+    }
+    match x.dtype() {
+        DType::F32 => sum_kernel::<f32>(x, &p, &out, scale)?,
+        DType::F64 => sum_kernel::<f64>(x, &p, &out, scale)?,
+        DType::F16 => sum_kernel::<half::f16>(x, &p, &out, scale)?,
+        DType::BF16 => sum_kernel::<half::bf16>(x, &p, &out, scale)?,
+        d => {
+            if scale != 1.0 {
+                return Err(TensorError::UnsupportedDType { op, dtype: d });
+            }
+            dispatch_all!(d, T => sum_int_kernel::<T>(x, &p, &out)?)
+        }
+    }
+    Ok((out, p))
+}
+
+struct SumBackward {
+    in_shape: Shape,
+    keep_shape: Shape,
+    scale: f64,
+    dtype: DType,
+    name: &'static str,
+}
+impl BackwardFn for SumBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(self.name)
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let g = g.reshape_usize(&self.keep_shape)?;
+        let g = if self.scale != 1.0 { g.mul_scalar(self.scale)? } else { g };
+        let g = g.to_dtype(self.dtype)?;
+        Ok(vec![Some(g.expand(&self.in_shape)?)])
+    }
+}
+
+fn argext_kernel<T: Element>(x: &Tensor, p: &Plan, vals: Option<&Tensor>, idx: &Tensor, is_max: bool) -> Result<()> {
+    let ip = SendPtr(idx.ptr::<i64>("max")?);
+    let vp = match vals {
+        Some(v) => Some(SendPtr(v.ptr::<T>("max")?)),
+        None => None,
+    };
+    let base = SendPtr(x.storage_base_ptr::<T>("max")?);
+    for_each_output::<T>(base, p, idx.numel(), |o, visit| {
+        let (ip, vp) = (ip, vp);
+        let mut best: Option<(f64, T)> = None;
+        let mut best_i = 0i64;
+        let mut i = 0i64;
+        let mut found_nan = false;
+        visit(&mut |ptr, len, stride| {
+            for k in 0..len {
+                // SAFETY: within the input's layout.
+                let v = unsafe { *ptr.add(k * stride) };
+                let f = v.to_f64();
+                if !found_nan {
+                    if f.is_nan() {
+                        found_nan = true;
+                        best = Some((f, v));
+                        best_i = i;
+                    } else {
+                        let better = match best {
+                            None => true,
+                            Some((b, _)) => if is_max { f > b } else { f < b },
+                        };
+                        if better {
+                            best = Some((f, v));
+                            best_i = i;
+                        }
+                    }
+                }
+                i += 1;
+            }
+        });
+        // SAFETY: output o belongs to this task.
+        unsafe {
+            *ip.0.add(o) = best_i;
+            if let (Some(vp), Some((_, v))) = (vp, best) {
+                *vp.0.add(o) = v;
+            }
+        }
+    });
+    Ok(())
+}
+
+struct IndexReduceBackward {
+    indices: SavedTensor,
+    in_shape: Shape,
+    dim: usize,
+    keepdim: bool,
+    dtype: DType,
+    name: &'static str,
+}
+impl BackwardFn for IndexReduceBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(self.name)
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let idx = self.indices.get(self.name)?;
+        let (g, idx) = if self.keepdim { (g.clone(), idx.clone()) } else { (g.unsqueeze(self.dim as i64)?, idx.unsqueeze(self.dim as i64)?) };
+        let z = crate::ops::creation::full_on(g.storage().allocator(), &self.in_shape, self.dtype, 0.0)?;
+        let r = z.scatter_raw(self.dim, &idx, &g.to_dtype(self.dtype)?)?;
+        Ok(vec![Some(r)])
+    }
+}
+
+struct VarBackward {
+    x: SavedTensor,
+    dims: Vec<i64>,
+    keep_shape: Shape,
+    denom: f64,
+}
+impl BackwardFn for VarBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed("VarBackward0")
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let x = self.x.get("VarBackward0")?;
+        let mean = x.mean_dims(&self.dims, true)?;
+        let d = x.sub(&mean)?;
+        let g = g.reshape_usize(&self.keep_shape)?;
+        let r = d.mul(&g)?.mul_scalar(2.0 / self.denom)?;
+        Ok(vec![Some(r)])
+    }
+}
+
+impl Tensor {
+    /// Sum of all elements (0-dim).
+    pub fn sum(&self) -> Result<Tensor> {
+        self.sum_dims(&[], false)
+    }
+
+    /// Sum over `dims` (empty = all).
+    pub fn sum_dims(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        let (out, p) = sum_raw(self, dims, keepdim, 1.0, "sum")?;
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op1(out, &[self], SumBackward { in_shape: self.shape_vec(), keep_shape: p.keep_shape, scale: 1.0, dtype: self.dtype(), name: "SumBackward1" }))
+    }
+
+    /// Mean of all elements (0-dim).
+    pub fn mean(&self) -> Result<Tensor> {
+        self.mean_dims(&[], false)
+    }
+
+    /// Mean over `dims` (empty = all). Floating-point only, like PyTorch.
+    pub fn mean_dims(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType { op: "mean", dtype: self.dtype() });
+        }
+        let p = plan(self, dims, keepdim, "mean")?;
+        let scale = if p.rn == 0 { f64::NAN } else { 1.0 / p.rn as f64 };
+        let (out, p) = sum_raw(self, dims, keepdim, scale, "mean")?;
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        Ok(Tensor::from_op1(out, &[self], SumBackward { in_shape: self.shape_vec(), keep_shape: p.keep_shape, scale, dtype: self.dtype(), name: "MeanBackward1" }))
+    }
+
+    /// Sum a (broadcast) gradient down to `shape`: sums leading dims and dims where `shape` is 1.
+    pub fn sum_to_shape(&self, shape: &[usize]) -> Result<Tensor> {
+        if self.shape() == shape {
+            return Ok(self.clone());
+        }
+        let lead = self.rank().checked_sub(shape.len()).ok_or_else(|| TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape)))?;
+        let mut dims: Vec<i64> = (0..lead as i64).collect();
+        for (i, &d) in shape.iter().enumerate() {
+            let s = self.shape()[lead + i];
+            if d == 1 && s != 1 {
+                dims.push((lead + i) as i64);
+            } else if d != s {
+                return Err(TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape)));
+            }
+        }
+        let r = if dims.is_empty() { self.clone() } else { self.sum_dims(&dims, true)? };
+        r.reshape_usize(shape)
+    }
+
+    fn index_reduce(&self, dim: i64, keepdim: bool, is_max: bool, with_values: bool, op: &'static str) -> Result<(Option<Tensor>, Tensor)> {
+        let d = normalize_dim(dim, self.rank(), op)?;
+        if self.rank() > 0 && self.shape()[d] == 0 {
+            return Err(TensorError::invalid(op, format!("cannot reduce over dimension {d} of size 0 (no identity)")));
+        }
+        let p = plan(self, &[dim], keepdim, op)?;
+        let idx = self.empty_like_shape(&p.out_shape, DType::I64)?;
+        let vals = if with_values { Some(self.empty_like_shape(&p.out_shape, self.dtype())?) } else { None };
+        if !idx.is_meta() {
+            dispatch_all!(self.dtype(), T => argext_kernel::<T>(self, &p, vals.as_ref(), &idx, is_max)?);
+        }
+        Ok((vals, idx))
+    }
+
+    /// Maximum over `dim`: (values, int64 indices), like `torch.max(x, dim)`.
+    pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.minmax_dim(dim, keepdim, true)
+    }
+
+    /// Minimum over `dim`: (values, int64 indices).
+    pub fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        self.minmax_dim(dim, keepdim, false)
+    }
+
+    fn minmax_dim(&self, dim: i64, keepdim: bool, is_max: bool) -> Result<(Tensor, Tensor)> {
+        let op = if is_max { "max" } else { "min" };
+        let (vals, idx) = self.index_reduce(dim, keepdim, is_max, true, op)?;
+        let vals = vals.ok_or_else(|| TensorError::invalid(op, "internal: values missing"))?;
+        if !Tensor::needs_graph(&[self]) {
+            return Ok((vals, idx));
+        }
+        let d = normalize_dim(dim, self.rank(), op)?;
+        let f = IndexReduceBackward { indices: SavedTensor::new(&idx), in_shape: self.shape_vec(), dim: d, keepdim, dtype: self.dtype(), name: if is_max { "MaxBackward0" } else { "MinBackward0" } };
+        let vals = Tensor::from_op1(vals, &[self], f);
+        Ok((vals, idx))
+    }
+
+    /// Maximum of all elements (0-dim).
+    pub fn max_all(&self) -> Result<Tensor> {
+        let flat = self.reshape(&[-1])?;
+        Ok(flat.max_dim(0, false)?.0)
+    }
+
+    /// Minimum of all elements (0-dim).
+    pub fn min_all(&self) -> Result<Tensor> {
+        let flat = self.reshape(&[-1])?;
+        Ok(flat.min_dim(0, false)?.0)
+    }
+
+    /// Index of the maximum over `dim` (int64).
+    pub fn argmax(&self, dim: i64, keepdim: bool) -> Result<Tensor> {
+        Ok(self.index_reduce(dim, keepdim, true, false, "argmax")?.1)
+    }
+
+    /// Index of the minimum over `dim` (int64).
+    pub fn argmin(&self, dim: i64, keepdim: bool) -> Result<Tensor> {
+        Ok(self.index_reduce(dim, keepdim, false, false, "argmin")?.1)
+    }
+
+    /// Variance over `dims` with Bessel's `correction` (1 = unbiased, PyTorch's default).
+    pub fn var_dims(&self, dims: &[i64], correction: usize, keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_floating_point() {
+            return Err(TensorError::UnsupportedDType { op: "var", dtype: self.dtype() });
+        }
+        let p = plan(self, dims, keepdim, "var")?;
+        let denom = p.rn as f64 - correction as f64;
+        let out = self.empty_like_shape(&p.out_shape, self.dtype())?;
+        if !out.is_meta() {
+            fn k<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, denom: f64) -> Result<()> {
+                let op = SendPtr(out.ptr::<T>("var")?);
+                let base = SendPtr(x.storage_base_ptr::<T>("var")?);
+                for_each_output::<T>(base, p, out.numel(), |o, visit| {
+                    let op = op;
+                    // Two passes in f64: mean, then squared deviations.
+                    let (mut s, mut n) = (0f64, 0usize);
+                    visit(&mut |ptr, len, st| {
+                        for i in 0..len {
+                            // SAFETY: within the input's layout.
+                            s += T::acc_to_f64(unsafe { *ptr.add(i * st) }.to_acc());
+                        }
+                        n += len;
+                    });
+                    let mean = s / n as f64;
+                    let mut ss = 0f64;
+                    visit(&mut |ptr, len, st| {
+                        for i in 0..len {
+                            // SAFETY: within the input's layout.
+                            let d = T::acc_to_f64(unsafe { *ptr.add(i * st) }.to_acc()) - mean;
+                            ss += d * d;
+                        }
+                    });
+                    let v = if denom > 0.0 { ss / denom } else { f64::NAN };
+                    // SAFETY: output o belongs to this task.
+                    unsafe { *op.0.add(o) = T::from_f64(v) };
+                });
+                Ok(())
+            }
+            crate::dispatch_float!(self.dtype(), "var", T => k::<T>(self, &p, &out, denom)?);
+        }
+        if !Tensor::needs_graph(&[self]) {
+            return Ok(out);
+        }
+        let f = VarBackward { x: SavedTensor::new(self), dims: dims.to_vec(), keep_shape: p.keep_shape, denom };
+        Ok(Tensor::from_op1(out, &[self], f))
+    }
+
+    /// Materialise as `dtype` without autograd (helper for kernels in other crates).
+    pub fn to_dtype_detached(&self, dtype: DType) -> Result<Tensor> {
+        materialize(self, dtype)
+    }
+}

@@ -1,0 +1,189 @@
+//! softmax and log_softmax over a dimension (f32 under autocast).
+
+use std::borrow::Cow;
+
+use num_traits::{Float as _, One, Zero};
+
+use crate::autograd::{BackwardFn, SavedTensor};
+use crate::element::Float;
+use crate::error::Result;
+use crate::kernels::strided::{par_ranges, SendPtr};
+use crate::layout::normalize_dim;
+use crate::ops::copy::materialize;
+use crate::{dispatch_float, Tensor};
+
+/// Apply `f(row_in, row_out)` to every row of a contiguous `[rows, cols]` pair of buffers.
+fn rows_kernel<T: Float>(x: &Tensor, out: &Tensor, cols: usize, f: impl Fn(&[T], &mut [T]) + Sync + Send) -> Result<()> {
+    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let xp = SendPtr(x.ptr::<T>("softmax")?);
+    let op = SendPtr(out.ptr::<T>("softmax")?);
+    par_ranges(rows, cols * 8, |s, e| {
+        let (xp, op) = (xp, op);
+        for r in s..e {
+            // SAFETY: row r of two contiguous [rows, cols] buffers; rows are disjoint per task.
+            let (xi, oi) = unsafe { (std::slice::from_raw_parts(xp.0.add(r * cols), cols), std::slice::from_raw_parts_mut(op.0.add(r * cols), cols)) };
+            f(xi, oi);
+        }
+    });
+    Ok(())
+}
+
+fn row_max<T: Float>(x: &[T]) -> T::Acc {
+    let mut m = T::Acc::neg_infinity();
+    for &v in x {
+        let v = v.to_acc();
+        if v > m || v.is_nan() {
+            m = v;
+        }
+    }
+    m
+}
+
+fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
+    let m = row_max(x);
+    let m = if m.is_infinite() && m < T::Acc::zero() { T::Acc::zero() } else { m };
+    let mut sum = T::Acc::zero();
+    if log {
+        for &v in x {
+            sum += (v.to_acc() - m).exp();
+        }
+        let lse = sum.ln();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = T::from_acc(v.to_acc() - m - lse);
+        }
+    } else {
+        for (o, &v) in out.iter_mut().zip(x) {
+            let e = (v.to_acc() - m).exp();
+            sum += e;
+            *o = T::from_acc(e);
+        }
+        let inv = T::Acc::one() / sum;
+        for o in out.iter_mut() {
+            *o = T::from_acc(o.to_acc() * inv);
+        }
+    }
+}
+
+/// Move `dim` last and make contiguous; returns the prepared tensor and the permutation used.
+fn to_rows(x: &Tensor, dim: usize) -> Result<(Tensor, Option<Vec<usize>>)> {
+    let r = x.rank();
+    if r == 0 || dim == r - 1 {
+        let c = if x.is_contiguous() { x.clone() } else { materialize(x, x.dtype())? };
+        return Ok((c, None));
+    }
+    let mut perm: Vec<usize> = (0..r).filter(|&d| d != dim).collect();
+    perm.push(dim);
+    let p = x.view_with_layout(x.layout().permute(&perm, "softmax")?);
+    Ok((materialize(&p, x.dtype())?, Some(perm)))
+}
+
+fn from_rows(y: Tensor, perm: Option<Vec<usize>>) -> Result<Tensor> {
+    match perm {
+        None => Ok(y),
+        Some(p) => {
+            let mut inv = vec![0; p.len()];
+            for (i, &d) in p.iter().enumerate() {
+                inv[d] = i;
+            }
+            Ok(y.view_with_layout(y.layout().permute(&inv, "softmax")?))
+        }
+    }
+}
+
+pub(crate) fn softmax_raw(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let (xc, perm) = to_rows(x, dim)?;
+    let out = xc.empty_like_shape(xc.shape(), xc.dtype())?;
+    if !out.is_meta() {
+        let cols = xc.shape().last().copied().unwrap_or(1);
+        dispatch_float!(xc.dtype(), "softmax", T => rows_kernel::<T>(&xc, &out, cols, |a, b| softmax_row::<T>(a, b, log))?);
+    }
+    from_rows(out, perm)
+}
+
+/// Backward rows: softmax: y*(g - Σ g*y); log_softmax: g - exp(y)*Σ g.
+fn softmax_grad_raw(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+    let g = if g.dtype() != y.dtype() { materialize(g, y.dtype())? } else { g.clone() };
+    let (gc, perm) = to_rows(&g, dim)?;
+    let (yc, _) = to_rows(y, dim)?;
+    let out = gc.empty_like_shape(gc.shape(), gc.dtype())?;
+    if !out.is_meta() {
+        let cols = gc.shape().last().copied().unwrap_or(1);
+        let rows = if cols == 0 { 0 } else { gc.numel() / cols };
+        fn k<T: Float>(gc: &Tensor, yc: &Tensor, out: &Tensor, rows: usize, cols: usize, log: bool) -> Result<()> {
+            let gp = SendPtr(gc.ptr::<T>("softmax_backward")?);
+            let yp = SendPtr(yc.ptr::<T>("softmax_backward")?);
+            let op = SendPtr(out.ptr::<T>("softmax_backward")?);
+            par_ranges(rows, cols * 4, |s, e| {
+                let (gp, yp, op) = (gp, yp, op);
+                for r in s..e {
+                    // SAFETY: row r of contiguous [rows, cols] buffers; disjoint rows per task.
+                    let (g, y, o) = unsafe {
+                        (
+                            std::slice::from_raw_parts(gp.0.add(r * cols), cols),
+                            std::slice::from_raw_parts(yp.0.add(r * cols), cols),
+                            std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
+                        )
+                    };
+                    if log {
+                        let s: T::Acc = g.iter().map(|v| v.to_acc()).sum();
+                        for i in 0..cols {
+                            o[i] = T::from_acc(g[i].to_acc() - y[i].to_acc().exp() * s);
+                        }
+                    } else {
+                        let mut s = T::Acc::zero();
+                        for i in 0..cols {
+                            s += g[i].to_acc() * y[i].to_acc();
+                        }
+                        for i in 0..cols {
+                            o[i] = T::from_acc(y[i].to_acc() * (g[i].to_acc() - s));
+                        }
+                    }
+                }
+            });
+            Ok(())
+        }
+        dispatch_float!(gc.dtype(), "softmax_backward", T => k::<T>(&gc, &yc, &out, rows, cols, log)?);
+    }
+    from_rows(out, perm)
+}
+
+struct SoftmaxBackward {
+    y: SavedTensor,
+    dim: usize,
+    log: bool,
+}
+impl BackwardFn for SoftmaxBackward {
+    fn name(&self) -> Cow<'static, str> {
+        Cow::Borrowed(if self.log { "LogSoftmaxBackward0" } else { "SoftmaxBackward0" })
+    }
+    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        let Some(g) = &g[0] else { return Ok(vec![None]) };
+        let y = self.y.get(self.name())?;
+        Ok(vec![Some(softmax_grad_raw(g, y, self.dim, self.log)?)])
+    }
+}
+
+fn apply(x: &Tensor, dim: i64, log: bool) -> Result<Tensor> {
+    let d = normalize_dim(dim, x.rank(), if log { "log_softmax" } else { "softmax" })?;
+    let up = crate::autocast::upper(x.dtype());
+    let x = if up != x.dtype() { x.to_dtype(up)? } else { x.clone() };
+    let x = if x.dtype().is_floating_point() { x } else { x.to_dtype(crate::DType::F32)? };
+    let out = softmax_raw(&x, d, log)?;
+    if !Tensor::needs_graph(&[&x]) {
+        return Ok(out);
+    }
+    Ok(Tensor::from_op1(out.clone(), &[&x], SoftmaxBackward { y: SavedTensor::new(&out), dim: d, log }))
+}
+
+impl Tensor {
+    /// Softmax over `dim` (computed in f32 under autocast).
+    pub fn softmax(&self, dim: i64) -> Result<Tensor> {
+        apply(self, dim, false)
+    }
+
+    /// Log-softmax over `dim`, numerically stable (computed in f32 under autocast).
+    pub fn log_softmax(&self, dim: i64) -> Result<Tensor> {
+        apply(self, dim, true)
+    }
+}
+

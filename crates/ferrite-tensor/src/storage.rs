@@ -1,0 +1,60 @@
+//! A tensor's bytes: one allocator block, shared by every view of it, plus the version counter
+//! that lets autograd notice in-place writes to something backward still needs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ferrite_memory::{Block, CachingAllocator, Device};
+
+use crate::error::Result;
+
+pub struct Storage {
+    block: Block,
+    allocator: Arc<CachingAllocator>,
+    version: AtomicU64,
+}
+
+impl Storage {
+    /// Allocate `nbytes` (uninitialised) from `allocator`.
+    #[track_caller]
+    pub(crate) fn new(allocator: &Arc<CachingAllocator>, nbytes: usize) -> Result<Arc<Storage>> {
+        let block = allocator.allocate(nbytes)?;
+        Ok(Arc::new(Storage { block, allocator: allocator.clone(), version: AtomicU64::new(0) }))
+    }
+
+    pub fn device(&self) -> &Device {
+        self.allocator.device()
+    }
+
+    pub(crate) fn allocator(&self) -> &Arc<CachingAllocator> {
+        &self.allocator
+    }
+
+    /// Bytes the allocator accounts for this storage.
+    pub fn nbytes(&self) -> usize {
+        self.block.requested_size()
+    }
+
+    /// Host pointer to the first byte; `None` on `meta` (and for empty storages).
+    pub(crate) fn ptr(&self) -> Option<*mut u8> {
+        self.block.host_ptr().map(|p| p.as_ptr())
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn bump_version(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The device address (distinct per live block, also on meta).
+    pub fn addr(&self) -> u64 {
+        self.block.addr()
+    }
+}
+
+/// Whether two storages live on the same device (cheap pointer test first).
+pub(crate) fn same_device(a: &Storage, b: &Storage) -> bool {
+    Arc::ptr_eq(&a.allocator, &b.allocator) || a.device() == b.device()
+}

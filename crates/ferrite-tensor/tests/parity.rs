@@ -1,0 +1,214 @@
+//! Parity with PyTorch: every case of `ops/manifest.json` in the PyTorch reference fixtures
+//! (`../shared/fixtures/pytorch-reference`, or `$FERRITE_PYTORCH_REFERENCE`): forward output and
+//! every input gradient within the case's rtol/atol. Prints one line per case and a final
+//! `N passed, N failed` line; exits non-zero if any case fails.
+
+use std::path::PathBuf;
+
+use ferrite_tensor::{Device, Tensor};
+
+fn reference_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
+}
+
+struct Case {
+    name: String,
+    op: String,
+    attrs: serde_json::Value,
+    inputs: usize,
+    has_grad: bool,
+    rtol: f64,
+    atol: f64,
+}
+
+fn load(path: &PathBuf) -> Result<Vec<(String, Tensor)>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = vec![];
+    for (name, view) in st.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            return Err(format!("{name}: unexpected dtype {:?}", view.dtype()));
+        }
+        let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let t = Tensor::from_vec(data, view.shape(), &Device::Cpu).map_err(|e| e.to_string())?;
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+fn get<'a>(m: &'a [(String, Tensor)], k: &str) -> Result<&'a Tensor, String> {
+    m.iter().find(|(n, _)| n == k).map(|(_, t)| t).ok_or_else(|| format!("fixture lacks `{k}`"))
+}
+
+fn close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if got.shape() != want.shape() {
+        return Err(format!("{what}: shape {:?}, expected {:?}", got.shape(), want.shape()));
+    }
+    let g = got.to_vec_f64().map_err(|e| e.to_string())?;
+    let w = want.to_vec_f64().map_err(|e| e.to_string())?;
+    let mut worst = (0usize, 0f64);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let err = (a - b).abs();
+        let tol = atol + rtol * b.abs();
+        if !(err <= tol) {
+            let excess = err / tol;
+            if excess > worst.1 || excess.is_nan() {
+                worst = (i, excess);
+            }
+        }
+    }
+    if worst.1 > 0.0 {
+        let i = worst.0;
+        return Err(format!("{what}: element {i} is {} but PyTorch gives {} (|diff| {:.3e})", g[i], w[i], (g[i] - w[i]).abs()));
+    }
+    Ok(())
+}
+
+fn attr_i64(a: &serde_json::Value, k: &str) -> Result<i64, String> {
+    a.get(k).and_then(|v| v.as_i64()).ok_or_else(|| format!("attr `{k}` missing"))
+}
+
+/// The forward of a case; `None` = not implemented at this layer (reported as skipped).
+fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
+    let a = &case.attrs;
+    let e = |r: ferrite_tensor::Result<Tensor>| r.map_err(|e| e.to_string()).map(Some);
+    match case.op.as_str() {
+        "add" => e(x[0].add(&x[1])),
+        "sub" => e(x[0].sub(&x[1])),
+        "mul" => e(x[0].mul(&x[1])),
+        "div" => e(x[0].div(&x[1])),
+        "neg" => e(x[0].neg()),
+        "exp" => e(x[0].exp()),
+        "log" => e(x[0].log()),
+        "sqrt" => e(x[0].sqrt()),
+        "pow" => e(x[0].pow(a["exponent"].as_f64().ok_or("exponent")?)),
+        "relu" => e(x[0].relu()),
+        "sigmoid" => e(x[0].sigmoid()),
+        "tanh" => e(x[0].tanh()),
+        "gelu" => match a["approximate"].as_str() {
+            Some("tanh") => e(x[0].gelu_tanh()),
+            _ => e(x[0].gelu()),
+        },
+        "silu" => e(x[0].silu()),
+        "sum" => match a.get("dim") {
+            Some(d) => e(x[0].sum_dims(&[d.as_i64().ok_or("dim")?], a["keepdim"].as_bool().unwrap_or(false))),
+            None => e(x[0].sum()),
+        },
+        "mean" => e(x[0].mean_dims(&[attr_i64(a, "dim")?], a["keepdim"].as_bool().unwrap_or(false))),
+        "max" => x[0].max_dim(attr_i64(a, "dim")?, false).map(|(v, _)| Some(v)).map_err(|e| e.to_string()),
+        "softmax" => e(x[0].softmax(attr_i64(a, "dim")?)),
+        "log_softmax" => e(x[0].log_softmax(attr_i64(a, "dim")?)),
+        "transpose" => e(x[0].transpose(attr_i64(a, "dim0")?, attr_i64(a, "dim1")?)),
+        "permute" => {
+            let dims: Vec<i64> = a["dims"].as_array().ok_or("dims")?.iter().filter_map(|v| v.as_i64()).collect();
+            e(x[0].permute(&dims))
+        }
+        "reshape" => {
+            let s: Vec<i64> = a["shape"].as_array().ok_or("shape")?.iter().filter_map(|v| v.as_i64()).collect();
+            e(x[0].reshape(&s))
+        }
+        "narrow" => e(x[0].narrow(attr_i64(a, "dim")?, attr_i64(a, "start")? as usize, attr_i64(a, "length")? as usize)),
+        "cat" => e(Tensor::cat(&x.iter().collect::<Vec<_>>(), attr_i64(a, "dim")?)),
+        "matmul" => e(x[0].matmul(&x[1])),
+        "linear" => e(x[0].linear(&x[1], Some(&x[2]))),
+        "layer_norm" => {
+            let ns: Vec<usize> = a["normalized_shape"].as_array().ok_or("normalized_shape")?.iter().filter_map(|v| v.as_u64().map(|u| u as usize)).collect();
+            e(ferrite_tensor::functional::layer_norm(&x[0], &ns, Some(&x[1]), Some(&x[2]), a["eps"].as_f64().unwrap_or(1e-5)))
+        }
+        "cross_entropy" => {
+            let t: Vec<i64> = a["target"].as_array().ok_or("target")?.iter().filter_map(|v| v.as_i64()).collect();
+            let n = t.len();
+            let target = Tensor::from_vec(t, &[n], &Device::Cpu).map_err(|e| e.to_string())?;
+            e(ferrite_tensor::functional::cross_entropy(&x[0], &target, &Default::default()))
+        }
+        "mse_loss" => e(ferrite_tensor::functional::mse_loss(&x[0], &x[1])),
+        "embedding" => {
+            let rows = a["indices"].as_array().ok_or("indices")?;
+            let shape = [rows.len(), rows.first().and_then(|r| r.as_array()).map(|r| r.len()).unwrap_or(0)];
+            let flat: Vec<i64> = rows.iter().flat_map(|r| r.as_array().cloned().unwrap_or_default()).filter_map(|v| v.as_i64()).collect();
+            let idx = Tensor::from_vec(flat, &shape, &Device::Cpu).map_err(|e| e.to_string())?;
+            e(ferrite_tensor::functional::embedding(&idx, &x[0]))
+        }
+        "sdpa" => e(ferrite_tensor::functional::scaled_dot_product_attention(&x[0], &x[1], &x[2], None, a["is_causal"].as_bool().unwrap_or(false), None)),
+        // The LSTM is a layer of ferrite-nn; its parity runs in that crate's suite.
+        "lstm" => Ok(None),
+        other => Err(format!("unknown op `{other}`")),
+    }
+}
+
+fn run_case(dir: &PathBuf, case: &Case) -> Result<bool, String> {
+    let fx = load(&dir.join("ops").join(format!("{}.safetensors", case.name)))?;
+    let inputs: Vec<Tensor> = (0..case.inputs)
+        .map(|i| {
+            let t = get(&fx, &format!("input.{i}"))?.clone();
+            if case.has_grad && fx.iter().any(|(n, _)| n == &format!("grad_input.{i}")) {
+                t.requires_grad_(true).map_err(|e| e.to_string())
+            } else {
+                Ok(t)
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let Some(out) = forward(case, &inputs)? else { return Ok(false) };
+    close("output", &out, get(&fx, "output")?, case.rtol, case.atol)?;
+    if case.has_grad {
+        let go = get(&fx, "grad_output")?;
+        out.backward_with(go, false).map_err(|e| e.to_string())?;
+        for (i, t) in inputs.iter().enumerate() {
+            if let Ok(want) = get(&fx, &format!("grad_input.{i}")) {
+                let g = t.grad().ok_or_else(|| format!("input {i} received no gradient"))?;
+                close(&format!("grad_input.{i}"), &g, want, case.rtol, case.atol)?;
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn main() {
+    let dir = reference_dir();
+    let manifest = dir.join("ops/manifest.json");
+    let text = match std::fs::read_to_string(&manifest) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE", manifest.display());
+            if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
+                std::process::exit(1);
+            }
+            return;
+        }
+    };
+    let m: serde_json::Value = serde_json::from_str(&text).expect("manifest.json is valid JSON");
+    let cases = m["cases"].as_array().expect("manifest has cases");
+    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    for c in cases {
+        let case = Case {
+            name: c["name"].as_str().unwrap_or("?").to_string(),
+            op: c["op"].as_str().unwrap_or("?").to_string(),
+            attrs: c["attrs"].clone(),
+            inputs: c["inputs"].as_u64().unwrap_or(0) as usize,
+            has_grad: c["has_grad"].as_bool().unwrap_or(false),
+            rtol: c["rtol"].as_f64().unwrap_or(1e-5),
+            atol: c["atol"].as_f64().unwrap_or(1e-5),
+        };
+        match run_case(&dir, &case) {
+            Ok(true) => {
+                passed += 1;
+                println!("parity {:<24} ok", case.name);
+            }
+            Ok(false) => {
+                skipped += 1;
+                println!("parity {:<24} skipped (layer of ferrite-nn; checked by its parity suite)", case.name);
+            }
+            Err(e) => {
+                failed += 1;
+                println!("parity {:<24} FAILED: {e}", case.name);
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed, {skipped} skipped");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
