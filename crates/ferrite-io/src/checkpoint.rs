@@ -118,6 +118,9 @@ impl<'a> Encoder<'a> {
                 if t.requires_grad() {
                     m.insert("requires_grad".into(), Json::Bool(true));
                 }
+                if t.location() != "cpu" {
+                    m.insert("device".into(), Json::String(t.location().to_string()));
+                }
                 Json::Object(m)
             }
         })
@@ -169,6 +172,9 @@ fn decode_json(
             if let Some(Json::String(name)) = m.get("tensor") {
                 let mut t = tensors.get(name).cloned().ok_or_else(|| IoError::MissingStorage { key: name.clone() })?;
                 t.set_requires_grad(m.get("requires_grad") == Some(&Json::Bool(true)));
+                if let Some(Json::String(device)) = m.get("device") {
+                    t.set_location(device.clone());
+                }
                 Value::Tensor(t)
             } else if let Some(Json::Array(items)) = m.get("tuple") {
                 Value::Tuple(seq(items, path)?)
@@ -215,6 +221,7 @@ mod tests {
         let w = RawTensor::from_values(vec![2, 2], &[1.0f32, -2.0, 3.5, 4.25]).unwrap();
         let mut p = RawTensor::from_values(vec![3], &[half::bf16::from_f32(0.5), half::bf16::ONE, half::bf16::MAX]).unwrap();
         p.set_requires_grad(true);
+        p.set_location("sim:a100-40gb:1");
         let mut model = Value::dict();
         model.insert("fc.weight", w.clone()).unwrap();
         model.insert("fc.bias", p).unwrap();
@@ -259,7 +266,9 @@ mod tests {
         assert!(names.contains(&"model/fc.weight") && names.contains(&"optimizer/0/exp_avg"), "{names:?}");
         let back = decode(file).unwrap().unwrap();
         assert!(same(&tree, &back), "{tree:#?}\n!=\n{back:#?}");
-        assert!(back.at("model/fc.bias").and_then(Value::as_tensor).unwrap().requires_grad());
+        let bias = back.at("model/fc.bias").and_then(Value::as_tensor).unwrap();
+        assert!(bias.requires_grad() && bias.location() == "sim:a100-40gb:1");
+        assert_eq!(back.at("model/fc.weight").and_then(Value::as_tensor).unwrap().location(), "cpu");
         assert_eq!(back.at("rng").and_then(Value::as_generator_state).unwrap().word_pos, 1 << 100);
     }
 

@@ -90,6 +90,10 @@ pub enum IoError {
     /// A device string (`cpu`, `sim:…`, `meta`, or a PyTorch tag like `cuda:0`) could not be used.
     #[error("cannot place tensor on `{device}`: {reason}")]
     Device { device: String, reason: String },
+
+    /// Creating or reading a ferrite `Tensor` failed (e.g. out of memory on the target device).
+    #[error("{0}")]
+    Tensor(#[from] ferrite_tensor::TensorError),
 }
 
 fn fmt_name(name: &Option<String>) -> String {

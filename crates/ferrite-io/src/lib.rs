@@ -10,11 +10,16 @@
 //! - Writers: [`write_safetensors`] and [`save_checkpoint`], both through [`AtomicFile`] (temporary
 //!   file, fsync, rename, directory fsync).
 //! - state_dict helpers: [`state_dict_from_value`], [`strip_prefix`], [`check_keys`].
+//! - Device tensors: [`load_state_dict`] / [`save_state_dict`] for ferrite `Tensor`s, with
+//!   [`LoadOptions`] (`map_location`, dtype on load, prefix stripping, entry of a nested file);
+//!   [`TensorLoader`] keeps views of one storage sharing it on the device; [`Checkpoint`] is the
+//!   training checkpoint a trainer saves and resumes from (tensors, scalars, generator states).
 
 mod atomic_file;
 mod checkpoint;
 mod error;
 mod format;
+mod load_options;
 mod map_location;
 mod mapped_file;
 mod pickle;
@@ -24,16 +29,24 @@ mod raw_tensor;
 mod read;
 mod safetensors_format;
 mod state_dict;
+mod tensor_data;
+mod tensor_loader;
+mod tensor_state_dict;
+mod training_checkpoint;
 mod value;
 
 pub use atomic_file::{AtomicFile, write_atomically};
 pub use checkpoint::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint, write_checkpoint_to};
 pub use error::{IoError, Result};
 pub use format::{FileFormat, detect_format};
+pub use load_options::LoadOptions;
 pub use map_location::MapLocation;
 pub use mapped_file::map_file;
 pub use raw_tensor::{Element, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to};
 pub use state_dict::{IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};
+pub use tensor_loader::TensorLoader;
+pub use tensor_state_dict::{TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors};
+pub use training_checkpoint::Checkpoint;
 pub use value::Value;

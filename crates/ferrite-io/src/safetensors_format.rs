@@ -106,8 +106,12 @@ pub fn write_safetensors<'a>(
     tensors: impl IntoIterator<Item = (&'a str, &'a RawTensor)>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
+    write_entries_atomically(path, tensors.into_iter().collect(), metadata)
+}
+
+pub(crate) fn write_entries_atomically<D: TensorData>(path: impl AsRef<Path>, list: Vec<(&str, &D)>, metadata: &BTreeMap<String, String>) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
-    write_safetensors_to(&mut f, tensors, metadata).map_err(|e| match e {
+    write_entries(&mut f, list, metadata).map_err(|e| match e {
         IoError::Os { op, source, .. } => IoError::Os { op, path: f.temp_path().to_path_buf(), source },
         other => other,
     })?;
@@ -120,7 +124,36 @@ pub fn write_safetensors_to<'a>(
     tensors: impl IntoIterator<Item = (&'a str, &'a RawTensor)>,
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut list: Vec<(&str, &RawTensor)> = tensors.into_iter().collect();
+    write_entries(out, tensors.into_iter().collect(), metadata)
+}
+
+/// What the safetensors writer needs of a tensor: its header entry and its elements. Implemented
+/// by [`RawTensor`] and by ferrite's `Tensor` (whose elements are copied out one tensor at a time,
+/// so saving a model costs at most one extra tensor of host memory).
+pub(crate) trait TensorData {
+    fn dtype(&self) -> DType;
+    fn shape(&self) -> &[usize];
+    /// Writes the elements row-major as little-endian bytes: exactly numel × element size bytes.
+    fn write_elements<W: Write>(&self, out: &mut W) -> Result<()>;
+
+    fn nbytes(&self) -> usize {
+        self.shape().iter().product::<usize>() * self.dtype().size_in_bytes()
+    }
+}
+
+impl TensorData for RawTensor {
+    fn dtype(&self) -> DType {
+        RawTensor::dtype(self)
+    }
+    fn shape(&self) -> &[usize] {
+        RawTensor::shape(self)
+    }
+    fn write_elements<W: Write>(&self, out: &mut W) -> Result<()> {
+        out.write_all(&self.contiguous_bytes()).map_err(|e| IoError::os("write", "<safetensors output>", e))
+    }
+}
+
+pub(crate) fn write_entries<D: TensorData>(out: &mut impl Write, mut list: Vec<(&str, &D)>, metadata: &BTreeMap<String, String>) -> Result<()> {
     // Largest alignment first, then by name: every tensor starts aligned to its element size.
     list.sort_by(|(ln, lt), (rn, rt)| rt.dtype().size_in_bytes().cmp(&lt.dtype().size_in_bytes()).then(ln.cmp(rn)));
     for w in list.windows(2) {
@@ -147,7 +180,7 @@ pub fn write_safetensors_to<'a>(
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(os)?;
     out.write_all(&header).map_err(os)?;
     for (_, t) in &list {
-        out.write_all(&t.contiguous_bytes()).map_err(os)?;
+        t.write_elements(out)?;
     }
     out.flush().map_err(os)
 }

@@ -114,7 +114,7 @@ fn prefix_hint(unexpected: &[String], expected: &std::collections::HashSet<&str>
         _ => "",
     };
     Some(format!(
-        "All unexpected keys start with `{prefix}`{origin}; load with the prefix stripped: `strip_prefix: Some(\"{prefix}\")` in ferrite_io::LoadOptions, or `--strip-prefix {prefix}` on the command line."
+        "All unexpected keys start with `{prefix}`{origin}; load with the prefix stripped: `LoadOptions::new().strip_prefix(\"{prefix}\")` in ferrite-io, or `--strip-prefix {prefix}` on the command line."
     ))
 }
 
