@@ -7,7 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use ferrite_io::{RawTensor, write_safetensors};
+use ferrite_io::{Checkpoint, RawTensor, save_state_dict, write_safetensors};
+use ferrite_memory::Device;
+use ferrite_tensor::{Generator, Tensor};
 use half::{bf16, f16};
 
 const SCRIPT: &str = r#"
@@ -62,14 +64,33 @@ fn bits(t: &RawTensor) -> Vec<u64> {
         .collect()
 }
 
+/// Whether the test can run; panics in CI (FERRITE_REQUIRE_SYSTEM_DEPS=1) when python is missing.
+fn require_python() -> bool {
+    if python_ready() {
+        return true;
+    }
+    if common::may_skip() {
+        eprintln!("SKIPPED: python3 with safetensors+numpy missing; run bash .ci/run or install python3 -m pip install safetensors numpy");
+        return false;
+    }
+    panic!("python3 with safetensors+numpy is required (FERRITE_REQUIRE_SYSTEM_DEPS=1)");
+}
+
+/// What Python's safetensors sees in `path` (see SCRIPT).
+fn python_view(path: &std::path::Path) -> serde_json::Value {
+    let out = Command::new("python3").args(["-c", SCRIPT]).arg(path).output().expect("run python3");
+    assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("python printed JSON")
+}
+
+fn json_bits(g: &serde_json::Value) -> Vec<u64> {
+    g["bits"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()
+}
+
 #[test]
 fn ferrite_safetensors_load_in_python_with_identical_values() {
-    if !python_ready() {
-        if common::may_skip() {
-            eprintln!("SKIPPED: python3 with safetensors+numpy missing; run bash .ci/run or install python3 -m pip install safetensors numpy");
-            return;
-        }
-        panic!("python3 with safetensors+numpy is required (FERRITE_REQUIRE_SYSTEM_DEPS=1)");
+    if !require_python() {
+        return;
     }
     let f32s: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) * 0.37).chain([f32::INFINITY, f32::NAN, -0.0, f32::MIN_POSITIVE / 4.0]).collect();
     let full = RawTensor::from_values(vec![4, 7], &f32s).unwrap();
@@ -94,9 +115,7 @@ fn ferrite_safetensors_load_in_python_with_identical_values() {
     meta.insert("note".to_string(), "written by ferrite".to_string());
     write_safetensors(&path, tensors.iter().map(|(n, t)| (*n, t)), &meta).unwrap();
 
-    let out = Command::new("python3").args(["-c", SCRIPT]).arg(&path).output().expect("run python3");
-    assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("python printed JSON");
+    let got = python_view(&path);
 
     assert_eq!(got["metadata"]["format"], "pt");
     assert_eq!(got["metadata"]["note"], "written by ferrite");
@@ -115,4 +134,44 @@ fn ferrite_safetensors_load_in_python_with_identical_values() {
     let bf = &got["bf16"]["bf16"];
     let b: Vec<u64> = bf["bits"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
     assert_eq!(b, bits(&tensors[4].1));
+}
+
+#[test]
+fn tensor_state_dicts_and_training_checkpoints_load_in_python() {
+    if !require_python() {
+        return;
+    }
+    let sim = Device::parse("sim:t4-16gb").unwrap();
+    let mut g = Generator::new(3);
+    let w = Tensor::randn_with(&[5, 3], ferrite_tensor::DType::F32, &Device::Cpu, &mut g).unwrap();
+    let w_t = w.t().unwrap(); // a view: saved as its row-major elements
+    let h = w.to_dtype(ferrite_tensor::DType::F16).unwrap().to_device(&sim).unwrap();
+    let ids = Tensor::from_vec(vec![3i64, -1, i64::MAX], &[3], &sim).unwrap();
+    let named = [("enc.weight", &w), ("enc.weight_t", &w_t), ("half", &h), ("ids", &ids)];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tensors.safetensors");
+    save_state_dict(&path, named).unwrap();
+    let got = python_view(&path);
+    assert_eq!(got["metadata"]["format"], "pt");
+    for (name, t) in named {
+        let raw = RawTensor::from_tensor(t).unwrap();
+        let py = &got["numpy"][name];
+        assert_eq!(json_bits(py), bits(&raw), "{name}");
+        assert_eq!(py["dtype"], t.dtype().name(), "{name}");
+    }
+
+    // A ferrite training checkpoint is a safetensors file too: Python sees every tensor under its
+    // path, and the tree as metadata.
+    let mut ckpt = Checkpoint::new();
+    ckpt.set_state_dict("model", [("enc.weight", &w)]).unwrap();
+    ckpt.set_tensor("optimizer/state/0/exp_avg", &h).unwrap();
+    ckpt.set("epoch", 4i64).unwrap();
+    ckpt.set_generator("rng/cpu", &g).unwrap();
+    let cpath = dir.path().join("last.ckpt");
+    ckpt.save(&cpath).unwrap();
+    let got = python_view(&cpath);
+    assert_eq!(json_bits(&got["numpy"]["model/enc.weight"]), bits(&RawTensor::from_tensor(&w).unwrap()));
+    assert_eq!(json_bits(&got["numpy"]["optimizer/state/0/exp_avg"]), bits(&RawTensor::from_tensor(&h).unwrap()));
+    let tree = got["metadata"]["ferrite.checkpoint"].as_str().unwrap();
+    assert!(tree.contains("\"epoch\"") && tree.contains("model/enc.weight"), "{tree}");
 }

@@ -36,6 +36,11 @@ fn global(p: &mut Vec<u8>, module: &str, name: &str) {
 
 /// `OrderedDict` of `_rebuild_tensor_v2` calls, protocol 2, like torch.save writes.
 pub fn state_dict_pickle(tensors: &[TensorDesc]) -> Vec<u8> {
+    state_dict_pickle_at(tensors, "cpu")
+}
+
+/// [`state_dict_pickle`] with every storage tagged as saved on `location` (`cuda:1`, …).
+pub fn state_dict_pickle_at(tensors: &[TensorDesc], location: &str) -> Vec<u8> {
     let mut p = vec![0x80, 2];
     global(&mut p, "collections", "OrderedDict");
     p.extend_from_slice(b")R(");
@@ -46,7 +51,7 @@ pub fn state_dict_pickle(tensors: &[TensorDesc]) -> Vec<u8> {
         text(&mut p, "storage");
         global(&mut p, "torch", t.storage_class);
         text(&mut p, t.key);
-        text(&mut p, "cpu");
+        text(&mut p, location);
         int(&mut p, t.numel);
         p.extend_from_slice(b"tQ");
         int(&mut p, t.offset);
