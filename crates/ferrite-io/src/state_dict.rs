@@ -35,9 +35,10 @@ pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
         return Err(IoError::structure(
             "",
             format!(
-                "this is a nested checkpoint, not a flat state_dict: tensors are under {} (other entries: {}); select one of them (e.g. `--key {}` on the command line)",
+                "this is a nested checkpoint, not a flat state_dict: tensors are under {} (other entries: {}); select one of them: `LoadOptions::new().key(\"{}\")`, or `--key {}` on the command line",
                 nested.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "),
                 if other.is_empty() { "none".to_string() } else { other.join(", ") },
+                nested[0],
                 nested[0]
             ),
         ));
