@@ -42,7 +42,7 @@ pub use format::{FileFormat, detect_format};
 pub use load_options::LoadOptions;
 pub use map_location::MapLocation;
 pub use mapped_file::map_file;
-pub use raw_tensor::{Element, RawTensor, contiguous_strides};
+pub use raw_tensor::{Element, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to};
 pub use state_dict::{IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};

@@ -43,6 +43,10 @@ impl std::fmt::Debug for RawTensor {
     }
 }
 
+/// The largest tensor (in bytes, when materialised) that may view a smaller storage: repeated
+/// elements (stride 0) beyond this are refused as malformed rather than materialised.
+pub const MAX_EXPANDED_VIEW_BYTES: u128 = 1 << 30;
+
 /// Row-major (C-contiguous) strides for `shape`, in elements.
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];
@@ -65,6 +69,23 @@ impl RawTensor {
         let needed = required_elements(&shape, &strides, offset);
         if needed > available as u128 {
             return Err(IoError::ShapeStorageMismatch { name: None, shape, strides, offset, needed, available });
+        }
+        // Views may repeat elements (stride 0 from `expand`), so a layout inside a small storage can
+        // still describe an enormous tensor; everything that visits or copies the elements would
+        // then hang or allocate the claimed size. Such views are allowed up to a size no
+        // legitimate broadcast buffer reaches.
+        let numel = shape.iter().try_fold(1u128, |acc, &d| acc.checked_mul(d as u128));
+        let logical = numel.and_then(|n| n.checked_mul(dtype.size_in_bytes() as u128));
+        let limit = (storage.len() as u128).max(MAX_EXPANDED_VIEW_BYTES);
+        if logical.is_none_or(|b| b > limit) {
+            return Err(IoError::LimitExceeded {
+                what: format!(
+                    "a {dtype} view of shape {shape:?} (strides {strides:?}) over a storage of {} bytes, {} bytes when materialised,",
+                    storage.len(),
+                    logical.map_or_else(|| "more than 2^128".to_string(), |b| b.to_string())
+                ),
+                limit: limit.min(u64::MAX as u128) as u64,
+            });
         }
         Ok(RawTensor { dtype, shape, strides, offset, storage, requires_grad: false, location: "cpu".to_string() })
     }
@@ -404,6 +425,12 @@ mod tests {
         let huge = RawTensor::new(DType::F32, vec![usize::MAX, usize::MAX], vec![usize::MAX, 1], usize::MAX, s.clone());
         assert!(huge.is_err());
         assert!(RawTensor::new(DType::F32, vec![0, usize::MAX], vec![1, 1], 0, s.clone()).is_ok());
+        // Expanded views: small ones are fine, ones that would materialise to terabytes are not.
+        let e = RawTensor::new(DType::F32, vec![1000, 24], vec![0, 1], 0, s.clone()).unwrap();
+        assert_eq!(e.sum_f64(), 1000.0 * 276.0);
+        let err = RawTensor::new(DType::F32, vec![1 << 31, 1 << 31], vec![0, 0], 0, s.clone()).unwrap_err();
+        assert!(matches!(err, IoError::LimitExceeded { .. }) && err.to_string().contains("materialised"), "{err}");
+        assert!(RawTensor::new(DType::F32, vec![usize::MAX, usize::MAX, usize::MAX], vec![0, 0, 0], 0, s.clone()).is_err());
         assert!(RawTensor::new(DType::F32, vec![2], vec![1, 1], 0, s).is_err());
     }
 

@@ -1,7 +1,8 @@
 //! Mutation fuzzing of the readers with proptest: real files (PyTorch's pickles inside re-zipped
 //! archives with valid CRCs, the legacy format, safetensors and ferrite checkpoints) and random
 //! opcode soup are mutated and read. Any panic fails the test; every successful read must yield
-//! tensors whose every element can be visited.
+//! tensors whose every element can be visited and that load as ferrite `Tensor`s with the same
+//! values.
 //!
 //! `PROPTEST_CASES` sets the inputs per strategy (default 1500; five strategies). Each test prints
 //! how many inputs it ran, e.g. `PROPTEST_CASES=20000 cargo test -p ferrite-io --release --test
@@ -14,7 +15,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use common::pt_builder::{rezip, zip_records};
 use common::pytorch_file;
-use ferrite_io::{RawTensor, Value, read_bytes, save_checkpoint, write_safetensors_to};
+use ferrite_io::{LoadOptions, RawTensor, TensorLoader, Value, read_bytes, save_checkpoint, write_safetensors_to};
+use ferrite_memory::Device;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -77,12 +79,18 @@ fn apply(data: &mut Vec<u8>, muts: &[Mutation]) {
     }
 }
 
-/// Reads `data`; on success visits every element of every tensor.
+/// Reads `data`; on success visits every element of every tensor and places every tensor on the
+/// CPU as a ferrite `Tensor` (views sharing storages included), which must hold the same values.
 fn exercise(data: Vec<u8>) {
     if let Ok(v) = read_bytes(&Bytes::from(data)) {
-        for (_, t) in v.tensors() {
+        let mut loader = TensorLoader::new(&LoadOptions::new().device(Device::Cpu));
+        for (name, t) in v.tensors() {
             let _ = t.sum_f64();
             let _ = t.contiguous_bytes();
+            let placed = loader.load(t).unwrap_or_else(|e| panic!("{name}: a tensor the reader accepted failed to load: {e}"));
+            let want: Vec<u64> = t.to_f64_vec().iter().map(|x| x.to_bits()).collect();
+            let got: Vec<u64> = placed.to_vec_f64().unwrap().iter().map(|x| x.to_bits()).collect();
+            assert!(got == want, "{name}: device tensor differs from the file's");
         }
     }
 }

@@ -148,6 +148,21 @@ fn absurd_sizes_are_refused_without_allocating_them() {
     let file = make_pt_zip(&pickle, &[("0", f32_bytes(&[1.0; 4]))]);
     assert!(matches!(read_bytes(&Bytes::from(file)), Err(IoError::ShapeStorageMismatch { .. })));
 
+    // An expanded view (stride 0) of one float claiming 2^62 elements: a valid layout inside its
+    // storage, refused before anything visits or copies its elements.
+    let pickle = state_dict_pickle(&[TensorDesc {
+        name: "w",
+        storage_class: "FloatStorage",
+        key: "0",
+        numel: 1,
+        offset: 0,
+        shape: vec![1 << 31, 1 << 31],
+        strides: vec![0, 0],
+    }]);
+    let file = make_pt_zip(&pickle, &[("0", f32_bytes(&[1.0]))]);
+    let err = read_bytes(&Bytes::from(file)).unwrap_err();
+    assert!(matches!(err, IoError::LimitExceeded { .. }), "{err}");
+
     // Legacy file whose storage header claims 2^60 elements.
     if let Some(mut legacy) = fixture("legacy_format_state_dict.pt") {
         // The first storage's 8-byte element count follows the key-list pickle; find it by its
