@@ -83,11 +83,11 @@ fn train_step(r: &mut Run, data: &(Vec<f32>, Vec<f32>)) {
         let (b1, b2, eps) = (0.9, 0.999, 1e-8);
         let c1 = 1.0 - f64::powi(b1, r.adam_step as i32);
         let c2 = 1.0 - f64::powi(b2, r.adam_step as i32);
-        for i in 0..r.params.len() {
+        for (i, g) in grads.iter().enumerate() {
             r.exp_avg[i].mul_scalar_(b1).unwrap();
-            r.exp_avg[i].add_scaled_(&grads[i], 1.0 - b1).unwrap();
+            r.exp_avg[i].add_scaled_(g, 1.0 - b1).unwrap();
             r.exp_avg_sq[i].mul_scalar_(b2).unwrap();
-            r.exp_avg_sq[i].add_scaled_(&grads[i].square().unwrap(), 1.0 - b2).unwrap();
+            r.exp_avg_sq[i].add_scaled_(&g.square().unwrap(), 1.0 - b2).unwrap();
             let denom = r.exp_avg_sq[i].div_scalar(c2).unwrap().sqrt().unwrap().add_scalar(eps).unwrap();
             let update = r.exp_avg[i].div(&denom).unwrap().mul_scalar(r.lr / c1).unwrap();
             r.params[i].sub_(&update).unwrap();
@@ -148,7 +148,10 @@ fn resume(path: &std::path::Path, device: &Device, restore_rngs: bool) -> Run {
     r
 }
 
-fn fingerprint(r: &Run) -> (Vec<Vec<u32>>, i64, u64, u64, i64, i64, [u8; 24], [u8; 24]) {
+/// Every bit of state a step depends on: tensors, counters, float scalars, RNG states.
+type Fingerprint = (Vec<Vec<u32>>, i64, u64, u64, i64, i64, [u8; 24], [u8; 24]);
+
+fn fingerprint(r: &Run) -> Fingerprint {
     let bits = |ts: &[Tensor]| ts.iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()).collect::<Vec<_>>();
     let mut all = bits(&r.params);
     all.extend(bits(&r.exp_avg));
