@@ -19,7 +19,6 @@ use half::{bf16, f16};
 
 use crate::error::{IoError, Result};
 use crate::load_options::LoadOptions;
-use crate::map_location::MapLocation;
 use crate::raw_tensor::RawTensor;
 
 /// Places [`RawTensor`]s on devices according to [`LoadOptions`] (`map_location` and `dtype`;
@@ -28,7 +27,6 @@ use crate::raw_tensor::RawTensor;
 /// The loader keeps every storage it placed (and the file bytes behind it) alive until it is
 /// dropped, so it is meant to live for one load.
 pub struct TensorLoader {
-    map_location: MapLocation,
     options: LoadOptions,
     placed: HashMap<StorageKey, (Bytes, Tensor)>,
 }
@@ -45,12 +43,12 @@ struct StorageKey {
 
 impl TensorLoader {
     pub fn new(options: &LoadOptions) -> TensorLoader {
-        TensorLoader { map_location: options.map_location.clone(), options: options.clone(), placed: HashMap::new() }
+        TensorLoader { options: options.clone(), placed: HashMap::new() }
     }
 
     /// The device a tensor saved at `location` goes to.
     pub fn device_for(&self, location: &str) -> Result<Device> {
-        self.map_location.resolve(location)
+        self.options.map_location.resolve(location)
     }
 
     /// The tensor on its target device, in its target dtype. Tensors that shared a storage in the
@@ -132,6 +130,7 @@ fn typed<T: ferrite_tensor::Element>(bytes: &[u8], device: &Device) -> Result<Te
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::map_location::MapLocation;
 
     fn arange_storage(n: usize) -> Bytes {
         let mut b = Vec::new();

@@ -40,6 +40,7 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
                     "dtype": t.dtype().name(),
                     "shape": t.shape(),
                     "sum": t.sum_f64(),
+                    "device": t.location(),
                 })
             })
             .collect();
@@ -58,9 +59,13 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
     writeln!(o, "{} ({}): {} tensors, {} elements, {:.2} MiB", args.file.display(), format.name(), tensors.len(), total, bytes as f64 / (1 << 20) as f64)?;
     let name_w = tensors.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
     let shape_w = tensors.iter().map(|(_, t)| format!("{:?}", t.shape()).len()).max().unwrap_or(5).max(5);
-    writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  sum", "name", "dtype", "shape")?;
+    // Where tensors were saved matters only when it is not the CPU (a map location is then needed).
+    let devices = tensors.iter().any(|(_, t)| t.location() != "cpu");
+    let dev_w = tensors.iter().map(|(_, t)| t.location().len()).max().unwrap_or(6).max(6);
+    let device = |d: &str| if devices { format!("{d:<dev_w$}  ") } else { String::new() };
+    writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}sum", "name", "dtype", "shape", device("device"))?;
     for (name, t) in &tensors {
-        writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}", name, t.dtype().name(), format!("{:?}", t.shape()), t.sum_f64())?;
+        writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}{}", name, t.dtype().name(), format!("{:?}", t.shape()), device(t.location()), t.sum_f64())?;
     }
     if !scalars.is_empty() {
         writeln!(o)?;
@@ -163,10 +168,27 @@ mod tests {
     }
 
     #[test]
+    fn saved_devices_are_shown_when_not_all_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.ckpt");
+        let mut w = ferrite_io::RawTensor::from_values(vec![2], &[1.0f32, 2.0]).unwrap();
+        w.set_location("cuda:1");
+        let mut tree = Value::dict();
+        tree.insert("w", w).unwrap();
+        tree.insert("b", ferrite_io::RawTensor::from_values(vec![1], &[0.5f32]).unwrap()).unwrap();
+        ferrite_io::save_checkpoint(&file, &tree).unwrap();
+        let out = render(&InspectArgs { file: file.clone(), json: false }).unwrap();
+        assert!(out.contains("device") && out.contains("cuda:1") && out.contains("cpu"), "{out}");
+        let j: serde_json::Value = serde_json::from_str(&render(&InspectArgs { file, json: true }).unwrap()).unwrap();
+        assert_eq!(j["tensors"][0]["device"], "cuda:1");
+    }
+
+    #[test]
     fn table_and_refusals() {
         let Some(file) = fixture("bf16_state_dict.pt") else { return };
         let out = render(&InspectArgs { file, json: false }).unwrap();
         assert!(out.contains("7 tensors") && out.contains("bfloat16") && out.contains("[11, 6]"), "{out}");
+        assert!(!out.contains("device"), "no device column when everything was saved on the CPU: {out}");
         for bad in ["malicious_reduce.pt", "full_model_pickle.pt"] {
             let err = render(&InspectArgs { file: fixture(bad).unwrap(), json: false }).unwrap_err().to_string();
             assert!(err.contains("refused to load"), "{err}");
