@@ -4,7 +4,7 @@ use ferrite_data::{builtin_dataset, DataLoader, Dataset, DatasetKind, ImageColla
 use ferrite_memory::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let splits = builtin_dataset(DatasetKind::Digits)?; // embedded: 1,438 train / 359 test
+    let splits = builtin_dataset(DatasetKind::Digits)?; // embedded: 1,442 train / 355 test
     let shape = splits.train.sample_shape(); // [1, 8, 8]
     let train = splits.train.map(|mut ex, rng| {
         // Gaussian-noise augmentation drawn from this sample's own generator.
