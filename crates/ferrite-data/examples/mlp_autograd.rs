@@ -1,6 +1,6 @@
 //! A 784-256-10 MLP trained on a built-in dataset with ferrite-tensor's autograd and plain SGD,
-//! batches from the DataLoader (tensor collation, background workers). It stands in for
-//! `ferrite train --dataset ... --workers N` until the trainer exists, and shows the data side is
+//! batches from the DataLoader (tensor collation, background workers): the data side of what
+//! `ferrite train --dataset ... --workers N` does, written out by hand; it shows the data side is
 //! complete: `cargo run --release -p ferrite-data --example mlp_autograd -- fashion-mnist 5 2`
 //! (arguments: dataset, epochs, workers; optional fourth: train subset size).
 use ferrite_data::{builtin_dataset, Dataset, DatasetKind, Generator, Tensor};

@@ -379,7 +379,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         let mem = scope.finish();
         test_accuracy = evaluate(&mut model, &mut test_loader).during("evaluation", &device)?;
         println!(
-            "epoch {:>3}/{epochs}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | memory: allocated {}, reserved {}, peak {} (forward+backward {})  | {:.2}s",
+            "epoch {:>3}/{epochs}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | memory: allocated {}, reserved {}, peak {} (forward+backward {})  | {}",
             epoch + 1,
             loss_sum / batches.max(1) as f64,
             100.0 * correct as f64 / seen.max(1) as f64,
@@ -388,7 +388,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             format_size(mem.reserved_after),
             format_size(mem.peak_allocated),
             format_size(pass_peak),
-            epoch_start.elapsed().as_secs_f64(),
+            seconds(epoch_start.elapsed().as_secs_f64()),
         );
         if let Some(path) = &args.save_checkpoint {
             let state = TrainingState {
@@ -465,6 +465,11 @@ fn evaluate(model: &mut Mlp, loader: &mut DataLoader<ImageClassification, Tensor
         seen += y.numel();
     }
     Ok(correct as f64 / seen.max(1) as f64)
+}
+
+/// `12.3 ms` below a second, `1.23 s` above.
+fn seconds(s: f64) -> String {
+    if s < 1.0 { format!("{:.1} ms", s * 1e3) } else { format!("{s:.2} s") }
 }
 
 fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> ProgressBar {
