@@ -116,6 +116,8 @@ fn sim_devices_train_like_the_cpu_and_bad_flags_are_errors() {
         (&["train", "--dataset", "imagenet"][..], "imagenet"),
         (&["train", "--device", "sim:no-such-gpu"][..], "no-such-gpu"),
         (&["train", "--alloc-conf", "bogus_key:1"][..], "bogus_key"),
+        (&["train", "--hidden", "10000000000000"][..], "does not fit in 64 bits"),
+        (&["train", "--layers", "100000"][..], "--layers 100000"),
     ] {
         let o = ferrite(args, dir.path());
         let (out, err) = text(&o);

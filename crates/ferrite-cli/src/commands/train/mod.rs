@@ -35,6 +35,10 @@ use self::model::{build_mlp, Mlp, MlpSpec};
 use self::resume::TrainingState;
 use super::CliResult;
 
+/// More hidden layers than any MLP worth training; bounds the work done before the first
+/// allocation.
+const MAX_LAYERS: usize = 10_000;
+
 /// Low-precision autocast for `--amp`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Amp {
@@ -235,7 +239,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
     check("hidden", args.hidden >= 1, args.hidden, "must be at least 1")?;
-    check("layers", args.layers >= 1, args.layers, "must be at least 1")?;
+    check("layers", (1..=MAX_LAYERS).contains(&args.layers), args.layers, "must be between 1 and 10000")?;
     check("dropout", (0.0..1.0).contains(&args.dropout), args.dropout, "must be in [0, 1)")?;
     check("lr", args.lr.is_finite() && args.lr > 0.0, args.lr, "must be a positive number")?;
     check("weight-decay", args.weight_decay.is_finite() && args.weight_decay >= 0.0, args.weight_decay, "must be a non-negative number")?;
@@ -276,7 +280,10 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
 
     // ---- model, optimizer, scaler
     let spec = MlpSpec { inputs, hidden: args.hidden, layers: args.layers, classes, dropout: args.dropout, checkpoint_activations: args.checkpoint_activations };
-    let param_bytes = spec.num_parameters() as u64 * 4;
+    let Some(num_parameters) = spec.num_parameters().filter(|n| n.checked_mul(16).is_some()) else {
+        return Err(TrainError::InvalidArgument { flag: "hidden", value: args.hidden.to_string(), expected: "too large: the model's size does not fit in 64 bits" });
+    };
+    let param_bytes = num_parameters * 4;
     // Weights, their gradients and AdamW's two moments, all f32 (autocast keeps master weights
     // in f32): the floor of training memory before any activation.
     let state_bytes = 4 * param_bytes;
@@ -286,7 +293,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     );
     println!(
         "  {} parameters: weights {}, with gradients and AdamW moments {} before activations",
-        spec.num_parameters(),
+        num_parameters,
         format_size(param_bytes),
         format_size(state_bytes),
     );
@@ -294,7 +301,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         "  batch {} x {} accumulation = {} per step, {}, {}, AdamW lr {} wd {}, seed {}, {} workers",
         args.batch_size,
         args.accum_steps,
-        args.batch_size * args.accum_steps,
+        args.batch_size.saturating_mul(args.accum_steps),
         args.amp.map_or("f32".to_string(), |a| format!("autocast {}", a.name())),
         if args.checkpoint_activations { "activation checkpointing" } else { "activations kept" },
         args.lr,

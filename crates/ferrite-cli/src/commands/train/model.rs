@@ -23,12 +23,12 @@ pub struct MlpSpec {
 }
 
 impl MlpSpec {
-    /// Parameters the model holds (weights and biases).
-    pub fn num_parameters(&self) -> usize {
-        let first = self.inputs * self.hidden + self.hidden;
-        let middle = (self.layers - 1) * (self.hidden * self.hidden + self.hidden);
-        let head = self.hidden * self.classes + self.classes;
-        first + middle + head
+    /// Parameters the model holds (weights and biases); `None` when the count does not fit in
+    /// 64 bits (a mistyped `--hidden`), so no figure derived from it can wrap around.
+    pub fn num_parameters(&self) -> Option<u64> {
+        let (i, h, l, c) = (self.inputs as u128, self.hidden as u128, self.layers as u128, self.classes as u128);
+        let total = (i * h + h) + (l - 1) * (h * h + h) + (h * c + c);
+        u64::try_from(total).ok()
     }
 }
 
@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(names, vec!["0.0.weight", "0.0.bias", "1.0.weight", "1.0.bias", "2.weight", "2.bias"]);
         assert_eq!(names, parameter_names(&ckpt));
         let count: usize = plain.parameters().iter().map(|p| p.numel()).sum();
-        assert_eq!(count, spec.num_parameters());
+        assert_eq!(Some(count as u64), spec.num_parameters());
     }
 
     #[test]
