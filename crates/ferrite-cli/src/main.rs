@@ -27,6 +27,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         None => commands::train::run(commands::train::TrainArgs::default_demo()),
@@ -41,5 +42,18 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `ferrite train | head` must end quietly, like `cat` or `grep` would, not panic inside
+/// `println!` with "failed printing to stdout: Broken pipe". Rust ignores SIGPIPE by default;
+/// restore the default disposition so a closed pipe ends the process.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: `signal` with a valid signal number and `SIG_DFL` has no memory-safety
+    // preconditions; it runs first thing in `main`, before any thread exists, so no other code
+    // observes the disposition change mid-way.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -74,6 +74,9 @@ pub(crate) struct AllocatorCore {
     last_raw_error: Option<RawAllocError>,
     /// Live expandable segments (the fast best-fit path is taken while there are none).
     expandable_live: usize,
+    /// Open memory-scope watermarks: (id, peak allocated, peak reserved).
+    watermarks: Vec<(u64, u64, u64)>,
+    next_watermark: u64,
 }
 
 impl AllocatorCore {
@@ -95,6 +98,42 @@ impl AllocatorCore {
             history: None,
             last_raw_error: None,
             expandable_live: 0,
+            watermarks: Vec::new(),
+            next_watermark: 0,
+        }
+    }
+
+    /// Start tracking the peak allocated/reserved bytes from now on (for memory scopes, which
+    /// must not reset the allocator's own peak statistics: scopes can nest).
+    pub fn begin_watermark(&mut self) -> u64 {
+        self.next_watermark += 1;
+        let id = self.next_watermark;
+        let (a, r) = (self.stats.allocated_bytes.all.current as u64, self.stats.reserved_bytes.all.current as u64);
+        self.watermarks.push((id, a, r));
+        id
+    }
+
+    /// Peak (allocated, reserved) bytes since `begin_watermark(id)`.
+    pub fn watermark(&self, id: u64) -> Option<(u64, u64)> {
+        self.watermarks.iter().find(|w| w.0 == id).map(|w| (w.1, w.2))
+    }
+
+    /// Stop tracking `id`, returning its peaks.
+    pub fn end_watermark(&mut self, id: u64) -> Option<(u64, u64)> {
+        let i = self.watermarks.iter().position(|w| w.0 == id)?;
+        let w = self.watermarks.swap_remove(i);
+        Some((w.1, w.2))
+    }
+
+    #[inline]
+    fn bump_watermarks(&mut self) {
+        if self.watermarks.is_empty() {
+            return;
+        }
+        let (a, r) = (self.stats.allocated_bytes.all.current as u64, self.stats.reserved_bytes.all.current as u64);
+        for w in &mut self.watermarks {
+            w.1 = w.1.max(a);
+            w.2 = w.2.max(r);
         }
     }
 
@@ -344,6 +383,7 @@ impl AllocatorCore {
             Some(SegmentRec { raw, head: idx, small, stream, oversize, expandable: false, location: Some(loc) });
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, size);
+        self.bump_watermarks();
         if oversize {
             self.stats.oversize_segments.increase(1);
         }
@@ -435,6 +475,7 @@ impl AllocatorCore {
         if oversize {
             st.oversize_allocations.increase(1);
         }
+        self.bump_watermarks();
         self.trace(TraceAction::Alloc, addr, orig, stream, Some(loc));
         let ptr = self.segments[segment as usize].as_ref().and_then(|s| {
             let base = s.raw.ptr?;
@@ -801,6 +842,7 @@ impl AllocatorCore {
         pool.set.insert(FreeKey::of(to_map, &self.arena[to_map]));
         self.total_reserved += len;
         self.stats.reserved_bytes.increase(b.small, len);
+        self.bump_watermarks();
         self.stats.num_device_alloc += 1;
         self.trace(TraceAction::SegmentMap, b.addr, len, b.stream, loc);
         Some(to_map)

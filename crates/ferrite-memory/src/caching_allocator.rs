@@ -126,6 +126,18 @@ impl CachingAllocator {
         &self.shared.device
     }
 
+    pub(crate) fn begin_watermark(&self) -> u64 {
+        self.shared.core.lock().begin_watermark()
+    }
+
+    pub(crate) fn watermark(&self, id: u64) -> Option<(u64, u64)> {
+        self.shared.core.lock().watermark(id)
+    }
+
+    pub(crate) fn end_watermark(&self, id: u64) -> Option<(u64, u64)> {
+        self.shared.core.lock().end_watermark(id)
+    }
+
     /// Allocate `size` bytes (uninitialised) on the default stream. `size == 0` gives an empty
     /// block that touches no statistics.
     #[track_caller]

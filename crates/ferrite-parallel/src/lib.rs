@@ -1,14 +1,4 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+//! Data parallelism across devices (see `DESIGN.md`, "ferrite-parallel").
+//!
+//! Intentionally empty: no open issue asks for it yet. It exists so the workspace has the layout
+//! of the design and the facade crate can re-export it once it is filled.

@@ -1,14 +1,23 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! ferrite: a deep-learning training framework built around predictable device memory.
+//!
+//! One dependency for users: every ferrite crate re-exported under a short name, so a training
+//! program writes `use ferrite::{tensor::Tensor, nn, optim};` and gets versions that agree.
+//!
+//! | module | crate | holds |
+//! |---|---|---|
+//! | [`memory`] | `ferrite-memory` | devices, the caching allocator, statistics, OOM diagnosis |
+//! | [`tensor`] | `ferrite-tensor` | tensors, ops, autograd, autocast |
+//! | [`nn`] | `ferrite-nn` | modules, losses, activation checkpointing |
+//! | [`optim`] | `ferrite-optim` | optimizers, LR schedules, GradScaler, accumulation |
+//! | [`data`] | `ferrite-data` | datasets, samplers, the worker-thread DataLoader |
+//! | [`io`] | `ferrite-io` | safetensors, safe `.pt` reading, training checkpoints |
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub use ferrite_data as data;
+pub use ferrite_io as io;
+pub use ferrite_memory as memory;
+pub use ferrite_nn as nn;
+pub use ferrite_optim as optim;
+pub use ferrite_tensor as tensor;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use ferrite_memory::{Device, MemoryScope};
+pub use ferrite_tensor::{DType, Tensor};

@@ -1,9 +1,160 @@
-//! `ferrite convert` (in progress).
+//! `ferrite convert IN OUT [--strip-prefix module.] [--key model] [--dtype float16]`: a PyTorch
+//! checkpoint to safetensors.
+//!
+//! A flat state_dict becomes a plain safetensors file with the same parameter names and dtypes,
+//! loadable by PyTorch (`safetensors.torch.load_file`) and Hugging Face tools. A nested training
+//! checkpoint becomes a ferrite checkpoint (tensors named by path, the rest of the tree in the
+//! metadata) unless `--key` selects one state_dict inside it. Files that would run code on load
+//! are refused with the reason, and the output is written atomically.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use ferrite_io::{RawTensor, Value};
+use ferrite_tensor::DType;
+
 use super::CliResult;
 
 #[derive(clap::Args, Debug, Clone)]
-pub struct ConvertArgs {}
+pub struct ConvertArgs {
+    /// Input: .pt/.pth (zip or legacy), .safetensors or a ferrite checkpoint.
+    pub input: PathBuf,
+    /// Output safetensors file (replaced atomically).
+    pub output: PathBuf,
+    /// Remove this prefix from state_dict keys, e.g. `module.` from DataParallel checkpoints.
+    #[arg(long, value_name = "PREFIX")]
+    pub strip_prefix: Option<String>,
+    /// Convert only this entry of a nested checkpoint (`model`, `optimizer/state/0`, …).
+    #[arg(long, value_name = "PATH")]
+    pub key: Option<String>,
+    /// Convert floating-point tensors to this dtype (float32, float16, bfloat16, float64).
+    #[arg(long, value_name = "DTYPE")]
+    pub dtype: Option<String>,
+}
 
-pub fn run(_args: ConvertArgs) -> CliResult {
-    Err("`ferrite convert` is not available in this build yet".into())
+pub fn run(args: ConvertArgs) -> CliResult {
+    let dtype = match &args.dtype {
+        Some(s) => {
+            let d = DType::parse(s).ok_or_else(|| format!("unknown dtype `{s}`; use float32, float16, bfloat16 or float64"))?;
+            if !d.is_floating_point() {
+                return Err(format!("--dtype must be a floating-point type (got {d}); integer tensors are always kept as they are").into());
+            }
+            Some(d)
+        }
+        None => None,
+    };
+    let mut tree = ferrite_io::read(&args.input)?;
+    if let Some(key) = &args.key {
+        tree = tree.require(key)?.clone();
+    }
+    if let Some(prefix) = &args.strip_prefix {
+        let n = ferrite_io::strip_prefix_in_tree(&mut tree, prefix);
+        if n == 0 {
+            eprintln!("note: no state_dict key starts with `{prefix}`; nothing stripped");
+        }
+    }
+    if let Some(d) = dtype {
+        convert_floats(&mut tree, d);
+    }
+    let tensors = tree.tensors();
+    let bytes: usize = tensors.iter().map(|(_, t)| t.nbytes()).sum();
+    let count = tensors.len();
+    drop(tensors);
+    match ferrite_io::state_dict_from_value(&tree) {
+        Ok(sd) => {
+            ferrite_io::write_safetensors(&args.output, sd.iter().map(|(k, t)| (k.as_str(), t)), &BTreeMap::new())?;
+            println!("wrote {count} tensors ({:.2} MiB) to {} (safetensors state_dict)", bytes as f64 / (1 << 20) as f64, args.output.display());
+        }
+        Err(_) if count > 0 => {
+            ferrite_io::save_checkpoint(&args.output, &tree)?;
+            println!(
+                "wrote {count} tensors ({:.2} MiB) to {} (ferrite checkpoint: nested tree kept; tensors named by path; use --key to extract one state_dict)",
+                bytes as f64 / (1 << 20) as f64,
+                args.output.display()
+            );
+        }
+        Err(e) => return Err(format!("nothing to convert: {e}").into()),
+    }
+    Ok(())
+}
+
+fn convert_floats(v: &mut Value, dtype: DType) {
+    match v {
+        Value::Tensor(t) if t.dtype().is_floating_point() => {
+            let converted: RawTensor = t.to_dtype(dtype);
+            *t = converted;
+        }
+        Value::Dict(items) => items.iter_mut().for_each(|(_, x)| convert_floats(x, dtype)),
+        Value::List(items) | Value::Tuple(items) => items.iter_mut().for_each(|x| convert_floats(x, dtype)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Option<PathBuf> {
+        let dir = match std::env::var_os("FERRITE_PYTORCH_REFERENCE") {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference"),
+        };
+        let p = dir.join("pytorch").join(name);
+        if p.exists() {
+            Some(p)
+        } else {
+            eprintln!("SKIPPED: PyTorch reference fixtures not found at {}", dir.display());
+            None
+        }
+    }
+
+    fn args(input: PathBuf, output: PathBuf) -> ConvertArgs {
+        ConvertArgs { input, output, strip_prefix: None, key: None, dtype: None }
+    }
+
+    #[test]
+    fn dataparallel_state_dict_converts_with_prefix_stripped() {
+        let Some(input) = fixture("dataparallel_state_dict.pt") else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("model.safetensors");
+        run(ConvertArgs { strip_prefix: Some("module.".into()), ..args(input.clone(), out.clone()) }).unwrap();
+        let original = ferrite_io::state_dict_from_value(&ferrite_io::read(&input).unwrap()).unwrap();
+        let converted = ferrite_io::read_safetensors(&out).unwrap();
+        assert_eq!(converted.tensors.len(), original.len());
+        for (k, t) in &original {
+            let name = k.strip_prefix("module.").unwrap();
+            let c = &converted.tensors.iter().find(|(n, _)| n == name).unwrap().1;
+            assert_eq!(c.dtype(), t.dtype());
+            assert_eq!(c.to_f64_vec(), t.to_f64_vec(), "{name}");
+        }
+    }
+
+    #[test]
+    fn nested_checkpoints_keep_their_tree_or_give_one_entry() {
+        let Some(input) = fixture("training_checkpoint.pt") else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let whole = dir.path().join("ckpt.safetensors");
+        run(args(input.clone(), whole.clone())).unwrap();
+        let back = ferrite_io::read(&whole).unwrap();
+        assert_eq!(back, ferrite_io::read(&input).unwrap());
+
+        let model = dir.path().join("model.safetensors");
+        run(ConvertArgs { key: Some("model".into()), dtype: Some("float16".into()), ..args(input, model.clone()) }).unwrap();
+        let sd = ferrite_io::read_safetensors(&model).unwrap();
+        assert_eq!(sd.tensors.len(), 7);
+        assert!(sd.tensors.iter().all(|(_, t)| t.dtype() == DType::F16));
+    }
+
+    #[test]
+    fn refused_inputs_and_bad_options_are_errors() {
+        let Some(input) = fixture("malicious_reduce.pt") else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("x.safetensors");
+        let err = run(args(input, out.clone())).unwrap_err().to_string();
+        assert!(err.contains("posix.system"), "{err}");
+        assert!(!out.exists());
+        let plain = fixture("plain_state_dict.pt").unwrap();
+        assert!(run(ConvertArgs { dtype: Some("int64".into()), ..args(plain.clone(), out.clone()) }).is_err());
+        assert!(run(ConvertArgs { key: Some("nope".into()), ..args(plain, out) }).is_err());
+    }
 }

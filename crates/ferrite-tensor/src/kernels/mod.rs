@@ -1,5 +1,6 @@
 //! CPU kernels (used by the `cpu` and `sim` devices).
 
+pub(crate) mod avx_state;
 pub(crate) mod gemm;
 pub(crate) mod map;
 pub(crate) mod simd;

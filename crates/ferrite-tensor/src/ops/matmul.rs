@@ -144,12 +144,20 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
                 idx[d] = 0;
             }
         }
+        // No vzeroupper needed here: the kernel is a `#[target_feature]` function, and the
+        // compiler emits `vzeroupper` on its return (checked by kernels/avx_state.rs's test).
         return Ok(());
     }
     match out.dtype() {
         DType::F32 => run!(f32, 1.0f32),
         DType::F64 => run!(f64, 1.0f64),
         d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
+    }
+    // The microkernels leave dirty AVX upper state behind (see kernels/avx_state.rs).
+    if matches!(par, Par::Seq) {
+        crate::kernels::avx_state::clear_upper_state_here();
+    } else {
+        crate::kernels::avx_state::clear_upper_state_everywhere();
     }
     Ok(())
 }

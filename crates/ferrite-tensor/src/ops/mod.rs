@@ -7,6 +7,7 @@
 pub mod binary;
 pub mod copy;
 pub mod creation;
+pub mod fused;
 pub mod index;
 pub mod matmul;
 pub mod reduce;

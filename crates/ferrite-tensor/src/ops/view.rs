@@ -278,4 +278,31 @@ impl Tensor {
         let n = self.shape().get(d).copied().unwrap_or(0);
         self.split(n.div_ceil(chunks).max(1), d as i64)
     }
+
+    /// A view of this tensor's storage with an explicit layout (PyTorch's `as_strided`), for code
+    /// that rebuilds saved views, e.g. a checkpoint reader restoring tensors that shared one
+    /// storage. The layout must stay inside the storage. Such views are not recorded by autograd,
+    /// so a tensor that requires grad is refused while grad mode is on.
+    pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        if shape.len() != strides.len() {
+            return Err(TensorError::invalid("as_strided", format!("shape {shape:?} and strides {strides:?} have different lengths")));
+        }
+        if Tensor::needs_graph(&[self]) {
+            return Err(TensorError::invalid("as_strided", "as_strided views are not recorded by autograd; call it on a detached tensor or under no_grad()"));
+        }
+        let available = (self.storage().nbytes() / self.dtype().size_in_bytes()) as u128;
+        let needed = if shape.contains(&0) {
+            0
+        } else {
+            shape.iter().zip(strides).map(|(&d, &s)| (d as u128 - 1) * s as u128).sum::<u128>() + offset as u128 + 1
+        };
+        if needed > available {
+            return Err(TensorError::invalid(
+                "as_strided",
+                format!("shape {shape:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available}"),
+            ));
+        }
+        let layout = crate::layout::Layout { shape: SmallVec::from_slice(shape), strides: SmallVec::from_slice(strides), offset };
+        Ok(self.view_with_layout(layout))
+    }
 }

@@ -1,0 +1,145 @@
+//! `ferrite train` seen from outside: the binary is run as a user runs it.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ferrite(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// The figure after `test accuracy ` in the final line, in percent.
+fn final_accuracy(stdout: &str) -> f64 {
+    let line = stdout.lines().find(|l| l.starts_with("test accuracy ")).unwrap_or_else(|| panic!("no final line in:\n{stdout}"));
+    line["test accuracy ".len()..].split('%').next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn default_demo_reaches_95_percent_prints_memory_and_writes_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite")).current_dir(dir.path()).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let acc = final_accuracy(&out);
+    println!("digits default demo: test accuracy {acc}%");
+    assert!(acc >= 95.0, "{out}");
+    let epochs: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ")).collect();
+    assert_eq!(epochs.len(), 20);
+    assert!(epochs.iter().all(|l| l.contains("loss ") && l.contains("test acc") && l.contains("allocated") && l.contains("reserved") && l.contains("peak")), "{out}");
+    assert!(out.contains("ferrite memory summary, device cpu"), "{out}");
+    // The weights load back with PyTorch's names and shapes.
+    let weights = ferrite_io::read(dir.path().join("ferrite-digits-mlp.safetensors")).unwrap();
+    let mut names: Vec<String> = weights.tensors().into_iter().map(|(n, t)| format!("{n} {:?}", t.shape())).collect();
+    names.sort();
+    assert_eq!(names, ["0.0.bias [128]", "0.0.weight [128, 64]", "1.0.bias [128]", "1.0.weight [128, 128]", "2.bias [10]", "2.weight [10, 128]"]);
+}
+
+#[test]
+fn a_model_that_does_not_fit_a_sim_gpu_is_a_diagnosed_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = ferrite(&["train", "--device", "sim:t4-16gb", "--hidden", "200000"], dir.path());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    for needle in ["out of memory", "Tesla T4", "Diagnosis: exhausted", "Suggestions", "The model alone does not fit", "596.27 GiB"] {
+        assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
+    }
+    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
+    assert!(!dir.path().join("ferrite-digits-mlp.safetensors").exists(), "no weights from a failed run");
+}
+
+#[test]
+fn activations_that_do_not_fit_fail_in_the_pass_with_the_allocator_diagnosis() {
+    let dir = tempfile::tempdir().unwrap();
+    // The model and its AdamW state fit in 48 MiB (33 MiB); with full-batch activations they do not.
+    let o = ferrite(&["train", "--device", "sim:48MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "1442", "--no-progress"], dir.path());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains("out of memory") && err.contains("Diagnosis:") && (err.contains("forward pass") || err.contains("backward pass") || err.contains("optimizer step")), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The same model trains with a smaller micro-batch and accumulation.
+    let o = ferrite(&["train", "--device", "sim:48MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "64", "--accum-steps", "4", "--epochs", "2", "--no-progress"], dir.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+}
+
+#[test]
+fn resume_continues_bit_identically_with_dropout_f16_scaling_accumulation_and_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = ["train", "--dropout", "0.1", "--amp", "f16", "--accum-steps", "3", "--batch-size", "32", "--workers", "2", "--checkpoint-activations", "--no-progress"];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = common.iter().copied().chain(extra.iter().copied()).collect();
+        let o = ferrite(&args, dir.path());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}\n{out}\n{err}");
+        out
+    };
+    run(&["--epochs", "4", "--out", "straight.safetensors"]);
+    run(&["--epochs", "2", "--out", "half.safetensors", "--save-checkpoint", "run.ckpt"]);
+    let resumed = run(&["--epochs", "4", "--out", "resumed.safetensors", "--resume", "run.ckpt", "--save-checkpoint", "run.ckpt"]);
+    assert!(resumed.contains("resumed from run.ckpt after epoch 2"), "{resumed}");
+    assert_eq!(resumed.lines().filter(|l| l.starts_with("epoch ")).count(), 2);
+    let a = std::fs::read(dir.path().join("straight.safetensors")).unwrap();
+    let b = std::fs::read(dir.path().join("resumed.safetensors")).unwrap();
+    let half = std::fs::read(dir.path().join("half.safetensors")).unwrap();
+    assert_ne!(a, half, "the first half alone differs");
+    assert_eq!(a, b, "2 + 2 epochs with a resume between them equal 4 epochs, byte for byte");
+
+    // A resume with a different model is refused with the setting named.
+    let o = ferrite(&["train", "--resume", "run.ckpt", "--hidden", "64"], dir.path());
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("--hidden 128") && err.contains("--hidden 64"), "{err}");
+    // So is a file that is not a training checkpoint.
+    let o = ferrite(&["train", "--resume", "straight.safetensors"], dir.path());
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("not a `ferrite train` checkpoint"), "{err}");
+}
+
+#[test]
+fn sim_devices_train_like_the_cpu_and_bad_flags_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = ferrite(&["train", "--epochs", "2", "--no-progress", "--out", "cpu.safetensors"], dir.path());
+    let sim = ferrite(&["train", "--epochs", "2", "--no-progress", "--device", "sim:a100-40gb", "--out", "sim.safetensors"], dir.path());
+    assert!(cpu.status.success() && sim.status.success(), "{:?}", text(&sim));
+    assert_eq!(std::fs::read(dir.path().join("cpu.safetensors")).unwrap(), std::fs::read(dir.path().join("sim.safetensors")).unwrap());
+    let (sim_out, _) = text(&sim);
+    assert!(sim_out.contains("device sim:a100-40gb"), "{sim_out}");
+
+    for (args, needle) in [
+        (&["train", "--device", "meta"][..], "cannot train on `meta`"),
+        (&["train", "--batch-size", "0"][..], "--batch-size 0"),
+        (&["train", "--dropout", "1.5"][..], "--dropout 1.5"),
+        (&["train", "--dataset", "imagenet"][..], "imagenet"),
+        (&["train", "--device", "sim:no-such-gpu"][..], "no-such-gpu"),
+        (&["train", "--alloc-conf", "bogus_key:1"][..], "bogus_key"),
+        (&["train", "--hidden", "10000000000000"][..], "does not fit in 64 bits"),
+        (&["train", "--layers", "100000"][..], "--layers 100000"),
+    ] {
+        let o = ferrite(args, dir.path());
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {out}{err}");
+        assert!(err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn fashion_mnist_subset_trains() {
+    if !Path::new("/usr/share/datasets/fashion-mnist").exists() && std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_none() {
+        if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
+            panic!("Fashion-MNIST is missing: install the Debian package dataset-fashion-mnist (bash .ci/run does)");
+        }
+        println!("SKIPPED: Fashion-MNIST missing; run bash .ci/run or install dataset-fashion-mnist");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = ferrite(&["train", "--dataset", "fashion-mnist", "--train-subset", "6000", "--epochs", "2", "--workers", "2", "--no-progress"], dir.path());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let acc = final_accuracy(&out);
+    println!("fashion-mnist, 6,000-image subset, 2 epochs: test accuracy {acc}%");
+    assert!(acc >= 75.0, "{out}");
+}

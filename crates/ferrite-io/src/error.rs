@@ -1,0 +1,137 @@
+//! The one error type of `ferrite-io`.
+//!
+//! Checkpoint files come from other people, other tools and crashed processes, so every way a file
+//! can be wrong has a variant that says what was found, where, and what to do about it. Nothing in
+//! this crate panics or allocates on a size it read from a file before checking it against the
+//! bytes that are really there.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong reading or writing checkpoints.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IoError {
+    /// The operating system refused a read, write, rename or sync.
+    #[error("{op} `{}` failed: {source}", path.display())]
+    Os {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The file is not one of the formats this crate reads.
+    #[error("`{}` is not a checkpoint ferrite can read: {reason}", path.display())]
+    UnknownFormat { path: PathBuf, reason: String },
+
+    /// The zip container of a PyTorch (>= 1.6) file is damaged.
+    #[error("the zip container of the PyTorch file is damaged: {reason} (the file may be truncated or corrupted; re-save or re-download it)")]
+    Zip { reason: String },
+
+    /// A record the PyTorch format requires is absent.
+    #[error("the PyTorch file has no record `{name}` (the file is incomplete or was not written by torch.save)")]
+    MissingRecord { name: String },
+
+    /// A zip record is compressed; PyTorch always stores records uncompressed.
+    #[error("record `{name}` is compressed ({method}); torch.save stores records uncompressed — re-save the file with torch.save instead of re-zipping it")]
+    CompressedRecord { name: String, method: String },
+
+    /// A pickle global that a weights-only state_dict never needs: refused, never imported or run.
+    #[error("refused to load `{module}.{name}`: {reason}. Nothing was executed. Only weights-only checkpoints (tensors, state_dicts, plain containers and numbers) can be loaded; in PyTorch, save `model.state_dict()` rather than the model or custom objects")]
+    UnsafeGlobal { module: String, name: String, reason: String },
+
+    /// The pickle stream is malformed or uses an opcode this reader does not accept.
+    #[error("invalid pickle data at byte {offset}: {reason}")]
+    Pickle { offset: usize, reason: String },
+
+    /// A tensor refers to a storage the file does not contain.
+    #[error("tensor refers to storage `{key}`, which the file does not contain")]
+    MissingStorage { key: String },
+
+    /// A tensor's shape, strides and offset reach past the end of its storage.
+    #[error("tensor{} of shape {shape:?} (strides {strides:?}, offset {offset}) needs {needed} elements but its storage holds {available}; the file is corrupted", fmt_name(name))]
+    ShapeStorageMismatch {
+        name: Option<String>,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        needed: u128,
+        available: usize,
+    },
+
+    /// An element type ferrite has no DType for.
+    #[error("unsupported element type `{dtype}`{}; ferrite supports float32, float64, float16, bfloat16, int64, int32, uint8 and bool", fmt_name(name))]
+    UnsupportedDType { dtype: String, name: Option<String> },
+
+    /// A size read from the file is impossible given the bytes present (e.g. a header claiming petabytes).
+    #[error("{what} is {claimed} but only {available} are available; the file is truncated or corrupted")]
+    SizeExceedsData { what: String, claimed: u128, available: u128 },
+
+    /// A structural limit (nesting, object count) that protects against malicious files.
+    #[error("{what} exceeds the limit of {limit}; refusing to continue (malformed or malicious file)")]
+    LimitExceeded { what: String, limit: u64 },
+
+    /// The file stores big-endian data.
+    #[error("the file stores {byteorder}-endian data; only little-endian checkpoints are supported")]
+    ByteOrder { byteorder: String },
+
+    /// A safetensors file is malformed.
+    #[error("invalid safetensors file: {reason}")]
+    Safetensors { reason: String },
+
+    /// A checkpoint's structure is not what the caller asked for.
+    #[error("checkpoint entry `{path}`: {reason}")]
+    Structure { path: String, reason: String },
+
+    /// Strict state_dict loading found missing or unexpected keys.
+    #[error("{}", incompatible_keys_message(missing, unexpected, hint))]
+    IncompatibleKeys { missing: Vec<String>, unexpected: Vec<String>, hint: Option<String> },
+
+    /// A device string (`cpu`, `sim:…`, `meta`, or a PyTorch tag like `cuda:0`) could not be used.
+    #[error("cannot place tensor on `{device}`: {reason}")]
+    Device { device: String, reason: String },
+
+    /// Creating or reading a ferrite `Tensor` failed (e.g. out of memory on the target device).
+    #[error("{0}")]
+    Tensor(#[from] ferrite_tensor::TensorError),
+}
+
+fn fmt_name(name: &Option<String>) -> String {
+    match name {
+        Some(n) => format!(" `{n}`"),
+        None => String::new(),
+    }
+}
+
+fn quoted_list(keys: &[String]) -> String {
+    keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ")
+}
+
+fn incompatible_keys_message(missing: &[String], unexpected: &[String], hint: &Option<String>) -> String {
+    // Same wording and order as PyTorch's load_state_dict (missing first), so users recognise it.
+    let mut msg = String::from("Error(s) in loading state_dict:");
+    if !missing.is_empty() {
+        msg.push_str(&format!("\n\tMissing key(s) in state_dict: {}.", quoted_list(missing)));
+    }
+    if !unexpected.is_empty() {
+        msg.push_str(&format!("\n\tUnexpected key(s) in state_dict: {}.", quoted_list(unexpected)));
+    }
+    if let Some(h) = hint {
+        msg.push_str("\n\t");
+        msg.push_str(h);
+    }
+    msg
+}
+
+impl IoError {
+    pub(crate) fn os(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> IoError {
+        IoError::Os { op, path: path.into(), source }
+    }
+
+    pub(crate) fn structure(path: impl Into<String>, reason: impl Into<String>) -> IoError {
+        IoError::Structure { path: path.into(), reason: reason.into() }
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = IoError> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! A restricted unpickler: reads the pickles inside PyTorch checkpoints without executing them.
+//!
+//! Python's `pickle` is a small program that may import and call anything; that is why loading an
+//! untrusted `.pt` file with `torch.load(weights_only=False)` can run arbitrary code. This module is
+//! a separate implementation of the pickle machine that understands exactly what a weights-only
+//! checkpoint needs — tensor rebuild functions, typed storages (via persistent ids), `OrderedDict`,
+//! plain containers and scalars — and refuses every other global by name, with a reason, at the
+//! moment the pickle mentions it. It has no way to call into Python or the operating system.
+//!
+//! Running a pickle ([`run`]) yields a heap of objects; [`Program::to_value`] then turns it into a
+//! [`Value`](crate::Value) tree, asking the caller (the zip or legacy container reader) for the bytes
+//! of each storage the tensors refer to.
+
+mod allowed_globals;
+mod heap;
+mod machine;
+mod materialize;
+
+pub(crate) use heap::StorageRef;
+pub(crate) use machine::{Program, run};
+pub(crate) use materialize::StorageResolver;
+
+use crate::error::{IoError, Result};
+use crate::value::Value;
+
+impl Program {
+    /// The storages the program's tensors refer to, in order of first mention.
+    pub(crate) fn storage_refs(&self) -> impl Iterator<Item = &StorageRef> {
+        self.heap.storages().map(|(_, s)| s)
+    }
+
+    /// The program's result as a value tree. `input_len` sizes the output budget.
+    pub(crate) fn to_value(&self, input_len: usize, resolve: &mut StorageResolver<'_>) -> Result<Value> {
+        materialize::to_value(&self.heap, &self.root, input_len, resolve)
+    }
+}
+
+/// Unpickles data that must not reference storages (legacy headers, key lists).
+pub(crate) fn unpickle_plain(data: &[u8]) -> Result<(Value, usize)> {
+    let prog = run(data)?;
+    let v = prog.to_value(prog.end, &mut |s: &StorageRef| {
+        Err(IoError::structure("", format!("unexpected storage reference `{}` in a header pickle", s.key)))
+    })?;
+    Ok((v, prog.end))
+}

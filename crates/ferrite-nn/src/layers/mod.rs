@@ -1,0 +1,11 @@
+//! Layers, one file each.
+
+pub mod activation;
+pub mod attention;
+pub mod dropout;
+pub mod embedding;
+pub mod layer_norm;
+pub mod linear;
+pub mod lstm;
+pub mod sequential;
+pub mod transformer;

@@ -1,0 +1,257 @@
+//! Adam and AdamW — the update of PyTorch's `torch.optim.Adam` / `AdamW` (single-tensor path,
+//! the CPU default), op for op, fused into one pass per parameter:
+//!
+//! ```text
+//! step += 1
+//! g = maximize ? -grad : grad
+//! if weight_decay != 0:
+//!     AdamW (decoupled):  param = param * (1 - lr * weight_decay)
+//!     Adam (L2):          g = g + weight_decay * param
+//! exp_avg    = lerp(exp_avg, g, 1 - beta1)
+//! exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * g * g
+//! v          = amsgrad ? (max_exp_avg_sq = max(max_exp_avg_sq, exp_avg_sq)) : exp_avg_sq
+//! denom      = sqrt(v) / sqrt(1 - beta2^step) + eps
+//! param      = param - (lr / (1 - beta1^step)) * exp_avg / denom
+//! ```
+//! Scalars are computed in f64 like Python's floats and rounded once to the compute type.
+//! AdamW is Adam with `decoupled_weight_decay` (as in PyTorch, where `AdamW` subclasses `Adam`).
+
+use ferrite_tensor::element::Float;
+use ferrite_tensor::{Device, Tensor};
+
+use crate::error::{bad_hyper, OptimError, Result};
+use crate::kernels::{adam, adam_amsgrad, AdamScalars};
+use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
+use crate::state_dict::{entry, hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
+use crate::update_target::{float_dispatch, grad_like, with_contiguous};
+
+/// Adam/AdamW hyperparameters of one parameter group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdamConfig {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub amsgrad: bool,
+    pub maximize: bool,
+    /// AdamW: decay the parameters directly instead of adding an L2 term to the gradient.
+    pub decoupled_weight_decay: bool,
+}
+
+impl Default for AdamConfig {
+    /// `torch.optim.Adam`'s defaults.
+    fn default() -> Self {
+        AdamConfig { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, amsgrad: false, maximize: false, decoupled_weight_decay: false }
+    }
+}
+
+impl AdamConfig {
+    /// Adam's defaults with learning rate `lr`.
+    pub fn adam(lr: f64) -> Self {
+        AdamConfig { lr, ..Default::default() }
+    }
+    /// `torch.optim.AdamW`'s defaults (weight decay 0.01, decoupled) with learning rate `lr`.
+    pub fn adamw(lr: f64) -> Self {
+        AdamConfig { lr, weight_decay: 1e-2, decoupled_weight_decay: true, ..Default::default() }
+    }
+    pub fn betas(mut self, beta1: f64, beta2: f64) -> Self {
+        self.betas = (beta1, beta2);
+        self
+    }
+    pub fn eps(mut self, eps: f64) -> Self {
+        self.eps = eps;
+        self
+    }
+    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+    pub fn amsgrad(mut self, amsgrad: bool) -> Self {
+        self.amsgrad = amsgrad;
+        self
+    }
+    pub fn maximize(mut self, maximize: bool) -> Self {
+        self.maximize = maximize;
+        self
+    }
+}
+
+impl GroupConfig for AdamConfig {
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn validate(&self) -> Result<()> {
+        if !(self.lr >= 0.0) {
+            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
+        }
+        if !(self.eps >= 0.0) {
+            return Err(bad_hyper("epsilon value", self.eps, "a number >= 0"));
+        }
+        if !(0.0..1.0).contains(&self.betas.0) {
+            return Err(bad_hyper("beta parameter at index 0", self.betas.0, "0 <= beta < 1"));
+        }
+        if !(0.0..1.0).contains(&self.betas.1) {
+            return Err(bad_hyper("beta parameter at index 1", self.betas.1, "0 <= beta < 1"));
+        }
+        if !(self.weight_decay >= 0.0) {
+            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
+        }
+        Ok(())
+    }
+    fn to_hyper(&self) -> Vec<(String, HyperValue)> {
+        vec![
+            ("lr".into(), HyperValue::Float(self.lr)),
+            ("betas".into(), HyperValue::Floats(vec![self.betas.0, self.betas.1])),
+            ("eps".into(), HyperValue::Float(self.eps)),
+            ("weight_decay".into(), HyperValue::Float(self.weight_decay)),
+            ("amsgrad".into(), HyperValue::Bool(self.amsgrad)),
+            ("maximize".into(), HyperValue::Bool(self.maximize)),
+            ("foreach".into(), HyperValue::None),
+            ("capturable".into(), HyperValue::Bool(false)),
+            ("differentiable".into(), HyperValue::Bool(false)),
+            ("fused".into(), HyperValue::None),
+            ("decoupled_weight_decay".into(), HyperValue::Bool(self.decoupled_weight_decay)),
+        ]
+    }
+    fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
+        if let Some(v) = hyper_f64(g, "lr", group)? {
+            self.lr = v;
+        }
+        match g.get("betas") {
+            None => {}
+            Some(HyperValue::Floats(b)) if b.len() == 2 => self.betas = (b[0], b[1]),
+            Some(other) => return Err(OptimError::StateDict(format!("`betas` of parameter group {group} must be two floats, found {other:?}"))),
+        }
+        if let Some(v) = hyper_f64(g, "eps", group)? {
+            self.eps = v;
+        }
+        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
+            self.weight_decay = v;
+        }
+        if let Some(v) = hyper_bool(g, "amsgrad", group)? {
+            self.amsgrad = v;
+        }
+        if let Some(v) = hyper_bool(g, "maximize", group)? {
+            self.maximize = v;
+        }
+        if let Some(v) = hyper_bool(g, "decoupled_weight_decay", group)? {
+            self.decoupled_weight_decay = v;
+        }
+        Ok(())
+    }
+}
+
+/// Per-parameter Adam state (PyTorch's keys).
+#[derive(Debug, Clone)]
+pub struct AdamState {
+    /// Steps taken, kept as float32 like PyTorch's `step` tensor.
+    pub step: f32,
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+    pub max_exp_avg_sq: Option<Tensor>,
+}
+
+impl ParamState for AdamState {
+    fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
+        let mut v = vec![
+            ("step".to_string(), StateValue::Tensor(Tensor::scalar(self.step, &Device::Cpu)?)),
+            ("exp_avg".to_string(), StateValue::Tensor(self.exp_avg.clone())),
+            ("exp_avg_sq".to_string(), StateValue::Tensor(self.exp_avg_sq.clone())),
+        ];
+        if let Some(m) = &self.max_exp_avg_sq {
+            v.push(("max_exp_avg_sq".to_string(), StateValue::Tensor(m.clone())));
+        }
+        Ok(v)
+    }
+    fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
+        let step = entry(entries, "step", index)?.as_f64()?;
+        if !(step >= 0.0) || step.fract() != 0.0 {
+            return Err(OptimError::StateDict(format!("`step` of parameter {index} must be a non-negative whole number, found {step}")));
+        }
+        let has_max = entries.iter().any(|(k, _)| k == "max_exp_avg_sq");
+        Ok(AdamState {
+            step: step as f32,
+            exp_avg: load_tensor(entries, "exp_avg", index, param)?,
+            exp_avg_sq: load_tensor(entries, "exp_avg_sq", index, param)?,
+            max_exp_avg_sq: if has_max { Some(load_tensor(entries, "max_exp_avg_sq", index, param)?) } else { None },
+        })
+    }
+}
+
+/// The Adam/AdamW update rule.
+pub struct AdamRule;
+
+/// Adam, and AdamW with [`AdamConfig::adamw`] (PyTorch's `torch.optim.Adam` / `AdamW`).
+///
+/// ```
+/// use ferrite_optim::{Adam, AdamConfig, Optimizer};
+/// use ferrite_tensor::{Device, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let w = Tensor::from_vec(vec![1.0f32, -1.0], &[2], &Device::Cpu)?.requires_grad_(true)?;
+/// let mut opt = Adam::new(vec![w.clone()], AdamConfig::adamw(0.1))?;
+/// w.mul(&w)?.sum()?.backward()?;
+/// opt.step()?; // the first Adam step moves each weight by about lr against its gradient's sign
+/// opt.zero_grad()?;
+/// let v = w.to_vec::<f32>()?;
+/// assert!((v[0] - 0.899).abs() < 1e-5 && (v[1] + 0.899).abs() < 1e-5);
+/// # Ok(()) }
+/// ```
+pub type Adam = Optim<AdamRule>;
+
+impl UpdateRule for AdamRule {
+    type Config = AdamConfig;
+    type State = AdamState;
+    const NAME: &'static str = "Adam";
+
+    fn update(c: &AdamConfig, param: &Tensor, grad: &Tensor, state: &mut Option<AdamState>) -> Result<()> {
+        let grad = grad_like(grad, param)?;
+        if state.is_none() {
+            let z = || Tensor::zeros(param.shape(), param.dtype(), param.device());
+            *state = Some(AdamState { step: 0.0, exp_avg: z()?, exp_avg_sq: z()?, max_exp_avg_sq: None });
+        }
+        let Some(st) = state.as_mut() else { unreachable!("state was created above") };
+        if c.amsgrad && st.max_exp_avg_sq.is_none() {
+            st.max_exp_avg_sq = Some(Tensor::zeros(param.shape(), param.dtype(), param.device())?);
+        }
+        st.step += 1.0;
+        let step = st.step as f64;
+        let (beta1, beta2) = c.betas;
+        let bias_correction1 = 1.0 - beta1.powf(step);
+        let bias_correction2 = 1.0 - beta2.powf(step);
+        let step_size = c.lr / bias_correction1;
+        let bias_correction2_sqrt = bias_correction2.powf(0.5);
+        let decay = c.weight_decay != 0.0;
+        float_dispatch!(param.dtype(), "adam_step", T => {
+            let w1 = T::acc_from_f64(1.0 - beta1);
+            let k = AdamScalars::<<T as Float>::Acc> {
+                maximize: c.maximize,
+                l2: (decay && !c.decoupled_weight_decay).then(|| T::acc_from_f64(c.weight_decay)),
+                decay: (decay && c.decoupled_weight_decay).then(|| T::acc_from_f64(1.0 - c.lr * c.weight_decay)),
+                w1,
+                one_minus_w1: T::acc_from_f64(1.0) - w1,
+                w1_small: T::acc_to_f64(w1).abs() < 0.5,
+                beta2: T::acc_from_f64(beta2),
+                c2: T::acc_from_f64(1.0 - beta2),
+                bias_correction2_sqrt: T::acc_from_f64(bias_correction2_sqrt),
+                eps: T::acc_from_f64(c.eps),
+                neg_step_size: T::acc_from_f64(-step_size),
+            };
+            with_contiguous(param, |p| {
+                match &st.max_exp_avg_sq {
+                    None => Tensor::fused_update::<T, ()>("adam_step", &[p, &st.exp_avg, &st.exp_avg_sq], &[&grad], |o, i| {
+                        let [po, mo, vo] = o else { unreachable!("three outputs were passed") };
+                        adam::<T>(&k, po, mo, vo, i[0])
+                    })?,
+                    Some(vmax) => Tensor::fused_update::<T, ()>("adam_step", &[p, &st.exp_avg, &st.exp_avg_sq, vmax], &[&grad], |o, i| {
+                        let [po, mo, vo, xo] = o else { unreachable!("four outputs were passed") };
+                        adam_amsgrad::<T>(&k, po, mo, vo, xo, i[0])
+                    })?,
+                };
+                Ok(())
+            })
+        })
+    }
+}

@@ -1,0 +1,200 @@
+//! Stochastic gradient descent with momentum, dampening, Nesterov and weight decay — the update
+//! of PyTorch's `torch.optim.SGD` (single-tensor path, the CPU default), op for op:
+//!
+//! ```text
+//! g = maximize ? -grad : grad
+//! if weight_decay != 0:  g = g + weight_decay * param
+//! if momentum != 0:
+//!     buf = first step ? g : momentum * buf + (1 - dampening) * g
+//!     g = nesterov ? g + momentum * buf : buf
+//! param = param - lr * g
+//! ```
+
+use ferrite_tensor::element::Float;
+use ferrite_tensor::Tensor;
+
+use crate::error::{bad_hyper, OptimError, Result};
+use crate::kernels::{sgd_momentum, sgd_plain, SgdScalars};
+use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
+use crate::state_dict::{hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
+use crate::update_target::{grad_like, with_contiguous};
+
+/// SGD hyperparameters of one parameter group (PyTorch's defaults).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f64,
+    pub momentum: f64,
+    pub dampening: f64,
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub maximize: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        SgdConfig { lr: 1e-3, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false, maximize: false }
+    }
+}
+
+impl SgdConfig {
+    /// Defaults with learning rate `lr`.
+    pub fn new(lr: f64) -> Self {
+        SgdConfig { lr, ..Default::default() }
+    }
+    pub fn momentum(mut self, momentum: f64) -> Self {
+        self.momentum = momentum;
+        self
+    }
+    pub fn dampening(mut self, dampening: f64) -> Self {
+        self.dampening = dampening;
+        self
+    }
+    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = weight_decay;
+        self
+    }
+    pub fn nesterov(mut self, nesterov: bool) -> Self {
+        self.nesterov = nesterov;
+        self
+    }
+    pub fn maximize(mut self, maximize: bool) -> Self {
+        self.maximize = maximize;
+        self
+    }
+}
+
+impl GroupConfig for SgdConfig {
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn validate(&self) -> Result<()> {
+        if !(self.lr >= 0.0) {
+            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
+        }
+        if !(self.momentum >= 0.0) {
+            return Err(bad_hyper("momentum value", self.momentum, "a number >= 0"));
+        }
+        if !(self.weight_decay >= 0.0) {
+            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
+        }
+        if !self.dampening.is_finite() {
+            return Err(bad_hyper("dampening value", self.dampening, "a finite number"));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(OptimError::InvalidConfig("Nesterov momentum requires a momentum and zero dampening".into()));
+        }
+        Ok(())
+    }
+    fn to_hyper(&self) -> Vec<(String, HyperValue)> {
+        vec![
+            ("lr".into(), HyperValue::Float(self.lr)),
+            ("momentum".into(), HyperValue::Float(self.momentum)),
+            ("dampening".into(), HyperValue::Float(self.dampening)),
+            ("weight_decay".into(), HyperValue::Float(self.weight_decay)),
+            ("nesterov".into(), HyperValue::Bool(self.nesterov)),
+            ("maximize".into(), HyperValue::Bool(self.maximize)),
+            ("foreach".into(), HyperValue::None),
+            ("differentiable".into(), HyperValue::Bool(false)),
+            ("fused".into(), HyperValue::None),
+        ]
+    }
+    fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
+        if let Some(v) = hyper_f64(g, "lr", group)? {
+            self.lr = v;
+        }
+        if let Some(v) = hyper_f64(g, "momentum", group)? {
+            self.momentum = v;
+        }
+        if let Some(v) = hyper_f64(g, "dampening", group)? {
+            self.dampening = v;
+        }
+        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
+            self.weight_decay = v;
+        }
+        if let Some(v) = hyper_bool(g, "nesterov", group)? {
+            self.nesterov = v;
+        }
+        if let Some(v) = hyper_bool(g, "maximize", group)? {
+            self.maximize = v;
+        }
+        Ok(())
+    }
+}
+
+/// Per-parameter SGD state: the momentum buffer (only when momentum is used).
+#[derive(Debug, Clone)]
+pub struct SgdState {
+    pub momentum_buffer: Option<Tensor>,
+}
+
+impl ParamState for SgdState {
+    fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
+        Ok(self.momentum_buffer.iter().map(|b| ("momentum_buffer".to_string(), StateValue::Tensor(b.clone()))).collect())
+    }
+    fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
+        let has = entries.iter().any(|(k, _)| k == "momentum_buffer");
+        Ok(SgdState { momentum_buffer: if has { Some(load_tensor(entries, "momentum_buffer", index, param)?) } else { None } })
+    }
+}
+
+/// The SGD update rule.
+pub struct SgdRule;
+
+/// Stochastic gradient descent (PyTorch's `torch.optim.SGD`).
+///
+/// ```
+/// use ferrite_optim::{Optimizer, Sgd, SgdConfig};
+/// use ferrite_tensor::{Device, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2], &Device::Cpu)?.requires_grad_(true)?;
+/// let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1).momentum(0.9))?;
+/// w.mul(&w)?.sum()?.backward()?; // grad = 2w
+/// opt.step()?;
+/// opt.zero_grad()?;
+/// assert_eq!(w.to_vec::<f32>()?, vec![0.8, 1.6]);
+/// # Ok(()) }
+/// ```
+pub type Sgd = Optim<SgdRule>;
+
+impl UpdateRule for SgdRule {
+    type Config = SgdConfig;
+    type State = SgdState;
+    const NAME: &'static str = "SGD";
+
+    fn update(c: &SgdConfig, param: &Tensor, grad: &Tensor, state: &mut Option<SgdState>) -> Result<()> {
+        let grad = grad_like(grad, param)?;
+        crate::update_target::float_dispatch!(param.dtype(), "sgd_step", T => {
+            let k = SgdScalars::<<T as Float>::Acc> {
+                maximize: c.maximize,
+                weight_decay: (c.weight_decay != 0.0).then(|| T::acc_from_f64(c.weight_decay)),
+                momentum: T::acc_from_f64(c.momentum),
+                one_minus_dampening: T::acc_from_f64(1.0 - c.dampening),
+                nesterov: c.nesterov,
+                neg_lr: T::acc_from_f64(-c.lr),
+            };
+            if c.momentum == 0.0 {
+                with_contiguous(param, |p| {
+                    Tensor::fused_update::<T, ()>("sgd_step", &[p], &[&grad], |o, i| sgd_plain::<T>(&k, o[0], i[0]))?;
+                    Ok(())
+                })
+            } else {
+                let (buf, first) = match state.as_ref().and_then(|s| s.momentum_buffer.clone()) {
+                    Some(b) => (b, false),
+                    None => (Tensor::zeros(param.shape(), param.dtype(), param.device())?, true),
+                };
+                with_contiguous(param, |p| {
+                    Tensor::fused_update::<T, ()>("sgd_step", &[p, &buf], &[&grad], |o, i| {
+                        let (po, bo) = o.split_at_mut(1);
+                        sgd_momentum::<T>(&k, first, po[0], bo[0], i[0])
+                    })?;
+                    Ok(())
+                })?;
+                *state = Some(SgdState { momentum_buffer: Some(buf) });
+                Ok(())
+            }
+        })
+    }
+}

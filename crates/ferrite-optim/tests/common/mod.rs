@@ -1,0 +1,86 @@
+//! Helpers shared by the integration tests: the PyTorch fixture folder and a tiny MLP built from
+//! raw tensors (`Linear(8,16) - Tanh - Linear(16,3)`, PyTorch's parameter order).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_tensor::{DType, Device, Tensor};
+
+/// `$FERRITE_PYTORCH_REFERENCE`, else `../shared/fixtures/pytorch-reference` from the workspace root.
+pub fn reference_dir() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
+}
+
+/// The fixture folder's `train/` subfolder, or `None` (after a loud SKIPPED line) when absent.
+/// With `FERRITE_REQUIRE_SYSTEM_DEPS=1` a missing folder fails the test instead.
+pub fn train_dir() -> Option<PathBuf> {
+    let d = reference_dir().join("train");
+    if d.join("manifest.json").is_file() {
+        return Some(d);
+    }
+    let msg = format!("SKIPPED: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE", d.display());
+    if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
+        panic!("{msg}");
+    }
+    eprintln!("{msg}");
+    None
+}
+
+/// Every tensor of a safetensors file as a ferrite tensor on `device`.
+pub fn load_safetensors(path: &std::path::Path, device: &Device) -> Vec<(String, Tensor)> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors file");
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let data = view.data();
+        let t = match view.dtype() {
+            safetensors::Dtype::F32 => {
+                let v: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                Tensor::from_vec(v, &shape, device).unwrap()
+            }
+            safetensors::Dtype::I64 => {
+                let v: Vec<i64> = data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+                Tensor::from_vec(v, &shape, device).unwrap()
+            }
+            other => panic!("unexpected dtype {other:?} for {name}"),
+        };
+        out.push((name, t));
+    }
+    out
+}
+
+pub fn get<'a>(ts: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
+    &ts.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("missing tensor {name}")).1
+}
+
+/// PyTorch's parameter names of `Linear(8,16) - Tanh - Linear(16,3)`.
+pub const PARAM_NAMES: [&str; 4] = ["0.weight", "0.bias", "2.weight", "2.bias"];
+
+/// Fresh leaf parameters (own storage) holding `prefix.<name>` values.
+pub fn leaf_params(ts: &[(String, Tensor)], prefix: &str) -> Vec<Tensor> {
+    PARAM_NAMES.iter().map(|n| get(ts, &format!("{prefix}.{n}")).deep_clone().unwrap().requires_grad_(true).unwrap()).collect()
+}
+
+/// Mean cross-entropy of the MLP on `x` (rows) against `y`.
+pub fn mlp_loss(p: &[Tensor], x: &Tensor, y: &Tensor) -> Tensor {
+    let h = x.linear(&p[0], Some(&p[1])).unwrap().tanh().unwrap();
+    let logits = h.linear(&p[2], Some(&p[3])).unwrap();
+    cross_entropy(&logits, y, &CrossEntropyOptions::default()).unwrap()
+}
+
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+}
+
+pub fn bits(t: &Tensor) -> Vec<u32> {
+    assert_eq!(t.dtype(), DType::F32);
+    t.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
+}
