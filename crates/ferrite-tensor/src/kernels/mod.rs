@@ -5,4 +5,5 @@ pub(crate) mod gemm;
 pub(crate) mod map;
 pub(crate) mod simd;
 pub(crate) mod strided;
+pub(crate) mod team;
 pub(crate) mod vmath;

@@ -124,29 +124,25 @@ impl<const N: usize> Walk<N> {
 /// Elements below which kernels stay on the calling thread (thread hand-off costs more).
 pub(crate) const PAR_THRESHOLD: usize = 1 << 15;
 
-/// Split `[0, n)` into chunks for rayon when `n` is large enough; `f(start, end)`.
+/// Split `[0, n)` into chunks for the kernel team (`kernels/team.rs`) when `n` is large enough; `f(start, end)`.
 pub(crate) fn par_ranges(n: usize, cost_per_elem: usize, f: impl Fn(usize, usize) + Sync + Send) {
     let work = n.saturating_mul(cost_per_elem.max(1));
     if work < PAR_THRESHOLD {
         f(0, n);
         return;
     }
-    let threads = rayon::current_num_threads();
+    let threads = crate::kernels::team::threads();
     if threads <= 1 {
         f(0, n);
         return;
     }
     let chunks = (threads * 4).min(n.div_ceil(4096)).max(1);
     let per = n.div_ceil(chunks);
-    rayon::scope(|s| {
-        for c in 0..chunks {
-            let start = c * per;
-            let end = ((c + 1) * per).min(n);
-            if start >= end {
-                continue;
-            }
-            let f = &f;
-            s.spawn(move |_| f(start, end));
+    crate::kernels::team::run(chunks, &|c| {
+        let start = c * per;
+        let end = ((c + 1) * per).min(n);
+        if start < end {
+            f(start, end);
         }
     });
 }

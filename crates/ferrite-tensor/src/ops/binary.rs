@@ -127,15 +127,15 @@ pub(crate) fn arith_scalar_raw<O: Arith>(a: &Tensor, s: f64) -> Result<Tensor> {
     fn fk<T: Float, O: Arith>(out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
         let sv = T::acc_from_f64(s);
         if a.is_contiguous() {
-            return map1_contig::<T, T>(out, a, |x| T::from_acc(O::float(x.to_acc(), sv)));
+            return map1_contig::<T, T>(out, a, move |x| T::from_acc(O::float(x.to_acc(), sv)));
         }
         let ia = In::<T>::new(a, out.shape(), O::NAME)?;
-        map1::<T, T>(out, &ia, |x| T::from_acc(O::float(x.to_acc(), sv)))
+        map1::<T, T>(out, &ia, move |x| T::from_acc(O::float(x.to_acc(), sv)))
     }
     fn ik<T: Int, O: Arith>(out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
         let ia = In::<T>::new(a, out.shape(), O::NAME)?;
         let sv = s as i64;
-        map1::<T, T>(out, &ia, |x| T::from_i64(O::int(x.to_i64(), sv).unwrap_or(0)))
+        map1::<T, T>(out, &ia, move |x| T::from_i64(O::int(x.to_i64(), sv).unwrap_or(0)))
     }
     match dtype {
         DType::F32 => fk::<f32, O>(&out, &a, s)?,
@@ -547,12 +547,12 @@ impl Tensor {
         if dtype == DType::F32 {
             let ia = In::<f32>::new(&a, &shape, op)?;
             let ib = In::<f32>::new(&b, &shape, op)?;
-            map2::<f32, f32, Bool8>(&out, &ia, &ib, |x, y| Bool8(ff(x, y) as u8))?;
+            map2::<f32, f32, Bool8>(&out, &ia, &ib, move |x, y| Bool8(ff(x, y) as u8))?;
         } else {
             crate::dispatch_all!(dtype, T => {
                 let ia = In::<T>::new(&a, &shape, op)?;
                 let ib = In::<T>::new(&b, &shape, op)?;
-                map2::<T, T, Bool8>(&out, &ia, &ib, |x, y| Bool8(f(x.to_f64(), y.to_f64()) as u8))?;
+                map2::<T, T, Bool8>(&out, &ia, &ib, move |x, y| Bool8(f(x.to_f64(), y.to_f64()) as u8))?;
             });
         }
         Ok(out)
@@ -565,7 +565,7 @@ impl Tensor {
         }
         crate::dispatch_all!(self.dtype(), T => {
             let ia = In::<T>::new(self, self.shape(), op)?;
-            map1::<T, Bool8>(&out, &ia, |x| Bool8(f(x.to_f64(), s) as u8))?;
+            map1::<T, Bool8>(&out, &ia, move |x| Bool8(f(x.to_f64(), s) as u8))?;
         });
         Ok(out)
     }
@@ -631,7 +631,7 @@ impl Tensor {
         }
         let ia = In::<Bool8>::new(&a, &shape, op)?;
         let ib = In::<Bool8>::new(&b, &shape, op)?;
-        map2::<Bool8, Bool8, Bool8>(&out, &ia, &ib, |x, y| Bool8(f(x.0 != 0, y.0 != 0) as u8))?;
+        map2::<Bool8, Bool8, Bool8>(&out, &ia, &ib, move |x, y| Bool8(f(x.0 != 0, y.0 != 0) as u8))?;
         Ok(out)
     }
 }

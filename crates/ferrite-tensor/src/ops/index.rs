@@ -401,7 +401,7 @@ impl Tensor {
         dispatch_bits!(dtype, T => {
             let ia = In::<T>::new(&a, &shape, "where")?;
             let ib = In::<T>::new(&b, &shape, "where")?;
-            map3::<Bool8, T, T, T>(&out, &ic, &ia, &ib, |c, x, y| if c.0 != 0 { x } else { y })?;
+            map3::<Bool8, T, T, T>(&out, &ic, &ia, &ib, move |c, x, y| if c.0 != 0 { x } else { y })?;
         });
         Ok(out)
     }

@@ -120,7 +120,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         let ap = a.storage_base_ptr::<f32>("matmul")?;
         let bp = b.storage_base_ptr::<f32>("matmul")?;
         let cp = out.ptr::<f32>("matmul")?;
-        let threads = rayon::current_num_threads();
+        let threads = crate::kernels::team::threads();
         let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, nbd);
         for bi in 0..nb {
             let mut ao = al.offset;

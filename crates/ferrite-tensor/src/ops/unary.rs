@@ -110,21 +110,21 @@ fn powf_exact<F: AccFloat>(x: F, p: F) -> F {
 fn unary_kernel<T: Float, U: Unary>(out: &Tensor, x: &Tensor, p: f64) -> Result<()> {
     let pp = T::acc_from_f64(p);
     if x.is_contiguous() {
-        return map1_contig::<T, T>(out, x, |v| T::from_acc(U::f(v.to_acc(), pp)));
+        return map1_contig::<T, T>(out, x, move |v| T::from_acc(U::f(v.to_acc(), pp)));
     }
     let ix = In::<T>::new(x, out.shape(), U::NAME)?;
-    map1::<T, T>(out, &ix, |v| T::from_acc(U::f(v.to_acc(), pp)))
+    map1::<T, T>(out, &ix, move |v| T::from_acc(U::f(v.to_acc(), pp)))
 }
 
 fn grad_kernel<T: Float, U: Unary>(out: &Tensor, g: &Tensor, s: &Tensor, p: f64) -> Result<()> {
     if g.shape() == out.shape() && s.shape() == out.shape() && g.is_contiguous() && s.is_contiguous() {
         let pp = T::acc_from_f64(p);
-        return zip2_contig::<T, T, T>(out, g, s, |g, s| T::from_acc(g.to_acc() * U::df(s.to_acc(), pp)));
+        return zip2_contig::<T, T, T>(out, g, s, move |g, s| T::from_acc(g.to_acc() * U::df(s.to_acc(), pp)));
     }
     let ig = In::<T>::new(g, out.shape(), U::BACKWARD)?;
     let is = In::<T>::new(s, out.shape(), U::BACKWARD)?;
     let pp = T::acc_from_f64(p);
-    map2::<T, T, T>(out, &ig, &is, |g, s| T::from_acc(g.to_acc() * U::df(s.to_acc(), pp)))
+    map2::<T, T, T>(out, &ig, &is, move |g, s| T::from_acc(g.to_acc() * U::df(s.to_acc(), pp)))
 }
 
 fn float_input(x: &Tensor, op: &'static str) -> Result<Tensor> {
@@ -282,7 +282,7 @@ impl Tensor {
         if !out.is_meta() {
             crate::dispatch_all!(self.dtype(), T => {
                 let ix = In::<T>::new(self, self.shape(), "clamp")?;
-                map1::<T, T>(&out, &ix, |v| {
+                map1::<T, T>(&out, &ix, move |v| {
                     let f = v.to_f64();
                     if f.is_nan() { v } else if f < lo { T::from_f64(lo) } else if f > hi { T::from_f64(hi) } else { v }
                 })?;
