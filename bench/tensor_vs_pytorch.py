@@ -51,8 +51,8 @@ def pytorch():
     res = {}
     for n in (64, 256, 1024, 2048):
         a, b = torch.randn(n, n), torch.randn(n, n)
-        iters = max(1, min(2000, 2_000_000_000 // (2 * n ** 3)))
-        t = best_of(3, iters, lambda: a @ b)
+        iters = max(3, min(4000, 4_000_000_000 // (2 * n ** 3)))
+        t = best_of(5, iters, lambda: a @ b)
         res[("matmul", n)] = 2 * n ** 3 / t / 1e9
     for n in (1 << 20, 1 << 24):
         x, y = torch.randn(n), torch.randn(n)

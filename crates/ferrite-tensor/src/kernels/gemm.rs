@@ -152,7 +152,7 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
 const TALL_TILES_PER_THREAD: usize = 8;
 
 /// Below this many multiply-adds a product runs on the calling thread.
-const PAR_FLOPS: usize = 64 * 64 * 64;
+const PAR_FLOPS: usize = 150 * 150 * 150;
 
 /// Run `f` over `0..units` split into at most `threads` equal contiguous ranges on the team.
 fn split(units: usize, threads: usize, f: &(dyn Fn(usize, usize) + Sync)) {
