@@ -97,7 +97,14 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
                 let (mr, nr) = (MR.min(mc - ip * MR), NR.min(nc - jp * NR));
                 // SAFETY: packed panels hold kc×MR and kc×NR values; the C tile (rows
                 // ic+ip*MR.., cols jc+jp*NR..) belongs to the calling task only.
-                unsafe { kernel_14x32(kc, ap.0.add(ip * MR * kc), bp.0.add(jp * NR * kc), cptr.0.add((ic + ip * MR) * ldc + jc + jp * NR), ldc, mr, nr, accumulate) };
+                unsafe {
+                    let (a, b, c) = (ap.0.add(ip * MR * kc), bp.0.add(jp * NR * kc), cptr.0.add((ic + ip * MR) * ldc + jc + jp * NR));
+                    match mr {
+                        0..=4 => kernel::<4>(kc, a, b, c, ldc, mr, nr, accumulate),
+                        5..=7 => kernel::<7>(kc, a, b, c, ldc, mr, nr, accumulate),
+                        _ => kernel::<MR>(kc, a, b, c, ldc, mr, nr, accumulate),
+                    }
+                };
             };
             let pack_a = |ap: SendPtr<f32>, ic: usize, mc: usize, i0: usize, i1: usize| {
                 for ip in i0..i1 {
@@ -319,20 +326,24 @@ unsafe fn pack_b_panel(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, ds
     }
 }
 
-/// `C[mr×nr] (+)= Apanel[kc×MR]ᵀ · Bpanel[kc×NR]` with the full 14×32 tile in registers.
+/// `C[mr×nr] (+)= Apanel[kc×MR]ᵀ · Bpanel[kc×NR]` for the first `M` (≥ `mr`) rows of the
+/// packed A panel, with the whole `M×32` tile in registers. `M = MR` for full tiles; the last
+/// row tile of a product whose height is not a multiple of 14 runs with `M = 4` or `7`, so
+/// (for example) the 4-row remainder of a 256-row product costs ~2/7 of a full tile instead
+/// of a full one.
 ///
 /// # Safety
 /// Panels hold `kc` steps; C is writable for `mr` rows of `nr` values at stride `ldc`; the CPU
-/// supports AVX-512F.
+/// supports AVX-512F; `mr <= M <= MR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel_14x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, accumulate: bool) {
+unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, accumulate: bool) {
     use std::arch::x86_64::*;
     // SAFETY: pointer arithmetic stays inside the panels and the C tile (caller's contract).
     unsafe {
-        // The C tile is read (or written) only after the k loop; its 14 rows sit a row stride
-        // apart, so without a prefetch each costs a cache miss the loop cannot hide (measured:
-        // ~10 % of a 1024² product). Prefetches never fault; wrapping_add keeps the address
+        // The C tile is read (or written) only after the k loop; its rows sit a row stride
+        // apart, so each may miss the cache after the loop. Prefetching them now overlaps
+        // those misses with the loop. Prefetches never fault; wrapping_add keeps the address
         // arithmetic defined even for the columns of an edge tile past `nr`.
         for i in 0..mr {
             let row = c.wrapping_add(i * ldc) as *const i8;
@@ -340,7 +351,7 @@ unsafe fn kernel_14x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
             _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(124));
         }
-        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        let mut acc = [[_mm512_setzero_ps(); 2]; M];
         let (mut ap, mut bp) = (a, b);
         for _ in 0..kc {
             let b0 = _mm512_loadu_ps(bp);
@@ -353,7 +364,7 @@ unsafe fn kernel_14x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc
             ap = ap.add(MR);
             bp = bp.add(NR);
         }
-        if mr == MR && nr == NR {
+        if mr == M && nr == NR {
             for (i, row) in acc.iter().enumerate() {
                 let cp = c.add(i * ldc);
                 let (mut v0, mut v1) = (row[0], row[1]);
@@ -381,7 +392,7 @@ unsafe fn kernel_14x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel_14x32(_kc: usize, _a: *const f32, _b: *const f32, _c: *mut f32, _ldc: usize, _mr: usize, _nr: usize, _accumulate: bool) {
+unsafe fn kernel<const M: usize>(_kc: usize, _a: *const f32, _b: *const f32, _c: *mut f32, _ldc: usize, _mr: usize, _nr: usize, _accumulate: bool) {
     unreachable!("sgemm is only called when available() is true, which needs x86-64 AVX-512")
 }
 
