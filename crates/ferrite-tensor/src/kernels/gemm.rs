@@ -200,6 +200,24 @@ unsafe fn pack_a_panel(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, ds
             // Row-major A: 16-deep slices of the 14 rows are transposed in registers.
             return transpose_pack(base, a.rs, MR, kc, dst, MR);
         }
+        if a.rs == 1 {
+            // Column-major A (a transposed operand, as in the weight gradient `dYᵀ @ X`): the
+            // rows of one depth step are already contiguous.
+            if mr == MR {
+                // A fixed-size copy compiles to two vector moves (a memcpy call per step would
+                // cost more than the copy).
+                for p in 0..kc {
+                    let v = (base.offset(p as isize * a.cs) as *const [f32; MR]).read_unaligned();
+                    (dst.add(p * MR) as *mut [f32; MR]).write_unaligned(v);
+                }
+                return;
+            }
+            for p in 0..kc {
+                std::ptr::copy_nonoverlapping(base.offset(p as isize * a.cs), dst.add(p * MR), mr);
+                std::slice::from_raw_parts_mut(dst.add(p * MR + mr), MR - mr).fill(0.0);
+            }
+            return;
+        }
         if mr < MR {
             std::slice::from_raw_parts_mut(dst, kc * MR).fill(0.0);
         }

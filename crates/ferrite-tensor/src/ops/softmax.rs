@@ -141,7 +141,7 @@ pub(crate) fn softmax_raw(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
     let out = xc.empty_like_shape(xc.shape(), xc.dtype())?;
     if !out.is_meta() {
         let cols = xc.shape().last().copied().unwrap_or(1);
-        dispatch_float!(xc.dtype(), "softmax", T => rows_kernel::<T>(&xc, &out, cols, |a, b| softmax_row::<T>(a, b, log))?);
+        dispatch_float!(xc.dtype(), "softmax", T => rows_kernel::<T>(&xc, &out, cols, #[inline(always)] move |a, b| softmax_row::<T>(a, b, log))?);
     }
     from_rows(out, perm)
 }
