@@ -45,11 +45,11 @@ pub(crate) fn threads() -> usize {
 pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let team = match team() {
         Some(t) if tasks > 1 && tasks <= MAX_TASKS => t,
-        _ => return (0..tasks).for_each(f),
+        _ => return run_here(tasks, f),
     };
     if team.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
         // Another job is running (a concurrent caller, or a task of that job calling us).
-        return (0..tasks).for_each(f);
+        return run_here(tasks, f);
     }
     // SAFETY: `busy` gives this thread exclusive use of `job` until it is released below; no
     // helper reads `job` except after claiming a task of the generation published next, and
@@ -74,6 +74,20 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     unsafe { *team.job.get() = None };
     team.busy.store(false, Ordering::Release);
     if let Some(payload) = panic {
+        resume_unwind(payload);
+    }
+}
+
+/// All tasks on the calling thread, with the same panic semantics as a team job: every task
+/// runs, and the first panic resumes at the end.
+fn run_here(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+    let mut first = None;
+    for i in 0..tasks {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i))) {
+            first.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = first {
         resume_unwind(payload);
     }
 }
@@ -283,6 +297,20 @@ mod tests {
         }));
         assert!(result.is_err());
         assert_eq!(ran.load(Ordering::Relaxed), 8);
+        // The same inside a task, where the team is busy and the inner job runs on the caller.
+        let inner_ran = AtomicUsize::new(0);
+        run(2, &|_| {
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                run(4, &|i| {
+                    inner_ran.fetch_add(1, Ordering::Relaxed);
+                    if i == 1 {
+                        panic!("inner task one");
+                    }
+                })
+            }));
+            assert!(r.is_err());
+        });
+        assert_eq!(inner_ran.load(Ordering::Relaxed), 8);
         // The team is usable afterwards.
         let after = AtomicUsize::new(0);
         run(6, &|_| {
