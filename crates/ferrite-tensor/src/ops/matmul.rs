@@ -1,4 +1,5 @@
-//! Matrix products through faer's GEMM (chosen by measurement, see BENCHMARKS.md).
+//! Matrix products: f32 on AVX-512 CPUs through ferrite's own packed GEMM (`kernels/gemm.rs`),
+//! everything else through faer's (the choice was measured, see BENCHMARKS.md, "Tensors").
 //!
 //! f32/f64 run natively with arbitrary strides (transposed operands need no copy). f16/bf16
 //! inputs are widened to f32 scratch tensors from the device allocator, multiplied in f32 and
@@ -13,7 +14,7 @@ use smallvec::SmallVec;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
 use crate::kernels::gemm;
-use crate::layout::{broadcast_shapes, Shape};
+use crate::layout::{broadcast_shapes, Layout, Shape};
 use crate::ops::check_same_device;
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
@@ -59,13 +60,36 @@ unsafe fn gemm_raw<T: faer::traits::ComplexField + Copy>(
     }
 }
 
+/// Call `f(batch index, offset into a, offset into b)` for every matrix of the broadcast batch
+/// dims `batch`, in row-major batch order (`al`/`bl` are the operands' layouts broadcast to
+/// `[batch.., rows, cols]`).
+fn for_each_batch(al: &Layout, bl: &Layout, batch: &[usize], mut f: impl FnMut(usize, usize, usize)) {
+    let nbd = batch.len();
+    let nb: usize = batch.iter().product();
+    let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, nbd);
+    for bi in 0..nb {
+        let (mut ao, mut bo) = (al.offset, bl.offset);
+        for d in 0..nbd {
+            ao += idx[d] * al.strides[d];
+            bo += idx[d] * bl.strides[d];
+        }
+        f(bi, ao, bo);
+        for d in (0..nbd).rev() {
+            idx[d] += 1;
+            if idx[d] < batch[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
 /// Batched product of `a [.., m, k]` and `b [.., k, n]` (batch dims already broadcast in the
 /// layouts) into the fresh contiguous `out [.., m, n]`. Same dtype, f32 or f64.
 fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()> {
     let r = out.rank();
     let (m, n) = (out.shape()[r - 2], out.shape()[r - 1]);
     let k = a.shape()[a.rank() - 1];
-    let nb: usize = batch.iter().product();
     if out.numel() == 0 {
         return Ok(());
     }
@@ -83,14 +107,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
                 unsafe { std::slice::from_raw_parts_mut(cp, out.numel()).fill(0 as $T) };
                 return Ok(());
             }
-            let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, nbd);
-            for bi in 0..nb {
-                let mut ao = al.offset;
-                let mut bo = bl.offset;
-                for d in 0..nbd {
-                    ao += idx[d] * al.strides[d];
-                    bo += idx[d] * bl.strides[d];
-                }
+            for_each_batch(&al, &bl, batch, |bi, ao, bo| {
                 // SAFETY: offsets/strides come from layouts validated against their storages;
                 // the output is a fresh buffer distinct from both inputs.
                 unsafe {
@@ -106,14 +123,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
                         par,
                     );
                 }
-                for d in (0..nbd).rev() {
-                    idx[d] += 1;
-                    if idx[d] < batch[d] {
-                        break;
-                    }
-                    idx[d] = 0;
-                }
-            }
+            });
         }};
     }
     if out.dtype() == DType::F32 && k > 0 && m.saturating_mul(n).saturating_mul(k) >= OWN_GEMM_FLOPS && gemm::available() {
@@ -121,14 +131,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         let bp = b.storage_base_ptr::<f32>("matmul")?;
         let cp = out.ptr::<f32>("matmul")?;
         let threads = crate::kernels::team::threads();
-        let mut idx: SmallVec<[usize; 6]> = SmallVec::from_elem(0, nbd);
-        for bi in 0..nb {
-            let mut ao = al.offset;
-            let mut bo = bl.offset;
-            for d in 0..nbd {
-                ao += idx[d] * al.strides[d];
-                bo += idx[d] * bl.strides[d];
-            }
+        for_each_batch(&al, &bl, batch, |bi, ao, bo| {
             // SAFETY: offsets/strides come from layouts validated against their storages; the
             // output is a fresh contiguous buffer distinct from both inputs; AVX-512 checked.
             unsafe {
@@ -136,14 +139,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
                 let bm = gemm::MatPtr { ptr: bp.add(bo), rs: bl.strides[nbd] as isize, cs: bl.strides[nbd + 1] as isize };
                 gemm::sgemm(m, n, k, am, bm, cp.add(bi * m * n), n, threads);
             }
-            for d in (0..nbd).rev() {
-                idx[d] += 1;
-                if idx[d] < batch[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
-        }
+        });
         // No vzeroupper needed here: the kernel is a `#[target_feature]` function, and the
         // compiler emits `vzeroupper` on its return (checked by kernels/avx_state.rs's test).
         return Ok(());
@@ -187,7 +183,7 @@ pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let rows: usize = a.shape()[..ra - 1].iter().product();
         if let Some(l2) = a.layout().view(&[rows, k]) {
             let o = matmul_raw(&a.view_with_layout(l2), b)?;
-            return Ok(o.view_with_layout(crate::layout::Layout::contiguous(&out_shape)));
+            return Ok(o.view_with_layout(Layout::contiguous(&out_shape)));
         }
     }
     let (a32, b32) = if matches!(dtype, DType::F16 | DType::BF16) { (materialize(a, DType::F32)?, materialize(b, DType::F32)?) } else { (a.clone(), b.clone()) };
