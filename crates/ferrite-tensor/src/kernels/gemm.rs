@@ -11,8 +11,7 @@
 //! 32³ multiply-adds, CPUs without AVX-512) stays with `faer`.
 //!
 //! Workspace: packed panels (at most `KC × NC` of B and `MC × KC` of A per thread, about
-//! 4.5 MiB, plus the caller's shared `KC × NC` B block for short products) are reused
-//! thread-local scratch, like faer's and MKL's internal workspaces; they are not tensor data and
+//! 4.5 MiB) are reused thread-local scratch, like faer's and MKL's internal workspaces; they are not tensor data and
 //! are not drawn from the device allocator.
 
 use std::cell::RefCell;
@@ -48,12 +47,12 @@ unsafe impl Send for MatPtr {}
 // SAFETY: as above.
 unsafe impl Sync for MatPtr {}
 
-// Packing buffers live with the calling thread between products (taken out while one runs, so
-// a product started from inside another on the same thread just allocates its own).
+// Packing buffers live with each thread between products (see `with_scratch`: a product
+// started while the thread's buffer is in use just allocates its own). Short products share the
+// caller's B buffer with the helpers; tall ones give every thread its own B.
 thread_local! {
     static PACK_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static PACK_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static PACK_B_OWN: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `c[m×n] = a[m×k] · b[k×n]`, `c` row-major contiguous with row stride `ldc`.
@@ -76,7 +75,6 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
     // Small products are not worth a hand-off to the team.
     let threads = if m * n * k < PAR_FLOPS { 1 } else { threads.max(1) };
     let cptr = SendPtr(c);
-    let mut packed_b = PACK_B.with(|p| std::mem::take(&mut *p.borrow_mut()));
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         let panels = nc.div_ceil(NR);
@@ -92,14 +90,6 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
             };
             let tiles = m.div_ceil(MR);
             let tall = threads > 1 && tiles >= TALL_TILES_PER_THREAD * threads;
-            // Short C: pack B[pc.., jc..] once, shared by all threads (they split the panels).
-            if !tall {
-                packed_b.resize(panels * NR * kc, 0.0);
-            }
-            let bp = SendPtr(packed_b.as_mut_ptr());
-            if !tall {
-                split(panels, threads, &|p0, p1| pack_b(bp, p0, p1));
-            }
             let tile = |bp: SendPtr<f32>, ap: SendPtr<f32>, ic: usize, mc: usize, ip: usize, jp: usize| {
                 let cptr = cptr; // capture the Sync wrapper, not its raw field
                 let (mr, nr) = (MR.min(mc - ip * MR), NR.min(nc - jp * NR));
@@ -128,7 +118,7 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
                 // like this). The imbalance is at most one tile in eight.
                 split(tiles, threads, &|t0, t1| {
                     let (r0, r1) = (t0 * MR, (t1 * MR).min(m));
-                    with_scratch(&PACK_B_OWN, panels * NR * kc, |bl| {
+                    with_scratch(&PACK_B, panels * NR * kc, |bl| {
                         pack_b(bl, 0, panels);
                         for ic in (r0..r1).step_by(MC) {
                             let mc = MC.min(r1 - ic);
@@ -146,25 +136,29 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
                 });
                 continue;
             }
-            for ic in (0..m).step_by(MC) {
-                let mc = MC.min(m - ic);
-                let apanels = mc.div_ceil(MR);
-                with_scratch(&PACK_A, apanels * MR * kc, |ap| {
-                    split(apanels, threads, &|i0, i1| pack_a(ap, ic, mc, i0, i1));
-                    // Short C: every (B panel, A panel) pair is one register tile. Threads take
-                    // equal contiguous runs of tiles in B-panel-major order, so each keeps one B
-                    // panel in L1 while the shared A block streams from L2, and no thread has
-                    // more than one tile more than another.
-                    split(panels * apanels, threads, &|u0, u1| {
-                        for u in u0..u1 {
-                            tile(bp, ap, ic, mc, u % apanels, u / apanels);
-                        }
+            // Short C: pack B[pc.., jc..] once into the caller's buffer, shared by all threads
+            // (they split the panels).
+            with_scratch(&PACK_B, panels * NR * kc, |bp| {
+                split(panels, threads, &|p0, p1| pack_b(bp, p0, p1));
+                for ic in (0..m).step_by(MC) {
+                    let mc = MC.min(m - ic);
+                    let apanels = mc.div_ceil(MR);
+                    with_scratch(&PACK_A, apanels * MR * kc, |ap| {
+                        split(apanels, threads, &|i0, i1| pack_a(ap, ic, mc, i0, i1));
+                        // Every (B panel, A panel) pair is one register tile. Threads take equal
+                        // contiguous runs of tiles in B-panel-major order, so each keeps one B
+                        // panel in L1 while the shared A block streams from L2, and no thread has
+                        // more than one tile more than another.
+                        split(panels * apanels, threads, &|u0, u1| {
+                            for u in u0..u1 {
+                                tile(bp, ap, ic, mc, u % apanels, u / apanels);
+                            }
+                        });
                     });
-                });
-            }
+                }
+            });
         }
     }
-    PACK_B.with(|p| *p.borrow_mut() = packed_b);
 }
 
 /// From this many row tiles per thread on, threads split C by rows (see `sgemm`).

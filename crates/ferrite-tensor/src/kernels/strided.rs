@@ -147,7 +147,7 @@ pub(crate) fn par_ranges(n: usize, cost_per_elem: usize, f: impl Fn(usize, usize
     });
 }
 
-/// A raw pointer that may cross into rayon tasks. Kernels write disjoint ranges through it.
+/// A raw pointer that may cross into parallel tasks (kernel team or rayon). Kernels write disjoint ranges through it.
 #[derive(Copy, Clone)]
 pub(crate) struct SendPtr<T>(pub *mut T);
 // SAFETY: only used by kernels that give each task a disjoint output range and read inputs that
