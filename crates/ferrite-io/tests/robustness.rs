@@ -165,9 +165,15 @@ fn absurd_sizes_are_refused_without_allocating_them() {
 
     // Legacy file whose storage header claims 2^60 elements.
     if let Some(mut legacy) = fixture("legacy_format_state_dict.pt") {
-        // The first storage's 8-byte element count follows the key-list pickle; find it by its
-        // known value (6 elements of norm.weight) right after the list's STOP.
-        let at = legacy.windows(9).position(|w| w == b".\x06\x00\x00\x00\x00\x00\x00\x00").expect("first storage header") + 1;
+        // The first storage's 8-byte element count follows the key-list pickle's STOP (`.`). Find
+        // it as the first STOP followed by a little-endian count equal to one of the file's
+        // storage sizes (read from the file itself, so any twin of the fixture works).
+        let counts: Vec<u64> = read_bytes(&Bytes::from(legacy.clone())).unwrap().tensors().iter().map(|(_, t)| (t.storage().len() / t.dtype().size_in_bytes()) as u64).collect();
+        let at = legacy
+            .windows(9)
+            .position(|w| w[0] == b'.' && counts.contains(&u64::from_le_bytes(w[1..9].try_into().unwrap())))
+            .expect("first storage header")
+            + 1;
         legacy[at..at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
         let err = read_bytes(&Bytes::from(legacy)).unwrap_err();
         assert!(matches!(err, IoError::SizeExceedsData { .. }), "{err}");

@@ -59,13 +59,24 @@ fn every_loadable_reference_file_loads_as_tensors_with_the_files_values() {
             }
         }
     }
-    // expected.json's float64 sums (those of the checkpoint's model; see pytorch_reference.rs).
-    let model = load_state_dict(pytorch_file("training_checkpoint.pt").unwrap(), &LoadOptions::new().key("model")).unwrap();
-    for (name, t) in &model {
-        let e = &exp["plain_state_dict"][name.as_str()];
-        assert!(close(sum(t), e["sum"].as_f64().unwrap()), "{name}: {} vs {}", sum(t), e["sum"]);
-        let shape: Vec<usize> = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
-        assert_eq!(t.shape(), shape.as_slice(), "{name}");
+    // PyTorch's float64 sums of every loaded tensor (expected.json's `files` listing).
+    for (file, key, prefix, _) in files {
+        let mut opts = LoadOptions::new();
+        opts.key = key.map(str::to_string);
+        opts.strip_prefix = prefix.map(str::to_string);
+        let sd = load_state_dict(pytorch_file(file).unwrap(), &opts).unwrap();
+        let listing = exp["files"][file]["tensors"].as_object().unwrap_or_else(|| panic!("expected.json lists {file}"));
+        for (name, t) in &sd {
+            let path = match (key, prefix) {
+                (Some(k), _) => format!("{k}/{name}"),
+                (None, Some(p)) => format!("{p}{name}"),
+                (None, None) => name.clone(),
+            };
+            let e = &listing[path.as_str()];
+            assert!(close(sum(t), e["sum"].as_f64().unwrap()), "{file}:{path}: {} vs {}", sum(t), e["sum"]);
+            let shape: Vec<usize> = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            assert_eq!(t.shape(), shape.as_slice(), "{file}:{path}");
+        }
     }
 }
 
