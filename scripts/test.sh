@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The README's test command: the whole suite, every feature, in the profiles that matter.
+# `.ci/run` installs what a fresh machine lacks and then runs exactly this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo test --release --workspace"
+cargo test --release --workspace
