@@ -16,14 +16,13 @@
 //! Scalars are computed in f64 like Python's floats and rounded once to the compute type.
 //! AdamW is Adam with `decoupled_weight_decay` (as in PyTorch, where `AdamW` subclasses `Adam`).
 
-use ferrite_tensor::element::Float;
+use ferrite_tensor::backend::FusedKernel;
 use ferrite_tensor::{Device, Tensor};
 
 use crate::error::{bad_hyper, OptimError, Result};
-use crate::kernels::{adam, adam_amsgrad, AdamScalars};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
 use crate::state_dict::{entry, hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
-use crate::update_target::{float_dispatch, grad_like, with_contiguous};
+use crate::update_target::{grad_like, with_contiguous};
 
 /// Adam/AdamW hyperparameters of one parameter group.
 #[derive(Debug, Clone, PartialEq)]
@@ -224,34 +223,23 @@ impl UpdateRule for AdamRule {
         let step_size = c.lr / bias_correction1;
         let bias_correction2_sqrt = bias_correction2.powf(0.5);
         let decay = c.weight_decay != 0.0;
-        float_dispatch!(param.dtype(), "adam_step", T => {
-            let w1 = T::acc_from_f64(1.0 - beta1);
-            let k = AdamScalars::<<T as Float>::Acc> {
-                maximize: c.maximize,
-                l2: (decay && !c.decoupled_weight_decay).then(|| T::acc_from_f64(c.weight_decay)),
-                decay: (decay && c.decoupled_weight_decay).then(|| T::acc_from_f64(1.0 - c.lr * c.weight_decay)),
-                w1,
-                one_minus_w1: T::acc_from_f64(1.0) - w1,
-                w1_small: T::acc_to_f64(w1).abs() < 0.5,
-                beta2: T::acc_from_f64(beta2),
-                c2: T::acc_from_f64(1.0 - beta2),
-                bias_correction2_sqrt: T::acc_from_f64(bias_correction2_sqrt),
-                eps: T::acc_from_f64(c.eps),
-                neg_step_size: T::acc_from_f64(-step_size),
+        let kernel = FusedKernel::Adam {
+            l2: (decay && !c.decoupled_weight_decay).then_some(c.weight_decay),
+            decay: (decay && c.decoupled_weight_decay).then(|| 1.0 - c.lr * c.weight_decay),
+            beta1,
+            beta2,
+            eps: c.eps,
+            bias_correction2_sqrt,
+            step_size,
+            maximize: c.maximize,
+            amsgrad: st.max_exp_avg_sq.is_some(),
+        };
+        with_contiguous(param, |p| {
+            match &st.max_exp_avg_sq {
+                None => Tensor::fused(&kernel, &[p, &st.exp_avg, &st.exp_avg_sq], &[&grad])?,
+                Some(vmax) => Tensor::fused(&kernel, &[p, &st.exp_avg, &st.exp_avg_sq, vmax], &[&grad])?,
             };
-            with_contiguous(param, |p| {
-                match &st.max_exp_avg_sq {
-                    None => Tensor::fused_update::<T, ()>("adam_step", &[p, &st.exp_avg, &st.exp_avg_sq], &[&grad], |o, i| {
-                        let [po, mo, vo] = o else { unreachable!("three outputs were passed") };
-                        adam::<T>(&k, po, mo, vo, i[0])
-                    })?,
-                    Some(vmax) => Tensor::fused_update::<T, ()>("adam_step", &[p, &st.exp_avg, &st.exp_avg_sq, vmax], &[&grad], |o, i| {
-                        let [po, mo, vo, xo] = o else { unreachable!("four outputs were passed") };
-                        adam_amsgrad::<T>(&k, po, mo, vo, xo, i[0])
-                    })?,
-                };
-                Ok(())
-            })
+            Ok(())
         })
     }
 }

@@ -7,14 +7,12 @@
 //! (and rounded) in its gradient's dtype; the coefficient is `max_norm / (total + 1e-6)`
 //! clamped to 1, and every gradient is multiplied by it.
 
-use ferrite_tensor::element::Float;
-use ferrite_tensor::Element;
 use ferrite_tensor::ops::promote_types;
+use ferrite_tensor::backend::{FusedKernel, NormKind};
 use ferrite_tensor::{no_grad, DType, Tensor};
 
 use crate::error::{OptimError, Result};
-use crate::kernels::{clamp_abs, norm_partial, scale, NormKind};
-use crate::update_target::{float_dispatch, with_contiguous};
+use crate::update_target::{unsupported, with_contiguous};
 
 /// Clip the gradients of `params` to a total 2-norm of `max_norm`; returns the total norm
 /// before clipping. Parameters without a gradient are ignored.
@@ -50,10 +48,10 @@ pub fn get_total_norm(tensors: &[Tensor], norm_type: f64) -> Result<f64> {
     for t in tensors {
         dtype = promote_types(dtype, t.dtype());
         let t = if t.is_contiguous() { t.detach() } else { t.detach().contiguous()? };
-        let n = float_dispatch!(t.dtype(), "clip_grad_norm_", T => {
-            let parts = Tensor::fused_update::<T, f64>("clip_grad_norm_", &[], &[&t], |_, i| norm_partial::<T>(kind, i[0]))?;
-            Ok(kind.finish(parts.into_iter().fold(kind.identity(), |a, b| kind.combine(a, b))))
-        })?;
+        if !t.dtype().is_floating_point() {
+            return Err(unsupported("clip_grad_norm_", t.dtype()));
+        }
+        let n = kind.finish(Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&t])?);
         // vector_norm returns a tensor of the input's dtype.
         norms.push(round_to(t.dtype(), n));
     }
@@ -72,12 +70,10 @@ pub fn clip_grads_with_norm_(params: &[Tensor], max_norm: f64, total_norm: f64) 
     for p in params {
         let Some(g) = p.grad() else { continue };
         with_contiguous(&g, |g| {
-            float_dispatch!(g.dtype(), "clip_grad_norm_", T => {
-                // The f32 coefficient meets the gradient's dtype first (a 0-dim tensor does not promote).
-                let c = T::from_f64(coef as f64).to_acc();
-                Tensor::fused_update::<T, ()>("clip_grad_norm_", &[g], &[], |o, _| scale::<T>(o[0], c))?;
-                Ok(())
-            })
+            // The f32 coefficient meets the gradient's dtype first (a 0-dim tensor does not
+            // promote): the kernel rounds it to the element type.
+            Tensor::fused(&FusedKernel::Scale { coef: coef as f64 }, &[g], &[])?;
+            Ok(())
         })?;
     }
     Ok(())
@@ -92,11 +88,8 @@ pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
     for p in params {
         let Some(g) = p.grad() else { continue };
         with_contiguous(&g, |g| {
-            float_dispatch!(g.dtype(), "clip_grad_value_", T => {
-                let c = T::acc_from_f64(clip_value);
-                Tensor::fused_update::<T, ()>("clip_grad_value_", &[g], &[], |o, _| clamp_abs::<T>(o[0], c))?;
-                Ok(())
-            })
+            Tensor::fused(&FusedKernel::ClampAbs { clip: clip_value }, &[g], &[])?;
+            Ok(())
         })?;
     }
     Ok(())

@@ -28,13 +28,12 @@
 
 use std::collections::HashMap;
 
-use ferrite_tensor::element::Float;
+use ferrite_tensor::backend::FusedKernel;
 use ferrite_tensor::{no_grad, DType, Device, Tensor};
 
 use crate::error::{OptimError, Result};
-use crate::kernels::unscale;
 use crate::optimizer::{Optimizer, OptimizerId};
-use crate::update_target::{float_dispatch, with_contiguous};
+use crate::update_target::{unsupported, with_contiguous};
 
 /// GradScaler settings (PyTorch's defaults).
 #[derive(Debug, Clone, PartialEq)]
@@ -180,15 +179,13 @@ impl GradScaler {
         let _ng = no_grad();
         let mut per_device: Vec<(Device, bool)> = Vec::new();
         for g in &grads {
-            let found = float_dispatch!(g.dtype(), "unscale_", T => {
-                let inv = T::acc_from_f64(inv_scale as f64);
-                let mut any = false;
-                with_contiguous(g, |g| {
-                    let parts = Tensor::fused_update::<T, bool>("unscale_", &[g], &[], |o, _| unscale::<T>(o[0], inv, false))?;
-                    any = parts.into_iter().any(|b| b);
-                    Ok(())
-                })?;
-                Ok::<bool, OptimError>(any)
+            if !g.dtype().is_floating_point() {
+                return Err(unsupported("unscale_", g.dtype()));
+            }
+            let mut found = false;
+            with_contiguous(g, |g| {
+                found = Tensor::fused(&FusedKernel::Unscale { inv_scale: inv_scale as f64 }, &[g], &[])? != 0.0;
+                Ok(())
             })?;
             match per_device.iter_mut().find(|(d, _)| d == g.device()) {
                 Some((_, f)) => *f |= found,

@@ -39,7 +39,6 @@ mod adam;
 mod clip_grad;
 mod error;
 mod grad_scaler;
-mod kernels;
 pub mod lr_scheduler;
 mod optimizer;
 mod sgd;

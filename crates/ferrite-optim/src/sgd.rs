@@ -10,11 +10,10 @@
 //! param = param - lr * g
 //! ```
 
-use ferrite_tensor::element::Float;
+use ferrite_tensor::backend::FusedKernel;
 use ferrite_tensor::Tensor;
 
 use crate::error::{bad_hyper, OptimError, Result};
-use crate::kernels::{sgd_momentum, sgd_plain, SgdScalars};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
 use crate::state_dict::{hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
 use crate::update_target::{grad_like, with_contiguous};
@@ -166,35 +165,30 @@ impl UpdateRule for SgdRule {
 
     fn update(c: &SgdConfig, param: &Tensor, grad: &Tensor, state: &mut Option<SgdState>) -> Result<()> {
         let grad = grad_like(grad, param)?;
-        crate::update_target::float_dispatch!(param.dtype(), "sgd_step", T => {
-            let k = SgdScalars::<<T as Float>::Acc> {
-                maximize: c.maximize,
-                weight_decay: (c.weight_decay != 0.0).then(|| T::acc_from_f64(c.weight_decay)),
-                momentum: T::acc_from_f64(c.momentum),
-                one_minus_dampening: T::acc_from_f64(1.0 - c.dampening),
-                nesterov: c.nesterov,
-                neg_lr: T::acc_from_f64(-c.lr),
-            };
-            if c.momentum == 0.0 {
-                with_contiguous(param, |p| {
-                    Tensor::fused_update::<T, ()>("sgd_step", &[p], &[&grad], |o, i| sgd_plain::<T>(&k, o[0], i[0]))?;
-                    Ok(())
-                })
-            } else {
-                let (buf, first) = match state.as_ref().and_then(|s| s.momentum_buffer.clone()) {
-                    Some(b) => (b, false),
-                    None => (Tensor::zeros(param.shape(), param.dtype(), param.device())?, true),
-                };
-                with_contiguous(param, |p| {
-                    Tensor::fused_update::<T, ()>("sgd_step", &[p, &buf], &[&grad], |o, i| {
-                        let (po, bo) = o.split_at_mut(1);
-                        sgd_momentum::<T>(&k, first, po[0], bo[0], i[0])
-                    })?;
-                    Ok(())
-                })?;
-                *state = Some(SgdState { momentum_buffer: Some(buf) });
+        let kernel = |first_step| FusedKernel::Sgd {
+            lr: c.lr,
+            momentum: c.momentum,
+            dampening: c.dampening,
+            nesterov: c.nesterov,
+            weight_decay: c.weight_decay,
+            maximize: c.maximize,
+            first_step,
+        };
+        if c.momentum == 0.0 {
+            return with_contiguous(param, |p| {
+                Tensor::fused(&kernel(true), &[p], &[&grad])?;
                 Ok(())
-            }
-        })
+            });
+        }
+        let (buf, first) = match state.as_ref().and_then(|s| s.momentum_buffer.clone()) {
+            Some(b) => (b, false),
+            None => (Tensor::zeros(param.shape(), param.dtype(), param.device())?, true),
+        };
+        with_contiguous(param, |p| {
+            Tensor::fused(&kernel(first), &[p, &buf], &[&grad])?;
+            Ok(())
+        })?;
+        *state = Some(SgdState { momentum_buffer: Some(buf) });
+        Ok(())
     }
 }

@@ -24,33 +24,6 @@ pub(crate) fn with_contiguous(param: &Tensor, f: impl FnOnce(&Tensor) -> Result<
     Ok(())
 }
 
-/// Dispatch on a floating-point dtype to a block generic over the element type `$T`.
-macro_rules! float_dispatch {
-    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            ferrite_tensor::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            ferrite_tensor::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            ferrite_tensor::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            ferrite_tensor::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            other => Err(crate::update_target::unsupported($op, other)),
-        }
-    };
-}
-
-pub(crate) use float_dispatch;
-
 pub(crate) fn unsupported(op: &'static str, dtype: DType) -> OptimError {
     OptimError::Tensor(TensorError::UnsupportedDType { op, dtype })
 }

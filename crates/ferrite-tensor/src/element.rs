@@ -65,6 +65,11 @@ pub trait HostElement: Copy + Send + Sync + 'static + std::fmt::Debug + PartialE
     type Stored: Element;
     fn to_stored(self) -> Self::Stored;
     fn from_stored(v: Self::Stored) -> Self;
+    /// `data` viewed as stored elements without a copy, when `Self` is its own stored type.
+    fn as_stored_slice(data: &[Self]) -> Option<&[Self::Stored]> {
+        let _ = data;
+        None
+    }
 }
 
 impl<T: Element> HostElement for T {
@@ -76,6 +81,10 @@ impl<T: Element> HostElement for T {
     #[inline(always)]
     fn from_stored(v: T) -> T {
         v
+    }
+    #[inline]
+    fn as_stored_slice(data: &[T]) -> Option<&[T]> {
+        Some(data)
     }
 }
 

@@ -9,7 +9,6 @@ use std::borrow::Cow;
 
 use crate::autograd::{no_grad, BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
-use crate::kernels::strided::{par_ranges, SendPtr};
 use crate::layout::Shape;
 use crate::ops::copy::materialize;
 use crate::random::Generator;
@@ -108,54 +107,16 @@ pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor
     let rstd = xc.empty_like_shape(&[rows], DType::F32)?;
     let wt = weight.map(|w| w.to_dtype(dtype)).transpose()?;
     let bt = bias.map(|b| b.to_dtype(dtype)).transpose()?;
-    if !y.is_meta() && rows > 0 {
-        fn k<T: crate::element::Float>(x: &Tensor, y: &Tensor, mean: &Tensor, rstd: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, rows: usize, cols: usize, eps: f64) -> Result<()> {
-            let xp = SendPtr(x.ptr::<T>("layer_norm")?);
-            let yp = SendPtr(y.ptr::<T>("layer_norm")?);
-            let mp = SendPtr(mean.ptr::<f32>("layer_norm")?);
-            let rp = SendPtr(rstd.ptr::<f32>("layer_norm")?);
-            let wv: Option<Vec<f64>> = w.map(|w| w.to_vec_f64()).transpose()?;
-            let bv: Option<Vec<f64>> = b.map(|b| b.to_vec_f64()).transpose()?;
-            par_ranges(rows, cols * 4, |s, e| {
-                let (xp, yp, mp, rp) = (xp, yp, mp, rp);
-                for r in s..e {
-                    // SAFETY: row r of contiguous [rows, cols] buffers, rows disjoint per task.
-                    let (xr, yr) = unsafe { (std::slice::from_raw_parts(xp.0.add(r * cols), cols), std::slice::from_raw_parts_mut(yp.0.add(r * cols), cols)) };
-                    let mut sum = 0f64;
-                    for &v in xr {
-                        sum += T::acc_to_f64(v.to_acc());
-                    }
-                    let mu = sum / cols as f64;
-                    let mut ss = 0f64;
-                    for &v in xr {
-                        let d = T::acc_to_f64(v.to_acc()) - mu;
-                        ss += d * d;
-                    }
-                    let var = ss / cols as f64;
-                    let rs = 1.0 / (var + eps).sqrt();
-                    // Round statistics to f32 first (as PyTorch stores them) so forward and
-                    // backward use the same values.
-                    let (muf, rsf) = (mu as f32 as f64, rs as f32 as f64);
-                    for (i, (o, &v)) in yr.iter_mut().zip(xr).enumerate() {
-                        let mut h = (T::acc_to_f64(v.to_acc()) - muf) * rsf;
-                        if let Some(w) = &wv {
-                            h *= w[i];
-                        }
-                        if let Some(b) = &bv {
-                            h += b[i];
-                        }
-                        *o = T::from_f64(h);
-                    }
-                    // SAFETY: element r of the [rows] statistics buffers belongs to this task.
-                    unsafe {
-                        *mp.0.add(r) = muf as f32;
-                        *rp.0.add(r) = rsf as f32;
-                    }
-                }
-            });
-            Ok(())
-        }
-        crate::dispatch_float!(dtype, "layer_norm", T => k::<T>(&xc, &y, &mean, &rstd, wt.as_ref(), bt.as_ref(), rows, cols, eps)?);
+    if rows > 0 {
+        // The kernels see `[rows, cols]` views of the contiguous input and output.
+        let rows_view = |t: &Tensor| t.contiguous_view_as(&[rows, cols]);
+        let flat = |t: &Tensor| -> Result<Tensor> {
+            let c = if t.is_contiguous() { t.clone() } else { materialize(t, t.dtype())? };
+            Ok(c.contiguous_view_as(&[cols]))
+        };
+        let w2 = wt.as_ref().map(flat).transpose()?;
+        let b2 = bt.as_ref().map(flat).transpose()?;
+        y.kernels().layer_norm(&rows_view(&y), &mean, &rstd, &rows_view(&xc), w2.as_ref(), b2.as_ref(), eps)?;
     }
     let mut inputs: Vec<&Tensor> = vec![&x];
     if let Some(w) = &wt {
@@ -255,12 +216,7 @@ fn nll_core(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, op: &'st
     }
     let t = target.reshape_usize(&[n])?.to_dtype(DType::I64)?;
     let valid = t.ne_scalar(opts.ignore_index as f64)?;
-    if !t.is_meta() {
-        let tv = t.to_vec::<i64>()?;
-        if let Some(&bad) = tv.iter().find(|&&v| v != opts.ignore_index && (v < 0 || v as usize >= c)) {
-            return Err(TensorError::IndexOutOfRange { op, index: bad, dim: 1, size: c });
-        }
-    }
+    t.kernels().check_indices(&t, c, Some(opts.ignore_index), 1, op)?;
     let zero_i = Tensor::zeros(&[], DType::I64, t.device())?;
     let safe_t = Tensor::where_(&valid, &t, &zero_i)?;
     let picked = logp.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;

@@ -19,6 +19,7 @@
 
 pub mod autocast;
 pub mod autograd;
+pub mod backend;
 pub mod dtype;
 pub mod element;
 mod error;

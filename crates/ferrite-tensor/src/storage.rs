@@ -6,11 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferrite_memory::{Block, CachingAllocator, Device};
 
+use crate::backend::{kernels_for, KernelBackend};
 use crate::error::Result;
 
 pub struct Storage {
     block: Block,
     allocator: Arc<CachingAllocator>,
+    /// The kernels that compute on this storage's device (resolved once, at allocation).
+    kernels: &'static dyn KernelBackend,
     version: AtomicU64,
 }
 
@@ -19,11 +22,17 @@ impl Storage {
     #[track_caller]
     pub(crate) fn new(allocator: &Arc<CachingAllocator>, nbytes: usize) -> Result<Arc<Storage>> {
         let block = allocator.allocate(nbytes)?;
-        Ok(Arc::new(Storage { block, allocator: allocator.clone(), version: AtomicU64::new(0) }))
+        let kernels = kernels_for(allocator.device());
+        Ok(Arc::new(Storage { block, allocator: allocator.clone(), kernels, version: AtomicU64::new(0) }))
     }
 
     pub fn device(&self) -> &Device {
         self.allocator.device()
+    }
+
+    /// The kernel backend of this storage's device.
+    pub(crate) fn kernels(&self) -> &'static dyn KernelBackend {
+        self.kernels
     }
 
     pub(crate) fn allocator(&self) -> &Arc<CachingAllocator> {

@@ -83,6 +83,15 @@ impl Tensor {
         Tensor::from_parts(self.0.storage.clone(), layout, self.0.dtype)
     }
 
+    /// The contiguous `self` viewed with another shape of the same element count (storage offset
+    /// kept; no autograd history), for handing kernels a flattened operand.
+    pub(crate) fn contiguous_view_as(&self, shape: &[usize]) -> Tensor {
+        debug_assert!(self.is_contiguous() && crate::layout::checked_numel(shape) == Some(self.numel()));
+        let mut l = Layout::contiguous(shape);
+        l.offset = self.storage_offset();
+        self.view_with_layout(l)
+    }
+
     /// Uninitialised contiguous tensor from `alloc`. Kernels must write every element.
     #[track_caller]
     pub(crate) fn empty_with(alloc: &Arc<ferrite_memory::CachingAllocator>, shape: &[usize], dtype: DType) -> Result<Tensor> {
@@ -121,12 +130,11 @@ impl Tensor {
             return Err(TensorError::DataLength { op: "from_slice", len: data.len(), shape: shape.to_vec(), numel: n });
         }
         let t = Tensor::empty(shape, <T::Stored as Element>::DTYPE, device)?;
-        if let Some(p) = t.0.storage.ptr() {
-            // SAFETY: the fresh storage holds exactly n elements of T::Stored (size checked
-            // above), is at least 512-byte aligned, and nothing else references it yet.
-            let dst = unsafe { std::slice::from_raw_parts_mut(p as *mut T::Stored, n) };
-            for (d, &v) in dst.iter_mut().zip(data) {
-                *d = v.to_stored();
+        match T::as_stored_slice(data) {
+            Some(stored) => t.kernels().write_from_host(&t, bytemuck::cast_slice(stored))?,
+            None => {
+                let stored: Vec<T::Stored> = data.iter().map(|&v| v.to_stored()).collect();
+                t.kernels().write_from_host(&t, bytemuck::cast_slice(&stored))?;
             }
         }
         Ok(t)
@@ -176,6 +184,12 @@ impl Tensor {
 
     pub fn device(&self) -> &Device {
         self.0.storage.device()
+    }
+
+    /// The kernel backend that computes on this tensor's device (see [`crate::backend`]).
+    #[inline]
+    pub(crate) fn kernels(&self) -> &'static dyn crate::backend::KernelBackend {
+        self.0.storage.kernels()
     }
 
     pub fn is_meta(&self) -> bool {

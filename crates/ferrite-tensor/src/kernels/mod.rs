@@ -1,4 +1,5 @@
-//! CPU kernels (used by the `cpu` and `sim` devices).
+//! CPU kernel primitives (strided walks, the kernel team, SIMD dispatch, the own GEMM) that the
+//! CPU backend (`backend/cpu/`) builds its kernels from; used by the `cpu` and `sim` devices.
 
 pub(crate) mod avx_state;
 pub(crate) mod gemm;

@@ -7,8 +7,7 @@ use ferrite_memory::{allocator, Device};
 use crate::autograd::{is_grad_enabled, BackwardFn};
 use crate::element::{Bool8, Element, HostElement};
 use crate::error::{Result, TensorError};
-use crate::kernels::map::{update2, In};
-use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+use crate::{dispatch_all, DType, Tensor};
 
 /// Write `src` (broadcast to dst's shape, any dtype) into `dst` (any non-overlapping layout).
 pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
@@ -18,40 +17,7 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     if src.is_meta() {
         return Err(TensorError::MetaHasNoData { op: "copy" });
     }
-    if dst.dtype() == src.dtype() {
-        dispatch_bits!(dst.dtype(), T => {
-            let s = In::<T>::new(src, dst.shape(), "copy_")?;
-            update2::<T, T>(dst, &s, |_, x| x)?;
-        });
-        return Ok(());
-    }
-    match (src.dtype(), dst.dtype()) {
-        (DType::F32, DType::BF16) => {
-            let s = In::<f32>::new(src, dst.shape(), "copy_")?;
-            update2::<half::bf16, f32>(dst, &s, |_, x| half::bf16::from_f32(x))
-        }
-        (DType::F32, DType::F16) => {
-            let s = In::<f32>::new(src, dst.shape(), "copy_")?;
-            update2::<half::f16, f32>(dst, &s, |_, x| half::f16::from_f32(x))
-        }
-        (DType::BF16, DType::F32) => {
-            let s = In::<half::bf16>::new(src, dst.shape(), "copy_")?;
-            update2::<f32, half::bf16>(dst, &s, |_, x| x.to_f32())
-        }
-        (DType::F16, DType::F32) => {
-            let s = In::<half::f16>::new(src, dst.shape(), "copy_")?;
-            update2::<f32, half::f16>(dst, &s, |_, x| x.to_f32())
-        }
-        (sd, dd) => {
-            dispatch_all!(sd, S => {
-                let s = In::<S>::new(src, dst.shape(), "copy_")?;
-                dispatch_all!(dd, D => {
-                    update2::<D, S>(dst, &s, |_, x| D::from_f64(x.to_f64()))?;
-                });
-            });
-            Ok(())
-        }
-    }
+    dst.kernels().copy(dst, src)
 }
 
 /// A contiguous copy with the given dtype on the same device, no autograd.
@@ -159,14 +125,7 @@ impl Tensor {
         }
         let src = if self.is_contiguous() { self.clone() } else { self.detach().contiguous()? };
         let out = Tensor::empty_with(&allocator(device), self.shape(), self.dtype())?;
-        if !out.is_meta() && out.numel() > 0 {
-            let n = out.nbytes();
-            let s = src.ptr::<u8>("to_device")?;
-            let d = out.ptr::<u8>("to_device")?;
-            // SAFETY: both buffers hold `n` bytes (same shape and dtype, contiguous) and are
-            // distinct allocations.
-            unsafe { std::ptr::copy_nonoverlapping(s, d, n) };
-        }
+        crate::backend::transfer(&out, &src)?;
         Ok(Tensor::from_op1(out, &[self], ToDeviceBackward(self.device().clone())))
     }
 
@@ -182,10 +141,9 @@ impl Tensor {
         }
         let _g = crate::autograd::no_grad();
         let c = self.contiguous()?;
-        let n = c.numel();
-        let p = c.ptr::<T::Stored>("to_vec")?;
-        // SAFETY: `c` is contiguous with n initialised elements of T::Stored.
-        Ok(unsafe { std::slice::from_raw_parts(p, n) }.iter().map(|&v| T::from_stored(v)).collect())
+        let mut stored: Vec<T::Stored> = vec![<T::Stored as bytemuck::Zeroable>::zeroed(); c.numel()];
+        c.kernels().read_to_host(&c, bytemuck::cast_slice_mut(&mut stored))?;
+        Ok(stored.into_iter().map(T::from_stored).collect())
     }
 
     /// The elements converted to f64, for any dtype.

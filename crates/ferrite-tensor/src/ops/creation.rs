@@ -5,27 +5,16 @@ use std::sync::Arc;
 use ferrite_memory::{allocator, CachingAllocator, Device};
 
 use crate::error::{Result, TensorError};
-use crate::kernels::strided::{par_ranges, SendPtr};
+use crate::backend::Distribution;
 use crate::random::{with_default_generator, Generator};
-use crate::{dispatch_all, DType, Tensor};
-use crate::element::Element;
+use crate::{DType, Tensor};
 
 /// Fill a fresh contiguous tensor with `value` (converted to its dtype).
 pub(crate) fn fill(t: &Tensor, value: f64) -> Result<()> {
-    if t.is_meta() || t.numel() == 0 {
+    if t.numel() == 0 {
         return Ok(());
     }
-    dispatch_all!(t.dtype(), T => {
-        let v = T::from_f64(value);
-        let p = SendPtr(t.ptr::<T>("fill")?);
-        let n = t.numel();
-        par_ranges(n, 1, |s, e| {
-            let p = p;
-            // SAFETY: contiguous fresh tensor of n elements; disjoint ranges per task.
-            unsafe { std::slice::from_raw_parts_mut(p.0.add(s), e - s).fill(v) };
-        });
-    });
-    Ok(())
+    t.kernels().fill(t, value)
 }
 
 #[track_caller]
@@ -81,16 +70,7 @@ impl Tensor {
         }
         let n = n as usize;
         let t = Tensor::empty(&[n], dtype, device)?;
-        if !t.is_meta() {
-            dispatch_all!(dtype, T => {
-                let p = t.ptr::<T>("arange")?;
-                // SAFETY: fresh contiguous tensor of n elements.
-                let s = unsafe { std::slice::from_raw_parts_mut(p, n) };
-                for (i, v) in s.iter_mut().enumerate() {
-                    *v = T::from_f64(start + i as f64 * step);
-                }
-            });
-        }
+        t.kernels().arange(&t, start, step)?;
         Ok(t)
     }
 
@@ -119,13 +99,7 @@ impl Tensor {
         if !dtype.is_floating_point() {
             return Err(TensorError::UnsupportedDType { op: "rand", dtype });
         }
-        let t = Tensor::empty(shape, dtype, device)?;
-        let n = t.numel();
-        if !t.is_meta() {
-            generate(&t, generator, 2, |g| low + (high - low) * g.uniform_f64())?;
-        }
-        generator.skip(2 * n as u128);
-        Ok(t)
+        random_with(shape, Distribution::Uniform { low, high }, dtype, device, generator)
     }
 
     /// Standard normal from `generator` (4 generator words per element, thread-count independent).
@@ -140,44 +114,24 @@ impl Tensor {
         if !dtype.is_floating_point() {
             return Err(TensorError::UnsupportedDType { op: "randn", dtype });
         }
-        let t = Tensor::empty(shape, dtype, device)?;
-        let n = t.numel();
-        if !t.is_meta() {
-            generate(&t, generator, 4, |g| mean + std * g.normal_f64())?;
-        }
-        generator.skip(4 * n as u128);
-        Ok(t)
+        random_with(shape, Distribution::Normal { mean, std }, dtype, device, generator)
     }
 
     /// Bernoulli(p) mask as 0/1 values of `dtype` (dropout), from `generator`.
     #[track_caller]
     pub fn bernoulli_with(shape: &[usize], p: f64, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
-        let t = Tensor::empty(shape, dtype, device)?;
-        let n = t.numel();
-        if !t.is_meta() {
-            generate(&t, generator, 2, |g| if g.uniform_f64() < p { 1.0 } else { 0.0 })?;
-        }
-        generator.skip(2 * n as u128);
-        Ok(t)
+        random_with(shape, Distribution::Bernoulli { p }, dtype, device, generator)
     }
 }
 
-/// Fill `t` with `f(generator positioned at words_per_elem * i)`, in parallel chunks. Every
-/// `f` consumes exactly `words_per_elem` words, so a chunk can start at its own offset and the
-/// values never depend on how the range was split.
-fn generate(t: &Tensor, generator: &Generator, words_per_elem: u128, f: impl Fn(&mut Generator) -> f64 + Sync + Send) -> Result<()> {
-    let n = t.numel();
-    dispatch_all!(t.dtype(), T => {
-        let p = SendPtr(t.ptr::<T>("rand")?);
-        par_ranges(n, 8, |s, e| {
-            let p = p;
-            let mut g = generator.at_offset(words_per_elem * s as u128);
-            for i in s..e {
-                let v = f(&mut g);
-                // SAFETY: each task writes its own range of a fresh contiguous tensor.
-                unsafe { *p.0.add(i) = T::from_f64(v) };
-            }
-        });
-    });
-    Ok(())
+/// A fresh tensor from `dist`, advancing `generator` past the words it consumed (on every
+/// device, meta included, so a planning run leaves the generator where a real run would).
+#[track_caller]
+fn random_with(shape: &[usize], dist: Distribution, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
+    let t = Tensor::empty(shape, dtype, device)?;
+    if t.numel() > 0 {
+        t.kernels().random(&t, dist, generator)?;
+    }
+    generator.skip(dist.words_per_element() * t.numel() as u128);
+    Ok(t)
 }

@@ -3,33 +3,18 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::element::{Bool8, Element};
-
 use crate::error::{Result, TensorError};
-use crate::kernels::map::{map3, In};
-use crate::kernels::strided::{SendPtr, Walk};
 use crate::layout::{broadcast_shapes, normalize_dim, Shape};
 use crate::ops::copy::{copy_into, materialize};
 use crate::ops::{check_same_device, promote_types};
-use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+use crate::{DType, Tensor};
 
-/// Read an index tensor (int64/int32/uint8) as i64s, validating against `size`.
-fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static str) -> Result<Vec<i64>> {
-    let v: Vec<i64> = match idx.dtype() {
-        DType::I64 => idx.to_vec::<i64>()?,
-        DType::I32 => idx.to_vec::<i32>()?.into_iter().map(|x| x as i64).collect(),
-        DType::U8 => idx.to_vec::<u8>()?.into_iter().map(|x| x as i64).collect(),
-        d => return Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {d}") }),
-    };
-    let mut out = Vec::with_capacity(v.len());
-    for i in v {
-        let j = if i < 0 { i + size as i64 } else { i };
-        if j < 0 || j as usize >= size {
-            return Err(TensorError::IndexOutOfRange { op, index: i, dim, size });
-        }
-        out.push(j);
+/// Error unless `index` holds integers a kernel can index with.
+pub(crate) fn check_index_dtype(index: &Tensor, op: &'static str) -> Result<()> {
+    match index.dtype() {
+        DType::I64 | DType::I32 | DType::U8 => Ok(()),
+        d => Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {d}") }),
     }
-    Ok(out)
 }
 
 /// An index tensor as int64 (a handle clone when it already is).
@@ -182,30 +167,11 @@ impl Tensor {
             return Err(TensorError::shape("index_select", format!("index must be 0-D or 1-D, got shape {:?}", index.shape())));
         }
         check_same_device("index_select", self, index)?;
-        let size = self.shape()[d];
+        check_index_dtype(index, "index_select")?;
         let mut shape = self.shape_vec();
         shape[d] = index.numel();
         let out = self.empty_like_shape(&shape, self.dtype())?;
-        if !out.is_meta() {
-            let idx = read_indices(index, size, d, "index_select")?;
-            let x = self;
-            if d == 0 && x.is_contiguous() {
-                let row = x.numel() / size.max(1) * x.dtype().size_in_bytes();
-                let src = x.ptr::<u8>("index_select")?;
-                let dst = out.ptr::<u8>("index_select")?;
-                for (i, &j) in idx.iter().enumerate() {
-                    // SAFETY: j < size (validated); rows of `row` bytes in a contiguous source,
-                    // distinct destination rows in the fresh output.
-                    unsafe { std::ptr::copy_nonoverlapping(src.add(j as usize * row), dst.add(i * row), row) };
-                }
-            } else {
-                for (i, &j) in idx.iter().enumerate() {
-                    let dst = out.view_with_layout(out.layout().select(d, i));
-                    let src = x.view_with_layout(x.layout().select(d, j as usize));
-                    copy_into(&dst, &src)?;
-                }
-            }
-        }
+        out.kernels().index_select(&out, self, d, index)?;
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
@@ -214,34 +180,9 @@ impl Tensor {
 
     /// In place: `self.select(dim, index[i]) += src.select(dim, i)` (no autograd).
     pub(crate) fn index_add_raw(&self, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        check_index_dtype(index, "index_add")?;
         let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
-        if self.is_meta() {
-            return Ok(());
-        }
-        let size = self.shape()[dim];
-        let idx = read_indices(index, size, dim, "index_add")?;
-        if dim == 0 && self.is_contiguous() && src.is_contiguous() && self.dtype() == DType::F32 {
-            let row = self.numel() / size.max(1);
-            let dst = self.ptr::<f32>("index_add")?;
-            let s = src.ptr::<f32>("index_add")?;
-            for (i, &j) in idx.iter().enumerate() {
-                // SAFETY: validated row indices into contiguous buffers of matching row length.
-                unsafe {
-                    let d = std::slice::from_raw_parts_mut(dst.add(j as usize * row), row);
-                    let s = std::slice::from_raw_parts(s.add(i * row), row);
-                    for (d, &s) in d.iter_mut().zip(s) {
-                        *d += s;
-                    }
-                }
-            }
-            return Ok(());
-        }
-        for (i, &j) in idx.iter().enumerate() {
-            let dst = self.view_with_layout(self.layout().select(dim, j as usize));
-            let s = src.view_with_layout(src.layout().select(dim, i));
-            crate::ops::binary::arith_inplace_raw::<crate::ops::binary::Add>(&dst, &s)?;
-        }
-        Ok(())
+        self.kernels().index_add(self, dim, index, &src)
     }
 
     fn check_gather_shapes(&self, dim: usize, index: &Tensor, op: &'static str) -> Result<()> {
@@ -270,37 +211,8 @@ impl Tensor {
         }
         let out = self.empty_like_shape(index.shape(), self.dtype())?;
         let idx = as_i64(index)?;
-        if !out.is_meta() && out.numel() > 0 {
-            check_same_device("gather", self, index)?;
-            let size = self.shape()[d];
-            let mut xs: Shape = self.layout().strides.clone();
-            let dim_stride = xs[d];
-            xs[d] = 0;
-            let w = Walk::new(index.shape(), [idx.strides(), xs.as_slice()], [idx.storage_offset(), self.storage_offset()]);
-            let [si, sx] = w.inner_strides();
-            let ip = idx.storage_base_ptr::<i64>("gather")?;
-            dispatch_bits!(self.dtype(), T => {
-                let xp = self.storage_base_ptr::<T>("gather")?;
-                let op = out.ptr::<T>("gather")?;
-                let mut bad: Option<i64> = None;
-                w.rows(0, out.numel(), |[oi, ox], len, lin| {
-                    for k in 0..len {
-                        // SAFETY: offsets from validated layouts; j checked against `size`.
-                        unsafe {
-                            let j = *ip.add(oi + k * si);
-                            let jj = if j < 0 { j + size as i64 } else { j };
-                            if jj < 0 || jj as usize >= size {
-                                bad.get_or_insert(j);
-                                continue;
-                            }
-                            *op.add(lin + k) = *xp.add(ox + k * sx + jj as usize * dim_stride);
-                        }
-                    }
-                });
-                if let Some(j) = bad {
-                    return Err(TensorError::IndexOutOfRange { op: "gather", index: j, dim: d, size });
-                }
-            });
+        if out.numel() > 0 {
+            out.kernels().gather(&out, self, d, &idx)?;
         }
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
@@ -324,38 +236,8 @@ impl Tensor {
         let out = materialize(self, self.dtype())?;
         let idx = as_i64(index)?;
         let src = if src.dtype() != self.dtype() { materialize(src, self.dtype())? } else { src.clone() };
-        if out.is_meta() || index.numel() == 0 {
-            return Ok(out);
-        }
-        let size = self.shape()[dim];
-        let mut os: Shape = out.layout().strides.clone();
-        let dim_stride = os[dim];
-        os[dim] = 0;
-        let w = Walk::new(index.shape(), [idx.strides(), src.strides(), os.as_slice()], [idx.storage_offset(), src.storage_offset(), 0]);
-        let [si, ss, so] = w.inner_strides();
-        let ip = idx.storage_base_ptr::<i64>("scatter_add")?;
-        let mut bad: Option<i64> = None;
-        dispatch_all!(self.dtype(), T => {
-            let sp = src.storage_base_ptr::<T>("scatter_add")?;
-            let op = SendPtr(out.ptr::<T>("scatter_add")?);
-            w.rows(0, index.numel(), |[oi, os_, oo], len, _| {
-                for k in 0..len {
-                    // SAFETY: offsets from validated layouts; j checked against `size`.
-                    unsafe {
-                        let j = *ip.add(oi + k * si);
-                        let jj = if j < 0 { j + size as i64 } else { j };
-                        if jj < 0 || jj as usize >= size {
-                            bad.get_or_insert(j);
-                            continue;
-                        }
-                        let p = op.0.add(oo + k * so + jj as usize * dim_stride);
-                        *p = T::from_f64((*p).to_f64() + (*sp.add(os_ + k * ss)).to_f64());
-                    }
-                }
-            });
-        });
-        if let Some(j) = bad {
-            return Err(TensorError::IndexOutOfRange { op: "scatter_add", index: j, dim, size });
+        if index.numel() > 0 {
+            out.kernels().scatter_add(&out, dim, &idx, &src)?;
         }
         Ok(out)
     }
@@ -394,15 +276,7 @@ impl Tensor {
         let b = if b.dtype() != dtype { materialize(b, dtype)? } else { b.clone() };
         let c = if cond.dtype() != DType::Bool { cond.ne_scalar(0.0)? } else { cond.clone() };
         let out = a.empty_like_shape(&shape, dtype)?;
-        if out.is_meta() {
-            return Ok(out);
-        }
-        let ic = In::<Bool8>::new(&c, &shape, "where")?;
-        dispatch_bits!(dtype, T => {
-            let ia = In::<T>::new(&a, &shape, "where")?;
-            let ib = In::<T>::new(&b, &shape, "where")?;
-            map3::<Bool8, T, T, T>(&out, &ic, &ia, &ib, move |c, x, y| if c.0 != 0 { x } else { y })?;
-        });
+        out.kernels().where_cond(&out, &c, &a, &b)?;
         Ok(out)
     }
 
@@ -445,18 +319,11 @@ impl Tensor {
 
     /// One-hot encoding of an integer tensor (int64 output with a trailing class dim).
     pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
+        check_index_dtype(self, "one_hot")?;
         let mut shape = self.shape_vec();
         shape.push(num_classes);
         let out = crate::ops::creation::full_on(self.storage().allocator(), &shape, DType::I64, 0.0)?;
-        if out.is_meta() {
-            return Ok(out);
-        }
-        let idx = read_indices(&self.reshape_usize(&[self.numel()])?, num_classes, self.rank(), "one_hot")?;
-        let p = out.ptr::<i64>("one_hot")?;
-        for (i, &j) in idx.iter().enumerate() {
-            // SAFETY: i < numel, j < num_classes: inside the fresh [numel, num_classes] buffer.
-            unsafe { *p.add(i * num_classes + j as usize) = 1 };
-        }
+        out.kernels().one_hot(&out, &self.reshape_usize(&[self.numel()])?)?;
         Ok(out)
     }
 }

@@ -1,8 +1,10 @@
-//! Op definitions: shape rule, dtype rule, kernel dispatch by device kind, and backward.
+//! Op definitions: shape rule, dtype rule, output allocation, and backward.
 //!
-//! The seam with kernels: an op allocates its output through the device allocator on every
-//! device, then runs a CPU kernel unless the device is `meta` (shape-only). Autograd sees only
-//! tensors, never which backend ran.
+//! The seam with kernels (`crate::backend`): an op validates its operands, allocates its output
+//! through the device's caching allocator on every device (meta included), and hands the
+//! arithmetic to the kernel backend of the output's device (`Tensor::kernels()`: CPU kernels for
+//! `cpu` and `sim`, nothing for `meta`, WGSL for `gpu`). Autograd sees only tensors, never which
+//! backend ran.
 
 pub mod binary;
 pub mod copy;

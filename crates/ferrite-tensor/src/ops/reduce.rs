@@ -8,16 +8,13 @@ use std::borrow::Cow;
 use smallvec::SmallVec;
 
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::element::{Element, Float};
 use crate::error::{Result, TensorError};
-use crate::kernels::simd::vectorize;
-use crate::kernels::strided::{par_ranges, SendPtr, Walk};
 use crate::layout::{normalize_dim, Layout, Shape};
 use crate::ops::copy::materialize;
-use crate::{dispatch_all, DType, Tensor};
+use crate::{DType, Tensor};
 
 /// How a reduction maps input elements to outputs.
-pub(crate) struct Plan {
+pub struct Plan {
     /// Output shape as returned (reduced dims removed unless keepdim).
     pub out_shape: Shape,
     /// Output shape with reduced dims kept as 1 (for broadcasting gradients back).
@@ -67,149 +64,15 @@ pub(crate) fn plan(x: &Tensor, dims: &[i64], keepdim: bool, op: &'static str) ->
     Ok(Plan { out_shape, keep_shape, permuted, rn, reduced })
 }
 
-/// For each output index in parallel, feed its reduced elements (as strided rows) to `f`.
-fn for_each_output<T: Copy + Send + Sync>(
-    base: SendPtr<T>,
-    p: &Plan,
-    n_out: usize,
-    f: impl Fn(usize, &mut dyn FnMut(&mut dyn FnMut(*const T, usize, usize))) + Sync + Send,
-) {
-    let w = Walk::new(&p.permuted.shape, [p.permuted.strides.as_slice()], [p.permuted.offset]);
-    let [inner_stride] = w.inner_strides();
-    let rn = p.rn;
-    par_ranges(n_out, rn.max(1), |s, e| {
-        let base = base;
-        for o in s..e {
-            let mut visit = |g: &mut dyn FnMut(*const T, usize, usize)| {
-                w.rows(o * rn, (o + 1) * rn, |[off], len, _| {
-                    // SAFETY: offsets come from the input's validated layout.
-                    g(unsafe { base.0.add(off) }, len, inner_stride)
-                });
-            };
-            f(o, &mut visit);
-        }
-    });
-}
-
-/// Σ x in f64, in 8 independent lanes (vectorises; the order is fixed, so results do not depend
-/// on threads).
-#[inline(always)]
-fn sum_f64_lanes<T: Float>(s: &[T]) -> f64 {
-    let mut lanes = [0f64; 8];
-    let chunks = s.chunks_exact(8);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for k in 0..8 {
-            lanes[k] += T::acc_to_f64(ch[k].to_acc());
-        }
-    }
-    let mut t: f64 = lanes.iter().sum();
-    for &v in rest {
-        t += T::acc_to_f64(v.to_acc());
-    }
-    t
-}
-
-fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Result<()> {
-    let n_out = out.numel();
-    let op = SendPtr(out.ptr::<T>("sum")?);
-    // Fast path: contiguous input reduced over a leading block of dims (bias / norm-weight
-    // gradients): accumulate whole rows, which vectorises.
-    let l = x.layout();
-    let prefix = l.is_contiguous() && {
-        let k = p.reduced.iter().take_while(|&&r| r).count();
-        p.reduced.iter().skip(k).all(|&r| !r) && k > 0 && k < p.reduced.len()
-    };
-    if prefix && p.rn > 1 {
-        let xp = SendPtr(x.ptr::<T>("sum")?);
-        let m = n_out;
-        let rn = p.rn;
-        par_ranges(m, rn, |s, e| {
-            let (xp, op) = (xp, op);
-            // Accumulate in chunks of 256 columns in f64 on the stack, then round once.
-            let mut acc = [0f64; 256];
-            let mut c0 = s;
-            vectorize(#[inline(always)] || while c0 < e {
-                let c1 = (c0 + 256).min(e);
-                let a = &mut acc[..c1 - c0];
-                a.fill(0.0);
-                for r in 0..rn {
-                    // SAFETY: row r, columns [c0, c1) of a contiguous [rn, m] input.
-                    let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), c1 - c0) };
-                    for (a, &v) in a.iter_mut().zip(row) {
-                        *a += T::acc_to_f64(v.to_acc());
-                    }
-                }
-                for (i, &a) in acc[..c1 - c0].iter().enumerate() {
-                    // SAFETY: this task owns output columns [s, e).
-                    unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
-                }
-                c0 = c1;
-            });
-        });
-        return Ok(());
-    }
-    let base = SendPtr(x.storage_base_ptr::<T>("sum")?);
-    for_each_output::<T>(base, p, n_out, |o, visit| {
-        let op = op;
-        let mut total = 0f64;
-        visit(&mut |ptr, len, stride| {
-            // SAFETY: ptr..ptr+len*stride lies within the input (from its layout).
-            unsafe {
-                if stride == 1 {
-                    let s = std::slice::from_raw_parts(ptr, len);
-                    total += if len >= 64 { vectorize(#[inline(always)] || sum_f64_lanes(s)) } else { sum_f64_lanes(s) };
-                } else {
-                    for i in 0..len {
-                        total += T::acc_to_f64((*ptr.add(i * stride)).to_acc());
-                    }
-                }
-            }
-        });
-        // SAFETY: output o belongs to this task.
-        unsafe { *op.0.add(o) = T::from_f64(total * scale) };
-    });
-    Ok(())
-}
-
-fn sum_int_kernel<T: Element>(x: &Tensor, p: &Plan, out: &Tensor) -> Result<()> {
-    let op = SendPtr(out.ptr::<i64>("sum")?);
-    let base = SendPtr(x.storage_base_ptr::<T>("sum")?);
-    for_each_output::<T>(base, p, out.numel(), |o, visit| {
-        let op = op;
-        let mut total = 0i64;
-        visit(&mut |ptr, len, stride| {
-            for i in 0..len {
-                // SAFETY: within the input's layout.
-                total = total.wrapping_add(unsafe { *ptr.add(i * stride) }.to_f64() as i64);
-            }
-        });
-        // SAFETY: output o belongs to this task.
-        unsafe { *op.0.add(o) = total };
-    });
-    Ok(())
-}
-
 /// Sum (scaled) over `dims` without autograd. Integer and bool inputs sum to int64.
 pub(crate) fn sum_raw(x: &Tensor, dims: &[i64], keepdim: bool, scale: f64, op: &'static str) -> Result<(Tensor, Plan)> {
     let p = plan(x, dims, keepdim, op)?;
     let out_dtype = if x.dtype().is_floating_point() { x.dtype() } else { DType::I64 };
     let out = x.empty_like_shape(&p.out_shape, out_dtype)?;
-    if out.is_meta() {
-        return Ok((out, p));
+    if !x.dtype().is_floating_point() && scale != 1.0 {
+        return Err(TensorError::UnsupportedDType { op, dtype: x.dtype() });
     }
-    match x.dtype() {
-        DType::F32 => sum_kernel::<f32>(x, &p, &out, scale)?,
-        DType::F64 => sum_kernel::<f64>(x, &p, &out, scale)?,
-        DType::F16 => sum_kernel::<half::f16>(x, &p, &out, scale)?,
-        DType::BF16 => sum_kernel::<half::bf16>(x, &p, &out, scale)?,
-        d => {
-            if scale != 1.0 {
-                return Err(TensorError::UnsupportedDType { op, dtype: d });
-            }
-            dispatch_all!(d, T => sum_int_kernel::<T>(x, &p, &out)?)
-        }
-    }
+    out.kernels().sum(&out, x, &p, scale)?;
     Ok((out, p))
 }
 
@@ -231,54 +94,6 @@ impl BackwardFn for SumBackward {
         let g = g.to_dtype(self.dtype)?;
         Ok(vec![Some(g.expand(&self.in_shape)?)])
     }
-}
-
-fn argext_kernel<T: Element>(x: &Tensor, p: &Plan, vals: Option<&Tensor>, idx: &Tensor, is_max: bool) -> Result<()> {
-    let ip = SendPtr(idx.ptr::<i64>("max")?);
-    let vp = match vals {
-        Some(v) => Some(SendPtr(v.ptr::<T>("max")?)),
-        None => None,
-    };
-    let base = SendPtr(x.storage_base_ptr::<T>("max")?);
-    for_each_output::<T>(base, p, idx.numel(), |o, visit| {
-        let (ip, vp) = (ip, vp);
-        let mut best: Option<(f64, T)> = None;
-        let mut best_i = 0i64;
-        let mut i = 0i64;
-        let mut found_nan = false;
-        visit(&mut |ptr, len, stride| {
-            for k in 0..len {
-                // SAFETY: within the input's layout.
-                let v = unsafe { *ptr.add(k * stride) };
-                let f = v.to_f64();
-                if !found_nan {
-                    if f.is_nan() {
-                        found_nan = true;
-                        best = Some((f, v));
-                        best_i = i;
-                    } else {
-                        let better = match best {
-                            None => true,
-                            Some((b, _)) => if is_max { f > b } else { f < b },
-                        };
-                        if better {
-                            best = Some((f, v));
-                            best_i = i;
-                        }
-                    }
-                }
-                i += 1;
-            }
-        });
-        // SAFETY: output o belongs to this task.
-        unsafe {
-            *ip.0.add(o) = best_i;
-            if let (Some(vp), Some((_, v))) = (vp, best) {
-                *vp.0.add(o) = v;
-            }
-        }
-    });
-    Ok(())
 }
 
 struct IndexReduceBackward {
@@ -385,9 +200,7 @@ impl Tensor {
         let p = plan(self, &[dim], keepdim, op)?;
         let idx = self.empty_like_shape(&p.out_shape, DType::I64)?;
         let vals = if with_values { Some(self.empty_like_shape(&p.out_shape, self.dtype())?) } else { None };
-        if !idx.is_meta() {
-            dispatch_all!(self.dtype(), T => argext_kernel::<T>(self, &p, vals.as_ref(), &idx, is_max)?);
-        }
+        idx.kernels().arg_extreme(self, &p, vals.as_ref(), &idx, is_max)?;
         Ok((vals, idx))
     }
 
@@ -450,38 +263,7 @@ impl Tensor {
         let p = plan(self, dims, keepdim, "var")?;
         let denom = p.rn as f64 - correction as f64;
         let out = self.empty_like_shape(&p.out_shape, self.dtype())?;
-        if !out.is_meta() {
-            fn k<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, denom: f64) -> Result<()> {
-                let op = SendPtr(out.ptr::<T>("var")?);
-                let base = SendPtr(x.storage_base_ptr::<T>("var")?);
-                for_each_output::<T>(base, p, out.numel(), |o, visit| {
-                    let op = op;
-                    // Two passes in f64: mean, then squared deviations.
-                    let (mut s, mut n) = (0f64, 0usize);
-                    visit(&mut |ptr, len, st| {
-                        for i in 0..len {
-                            // SAFETY: within the input's layout.
-                            s += T::acc_to_f64(unsafe { *ptr.add(i * st) }.to_acc());
-                        }
-                        n += len;
-                    });
-                    let mean = s / n as f64;
-                    let mut ss = 0f64;
-                    visit(&mut |ptr, len, st| {
-                        for i in 0..len {
-                            // SAFETY: within the input's layout.
-                            let d = T::acc_to_f64(unsafe { *ptr.add(i * st) }.to_acc()) - mean;
-                            ss += d * d;
-                        }
-                    });
-                    let v = if denom > 0.0 { ss / denom } else { f64::NAN };
-                    // SAFETY: output o belongs to this task.
-                    unsafe { *op.0.add(o) = T::from_f64(v) };
-                });
-                Ok(())
-            }
-            crate::dispatch_float!(self.dtype(), "var", T => k::<T>(self, &p, &out, denom)?);
-        }
+        out.kernels().var(&out, self, &p, denom)?;
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }

@@ -2,113 +2,11 @@
 
 use std::borrow::Cow;
 
-use num_traits::{Float as _, One, Zero};
-
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::element::{AccFloat, Float};
 use crate::error::Result;
-use crate::kernels::simd::vectorize;
-use crate::kernels::strided::{par_ranges, SendPtr};
 use crate::layout::normalize_dim;
 use crate::ops::copy::materialize;
-use crate::{dispatch_float, Tensor};
-
-/// Apply `f(row_in, row_out)` to every row of a contiguous `[rows, cols]` pair of buffers.
-fn rows_kernel<T: Float>(x: &Tensor, out: &Tensor, cols: usize, f: impl Fn(&[T], &mut [T]) + Sync + Send) -> Result<()> {
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
-    let xp = SendPtr(x.ptr::<T>("softmax")?);
-    let op = SendPtr(out.ptr::<T>("softmax")?);
-    par_ranges(rows, cols * 8, |s, e| {
-        let (xp, op) = (xp, op);
-        vectorize(
-            #[inline(always)]
-            || {
-                for r in s..e {
-                    // SAFETY: row r of two contiguous [rows, cols] buffers; rows are disjoint per task.
-                    let (xi, oi) = unsafe { (std::slice::from_raw_parts(xp.0.add(r * cols), cols), std::slice::from_raw_parts_mut(op.0.add(r * cols), cols)) };
-                    f(xi, oi);
-                }
-            },
-        )
-    });
-    Ok(())
-}
-
-const LANES: usize = 16;
-
-/// Maximum of a row (NaN if any element is NaN), in independent lanes so it vectorises.
-#[inline(always)]
-fn row_max<T: Float>(x: &[T]) -> T::Acc {
-    let mut lanes = [T::Acc::neg_infinity(); LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for k in 0..LANES {
-            let v = ch[k].to_acc();
-            lanes[k] = if v > lanes[k] || v.is_nan() { v } else { lanes[k] };
-        }
-    }
-    let mut m = T::Acc::neg_infinity();
-    for v in lanes.into_iter().chain(rest.iter().map(|v| v.to_acc())) {
-        if v > m || v.is_nan() {
-            m = v;
-        }
-    }
-    m
-}
-
-/// Σ exp(x - m) in lanes.
-#[inline(always)]
-fn sum_exp<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for k in 0..LANES {
-            lanes[k] += (ch[k].to_acc() - m).vexp();
-        }
-    }
-    let mut s = T::Acc::zero();
-    for v in rest {
-        s += (v.to_acc() - m).vexp();
-    }
-    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b) + s
-}
-
-#[inline(always)]
-fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
-    let m = row_max(x);
-    let m = if m.is_infinite() && m < T::Acc::zero() { T::Acc::zero() } else { m };
-    if log {
-        let lse = sum_exp(x, m).ln();
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = T::from_acc(v.to_acc() - m - lse);
-        }
-    } else {
-        let inv = T::Acc::one() / sum_exp(x, m);
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = T::from_acc((v.to_acc() - m).vexp() * inv);
-        }
-    }
-}
-
-/// Σ f(x) in lanes.
-#[inline(always)]
-fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> T::Acc) -> T::Acc {
-    let mut lanes = [T::Acc::zero(); LANES];
-    let chunks = x.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for ch in chunks {
-        for k in 0..LANES {
-            lanes[k] += f(ch[k]);
-        }
-    }
-    let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
-    for &v in rest {
-        s += f(v);
-    }
-    s
-}
+use crate::Tensor;
 
 /// Move `dim` last and make contiguous; returns the prepared tensor and the permutation used.
 fn to_rows(x: &Tensor, dim: usize) -> Result<(Tensor, Option<Vec<usize>>)> {
@@ -139,10 +37,7 @@ fn from_rows(y: Tensor, perm: Option<Vec<usize>>) -> Result<Tensor> {
 pub(crate) fn softmax_raw(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
     let (xc, perm) = to_rows(x, dim)?;
     let out = xc.empty_like_shape(xc.shape(), xc.dtype())?;
-    if !out.is_meta() {
-        let cols = xc.shape().last().copied().unwrap_or(1);
-        dispatch_float!(xc.dtype(), "softmax", T => rows_kernel::<T>(&xc, &out, cols, #[inline(always)] move |a, b| softmax_row::<T>(a, b, log))?);
-    }
+    out.kernels().softmax(&out, &xc, log)?;
     from_rows(out, perm)
 }
 
@@ -152,52 +47,7 @@ fn softmax_grad_raw(g: &Tensor, y: &Tensor, dim: usize, log: bool) -> Result<Ten
     let (gc, perm) = to_rows(&g, dim)?;
     let (yc, _) = to_rows(y, dim)?;
     let out = gc.empty_like_shape(gc.shape(), gc.dtype())?;
-    if !out.is_meta() {
-        let cols = gc.shape().last().copied().unwrap_or(1);
-        let rows = if cols == 0 { 0 } else { gc.numel() / cols };
-        fn k<T: Float>(gc: &Tensor, yc: &Tensor, out: &Tensor, rows: usize, cols: usize, log: bool) -> Result<()> {
-            let gp = SendPtr(gc.ptr::<T>("softmax_backward")?);
-            let yp = SendPtr(yc.ptr::<T>("softmax_backward")?);
-            let op = SendPtr(out.ptr::<T>("softmax_backward")?);
-            par_ranges(rows, cols * 4, |s, e| {
-                let (gp, yp, op) = (gp, yp, op);
-                vectorize(#[inline(always)] || for r in s..e {
-                    // SAFETY: row r of contiguous [rows, cols] buffers; disjoint rows per task.
-                    let (g, y, o) = unsafe {
-                        (
-                            std::slice::from_raw_parts(gp.0.add(r * cols), cols),
-                            std::slice::from_raw_parts(yp.0.add(r * cols), cols),
-                            std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
-                        )
-                    };
-                    if log {
-                        let s = lane_sum(g, |v| v.to_acc());
-                        for i in 0..cols {
-                            o[i] = T::from_acc(g[i].to_acc() - y[i].to_acc().vexp() * s);
-                        }
-                    } else {
-                        let mut lanes = [T::Acc::zero(); LANES];
-                        let (gc, yc) = (g.chunks_exact(LANES), y.chunks_exact(LANES));
-                        let (gr, yr) = (gc.remainder(), yc.remainder());
-                        for (gch, ych) in gc.zip(yc) {
-                            for k in 0..LANES {
-                                lanes[k] += gch[k].to_acc() * ych[k].to_acc();
-                            }
-                        }
-                        let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
-                        for (gv, yv) in gr.iter().zip(yr) {
-                            s += gv.to_acc() * yv.to_acc();
-                        }
-                        for i in 0..cols {
-                            o[i] = T::from_acc(y[i].to_acc() * (g[i].to_acc() - s));
-                        }
-                    }
-                });
-            });
-            Ok(())
-        }
-        dispatch_float!(gc.dtype(), "softmax_backward", T => k::<T>(&gc, &yc, &out, rows, cols, log)?);
-    }
+    out.kernels().softmax_backward(&out, &gc, &yc, log)?;
     from_rows(out, perm)
 }
 

@@ -1,0 +1,203 @@
+//! The CPU kernel backend (devices `cpu` and `sim:*`): kernels over host memory, parallel on the
+//! kernel team, vectorised for the CPU's widest SIMD extension (`kernels/`).
+
+mod elementwise;
+mod fused;
+mod index;
+mod matmul;
+mod norm;
+mod reduce;
+mod softmax;
+
+use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
+use crate::element::Element;
+use crate::error::{Result, TensorError};
+use crate::kernels::strided::{par_ranges, SendPtr};
+use crate::ops::reduce::Plan;
+use crate::random::Generator;
+use crate::{dispatch_all, Tensor};
+
+/// Kernels over host memory.
+pub struct CpuBackend;
+
+/// The host bytes of the contiguous tensor `t` (`t.nbytes()` of them).
+fn host_ptr(t: &Tensor, op: &'static str) -> Result<*mut u8> {
+    t.ptr::<u8>(op)
+}
+
+impl KernelBackend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        let n = dst.nbytes();
+        if bytes.len() != n {
+            return Err(TensorError::invalid("write", format!("{} bytes given for a tensor of {n} bytes", bytes.len())));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let d = host_ptr(dst, "write")?;
+        // SAFETY: `dst` is contiguous with `n` bytes of host memory and `bytes` holds `n` bytes;
+        // `copy` (memmove) is correct even if the two ranges overlapped.
+        unsafe { std::ptr::copy(bytes.as_ptr(), d, n) };
+        Ok(())
+    }
+
+    fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
+        let n = src.nbytes();
+        if bytes.len() != n {
+            return Err(TensorError::invalid("read", format!("a buffer of {} bytes given for a tensor of {n} bytes", bytes.len())));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let s = host_ptr(src, "read")?;
+        // SAFETY: `src` is contiguous with `n` initialised bytes; `bytes` is an exclusive buffer
+        // of the same length.
+        unsafe { std::ptr::copy_nonoverlapping(s, bytes.as_mut_ptr(), n) };
+        Ok(())
+    }
+
+    fn copy(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        elementwise::copy(dst, src)
+    }
+
+    fn fill(&self, dst: &Tensor, value: f64) -> Result<()> {
+        elementwise::fill(dst, value)
+    }
+
+    fn arange(&self, dst: &Tensor, start: f64, step: f64) -> Result<()> {
+        elementwise::arange(dst, start, step)
+    }
+
+    fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
+        let words = dist.words_per_element();
+        match dist {
+            Distribution::Uniform { low, high } => generate(dst, generator, words, move |g| low + (high - low) * g.uniform_f64()),
+            Distribution::Normal { mean, std } => generate(dst, generator, words, move |g| mean + std * g.normal_f64()),
+            Distribution::Bernoulli { p } => generate(dst, generator, words, move |g| if g.uniform_f64() < p { 1.0 } else { 0.0 }),
+        }
+    }
+
+    fn binary(&self, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::binary(op, out, a, b)
+    }
+
+    fn binary_scalar(&self, op: BinaryOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+        elementwise::binary_scalar(op, out, a, s)
+    }
+
+    fn binary_inplace(&self, op: BinaryOp, dst: &Tensor, src: &Tensor) -> Result<()> {
+        elementwise::binary_inplace(op, dst, src)
+    }
+
+    fn unary(&self, op: UnaryOp, out: &Tensor, x: &Tensor) -> Result<()> {
+        elementwise::unary(op, out, x)
+    }
+
+    fn unary_backward(&self, op: UnaryOp, out: &Tensor, grad: &Tensor, saved: &Tensor) -> Result<()> {
+        elementwise::unary_backward(op, out, grad, saved)
+    }
+
+    fn clamp(&self, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> Result<()> {
+        elementwise::clamp(out, x, lo, hi)
+    }
+
+    fn compare(&self, op: CompareOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::compare(op, out, a, b)
+    }
+
+    fn compare_scalar(&self, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+        elementwise::compare_scalar(op, out, a, s)
+    }
+
+    fn logical(&self, op: LogicalOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::logical(op, out, a, b)
+    }
+
+    fn where_cond(&self, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::where_cond(out, cond, a, b)
+    }
+
+    fn sum(&self, out: &Tensor, x: &Tensor, plan: &Plan, scale: f64) -> Result<()> {
+        reduce::sum(out, x, plan, scale)
+    }
+
+    fn arg_extreme(&self, x: &Tensor, plan: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()> {
+        reduce::arg_extreme(x, plan, values, indices, is_max)
+    }
+
+    fn var(&self, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64) -> Result<()> {
+        reduce::var(out, x, plan, denom)
+    }
+
+    fn softmax(&self, out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
+        softmax::softmax(out, x, log)
+    }
+
+    fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()> {
+        softmax::softmax_backward(out, grad, y, log)
+    }
+
+    fn layer_norm(&self, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<()> {
+        norm::layer_norm(y, mean, rstd, x, weight, bias, eps)
+    }
+
+    fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
+        matmul::matmul(out, a, b, batch)
+    }
+
+    fn check_indices(&self, index: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()> {
+        index::check_range(index, size, ignore, dim, op)
+    }
+
+    fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
+        index::index_select(out, x, dim, index)
+    }
+
+    fn index_add(&self, dst: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        index::index_add(dst, dim, index, src)
+    }
+
+    fn gather(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
+        index::gather(out, x, dim, index)
+    }
+
+    fn scatter_add(&self, out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        index::scatter_add(out, dim, index, src)
+    }
+
+    fn one_hot(&self, out: &Tensor, index: &Tensor) -> Result<()> {
+        index::one_hot(out, index)
+    }
+
+    fn fused(&self, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
+        fused::fused(kernel, outputs, inputs)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Fill `t` with `f(generator positioned at words_per_elem * i)`, in parallel chunks. Every `f`
+/// consumes exactly `words_per_elem` words, so a chunk can start at its own offset and the values
+/// never depend on how the range was split.
+fn generate(t: &Tensor, generator: &Generator, words_per_elem: u128, f: impl Fn(&mut Generator) -> f64 + Sync + Send) -> Result<()> {
+    let n = t.numel();
+    dispatch_all!(t.dtype(), T => {
+        let p = SendPtr(t.ptr::<T>("rand")?);
+        par_ranges(n, 8, |s, e| {
+            let p = p;
+            let mut g = generator.at_offset(words_per_elem * s as u128);
+            for i in s..e {
+                let v = f(&mut g);
+                // SAFETY: each task writes its own range of a contiguous tensor of n elements.
+                unsafe { *p.0.add(i) = T::from_f64(v) };
+            }
+        });
+    });
+    Ok(())
+}

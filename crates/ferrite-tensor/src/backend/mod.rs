@@ -1,0 +1,368 @@
+//! The kernel-backend seam: where an op's arithmetic runs.
+//!
+//! An op is defined once in `ops/` (or `functional/`): its shape rule, its dtype rule, the
+//! allocation of its output through the device's caching allocator, and its backward. Only the
+//! arithmetic is handed to the [`KernelBackend`] of the output's device, which *writes into
+//! outputs it is given* and never allocates the tensors an op returns. That keeps ferrite's
+//! invariant — a `meta` run makes exactly the allocations a real run makes — on every device, and
+//! keeps autograd, nn, optim, data and io unaware of which backend ran a kernel.
+//!
+//! A device is a pair (memory, kernels), declared in one table:
+//!
+//! | device        | memory (`ferrite_memory::raw_memory`)  | kernels                  |
+//! |---------------|----------------------------------------|--------------------------|
+//! | `cpu`         | host                                   | [`cpu::CpuBackend`]      |
+//! | `sim:<gpu>`   | host, with the GPU's capacity          | [`cpu::CpuBackend`]      |
+//! | `meta`        | addresses only                         | [`meta::MetaBackend`]    |
+//! | `gpu:<i>`     | wgpu buffers                           | the wgpu backend         |
+//!
+//! Adding a backend: implement [`KernelBackend`] (every method; the trait has no defaults, so the
+//! compiler lists what is missing), give its device a `RawMemory` in ferrite-memory, and add its
+//! row to [`kernels_for`]. The PyTorch conformance suite then runs on it from the same test code.
+//!
+//! Contract of every method: the op layer has already validated shapes, dtypes and devices, made
+//! operand dtypes agree where the op needs it, and allocated every output on the same device.
+//! `out` arguments are fresh contiguous tensors unless a method says otherwise; inputs may be
+//! strided and broadcast (zero strides). A backend may run kernels asynchronously: anything
+//! that reads data back to the host ([`KernelBackend::read_to_host`], [`FusedKernel`] results)
+//! is a synchronisation point.
+
+pub(crate) mod cpu;
+pub(crate) mod meta;
+
+use ferrite_memory::Device;
+
+use crate::error::{Result, TensorError};
+use crate::ops::reduce::Plan;
+use crate::random::Generator;
+use crate::Tensor;
+
+pub use crate::ops::fused::{FusedKernel, NormKind};
+
+/// A binary arithmetic op (`out = a ∘ b`, or `b ∘ a` for the reversed forms used with scalars).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Maximum,
+    Minimum,
+    /// `b - a`
+    RSub,
+    /// `b / a`
+    RDiv,
+}
+
+impl BinaryOp {
+    /// PyTorch's name of the op (for error messages).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::RSub => "rsub",
+            BinaryOp::RDiv => "rdiv",
+        }
+    }
+
+    /// Whether the op is defined on integers (true division and negative powers are not).
+    pub fn defined_on_integers(self) -> bool {
+        !matches!(self, BinaryOp::Div | BinaryOp::RDiv)
+    }
+}
+
+/// A differentiable elementwise function; `Pow` and `LeakyRelu` carry their scalar parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Neg,
+    Abs,
+    Sin,
+    Cos,
+    Log1p,
+    Reciprocal,
+    Square,
+    /// `x ** p` for a scalar exponent.
+    Pow(f64),
+    /// GELU, exact erf form.
+    Gelu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+    Silu,
+    /// `x > 0 ? x : x * slope`.
+    LeakyRelu(f64),
+}
+
+impl UnaryOp {
+    /// PyTorch's name of the forward op.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Reciprocal => "reciprocal",
+            UnaryOp::Square => "square",
+            UnaryOp::Pow(_) => "pow",
+            UnaryOp::Gelu | UnaryOp::GeluTanh => "gelu",
+            UnaryOp::Silu => "silu",
+            UnaryOp::LeakyRelu(_) => "leaky_relu",
+        }
+    }
+
+    /// PyTorch's name of the backward node (what `grad_fn` shows).
+    pub fn backward_name(self) -> &'static str {
+        match self {
+            UnaryOp::Exp => "ExpBackward0",
+            UnaryOp::Log => "LogBackward0",
+            UnaryOp::Sqrt => "SqrtBackward0",
+            UnaryOp::Rsqrt => "RsqrtBackward0",
+            UnaryOp::Tanh => "TanhBackward0",
+            UnaryOp::Sigmoid => "SigmoidBackward0",
+            UnaryOp::Relu => "ReluBackward0",
+            UnaryOp::Neg => "NegBackward0",
+            UnaryOp::Abs => "AbsBackward0",
+            UnaryOp::Sin => "SinBackward0",
+            UnaryOp::Cos => "CosBackward0",
+            UnaryOp::Log1p => "Log1PBackward0",
+            UnaryOp::Reciprocal => "ReciprocalBackward0",
+            UnaryOp::Square | UnaryOp::Pow(_) => "PowBackward0",
+            UnaryOp::Gelu | UnaryOp::GeluTanh => "GeluBackward0",
+            UnaryOp::Silu => "SiluBackward0",
+            UnaryOp::LeakyRelu(_) => "LeakyReluBackward0",
+        }
+    }
+
+    /// Whether the derivative is computed from the op's output (else from its input), which
+    /// decides what autograd saves.
+    pub fn derivative_from_output(self) -> bool {
+        matches!(self, UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu | UnaryOp::Reciprocal)
+    }
+}
+
+/// An elementwise comparison producing a bool tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CompareOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "eq",
+            CompareOp::Ne => "ne",
+            CompareOp::Lt => "lt",
+            CompareOp::Le => "le",
+            CompareOp::Gt => "gt",
+            CompareOp::Ge => "ge",
+        }
+    }
+
+    /// The comparison on f64 values (every dtype converts exactly or nearly so).
+    #[inline(always)]
+    pub fn eval(self, x: f64, y: f64) -> bool {
+        match self {
+            CompareOp::Eq => x == y,
+            CompareOp::Ne => x != y,
+            CompareOp::Lt => x < y,
+            CompareOp::Le => x <= y,
+            CompareOp::Gt => x > y,
+            CompareOp::Ge => x >= y,
+        }
+    }
+}
+
+/// A logical op on bool tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LogicalOp {
+    And,
+    Or,
+}
+
+/// A distribution to fill a tensor from. Every element consumes a fixed number of generator
+/// words ([`Distribution::words_per_element`]) at a fixed offset, so values never depend on how
+/// a backend splits the work.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    /// Uniform `[low, high)` from 53 random bits (2 words per element).
+    Uniform { low: f64, high: f64 },
+    /// Normal(mean, std) by Box–Muller (4 words per element).
+    Normal { mean: f64, std: f64 },
+    /// 1 with probability `p`, else 0 (2 words per element; `uniform < p`).
+    Bernoulli { p: f64 },
+}
+
+impl Distribution {
+    pub fn words_per_element(self) -> u128 {
+        match self {
+            Distribution::Uniform { .. } | Distribution::Bernoulli { .. } => 2,
+            Distribution::Normal { .. } => 4,
+        }
+    }
+}
+
+/// The kernels of one kind of device. See the module documentation for the contract.
+pub trait KernelBackend: Send + Sync + 'static {
+    /// Short name for messages (`"cpu"`, `"meta"`, `"wgpu"`).
+    fn name(&self) -> &'static str;
+
+    // ------------------------------------------------------------------ data movement
+
+    /// Write `bytes` (exactly `dst.nbytes()`, element layout of `dst.dtype()`) into the
+    /// contiguous `dst`.
+    fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()>;
+    /// Read the contiguous `src` into `bytes` (exactly `src.nbytes()`). A synchronisation point.
+    fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()>;
+    /// `dst = src` elementwise: `src` is broadcast to `dst`'s shape and converted to its dtype;
+    /// `dst` may be any non-overlapping strided view (it is written in place).
+    fn copy(&self, dst: &Tensor, src: &Tensor) -> Result<()>;
+    /// Fill the contiguous `dst` with `value` converted to its dtype.
+    fn fill(&self, dst: &Tensor, value: f64) -> Result<()>;
+    /// `dst[i] = start + i * step` (contiguous `dst`).
+    fn arange(&self, dst: &Tensor, start: f64, step: f64) -> Result<()>;
+    /// Fill the contiguous floating-point `dst` from `dist`, element `i` using the generator's
+    /// words `[w·i, w·(i+1))` past its current position (the caller advances the generator).
+    fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()>;
+
+    // ------------------------------------------------------------------ elementwise
+
+    /// `out = op(a, b)`; `a` and `b` have `out`'s dtype and broadcast to its shape.
+    fn binary(&self, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()>;
+    /// `out = op(a, s)`; `a` has `out`'s dtype and shape.
+    fn binary_scalar(&self, op: BinaryOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()>;
+    /// In place `dst = op(dst, src)`; `src` has `dst`'s dtype and broadcasts to its shape; `dst`
+    /// may be strided.
+    fn binary_inplace(&self, op: BinaryOp, dst: &Tensor, src: &Tensor) -> Result<()>;
+    /// `out = op(x)` for a floating-point `x` of `out`'s dtype and shape (x may be strided).
+    fn unary(&self, op: UnaryOp, out: &Tensor, x: &Tensor) -> Result<()>;
+    /// `out = grad * op'(saved)` where `saved` is the op's output or input
+    /// ([`UnaryOp::derivative_from_output`]); all of `out`'s dtype, broadcast to its shape.
+    fn unary_backward(&self, op: UnaryOp, out: &Tensor, grad: &Tensor, saved: &Tensor) -> Result<()>;
+    /// `out = clamp(x, lo, hi)` (NaN stays NaN); `x` of `out`'s dtype.
+    fn clamp(&self, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> Result<()>;
+    /// Bool `out = op(a, b)`; `a` and `b` share a dtype and broadcast to `out`'s shape.
+    fn compare(&self, op: CompareOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()>;
+    /// Bool `out = op(a, s)`.
+    fn compare_scalar(&self, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()>;
+    /// Bool `out = op(a, b)` for bool `a`, `b` broadcast to `out`'s shape.
+    fn logical(&self, op: LogicalOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()>;
+    /// `out = cond ? a : b` (bool `cond`; `a`, `b` of `out`'s dtype; all broadcast).
+    fn where_cond(&self, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()>;
+
+    // ------------------------------------------------------------------ reductions
+
+    /// Sum over the plan's reduced dims, times `scale`; floats accumulate in f64, integers and
+    /// bools sum into int64 `out`.
+    fn sum(&self, out: &Tensor, x: &Tensor, plan: &Plan, scale: f64) -> Result<()>;
+    /// Index (int64, into the reduced dim) and optionally the value of the max or min; the first
+    /// NaN wins, ties take the first index.
+    fn arg_extreme(&self, x: &Tensor, plan: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()>;
+    /// Variance over the plan's reduced dims with the given denominator (two passes in f64).
+    fn var(&self, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64) -> Result<()>;
+    /// (log-)softmax over the last dim of the contiguous `x`.
+    fn softmax(&self, out: &Tensor, x: &Tensor, log: bool) -> Result<()>;
+    /// Backward of (log-)softmax over the last dim: contiguous `grad` and saved output `y`.
+    fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()>;
+    /// Layer norm over the last dim of the contiguous `x` `[rows, cols]`: `y`, and the f32
+    /// statistics `mean`, `rstd` `[rows]`; optional `weight`/`bias` `[cols]` of `x`'s dtype.
+    fn layer_norm(&self, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<()>;
+
+    // ------------------------------------------------------------------ products
+
+    /// `out [batch.., m, n] = a [.., m, k] @ b [.., k, n]` with batch dims broadcast (a and b
+    /// strided, f32 or f64, same dtype as `out`).
+    fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()>;
+
+    // ------------------------------------------------------------------ indexing
+
+    /// Error unless every element of the integer tensor `index` is in `[0, size)` or equals
+    /// `ignore` (class targets of a loss: negative values are not wrapped). `dim` and `op` name the indexed dimension and the op in the error.
+    fn check_indices(&self, index: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()>;
+    /// `out.select(dim, i) = x.select(dim, index[i])` for a 1-D integer `index`.
+    fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()>;
+    /// In place `dst.select(dim, index[i]) += src.select(dim, i)` (src of dst's dtype).
+    fn index_add(&self, dst: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()>;
+    /// `out[..i..] = x[.. index[..i..] ..]` along `dim` (int64 `index` of `out`'s shape).
+    fn gather(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()>;
+    /// In place on the contiguous `out`: `out[.. index[..i..] ..] += src[..i..]` along `dim`.
+    fn scatter_add(&self, out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()>;
+    /// `out[i, index[i]] = 1` on a zero-filled int64 `out [n, classes]` (index flattened).
+    fn one_hot(&self, out: &Tensor, index: &Tensor) -> Result<()>;
+
+    // ------------------------------------------------------------------ fused updates
+
+    /// Run a named multi-tensor kernel over contiguous, same-shaped operands; `outputs` are
+    /// updated in place. Returns the kernel's scalar result (norm partials, found-inf as 0/1), or
+    /// 0 for kernels without one.
+    fn fused(&self, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64>;
+
+    /// Wait until every kernel submitted so far has finished (no-op for synchronous backends).
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// Copy the contiguous `src` into the contiguous `dst` of the same shape and dtype on another
+/// device: through the backend of whichever side is not in host memory, else through a staging
+/// buffer on the host.
+pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
+    let n = dst.nbytes();
+    if dst.is_meta() || n == 0 {
+        return Ok(());
+    }
+    if src.is_meta() {
+        return Err(TensorError::MetaHasNoData { op: "to_device" });
+    }
+    match (src.storage().ptr(), dst.storage().ptr()) {
+        (Some(_), _) => {
+            let s = src.ptr::<u8>("to_device")?;
+            // SAFETY: `src` is a contiguous tensor of `n` initialised bytes in host memory that
+            // stays alive (borrowed) for the duration of the call.
+            let bytes = unsafe { std::slice::from_raw_parts(s, n) };
+            dst.kernels().write_from_host(dst, bytes)
+        }
+        (None, Some(_)) => {
+            let d = dst.ptr::<u8>("to_device")?;
+            // SAFETY: `dst` is a fresh contiguous tensor of `n` bytes in host memory that no
+            // other handle can reach yet.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(d, n) };
+            src.kernels().read_to_host(src, bytes)
+        }
+        (None, None) => {
+            let mut staging = vec![0u8; n];
+            src.kernels().read_to_host(src, &mut staging)?;
+            dst.kernels().write_from_host(dst, &staging)
+        }
+    }
+}
+
+/// The kernels that compute on `device`'s memory.
+pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
+    match device {
+        Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
+        Device::Meta => &meta::MetaBackend,
+    }
+}
