@@ -20,6 +20,12 @@ pub enum IoError {
         source: std::io::Error,
     },
 
+    /// A path that names a directory, pipe, socket or device where a file is needed. Checked
+    /// before opening, so the user reads what the path is rather than the operating system's
+    /// complaint about memory-mapping it ("No such device").
+    #[error("`{}` is a {found}, not a file; pass the path of a file{}", path.display(), if *found == "directory" { " (for example one inside that directory)" } else { " (save the data to a file first)" })]
+    NotAFile { path: PathBuf, found: &'static str },
+
     /// The file is not one of the formats this crate reads.
     #[error("`{}` is not a checkpoint ferrite can read: {reason}", path.display())]
     UnknownFormat { path: PathBuf, reason: String },
