@@ -126,6 +126,27 @@ fn sim_devices_train_like_the_cpu_and_bad_flags_are_errors() {
     }
 }
 
+/// Advice belongs to one kind of error: a configuration mistake gets the configuration error
+/// and nothing about memory (it used to get "The model alone does not fit").
+#[test]
+fn a_bad_allocator_setting_gets_no_memory_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    for device in ["cpu", "sim:t4-16gb"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+            .args(["train", "--device", device, "--epochs", "1", "--no-progress"])
+            .env("FERRITE_ALLOC_CONF", "max_split_size_mb:abc")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{device}: {out}{err}");
+        assert!(err.contains("max_split_size_mb") && err.contains("abc") && err.contains("FERRITE_ALLOC_CONF"), "{device}: {err}");
+        for advice in ["does not fit", "out of memory", "Suggestions", "--hidden", "more memory"] {
+            assert!(!err.contains(advice) && !out.contains(advice), "{device}: `{advice}` after a configuration error:\n{out}{err}");
+        }
+    }
+}
+
 #[test]
 fn fashion_mnist_subset_trains() {
     if !Path::new("/usr/share/datasets/fashion-mnist").exists() && std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_none() {

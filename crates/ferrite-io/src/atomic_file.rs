@@ -29,6 +29,8 @@ impl AtomicFile {
     /// Starts writing a new version of `path` (the directory must exist).
     pub fn create(path: impl AsRef<Path>) -> Result<AtomicFile> {
         let target = path.as_ref().to_path_buf();
+        // Refused now rather than by the rename after the whole file was written.
+        crate::mapped_file::require_file(&target)?;
         let name = target
             .file_name()
             .ok_or_else(|| IoError::os("create", &target, std::io::Error::other("the path names no file")))?
@@ -148,6 +150,14 @@ mod tests {
 
         write_atomically(&p, |w| w.write_all(b"four")).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"four");
+    }
+
+    #[test]
+    fn a_directory_target_is_refused_before_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = AtomicFile::create(dir.path()).unwrap_err();
+        assert!(matches!(err, IoError::NotAFile { found: "directory", .. }), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no temporary file");
     }
 
     #[test]

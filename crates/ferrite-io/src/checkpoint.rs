@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::error::{IoError, Result};
+use crate::error::{IoError, Result, abbreviate_path};
 use crate::raw_tensor::RawTensor;
 use crate::safetensors_format::{SafetensorsFile, write_safetensors, write_safetensors_to};
 use crate::value::{Value, key_to_string};
@@ -76,12 +76,23 @@ struct Encoder<'a> {
     names: HashSet<String>,
 }
 
-const MAX_DEPTH: usize = 100;
+/// Deepest nesting of JSON arrays and objects that serde_json (and so the reader) parses.
+const JSON_DEPTH_LIMIT: usize = 127;
+
+/// Deepest node of a checkpoint tree, counted from the root (depth 0). A dict costs three JSON
+/// levels (`{"dict": [[key, value]]}`) and a node at the limit at most two more, so every tree
+/// within this bound is written as JSON the reader parses back: saving refuses what loading
+/// would. The bound is also what keeps the recursive encoder and decoder safe on a 2 MiB stack
+/// in a debug build (tested in `tests/robustness.rs`).
+pub(crate) const MAX_DEPTH: usize = (JSON_DEPTH_LIMIT - 2) / 3;
 
 impl<'a> Encoder<'a> {
     fn encode(&mut self, v: &'a Value, path: &mut Vec<String>, depth: usize) -> Result<Json> {
         if depth > MAX_DEPTH {
-            return Err(IoError::LimitExceeded { what: format!("nesting depth at `{}`", path.join("/")), limit: MAX_DEPTH as u64 });
+            return Err(IoError::structure(
+                abbreviate_path(path),
+                format!("nests {depth} levels deep, more than the {MAX_DEPTH} a ferrite checkpoint can hold (its tree is stored as JSON, which readers parse to {JSON_DEPTH_LIMIT} levels, and a dict takes three); flatten this entry"),
+            ));
         }
         Ok(match v {
             Value::None => Json::Null,
@@ -144,9 +155,9 @@ fn decode_json(
     path: &mut Vec<String>,
     depth: usize,
 ) -> Result<Value> {
-    let bad = |path: &Vec<String>, why: &str| IoError::structure(path.join("/"), format!("malformed checkpoint tree: {why}"));
+    let bad = |path: &Vec<String>, why: &str| IoError::structure(abbreviate_path(path), format!("malformed checkpoint tree: {why}"));
     if depth > MAX_DEPTH {
-        return Err(IoError::LimitExceeded { what: format!("nesting depth at `{}`", path.join("/")), limit: MAX_DEPTH as u64 });
+        return Err(IoError::too_deep(path, depth, MAX_DEPTH));
     }
     let seq = |items: &Vec<Json>, path: &mut Vec<String>| -> Result<Vec<Value>> {
         let mut out = Vec::with_capacity(items.len());

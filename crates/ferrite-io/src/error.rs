@@ -20,6 +20,12 @@ pub enum IoError {
         source: std::io::Error,
     },
 
+    /// A path that names a directory, pipe, socket or device where a file is needed. Checked
+    /// before opening, so the user reads what the path is rather than the operating system's
+    /// complaint about memory-mapping it ("No such device").
+    #[error("`{}` is a {found}, not a file; pass the path of a file{}", path.display(), if *found == "directory" { " (for example one inside that directory)" } else { " (save the data to a file first)" })]
+    NotAFile { path: PathBuf, found: &'static str },
+
     /// The file is not one of the formats this crate reads.
     #[error("`{}` is not a checkpoint ferrite can read: {reason}", path.display())]
     UnknownFormat { path: PathBuf, reason: String },
@@ -131,7 +137,49 @@ impl IoError {
     pub(crate) fn structure(path: impl Into<String>, reason: impl Into<String>) -> IoError {
         IoError::Structure { path: path.into(), reason: reason.into() }
     }
+
+    /// The nesting limit was passed at `depth` levels below the root, inside `path`. The path is
+    /// abbreviated: a hostile file's is hundreds of `0/0/0/…` segments long.
+    pub(crate) fn too_deep(path: &[String], depth: usize, limit: usize) -> IoError {
+        IoError::LimitExceeded { what: format!("nesting depth ({depth} levels, at `{}`)", abbreviate_path(path)), limit: limit as u64 }
+    }
 }
+
+/// A `/`-joined path short enough for an error message: the first and last
+/// [`PATH_ENDS`] segments around `…` when it is longer, each segment cut to [`SEGMENT_CHARS`]
+/// characters.
+pub(crate) fn abbreviate_path(path: &[String]) -> String {
+    let seg = |s: &String| -> String {
+        if s.chars().count() <= SEGMENT_CHARS { s.clone() } else { format!("{}…", s.chars().take(SEGMENT_CHARS).collect::<String>()) }
+    };
+    let join = |p: &[String]| p.iter().map(seg).collect::<Vec<_>>().join("/");
+    if path.len() <= 2 * PATH_ENDS + 1 {
+        join(path)
+    } else {
+        format!("{}/…/{}", join(&path[..PATH_ENDS]), join(&path[path.len() - PATH_ENDS..]))
+    }
+}
+
+/// Segments kept at each end of an abbreviated path.
+const PATH_ENDS: usize = 3;
+/// Characters kept of one path segment in an error message.
+const SEGMENT_CHARS: usize = 40;
 
 /// Result alias for this crate.
 pub type Result<T, E = IoError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deep_paths_are_abbreviated() {
+        let path: Vec<String> = (0..201).map(|i| (i % 7).to_string()).collect();
+        let msg = IoError::too_deep(&path, 201, 200).to_string();
+        assert!(msg.contains("`0/1/2/…/2/3/4`") && msg.contains("201 levels") && msg.contains("limit of 200"), "{msg}");
+        assert!(msg.len() < 200, "{msg}");
+        let short: Vec<String> = ["model", "layers", "0"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(abbreviate_path(&short), "model/layers/0");
+        assert_eq!(abbreviate_path(&["x".repeat(1000)]), format!("{}…", "x".repeat(40)));
+    }
+}

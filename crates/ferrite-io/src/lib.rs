@@ -41,7 +41,7 @@ pub use error::{IoError, Result};
 pub use format::{FileFormat, detect_format};
 pub use load_options::LoadOptions;
 pub use map_location::MapLocation;
-pub use mapped_file::map_file;
+pub use mapped_file::{map_file, require_file};
 pub use raw_tensor::{Element, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to};

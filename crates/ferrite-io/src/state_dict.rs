@@ -59,9 +59,12 @@ pub fn strip_prefix(sd: StateDict, prefix: &str) -> StateDict {
 /// all tensors), e.g. the `model` entry of a DataParallel training checkpoint. Returns how many
 /// keys changed.
 pub fn strip_prefix_in_tree(tree: &mut Value, prefix: &str) -> usize {
-    match tree {
-        Value::Dict(items) if !items.is_empty() && items.iter().all(|(_, v)| matches!(v, Value::Tensor(_))) => {
-            let mut n = 0;
+    let mut n = 0;
+    tree.walk_mut(|node| {
+        if let Value::Dict(items) = node
+            && !items.is_empty()
+            && items.iter().all(|(_, v)| matches!(v, Value::Tensor(_)))
+        {
             for (k, _) in items.iter_mut() {
                 if let Value::Str(s) = k
                     && let Some(rest) = s.strip_prefix(prefix)
@@ -70,12 +73,9 @@ pub fn strip_prefix_in_tree(tree: &mut Value, prefix: &str) -> usize {
                     n += 1;
                 }
             }
-            n
         }
-        Value::Dict(items) => items.iter_mut().map(|(_, v)| strip_prefix_in_tree(v, prefix)).sum(),
-        Value::List(items) | Value::Tuple(items) => items.iter_mut().map(|v| strip_prefix_in_tree(v, prefix)).sum(),
-        _ => 0,
-    }
+    });
+    n
 }
 
 /// Keys a model expects but the state_dict lacks, and keys it has that the model does not.

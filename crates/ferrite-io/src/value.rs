@@ -168,25 +168,95 @@ impl Value {
     /// Every tensor in the tree with its `/`-joined path, depth first in insertion order.
     pub fn tensors(&self) -> Vec<(String, &RawTensor)> {
         let mut out = Vec::new();
-        self.visit_tensors(String::new(), &mut |p, t| out.push((p, t)));
+        self.walk(|path, v| {
+            if let Value::Tensor(t) = v {
+                out.push((path.join("/"), t));
+            }
+            true
+        });
         out
     }
 
-    fn visit_tensors<'a>(&'a self, prefix: String, f: &mut dyn FnMut(String, &'a RawTensor)) {
-        let join = |k: String| if prefix.is_empty() { k } else { format!("{prefix}/{k}") };
-        match self {
-            Value::Tensor(t) => f(prefix, t),
-            Value::Dict(items) => {
-                for (k, v) in items {
-                    v.visit_tensors(join(key_to_string(k)), f);
-                }
+    /// Calls `f(path, node)` for every node, parents before children, in insertion order. `path`
+    /// holds the keys and indices from the root (empty for the root; `["optimizer", "state", "0"]`
+    /// below it; keys as text). `f` returns whether to visit the node's children.
+    ///
+    /// Why not a recursive walk: a tree read from a file nests as deep as the file says (up to
+    /// the readers' limit), and this walk's stack lives on the heap, so it is safe on any thread
+    /// in any build profile; the path is kept incrementally, so a walk costs time linear in the
+    /// size of the tree whatever its depth.
+    pub fn walk<'a>(&'a self, mut f: impl FnMut(&[String], &'a Value) -> bool) {
+        let mut path: Vec<String> = Vec::new();
+        // (segments in the node's path, its last segment, the node)
+        let mut stack: Vec<(usize, Option<String>, &'a Value)> = vec![(0, None, self)];
+        while let Some((depth, key, v)) = stack.pop() {
+            path.truncate(depth.saturating_sub(1));
+            path.extend(key);
+            if !f(&path, v) {
+                continue;
             }
-            Value::List(items) | Value::Tuple(items) => {
-                for (i, v) in items.iter().enumerate() {
-                    v.visit_tensors(join(i.to_string()), f);
+            match v {
+                Value::Dict(items) => stack.extend(items.iter().rev().map(|(k, c)| (depth + 1, Some(key_to_string(k)), c))),
+                Value::List(items) | Value::Tuple(items) => {
+                    stack.extend(items.iter().enumerate().rev().map(|(i, c)| (depth + 1, Some(i.to_string()), c)))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Calls `f` on every node, parents before children (so `f` may change a node's children
+    /// before they are visited). Iterative, like [`walk`](Self::walk). Dict keys are not visited.
+    pub fn walk_mut(&mut self, mut f: impl FnMut(&mut Value)) {
+        let mut stack: Vec<&mut Value> = vec![self];
+        while let Some(v) = stack.pop() {
+            f(v);
+            match v {
+                Value::Dict(items) => stack.extend(items.iter_mut().rev().map(|(_, c)| c)),
+                Value::List(items) | Value::Tuple(items) => stack.extend(items.iter_mut().rev()),
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether this node can hold other nodes.
+    fn is_container(&self) -> bool {
+        matches!(self, Value::List(_) | Value::Tuple(_) | Value::Dict(_))
+    }
+
+    /// Moves this node's children (keys included) onto `out`, leaving it empty.
+    fn take_children(&mut self, out: &mut Vec<Value>) {
+        match self {
+            Value::List(items) | Value::Tuple(items) => out.append(items),
+            Value::Dict(items) => {
+                for (k, v) in items.drain(..) {
+                    out.push(k);
+                    out.push(v);
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// Dropping is iterative: the compiler's drop glue would recurse once per nesting level, and a
+/// tree as deep as a file may make it (or one a program builds) must not overflow the stack when
+/// it is freed — in particular on a debug build's small-stacked threads.
+impl Drop for Value {
+    fn drop(&mut self) {
+        let nested = match self {
+            Value::List(items) | Value::Tuple(items) => items.iter().any(Value::is_container),
+            Value::Dict(items) => items.iter().any(|(k, v)| k.is_container() || v.is_container()),
+            _ => false,
+        };
+        if !nested {
+            return; // leaves and flat containers: the drop glue goes one level down only
+        }
+        let mut pending = Vec::new();
+        self.take_children(&mut pending);
+        while let Some(mut v) = pending.pop() {
+            v.take_children(&mut pending);
+            // `v` is now childless; its own drop ends here.
         }
     }
 }
@@ -269,6 +339,66 @@ mod tests {
         root.insert("epoch", 4i64).unwrap();
         assert_eq!(root.get("epoch"), Some(&Value::Int(4)));
         assert!(Value::Int(1).insert("a", 1i64).is_err());
+    }
+
+    fn nested(depth: usize) -> Value {
+        let mut v = Value::Int(1);
+        for i in 0..depth {
+            v = match i % 3 {
+                0 => Value::List(vec![v, Value::None]),
+                1 => Value::Tuple(vec![v]),
+                _ => {
+                    let mut d = Value::dict();
+                    d.insert("k", v).unwrap();
+                    d
+                }
+            };
+        }
+        v
+    }
+
+    #[test]
+    fn deep_trees_walk_and_drop_without_recursion() {
+        // Far deeper than any reader accepts: only an iterative walk and drop survive this on a
+        // 256 KiB stack.
+        let worker = std::thread::Builder::new().stack_size(256 << 10);
+        let handle = worker
+            .spawn(|| {
+                let mut v = nested(300_000);
+                let mut nodes = 0usize;
+                v.walk(|_, _| {
+                    nodes += 1;
+                    true
+                });
+                v.walk_mut(|n| {
+                    if let Value::Int(i) = n {
+                        *i = 2
+                    }
+                });
+                drop(v);
+                nodes
+            })
+            .unwrap();
+        assert_eq!(handle.join().unwrap(), 300_000 + 1 + 100_000);
+    }
+
+    #[test]
+    fn walk_paths_and_order() {
+        let t = RawTensor::from_values(vec![1], &[1.0f32]).unwrap();
+        let mut inner = Value::dict();
+        inner.insert(0i64, t.clone()).unwrap();
+        let mut root = Value::dict();
+        root.insert("a", t.clone()).unwrap();
+        root.insert("b", vec![Value::Int(3), inner]).unwrap();
+        root.insert("c", t).unwrap();
+        let names: Vec<String> = root.tensors().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(names, ["a", "b/1/0", "c"]);
+        let mut paths = Vec::new();
+        root.walk(|p, v| {
+            paths.push(p.join("/"));
+            !matches!(v, Value::List(_))
+        });
+        assert_eq!(paths, ["", "a", "b", "c"]);
     }
 
     #[test]

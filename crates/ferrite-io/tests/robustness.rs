@@ -246,12 +246,93 @@ fn hostile_pickles_inside_valid_zips() {
             "stack global" | "inst" => assert!(matches!(err, IoError::UnsafeGlobal { .. }) && msg.contains("`os.system`"), "{what}: {msg}"),
             "builtins eval" => assert!(msg.contains("`__builtin__.eval`"), "{what}: {msg}"),
             "exponential sharing" | "cycle" | "deep nesting" => {
-                assert!(matches!(err, IoError::LimitExceeded { .. }), "{what}: {msg}")
+                assert!(matches!(err, IoError::LimitExceeded { .. }), "{what}: {msg}");
+                // The path is abbreviated (first and last segments, depth), not 200 of `0/0/0/…`.
+                assert!(msg.len() < 300, "{what}: {msg}");
             }
             "huge string length" => assert!(matches!(err, IoError::SizeExceedsData { .. }), "{what}: {msg}"),
             _ => assert!(matches!(err, IoError::Pickle { .. }), "{what}: {msg}"),
         }
     }
+}
+
+/// A state_dict of one tensor `w` wrapped in `levels` one-element tuples: the tensor sits
+/// `levels + 1` levels below the root.
+fn state_dict_in_tuples(levels: usize) -> Vec<u8> {
+    let mut p = state_dict_pickle(&[TensorDesc { name: "w", storage_class: "FloatStorage", key: "0", numel: 4, offset: 0, shape: vec![4], strides: vec![1] }]);
+    assert_eq!(p.pop(), Some(b'.'));
+    p.extend(std::iter::repeat_n(0x85u8, levels)); // TUPLE1
+    p.push(b'.');
+    make_pt_zip(&p, &[("0", f32_bytes(&[1.0, 2.0, 3.0, 4.0]))])
+}
+
+/// `n` nested one-element lists around an int, as a ferrite checkpoint's JSON tree.
+fn json_lists(n: usize) -> String {
+    format!("{}1{}", "[".repeat(n), "]".repeat(n))
+}
+
+/// Threads spawned by a program get 2 MiB stacks, and so does every test of `cargo test`; in a
+/// debug build stack frames are several times larger than in release. The deepest trees the
+/// readers accept, and hostile ones past the limits, must be read, used and dropped there: the
+/// pickle reader, walks and drop are iterative, and what still recurses (derived `Clone`,
+/// `PartialEq`, `Debug`; the JSON encoder and decoder of ferrite checkpoints) is bounded by the
+/// readers' depth limits (200 levels for pickles, 41 for ferrite checkpoints).
+#[test]
+fn deepest_trees_are_safe_on_a_2_mib_stack() {
+    let worker = std::thread::Builder::new().name("2 MiB".into()).stack_size(2 << 20);
+    let run = worker
+        .spawn(|| {
+            // Past the pickle limit (200 levels): an error with a short message.
+            let mut hostile = vec![0x80, 2, b'N'];
+            hostile.extend(std::iter::repeat_n(0x85u8, 1_000_000));
+            hostile.push(b'.');
+            let err = read_bytes(&Bytes::from(make_pt_zip(&hostile, &[]))).unwrap_err();
+            assert!(matches!(err, IoError::LimitExceeded { limit: 200, .. }), "{err}");
+            assert!(err.to_string().contains("201 levels") && err.to_string().len() < 300, "{err}");
+            assert!(read_bytes(&Bytes::from(state_dict_in_tuples(200))).is_err());
+
+            // At the limit: accepted, and every use of the tree works.
+            let v = read_bytes(&Bytes::from(state_dict_in_tuples(199))).unwrap();
+            let tensors = v.tensors();
+            assert_eq!(tensors.len(), 1);
+            assert_eq!(tensors[0].0, format!("{}w", "0/".repeat(199)));
+            assert_eq!(tensors[0].1.sum_f64(), 10.0);
+            let copy = v.clone();
+            assert!(copy == v);
+            assert!(format!("{v:?}").contains("Tensor"));
+            // ferrite checkpoints nest at most 41 levels: saving this one is refused, briefly.
+            let err = ferrite_io::write_checkpoint_to(&mut Vec::new(), &v).unwrap_err();
+            assert!(matches!(err, IoError::Structure { .. }) && err.to_string().contains("41"), "{err}");
+            assert!(err.to_string().len() < 400, "{err}");
+            drop(tensors);
+            drop((v, copy));
+
+            // The deepest ferrite checkpoint (dicts all the way, the costliest in JSON levels)
+            // saves and loads back; one level more is refused on save.
+            let mut deep = Value::dict();
+            for i in 0..41 {
+                let mut d = Value::dict();
+                d.insert(format!("level{i}"), deep).unwrap();
+                deep = d;
+            }
+            let mut file = Vec::new();
+            ferrite_io::write_checkpoint_to(&mut file, &deep).unwrap();
+            let back = read_bytes(&Bytes::from(file)).unwrap();
+            assert!(back == deep);
+            let mut deeper = Value::dict();
+            deeper.insert("one more", deep).unwrap();
+            assert!(ferrite_io::write_checkpoint_to(&mut Vec::new(), &deeper).is_err());
+            let mut meta = BTreeMap::new();
+            for levels in [101, 127, 100_000] {
+                meta.insert(ferrite_io::CHECKPOINT_TREE_KEY.to_string(), json_lists(levels));
+                let mut file = Vec::new();
+                write_safetensors_to(&mut file, std::iter::empty::<(&str, &RawTensor)>(), &meta).unwrap();
+                let err = read_bytes(&Bytes::from(file)).unwrap_err();
+                assert!(err.to_string().len() < 300, "{levels}: {err}");
+            }
+        })
+        .unwrap();
+    run.join().expect("deep trees on a 2 MiB stack");
 }
 
 #[test]

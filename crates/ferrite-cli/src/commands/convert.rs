@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use ferrite_io::{RawTensor, Value};
+use ferrite_io::Value;
 use ferrite_tensor::DType;
 
 use super::CliResult;
@@ -79,15 +79,13 @@ pub fn run(args: ConvertArgs) -> CliResult {
 }
 
 fn convert_floats(v: &mut Value, dtype: DType) {
-    match v {
-        Value::Tensor(t) if t.dtype().is_floating_point() => {
-            let converted: RawTensor = t.to_dtype(dtype);
-            *t = converted;
+    v.walk_mut(|node| {
+        if let Value::Tensor(t) = node
+            && t.dtype().is_floating_point()
+        {
+            *t = t.to_dtype(dtype);
         }
-        Value::Dict(items) => items.iter_mut().for_each(|(_, x)| convert_floats(x, dtype)),
-        Value::List(items) | Value::Tuple(items) => items.iter_mut().for_each(|x| convert_floats(x, dtype)),
-        _ => {}
-    }
+    });
 }
 
 #[cfg(test)]

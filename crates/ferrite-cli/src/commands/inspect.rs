@@ -76,32 +76,22 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
     Ok(o)
 }
 
-/// Non-tensor leaves outside state_dicts (epoch, loss, learning rates, …), by path.
+/// Non-tensor leaves outside state_dicts (epoch, loss, learning rates, …), by path. A list or
+/// tuple of plain values is one leaf (`betas = (0.9, 0.999)`); one that holds containers is
+/// walked into, so printing a leaf never recurses.
 fn scalar_entries(tree: &Value) -> Vec<(String, Value)> {
-    fn walk(v: &Value, path: &str, out: &mut Vec<(String, Value)>) {
-        let join = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}/{k}") };
-        match v {
-            Value::Dict(items) => {
-                for (k, val) in items {
-                    let key = match k {
-                        Value::Str(s) => s.clone(),
-                        Value::Int(i) => i.to_string(),
-                        other => format!("{other:?}"),
-                    };
-                    walk(val, &join(&key), out);
-                }
-            }
-            Value::List(items) | Value::Tuple(items) if items.iter().any(|x| matches!(x, Value::Dict(_) | Value::List(_) | Value::Tensor(_))) => {
-                for (i, val) in items.iter().enumerate() {
-                    walk(val, &join(&i.to_string()), out);
-                }
-            }
-            Value::Tensor(_) => {}
-            leaf => out.push((path.to_string(), leaf.clone())),
-        }
-    }
     let mut out = Vec::new();
-    walk(tree, "", &mut out);
+    tree.walk(|path, v| match v {
+        Value::Dict(_) => true,
+        Value::List(items) | Value::Tuple(items) if items.iter().any(|x| matches!(x, Value::Dict(_) | Value::List(_) | Value::Tuple(_) | Value::Tensor(_))) => {
+            true
+        }
+        Value::Tensor(_) => false,
+        leaf => {
+            out.push((path.join("/"), leaf.clone()));
+            false
+        }
+    });
     out
 }
 

@@ -65,6 +65,10 @@ fn replay_output(
     json: bool,
 ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
     use std::fmt::Write;
+    if path.is_dir() {
+        // Said plainly rather than as the operating system's "Is a directory (os error 21)".
+        return Err(ferrite_io::IoError::NotAFile { path: path.clone(), found: "directory" }.into());
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
     let trace = Trace::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let spec = device.or_else(|| trace.device.clone()).ok_or(
@@ -140,5 +144,8 @@ mod tests {
         assert!(e.to_string().contains("gpu:0"), "{e}");
         let e = replay_output(&PathBuf::from("/nonexistent.json"), None, None, true).unwrap_err();
         assert!(e.to_string().contains("cannot read trace"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let e = replay_output(&dir.path().to_path_buf(), None, None, true).unwrap_err().to_string();
+        assert!(e.contains("is a directory, not a file") && !e.contains("os error"), "{e}");
     }
 }

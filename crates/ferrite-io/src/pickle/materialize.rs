@@ -2,7 +2,9 @@
 //!
 //! Memo references let a few bytes of pickle refer to a large subtree many times, so the output
 //! size is metered (a budget proportional to the input) and nesting depth is bounded: a hostile
-//! file gets a `LimitExceeded` error instead of exhausting memory or the stack.
+//! file gets a `LimitExceeded` error instead of exhausting memory. The walk keeps its own stack of
+//! open containers instead of recursing, so the Rust stack it needs does not grow with the
+//! nesting of the file, whatever the build profile or the caller's thread stack size.
 
 use std::collections::HashMap;
 
@@ -29,7 +31,7 @@ pub(crate) fn to_value(heap: &Heap, root: &Obj, input_len: usize, resolve: &mut 
         initial_budget: 4 * input_len as u64 + 100_000,
         path: Vec::new(),
     };
-    m.value(root, 0)
+    m.run(root)
 }
 
 struct Materializer<'h, 'r, 'f> {
@@ -39,10 +41,70 @@ struct Materializer<'h, 'r, 'f> {
     storages: HashMap<usize, Bytes>,
     budget: u64,
     initial_budget: u64,
+    /// Keys and indices from the root to the node being converted (for error messages).
     path: Vec<String>,
 }
 
-impl Materializer<'_, '_, '_> {
+/// What converting one object gives: a finished value, or a container whose children come next.
+enum Node<'h> {
+    Done(Value),
+    Open(Frame<'h>),
+}
+
+/// A container being filled, on the materialiser's own stack.
+enum Frame<'h> {
+    Seq { tuple: bool, items: &'h [Obj], out: Vec<Value> },
+    /// `key` is the converted key of `items[out.len()]` while its value is being converted.
+    Dict { items: &'h [(Obj, Obj)], out: Vec<(Value, Value)>, key: Option<Value> },
+}
+
+impl<'h> Frame<'h> {
+    /// The next object to convert, pushing its path segment; `None` when the container is full.
+    fn next_child(&self, path: &mut Vec<String>) -> Option<&'h Obj> {
+        match self {
+            Frame::Seq { items, out, .. } => {
+                let child = items.get(out.len())?;
+                path.push(out.len().to_string());
+                Some(child)
+            }
+            Frame::Dict { items, out, key } => {
+                let (k, v) = items.get(out.len())?;
+                // A key is converted at the dict's own path; its value under the key's name.
+                Some(if key.is_some() { v } else { k })
+            }
+        }
+    }
+
+    /// Takes the converted child that [`next_child`](Self::next_child) asked for.
+    fn accept(&mut self, v: Value, path: &mut Vec<String>) {
+        match self {
+            Frame::Seq { out, .. } => {
+                path.pop();
+                out.push(v);
+            }
+            Frame::Dict { out, key, .. } => match key.take() {
+                None => {
+                    path.push(key_to_string(&v));
+                    *key = Some(v);
+                }
+                Some(k) => {
+                    path.pop();
+                    out.push((k, v));
+                }
+            },
+        }
+    }
+
+    fn finish(self) -> Value {
+        match self {
+            Frame::Seq { tuple: true, out, .. } => Value::Tuple(out),
+            Frame::Seq { tuple: false, out, .. } => Value::List(out),
+            Frame::Dict { out, .. } => Value::Dict(out),
+        }
+    }
+}
+
+impl<'h> Materializer<'h, '_, '_> {
     fn spend(&mut self, units: u64) -> Result<()> {
         if units > self.budget {
             return Err(IoError::LimitExceeded {
@@ -58,12 +120,42 @@ impl Materializer<'_, '_, '_> {
         self.path.join("/")
     }
 
-    fn value(&mut self, o: &Obj, depth: usize) -> Result<Value> {
+    /// Depth-first conversion with an explicit stack of open containers.
+    fn run(&mut self, root: &'h Obj) -> Result<Value> {
+        let mut stack: Vec<Frame<'h>> = match self.node(root, 0)? {
+            Node::Done(v) => return Ok(v),
+            Node::Open(f) => vec![f],
+        };
+        while let Some(top) = stack.last() {
+            match top.next_child(&mut self.path) {
+                Some(child) => match self.node(child, stack.len())? {
+                    Node::Open(f) => stack.push(f),
+                    Node::Done(v) => {
+                        if let Some(top) = stack.last_mut() {
+                            top.accept(v, &mut self.path);
+                        }
+                    }
+                },
+                None => {
+                    let Some(full) = stack.pop() else { break };
+                    let v = full.finish();
+                    match stack.last_mut() {
+                        Some(parent) => parent.accept(v, &mut self.path),
+                        None => return Ok(v),
+                    }
+                }
+            }
+        }
+        Err(IoError::structure(self.path(), "internal error: the object tree ended without a root"))
+    }
+
+    /// Converts a scalar or tensor, or opens a container; `depth` is the number of open ancestors.
+    fn node(&mut self, o: &'h Obj, depth: usize) -> Result<Node<'h>> {
         if depth > MAX_DEPTH {
-            return Err(IoError::LimitExceeded { what: format!("nesting depth at `{}`", self.path()), limit: MAX_DEPTH as u64 });
+            return Err(IoError::too_deep(&self.path, depth, MAX_DEPTH));
         }
         self.spend(1)?;
-        Ok(match o {
+        Ok(Node::Done(match o {
             Obj::None => Value::None,
             Obj::Bool(b) => Value::Bool(*b),
             Obj::Int(i) => Value::Int(*i),
@@ -82,40 +174,22 @@ impl Materializer<'_, '_, '_> {
                     return Err(IoError::structure(self.path(), format!("a bare reference to {other:?} is not a value")));
                 }
             },
-            Obj::Ref(id) => self.container(*id, depth)?,
-        })
+            Obj::Ref(id) => return self.container(*id),
+        }))
     }
 
-    fn seq(&mut self, items: &[Obj], depth: usize) -> Result<Vec<Value>> {
-        let mut out = Vec::with_capacity(items.len().min(1 << 16));
-        for (i, o) in items.iter().enumerate() {
-            self.path.push(i.to_string());
-            let v = self.value(o, depth + 1);
-            self.path.pop();
-            out.push(v?);
-        }
-        Ok(out)
-    }
-
-    fn container(&mut self, id: usize, depth: usize) -> Result<Value> {
+    fn container(&mut self, id: usize) -> Result<Node<'h>> {
         let heap = self.heap;
         let Some(c) = heap.get(id) else {
             return Err(IoError::structure(self.path(), "dangling object reference"));
         };
+        let cap = |n: usize| n.min(1 << 16);
         Ok(match c {
-            Container::Tuple(items) => Value::Tuple(self.seq(items, depth)?),
-            Container::List(items) | Container::Set(items) => Value::List(self.seq(items, depth)?),
-            Container::Dict(d) => {
-                let mut out = Vec::with_capacity(d.items.len().min(1 << 16));
-                for (k, v) in &d.items {
-                    let key = self.value(k, depth + 1)?;
-                    self.path.push(key_to_string(&key));
-                    let val = self.value(v, depth + 1);
-                    self.path.pop();
-                    out.push((key, val?));
-                }
-                Value::Dict(out)
+            Container::Tuple(items) => Node::Open(Frame::Seq { tuple: true, items, out: Vec::with_capacity(cap(items.len())) }),
+            Container::List(items) | Container::Set(items) => {
+                Node::Open(Frame::Seq { tuple: false, items, out: Vec::with_capacity(cap(items.len())) })
             }
+            Container::Dict(d) => Node::Open(Frame::Dict { items: &d.items, out: Vec::with_capacity(cap(d.items.len())), key: None }),
             Container::Storage(_) => {
                 return Err(IoError::structure(self.path(), "a bare storage (not wrapped in a tensor) is not supported"));
             }
@@ -135,7 +209,7 @@ impl Materializer<'_, '_, '_> {
                 })?;
                 t.set_requires_grad(spec.requires_grad);
                 t.set_location(sref.location.clone());
-                Value::Tensor(t)
+                Node::Done(Value::Tensor(t))
             }
         })
     }

@@ -201,22 +201,73 @@ impl TrainError {
     fn corrupt_entry(entry: impl Into<String>, reason: impl Into<String>) -> TrainError {
         TrainError::CorruptCheckpoint { entry: entry.into(), reason: reason.into() }
     }
+
+    /// Whether this is a device running out of memory (whatever layer reported it).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            TrainError::During { source, .. } => source.is_out_of_memory(),
+            TrainError::Memory(e) => e.oom_report().is_some(),
+            TrainError::Tensor(e) => e.oom_report().is_some(),
+            TrainError::Nn(e) => e.oom_report().is_some(),
+            TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report().is_some(),
+            TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report().is_some(),
+            // A loader wraps what collation or staging to the device returned.
+            TrainError::Data(e) => oom_in_sources(e),
+            _ => false,
+        }
+    }
+}
+
+/// Whether an error in `e`'s source chain is an out-of-memory error.
+fn oom_in_sources(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let oom = s.downcast_ref::<ferrite_memory::MemoryError>().is_some_and(|m| m.oom_report().is_some())
+            || s.downcast_ref::<ferrite_tensor::TensorError>().is_some_and(|t| t.oom_report().is_some())
+            || s.downcast_ref::<ferrite_nn::NnError>().is_some_and(|n| n.oom_report().is_some());
+        if oom {
+            return true;
+        }
+        cur = s.source();
+    }
+    false
+}
+
+/// A trainer-level explanation added after an error — only after the kind of error it explains:
+/// advice for one failure is false advice for another.
+pub enum Hint {
+    /// Shown only when the error is a device running out of memory.
+    OutOfMemory(String),
+}
+
+impl Hint {
+    /// The text to show after `error`: the hint if it is about this kind of error, else nothing.
+    fn for_error(self, error: &TrainError) -> String {
+        match self {
+            Hint::OutOfMemory(text) if error.is_out_of_memory() => text,
+            Hint::OutOfMemory(_) => String::new(),
+        }
+    }
 }
 
 /// Tags an error with the phase of training it happened in.
 trait During<T> {
     fn during(self, phase: &'static str, device: &Device) -> Result<T, TrainError>;
-    /// As `during`, adding `hint` (a trainer-level explanation) after the error.
-    fn during_hint(self, phase: &'static str, device: &Device, hint: String) -> Result<T, TrainError>;
+    /// As `during`, adding `hint` after the error when the error is the kind the hint explains.
+    fn during_hint(self, phase: &'static str, device: &Device, hint: Hint) -> Result<T, TrainError>;
 }
 
 impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
     fn during(self, phase: &'static str, device: &Device) -> Result<T, TrainError> {
-        self.during_hint(phase, device, String::new())
+        self.map_err(|e| TrainError::During { phase, device: device.to_string(), source: Box::new(e.into()), hint: String::new() })
     }
 
-    fn during_hint(self, phase: &'static str, device: &Device, hint: String) -> Result<T, TrainError> {
-        self.map_err(|e| TrainError::During { phase, device: device.to_string(), source: Box::new(e.into()), hint })
+    fn during_hint(self, phase: &'static str, device: &Device, hint: Hint) -> Result<T, TrainError> {
+        self.map_err(|e| {
+            let source: TrainError = e.into();
+            let hint = hint.for_error(&source);
+            TrainError::During { phase, device: device.to_string(), source: Box::new(source), hint }
+        })
     }
 }
 
@@ -255,8 +306,10 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     });
     check("epochs", epochs >= 1, epochs, "must be at least 1")?;
     let alloc = allocator(&device);
-    if let Some(spec) = &args.alloc_conf {
-        alloc.set_alloc_conf(spec)?;
+    match &args.alloc_conf {
+        Some(spec) => alloc.set_alloc_conf(spec)?,
+        // A bad FERRITE_ALLOC_CONF is reported now, not as the failure of the first allocation.
+        None => drop(ferrite_memory::env_alloc_config()?),
     }
 
     // ---- data
@@ -311,11 +364,11 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     );
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
-    let too_big = format!(
+    let too_big = Hint::OutOfMemory(format!(
         "\nThe model alone does not fit: its weights need {}, and training them needs about {} (weights, gradients, AdamW moments) before any activation. Batch size, accumulation and checkpointing cannot help with that; use a smaller --hidden/--layers or a device with more memory (`ferrite memory gpus`).",
         format_size(param_bytes),
         format_size(state_bytes)
-    );
+    ));
     let mut model = build_mlp(&spec, &device, &mut init, &dropout_rng).during_hint("building the model", &device, too_big)?;
     let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
     let mut scaler = GradScaler::new(GradScalerConfig { enabled: args.amp == Some(Amp::F16), ..GradScalerConfig::default() })?;
@@ -489,4 +542,26 @@ fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> ProgressBa
     }
     bar.set_prefix(format!("epoch {epoch}/{epochs}"));
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hinted(e: impl Into<TrainError>) -> String {
+        Err::<(), _>(e).during_hint("building the model", &Device::Cpu, Hint::OutOfMemory("\nTHE HINT".into())).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn out_of_memory_hints_follow_only_out_of_memory_errors() {
+        let sim = Device::parse("sim:1GiB").unwrap();
+        let oom = Tensor::zeros(&[1 << 30], DType::F32, &sim).unwrap_err();
+        assert!(oom.oom_report().is_some());
+        assert!(hinted(oom).ends_with("THE HINT"));
+        let config = ferrite_memory::AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();
+        let msg = hinted(config.clone());
+        assert!(msg.contains("max_split_size_mb") && !msg.contains("THE HINT"), "{msg}");
+        assert!(!hinted(ferrite_tensor::TensorError::Memory(config)).contains("THE HINT"));
+        assert!(!hinted(TrainError::MetaDevice).contains("THE HINT"));
+    }
 }
