@@ -57,6 +57,8 @@ pub(crate) struct AllocatorCore {
     config: AllocatorConfig,
     /// Set when the environment configuration was invalid: every allocation reports it.
     config_error: Option<MemoryError>,
+    /// Set when the device itself cannot be used (e.g. `gpu:7` on a one-GPU machine).
+    device_error: Option<MemoryError>,
     pub stats: MemoryStats,
     arena: Arena,
     small: FreePool,
@@ -86,6 +88,7 @@ impl AllocatorCore {
             stats: MemoryStats::new(config.max_split_size),
             config,
             config_error: None,
+            device_error: None,
             arena: Arena::default(),
             small: FreePool::new(),
             large: FreePool::new(),
@@ -145,6 +148,19 @@ impl AllocatorCore {
         self.stats.set_max_split_size(config.max_split_size);
         self.config = config;
         self.config_error = None;
+    }
+
+    pub fn set_device_error(&mut self, e: MemoryError) {
+        self.device_error = Some(e);
+    }
+
+    /// Settings this device's memory cannot honour.
+    fn unsupported_config(&self) -> Option<MemoryError> {
+        (self.config.expandable_segments && !self.raw.supports_expandable_segments()).then(|| MemoryError::InvalidConfig {
+            key: "expandable_segments".into(),
+            value: "True".into(),
+            reason: format!("{} cannot map memory pages on demand (wgpu has no virtual memory API); remove the option, or use max_split_size_mb to limit fragmentation instead", self.device),
+        })
     }
 
     pub fn set_config_error(&mut self, e: MemoryError) {
@@ -213,8 +229,11 @@ impl AllocatorCore {
         stream: u32,
         loc: &'static Location<'static>,
     ) -> Result<Allocation, MemoryError> {
-        if let Some(e) = &self.config_error {
+        if let Some(e) = self.device_error.as_ref().or(self.config_error.as_ref()) {
             return Err(e.clone());
+        }
+        if let Some(e) = self.unsupported_config() {
+            return Err(e);
         }
         if orig >= MAX_REQUEST {
             return Err(MemoryError::RequestTooLarge { device: self.device.to_string(), requested: orig });
@@ -981,11 +1000,16 @@ impl AllocatorCore {
     // ---------------------------------------------------------------- OOM
 
     fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64, stream: u32) -> MemoryError {
+        if let Some(RawAllocError::TooLarge { max }) = self.last_raw_error {
+            self.stats.num_ooms += 1;
+            return MemoryError::BufferTooLarge { device: self.device.to_string(), requested: orig, max };
+        }
         let device_free = self.raw.device_free();
         self.trace(TraceAction::Oom, device_free.unwrap_or(0), size, stream, None);
         self.stats.num_ooms += 1;
         let largest_free_block = self.small.largest().max(self.large.largest());
         let host_refused = self.last_raw_error == Some(RawAllocError::HostRefused);
+        let driver_refused = self.last_raw_error == Some(RawAllocError::DriverRefused);
         let facts = OomFacts {
             device: self.device.to_string(),
             device_kind: self.device.kind(),
@@ -995,8 +1019,8 @@ impl AllocatorCore {
             rounded_bytes: size,
             segment_bytes: alloc_size,
             total_capacity: self.raw.total_capacity(),
-            // A host refusal below the nominal capacity means the capacity is not really there.
-            usable_capacity: if host_refused { Some(self.total_reserved) } else { self.raw.usable_capacity() },
+            // A host or driver refusal below the nominal capacity means the capacity is not there.
+            usable_capacity: if host_refused || driver_refused { Some(self.total_reserved) } else { self.raw.usable_capacity() },
             device_free,
             allowed_bytes: self.allowed_max,
             allocated_bytes: self.stats.allocated_bytes.all.current as u64,
@@ -1004,6 +1028,7 @@ impl AllocatorCore {
             largest_free_block,
             max_split_size: self.config.max_split_size_limit(),
             host_refused,
+            driver_refused,
             expandable_segments: self.config.expandable_segments,
         };
         MemoryError::OutOfMemory { report: Box::new(OutOfMemoryReport::diagnose(facts)) }

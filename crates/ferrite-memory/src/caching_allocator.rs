@@ -67,11 +67,26 @@ unsafe impl Send for Block {}
 // SAFETY: `&Block` only exposes plain values and the pointer value, never the bytes.
 unsafe impl Sync for Block {}
 
-fn default_backend(device: &Device) -> Box<dyn RawMemory> {
-    match device {
+/// The raw memory of `device`, or why the device cannot be used (a GPU that does not exist).
+fn default_backend(device: &Device) -> Result<Box<dyn RawMemory>, MemoryError> {
+    Ok(match device {
         Device::Cpu => Box::new(HostMemory::new()),
         Device::Sim { profile, .. } => Box::new(SimMemory::new(profile)),
         Device::Meta => Box::new(MetaMemory::new()),
+        Device::Gpu { index } => Box::new(crate::gpu::memory::WgpuMemory::new(crate::gpu::context(*index)?)),
+    })
+}
+
+/// An allocator core for `device`; an unusable device gets a core that reports why on every
+/// allocation (creating an allocator never fails, so `allocator(&device)` never panics).
+fn core_for(device: &Device, config: AllocatorConfig) -> AllocatorCore {
+    match default_backend(device) {
+        Ok(raw) => AllocatorCore::new(device.clone(), config, raw),
+        Err(e) => {
+            let mut core = AllocatorCore::new(device.clone(), config, Box::new(MetaMemory::new()));
+            core.set_device_error(e);
+            core
+        }
     }
 }
 
@@ -84,8 +99,8 @@ impl CachingAllocator {
 
     /// A private allocator with the given settings.
     pub fn with_config(device: Device, config: AllocatorConfig) -> Self {
-        let raw = default_backend(&device);
-        Self::with_backend(device, config, raw)
+        let core = core_for(&device, config);
+        CachingAllocator { shared: SharedRef::Counted(Arc::new(Shared { device, core: Mutex::new(core) })) }
     }
 
     /// A private allocator configured from `FERRITE_ALLOC_CONF`.
@@ -104,6 +119,11 @@ impl CachingAllocator {
                 None => Box::new(MetaMemory::new()),
             },
             Device::Meta => Box::new(MetaMemory::new()),
+            // A GPU of unknown capacity: address-only, capacity from the GPU's context when known.
+            Device::Gpu { index } => match crate::gpu::context(*index).ok().and_then(|c| c.capacity()) {
+                Some(cap) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(cap))),
+                None => Box::new(MetaMemory::new()),
+            },
         };
         Self::with_backend(device, config, raw)
     }
@@ -116,8 +136,7 @@ impl CachingAllocator {
 
     /// An allocator that is never freed (the registry's): its blocks skip reference counting.
     pub(crate) fn process_lifetime(device: Device, config: AllocatorConfig) -> Self {
-        let raw = default_backend(&device);
-        let core = AllocatorCore::new(device.clone(), config, raw);
+        let core = core_for(&device, config);
         let shared: &'static Shared = Box::leak(Box::new(Shared { device, core: Mutex::new(core) }));
         CachingAllocator { shared: SharedRef::Static(shared) }
     }

@@ -11,9 +11,10 @@ pub enum DeviceKind {
     Cpu,
     Sim,
     Meta,
+    Gpu,
 }
 
-/// Where memory lives: `cpu`, `sim:<gpu-profile|capacity>[:index]` or `meta`.
+/// Where memory lives: `cpu`, `sim:<gpu-profile|capacity>[:index]`, `meta` or `gpu:<index>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Device {
     Cpu,
@@ -21,13 +22,15 @@ pub enum Device {
     Sim { profile: GpuProfile, index: usize },
     /// Shape-only execution: addresses without backing memory.
     Meta,
+    /// A real GPU through wgpu (Vulkan, Metal, DX12), numbered as `ferrite devices` lists them.
+    Gpu { index: usize },
 }
 
 impl Device {
     /// The device index (`N` of `sim:<gpu>:N`; 0 for `cpu` and `meta`).
     pub fn index(&self) -> usize {
         match self {
-            Device::Sim { index, .. } => *index,
+            Device::Sim { index, .. } | Device::Gpu { index } => *index,
             _ => 0,
         }
     }
@@ -38,6 +41,10 @@ impl Device {
             Device::Cpu => "host memory".to_string(),
             Device::Sim { profile, .. } => profile.name.clone(),
             Device::Meta => "meta (no memory)".to_string(),
+            Device::Gpu { index } => match crate::gpu::list_adapters().into_iter().nth(*index) {
+                Some(a) => a.name,
+                None => format!("gpu:{index} (no such adapter)"),
+            },
         }
     }
 
@@ -46,20 +53,27 @@ impl Device {
             Device::Cpu => DeviceKind::Cpu,
             Device::Sim { .. } => DeviceKind::Sim,
             Device::Meta => DeviceKind::Meta,
+            Device::Gpu { .. } => DeviceKind::Gpu,
         }
     }
 
-    /// Parse a device string such as `cpu`, `meta`, `sim:a100-40gb`, `sim:a100-40gb:1`, `sim:1GiB`.
+    /// Parse a device string such as `cpu`, `meta`, `gpu`, `gpu:1`, `sim:a100-40gb`,
+    /// `sim:a100-40gb:1`, `sim:1GiB`. (Whether a `gpu:N` exists is checked when it is first used.)
     pub fn parse(spec: &str) -> Result<Device, MemoryError> {
         let bad = |reason: &str| MemoryError::InvalidDevice { spec: spec.to_string(), reason: reason.to_string() };
         let s = spec.trim();
         match s {
             "cpu" => return Ok(Device::Cpu),
             "meta" => return Ok(Device::Meta),
+            "gpu" => return Ok(Device::Gpu { index: 0 }),
             _ => {}
         }
+        if let Some(i) = s.strip_prefix("gpu:") {
+            let index = i.parse::<usize>().map_err(|_| bad("GPU index must be a non-negative integer (`gpu:0`)"))?;
+            return Ok(Device::Gpu { index });
+        }
         let Some(rest) = s.strip_prefix("sim:") else {
-            return Err(bad("expected `cpu`, `meta` or `sim:<gpu>[:index]`"));
+            return Err(bad("expected `cpu`, `meta`, `gpu[:index]` or `sim:<gpu>[:index]`"));
         };
         let (name, index) = match rest.rsplit_once(':') {
             Some((n, i)) => (n, i.parse::<usize>().map_err(|_| bad("device index must be a non-negative integer"))?),
@@ -114,6 +128,7 @@ impl fmt::Display for Device {
             Device::Cpu => write!(f, "cpu"),
             Device::Meta => write!(f, "meta"),
             Device::Sim { profile, index } => write!(f, "sim:{}:{}", profile.key, index),
+            Device::Gpu { index } => write!(f, "gpu:{index}"),
         }
     }
 }
@@ -154,6 +169,10 @@ mod tests {
         assert!(Device::parse("sim:nope").is_err());
         assert!(Device::parse("sim:a100-40gb:x").is_err());
         assert!(Device::parse("cuda:0").is_err());
+        assert_eq!(Device::parse("gpu").unwrap(), Device::Gpu { index: 0 });
+        assert_eq!(Device::parse("gpu:3").unwrap().to_string(), "gpu:3");
+        assert!(Device::parse("gpu:x").is_err());
+        assert!(Device::parse("gpu:-1").is_err());
         assert!(Device::parse("sim:0GiB").is_err());
     }
 }

@@ -20,6 +20,13 @@ pub enum MemoryError {
     /// A request the allocator refuses whatever the device: more than 1 EiB.
     #[error("cannot allocate {requested} bytes on {device}: requests of 1 EiB or more are refused")]
     RequestTooLarge { device: String, requested: u64 },
+    /// A GPU that cannot be used: no adapter, an index past the last one, a driver that refused
+    /// to create the device, or a device lost mid-run. The reason says what exists and what to do.
+    #[error("{device} is not available: {reason}")]
+    GpuUnavailable { device: String, reason: String },
+    /// A single allocation larger than the largest buffer the GPU can create.
+    #[error("cannot allocate {requested} bytes on {device}: larger than the largest buffer this GPU can create ({max} bytes, the adapter's max_buffer_size); split the tensor or use a smaller batch")]
+    BufferTooLarge { device: String, requested: u64, max: u64 },
     /// An allocation trace that cannot be replayed.
     #[error("invalid allocation trace: {reason}")]
     InvalidTrace { reason: String },

@@ -5,7 +5,8 @@
 //! "The memory spine".
 //!
 //! - [`raw_memory`]: backends that obtain segments — host memory, a simulated GPU with a real
-//!   card's capacity ([`GPU_CATALOGUE`]), and address-only `meta` memory.
+//!   card's capacity ([`GPU_CATALOGUE`]), address-only `meta` memory, and real GPUs' buffers
+//!   through wgpu ([`gpu`]).
 //! - [`CachingAllocator`]: PyTorch's caching-allocator semantics (rounding, pools, best fit,
 //!   split/merge, `max_split_size`, the OOM ladder, garbage collection, memory fraction),
 //!   configured with [`AllocatorConfig`] in `PYTORCH_CUDA_ALLOC_CONF` syntax.
@@ -30,6 +31,7 @@ mod caching_allocator;
 mod config;
 mod device;
 mod error;
+pub mod gpu;
 mod gpu_catalogue;
 pub mod history;
 pub mod memory_summary;

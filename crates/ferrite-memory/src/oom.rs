@@ -87,6 +87,10 @@ pub struct OutOfMemoryReport {
     /// The host machine, not the device, ran out: host-backed devices of this process already
     /// reserve close to the physical RAM.
     pub host_refused: bool,
+    /// A GPU driver refused a new buffer: the card's memory is used up (possibly by other
+    /// processes), whatever ferrite believed the capacity to be.
+    #[serde(default)]
+    pub driver_refused: bool,
     pub diagnosis: OomDiagnosis,
     /// Ranked remedies, most effective first.
     pub suggestions: Vec<Suggestion>,
@@ -124,6 +128,7 @@ pub(crate) struct OomFacts {
     pub largest_free_block: u64,
     pub max_split_size: Option<u64>,
     pub host_refused: bool,
+    pub driver_refused: bool,
     pub expandable_segments: bool,
 }
 
@@ -185,7 +190,7 @@ impl OutOfMemoryReport {
                 );
             }
             OomDiagnosis::Fragmented => {
-                if !f.expandable_segments {
+                if !f.expandable_segments && f.device_kind != DeviceKind::Gpu {
                     push(
                         SuggestionKind::ExpandableSegments,
                         "set FERRITE_ALLOC_CONF=expandable_segments:True so segments grow in pages instead of leaving unusable slivers".to_string(),
@@ -240,6 +245,7 @@ impl OutOfMemoryReport {
             largest_free_block: f.largest_free_block,
             limit_bytes: limit,
             host_refused: f.host_refused,
+            driver_refused: f.driver_refused,
             diagnosis,
             suggestions: s,
         }
@@ -248,6 +254,14 @@ impl OutOfMemoryReport {
     /// One-sentence explanation of the diagnosis with the numbers behind it.
     pub fn explanation(&self) -> String {
         let needed = self.allocated_bytes.saturating_add(self.rounded_bytes);
+        if self.driver_refused {
+            return format!(
+                "the GPU driver refused a new {} buffer with {} reserved by this process: the card's memory is used up (other processes count too; `nvidia-smi` or the vendor's tool shows them){}",
+                format_size(self.segment_bytes),
+                format_size(self.reserved_bytes),
+                if self.total_capacity.is_none() { ", and ferrite does not know this GPU's capacity (set FERRITE_GPU_MEMORY=<size> to plan against it)" } else { "" }
+            );
+        }
         if self.host_refused {
             return format!(
                 "the host machine cannot back more memory: host-backed devices of this process reserve {} and a new {} segment would exceed the physical RAM (use `meta` or an unbacked allocator to plan beyond it)",
@@ -287,6 +301,7 @@ impl fmt::Display for OutOfMemoryReport {
             ),
             DeviceKind::Cpu => ("CPU out of memory", format!("CPU ({})", self.device_name)),
             DeviceKind::Meta => ("Meta device out of memory", "The meta device".to_string()),
+            DeviceKind::Gpu => ("GPU out of memory", format!("GPU {} ({}, {})", self.device_index, self.device, self.device_name)),
         };
         write!(f, "{prefix}. Tried to allocate {}. ", format_size(self.segment_bytes))?;
         match (self.total_capacity, self.device_free) {
@@ -296,6 +311,7 @@ impl fmt::Display for OutOfMemoryReport {
                 format_size(t),
                 format_size(free)
             )?,
+            _ if self.device_kind == DeviceKind::Gpu => write!(f, "{who} has a capacity unknown to ferrite and the driver refused the memory. ")?,
             _ => write!(f, "{who} has no fixed capacity and the host refused the memory. ")?,
         }
         if let Some(a) = self.allowed_bytes {

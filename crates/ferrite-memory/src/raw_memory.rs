@@ -3,7 +3,8 @@
 //! The caching allocator asks a [`RawMemory`] for whole segments (PyTorch's `cudaMalloc` calls)
 //! and never touches memory otherwise. Three backends stand behind the trait:
 //! [`HostMemory`] (real, aligned host memory; the `cpu` device), [`SimMemory`] (host memory with a
-//! real GPU's capacity and context overhead; `sim:*`) and [`MetaMemory`] (addresses only; `meta`).
+//! real GPU's capacity and context overhead; `sim:*`) and [`MetaMemory`] (addresses only; `meta`);
+//! real GPUs' buffers come from [`crate::gpu::memory::WgpuMemory`] (`gpu:N`).
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
 use std::sync::OnceLock;
@@ -36,6 +37,11 @@ pub enum RawAllocError {
     CapacityExceeded,
     /// The host could not provide the memory.
     HostRefused,
+    /// A GPU driver refused the buffer (out of device memory): retryable after freeing cached
+    /// segments.
+    DriverRefused,
+    /// Larger than any single buffer the device can create: no amount of freeing helps.
+    TooLarge { max: u64 },
     /// The backend cannot reserve address space for expandable segments.
     Unsupported,
 }
@@ -71,6 +77,10 @@ pub trait RawMemory: Send {
     fn unmap(&mut self, _range: &RawSegment, _offset: u64, _len: u64) {}
     /// Return a reserved range whose pages are all unmapped.
     fn release_address_space(&mut self, _range: RawSegment) {}
+    /// Whether [`Self::reserve_address_space`] and [`Self::map`] work (expandable segments).
+    fn supports_expandable_segments(&self) -> bool {
+        true
+    }
 }
 
 /// Host address space reserved without backing (`mmap` with `PROT_NONE`); pages become usable

@@ -47,6 +47,14 @@ pub enum TensorError {
     /// In-place operation on a leaf that requires grad, outside no_grad.
     #[error("{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap parameter updates in no_grad()")]
     InplaceOnLeaf { op: &'static str },
+    /// A GPU reported an error: a shader that did not compile, a validation failure, a device
+    /// lost mid-run. `detail` carries the driver's words.
+    #[error("{op} on {device}: {detail}")]
+    Gpu { op: &'static str, device: String, detail: String },
+    /// A tensor too large for one GPU storage binding (the adapter's
+    /// `max_storage_buffer_binding_size`).
+    #[error("{op} on {device}: an operand spans {bytes} bytes, more than this GPU can bind at once ({max} bytes, max_storage_buffer_binding_size); split the tensor (e.g. a smaller batch) or use a GPU with larger bindings")]
+    BindingTooLarge { op: &'static str, device: String, bytes: u64, max: u64 },
     /// An allocation failed; carries the allocator's diagnosis.
     #[error(transparent)]
     Memory(#[from] MemoryError),

@@ -57,6 +57,11 @@ impl Storage {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Bytes of the allocator block (the request rounded up; kernels may touch the padding).
+    pub(crate) fn block_size(&self) -> usize {
+        self.block.size()
+    }
+
     /// The device address (distinct per live block, also on meta).
     pub fn addr(&self) -> u64 {
         self.block.addr()

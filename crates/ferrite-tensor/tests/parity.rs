@@ -2,6 +2,10 @@
 //! (`../shared/fixtures/pytorch-reference`, or `$FERRITE_PYTORCH_REFERENCE`): forward output and
 //! every input gradient within the case's rtol/atol. Prints one line per case and a final
 //! `N passed, N failed` line; exits non-zero if any case fails.
+//!
+//! Every case runs on every device under test: `$FERRITE_TEST_DEVICES` (comma-separated, e.g.
+//! `cpu,gpu:0`), by default `cpu` and every GPU adapter this machine has (Mesa's lavapipe counts:
+//! CI runs the suite on it). Inputs are moved to the device, results read back.
 
 use std::path::PathBuf;
 
@@ -121,7 +125,7 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
         "cross_entropy" => {
             let t: Vec<i64> = a["target"].as_array().ok_or("target")?.iter().filter_map(|v| v.as_i64()).collect();
             let n = t.len();
-            let target = Tensor::from_vec(t, &[n], &Device::Cpu).map_err(|e| e.to_string())?;
+            let target = Tensor::from_vec(t, &[n], x[0].device()).map_err(|e| e.to_string())?;
             e(ferrite_tensor::functional::cross_entropy(&x[0], &target, &Default::default()))
         }
         "mse_loss" => e(ferrite_tensor::functional::mse_loss(&x[0], &x[1])),
@@ -129,7 +133,7 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
             let rows = a["indices"].as_array().ok_or("indices")?;
             let shape = [rows.len(), rows.first().and_then(|r| r.as_array()).map(|r| r.len()).unwrap_or(0)];
             let flat: Vec<i64> = rows.iter().flat_map(|r| r.as_array().cloned().unwrap_or_default()).filter_map(|v| v.as_i64()).collect();
-            let idx = Tensor::from_vec(flat, &shape, &Device::Cpu).map_err(|e| e.to_string())?;
+            let idx = Tensor::from_vec(flat, &shape, x[0].device()).map_err(|e| e.to_string())?;
             e(ferrite_tensor::functional::embedding(&idx, &x[0]))
         }
         "sdpa" => e(ferrite_tensor::functional::scaled_dot_product_attention(&x[0], &x[1], &x[2], None, a["is_causal"].as_bool().unwrap_or(false), None)),
@@ -141,11 +145,19 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
     }
 }
 
-fn run_case(dir: &PathBuf, case: &Case) -> Result<bool, String> {
+/// The devices to run on (see the module documentation).
+fn devices() -> Vec<Device> {
+    match std::env::var("FERRITE_TEST_DEVICES") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().parse::<Device>().unwrap_or_else(|e| panic!("FERRITE_TEST_DEVICES: {e}"))).collect(),
+        _ => std::iter::once(Device::Cpu).chain(ferrite_memory::gpu::list_adapters().into_iter().map(|a| Device::Gpu { index: a.index })).collect(),
+    }
+}
+
+fn run_case(dir: &PathBuf, case: &Case, device: &Device) -> Result<bool, String> {
     let fx = load(&dir.join("ops").join(format!("{}.safetensors", case.name)))?;
     let inputs: Vec<Tensor> = (0..case.inputs)
         .map(|i| {
-            let t = get(&fx, &format!("input.{i}"))?.clone();
+            let t = get(&fx, &format!("input.{i}"))?.to_device(device).map_err(|e| e.to_string())?;
             if case.has_grad && fx.iter().any(|(n, _)| n == &format!("grad_input.{i}")) {
                 t.requires_grad_(true).map_err(|e| e.to_string())
             } else {
@@ -156,8 +168,8 @@ fn run_case(dir: &PathBuf, case: &Case) -> Result<bool, String> {
     let Some(out) = forward(case, &inputs)? else { return Ok(false) };
     close("output", &out, get(&fx, "output")?, case.rtol, case.atol)?;
     if case.has_grad {
-        let go = get(&fx, "grad_output")?;
-        out.backward_with(go, false).map_err(|e| e.to_string())?;
+        let go = get(&fx, "grad_output")?.to_device(device).map_err(|e| e.to_string())?;
+        out.backward_with(&go, false).map_err(|e| e.to_string())?;
         for (i, t) in inputs.iter().enumerate() {
             if let Ok(want) = get(&fx, &format!("grad_input.{i}")) {
                 let g = t.grad().ok_or_else(|| format!("input {i} received no gradient"))?;
@@ -184,6 +196,9 @@ fn main() {
     let m: serde_json::Value = serde_json::from_str(&text).expect("manifest.json is valid JSON");
     let cases = m["cases"].as_array().expect("manifest has cases");
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
+    let devices = devices();
+    println!("parity devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+    for device in &devices {
     for c in cases {
         let case = Case {
             name: c["name"].as_str().unwrap_or("?").to_string(),
@@ -194,20 +209,21 @@ fn main() {
             rtol: c["rtol"].as_f64().unwrap_or(1e-5),
             atol: c["atol"].as_f64().unwrap_or(1e-5),
         };
-        match run_case(&dir, &case) {
+        match run_case(&dir, &case, device) {
             Ok(true) => {
                 passed += 1;
-                println!("parity {:<24} ok", case.name);
+                println!("parity {:<6} {:<24} ok", device.to_string(), case.name);
             }
             Ok(false) => {
                 skipped += 1;
-                println!("parity {:<24} skipped (layer of ferrite-nn; checked by its parity suite)", case.name);
+                println!("parity {:<6} {:<24} skipped (layer of ferrite-nn; checked by its parity suite)", device.to_string(), case.name);
             }
             Err(e) => {
                 failed += 1;
-                println!("parity {:<24} FAILED: {e}", case.name);
+                println!("parity {:<6} {:<24} FAILED: {e}", device.to_string(), case.name);
             }
         }
+    }
     }
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {

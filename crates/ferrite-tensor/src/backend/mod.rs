@@ -14,7 +14,7 @@
 //! | `cpu`         | host                                   | [`cpu::CpuBackend`]      |
 //! | `sim:<gpu>`   | host, with the GPU's capacity          | [`cpu::CpuBackend`]      |
 //! | `meta`        | addresses only                         | [`meta::MetaBackend`]    |
-//! | `gpu:<i>`     | wgpu buffers                           | the wgpu backend         |
+//! | `gpu:<i>`     | wgpu buffers                           | [`gpu::WgpuBackend`]     |
 //!
 //! Adding a backend: implement [`KernelBackend`] (every method; the trait has no defaults, so the
 //! compiler lists what is missing), give its device a `RawMemory` in ferrite-memory, and add its
@@ -28,6 +28,7 @@
 //! is a synchronisation point.
 
 pub(crate) mod cpu;
+pub(crate) mod gpu;
 pub(crate) mod meta;
 
 use ferrite_memory::Device;
@@ -364,5 +365,6 @@ pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
     match device {
         Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
         Device::Meta => &meta::MetaBackend,
+        Device::Gpu { index } => gpu::backend(*index),
     }
 }
