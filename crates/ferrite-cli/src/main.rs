@@ -24,6 +24,8 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Convert a PyTorch .pt/.pth file to .safetensors.
     Convert(commands::convert::ConvertArgs),
+    /// List the devices ferrite can compute on: cpu, meta, and every GPU adapter with its limits.
+    Devices(commands::devices::DevicesArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
         Some(Command::Memory(a)) => commands::memory::run(a),
         Some(Command::Inspect(a)) => commands::inspect::run(a),
         Some(Command::Convert(a)) => commands::convert::run(a),
+        Some(Command::Devices(a)) => commands::devices::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

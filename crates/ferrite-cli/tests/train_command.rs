@@ -164,3 +164,39 @@ fn fashion_mnist_subset_trains() {
     println!("fashion-mnist, 6,000-image subset, 2 epochs: test accuracy {acc}%");
     assert!(acc >= 75.0, "{out}");
 }
+
+/// `--device gpu:0` trains the demo to the CPU's accuracy on a real (or Mesa's software) GPU, a
+/// capacity set with FERRITE_GPU_MEMORY gives the CPU's diagnosed out-of-memory error, and a GPU
+/// that is not there is named with the ones that are. Skips loudly without an adapter.
+#[test]
+fn gpu_devices_train_like_the_cpu_and_fail_like_a_card() {
+    if ferrite_memory::gpu::list_adapters().is_empty() {
+        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
+        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = ferrite(&["train", "--epochs", "3", "--no-progress", "--out", "cpu.safetensors"], dir.path());
+    let gpu = ferrite(&["train", "--epochs", "3", "--no-progress", "--device", "gpu:0", "--out", "gpu.safetensors"], dir.path());
+    let ((cpu_out, _), (gpu_out, gpu_err)) = (text(&cpu), text(&gpu));
+    assert!(gpu.status.success(), "{gpu_out}{gpu_err}");
+    assert!(gpu_out.contains("device gpu:0"), "the memory summary is the GPU's: {gpu_out}");
+    let (a, b) = (final_accuracy(&cpu_out), final_accuracy(&gpu_out));
+    assert!((a - b).abs() <= 0.6, "test accuracy on gpu:0 {b}% vs cpu {a}%");
+
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "gpu:0", "--hidden", "20000", "--epochs", "1", "--no-progress"])
+        .env("FERRITE_GPU_MEMORY", "64MiB")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(err.contains("GPU out of memory") && err.contains("64.00 MiB") && err.contains("Diagnosis") && !err.contains("panicked"), "{err}");
+
+    let missing = format!("gpu:{}", ferrite_memory::gpu::list_adapters().len() + 3);
+    let o = ferrite(&["train", "--device", &missing, "--epochs", "1", "--no-progress"], dir.path());
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(err.contains(&format!("{missing} is not available")) && err.contains("gpu:0"), "{err}");
+}

@@ -93,6 +93,11 @@ impl ReplayReport {
 
 /// Replay `trace` on `device` with `config`.
 pub fn replay(trace: &Trace, device: Device, config: AllocatorConfig) -> Result<ReplayReport, MemoryError> {
+    if let Device::Gpu { index } = &device {
+        // A replay on a real GPU uses its capacity (when known); a GPU that is not there is an
+        // error, not an address-only replay.
+        crate::gpu::context(*index)?;
+    }
     let alloc = CachingAllocator::unbacked(device.clone(), config.clone());
     let mut live: HashMap<u64, Block> = HashMap::new();
     let mut failed: HashSet<u64> = HashSet::new();

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use ferrite_optim::{Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer, Sgd, SgdConfig};
-use ferrite_tensor::{Device, Tensor};
+use ferrite_tensor::Tensor;
 use serde_json::Value;
 
 fn f(v: &Value, key: &str, default: f64) -> f64 {
@@ -40,7 +40,8 @@ fn optimizer_trajectories_match_pytorch() {
     let manifest: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let cases = manifest["cases"].as_array().expect("cases");
     assert!(cases.len() >= 3, "expected the SGD, Adam and AdamW trajectories");
-    let dev = Device::Cpu;
+    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    println!("optimizer trajectories on {dev}");
     for case in cases {
         let name = case["name"].as_str().unwrap();
         let steps = case["steps"].as_u64().unwrap() as usize;
@@ -66,15 +67,16 @@ fn optimizer_trajectories_match_pytorch() {
             opt.zero_grad().unwrap();
             let d = (total as f64 - want_losses[s] as f64).abs();
             worst_loss = worst_loss.max(d);
-            assert!(d <= 1e-5, "{name}: step {s} loss {total} vs PyTorch {} (diff {d:e})", want_losses[s]);
+            assert!(d <= 1e-5, "{dev} {name}: step {s} loss {total} vs PyTorch {} (diff {d:e})", want_losses[s]);
         }
         let mut worst = 0.0f64;
         for (p, n) in params.iter().zip(PARAM_NAMES) {
             let d = max_abs_diff(p, get(&ts, &format!("final.{n}")));
-            assert!(d <= 1e-5, "{name}: final.{n} differs from PyTorch by {d:e}");
+            assert!(d <= 1e-5, "{dev} {name}: final.{n} differs from PyTorch by {d:e}");
             worst = worst.max(d);
         }
-        println!("{name}: {steps} steps x {accum} micro-batches; max |param diff| {worst:.2e}, max |loss diff| {worst_loss:.2e}");
+        println!("{dev} {name}: {steps} steps x {accum} micro-batches; max |param diff| {worst:.2e}, max |loss diff| {worst_loss:.2e}");
+    }
     }
 }
 
@@ -89,8 +91,8 @@ fn grad_scaler_trajectory_matches_pytorch_exactly() {
         growth_interval: spec["growth_interval"].as_i64().unwrap(),
         enabled: true,
     };
-    let mut scaler = GradScaler::new(cfg).unwrap();
-    let dev = Device::Cpu;
+    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    let mut scaler = GradScaler::new(cfg.clone()).unwrap();
     let w = Tensor::from_vec(vec![0.5f32, -0.25], &[2], &dev).unwrap().requires_grad_(true).unwrap();
     let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.01)).unwrap();
     let steps = spec["steps"].as_array().unwrap();
@@ -104,12 +106,13 @@ fn grad_scaler_trajectory_matches_pytorch_exactly() {
         let stepped = scaler.step(&mut opt).unwrap();
         scaler.update().unwrap();
         opt.zero_grad().unwrap();
-        assert_eq!(stepped, !found_inf, "step {i}");
+        assert_eq!(stepped, !found_inf, "{dev} step {i}");
         if found_inf {
             assert_eq!(w.to_vec::<f32>().unwrap(), before, "step {i}: a step with inf gradients must not touch the parameters");
         }
         let want = st["scale_after"].as_f64().unwrap();
         assert_eq!(scaler.get_scale(), want, "step {i}: scale after update");
     }
-    println!("grad_scaler: {} steps, scale trajectory identical to PyTorch", steps.len());
+    println!("grad_scaler on {dev}: {} steps, scale trajectory identical to PyTorch", steps.len());
+    }
 }

@@ -147,10 +147,7 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
 
 /// The devices to run on (see the module documentation).
 fn devices() -> Vec<Device> {
-    match std::env::var("FERRITE_TEST_DEVICES") {
-        Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().parse::<Device>().unwrap_or_else(|e| panic!("FERRITE_TEST_DEVICES: {e}"))).collect(),
-        _ => std::iter::once(Device::Cpu).chain(ferrite_memory::gpu::list_adapters().into_iter().map(|a| Device::Gpu { index: a.index })).collect(),
-    }
+    ferrite_memory::gpu::devices_under_test().unwrap_or_else(|e| panic!("FERRITE_TEST_DEVICES: {e}"))
 }
 
 fn run_case(dir: &PathBuf, case: &Case, device: &Device) -> Result<bool, String> {

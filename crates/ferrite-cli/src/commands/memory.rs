@@ -140,8 +140,8 @@ mod tests {
     fn replay_errors_are_messages() {
         let e = replay_output(&demo_trace(), None, Some("bogus:1".into()), true).unwrap_err();
         assert!(e.to_string().contains("bogus"), "{e}");
-        let e = replay_output(&demo_trace(), Some("gpu:0".into()), Some(String::new()), true).unwrap_err();
-        assert!(e.to_string().contains("gpu:0"), "{e}");
+        let e = replay_output(&demo_trace(), Some("gpu:99".into()), Some(String::new()), true).unwrap_err();
+        assert!(e.to_string().contains("gpu:99"), "{e}");
         let e = replay_output(&PathBuf::from("/nonexistent.json"), None, None, true).unwrap_err();
         assert!(e.to_string().contains("cannot read trace"), "{e}");
         let dir = tempfile::tempdir().unwrap();

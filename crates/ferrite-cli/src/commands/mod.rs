@@ -1,6 +1,7 @@
 //! One module per subcommand. Each exposes `XxxArgs` (clap) and `run(args) -> CliResult`.
 
 pub mod convert;
+pub mod devices;
 pub mod inspect;
 pub mod memory;
 pub mod train;

@@ -1,0 +1,83 @@
+//! `ferrite devices`: what this machine can compute on. A user choosing `--device` (or wondering
+//! why `gpu:0` is refused) needs the list ferrite itself sees: the CPU, every GPU adapter with the
+//! limits that decide which tensors fit one kernel binding, and where each GPU's capacity comes
+//! from (wgpu does not report VRAM size).
+
+use ferrite_memory::gpu::{list_adapters, AdapterSummary, GPU_MEMORY_ENV};
+use ferrite_memory::format_size;
+
+use super::CliResult;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DevicesArgs {
+    /// Print one JSON object (`{"devices": [...]}`) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: DevicesArgs) -> CliResult {
+    let adapters = list_adapters();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json(&adapters))?);
+    } else {
+        print!("{}", table(&adapters));
+    }
+    Ok(())
+}
+
+fn capacity_text(a: &AdapterSummary) -> String {
+    match (&a.capacity, &a.capacity_source) {
+        (Some(c), Some(src)) => format!("{} ({src})", format_size(*c)),
+        (Some(c), None) => format_size(*c),
+        _ => format!("unknown (set {GPU_MEMORY_ENV}=24GiB to give ferrite a capacity for planning and OOM reports)"),
+    }
+}
+
+/// The human-readable listing.
+pub fn table(adapters: &[AdapterSummary]) -> String {
+    let mut s = String::from("cpu      host memory, CPU kernels\nmeta     shapes and allocations only (no data): planning\nsim:<gpu> host memory with a GPU's capacity and allocator (`ferrite memory gpus` lists them)\n");
+    if adapters.is_empty() {
+        s.push_str("\nNo GPU adapter found (ferrite uses Vulkan, Metal or DX12 through wgpu).\nOn Linux install a Vulkan driver: your GPU vendor's, or Mesa's (`apt-get install mesa-vulkan-drivers libvulkan1`; lavapipe is a software GPU for testing).\n");
+        return s;
+    }
+    for a in adapters {
+        s.push_str(&format!(
+            "\ngpu:{}    {}\n  backend {}, {}, driver {} {}\n  capacity: {}\n  max buffer {}, max storage binding {} (one tensor per kernel operand), offset alignment {} B, shader-f16 {}\n",
+            a.index,
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
+            a.driver_info,
+            capacity_text(a),
+            format_size(a.max_buffer_size),
+            format_size(a.max_storage_buffer_binding_size),
+            a.min_storage_buffer_offset_alignment,
+            if a.shader_f16 { "yes" } else { "no" },
+        ));
+    }
+    s
+}
+
+/// The `--json` listing.
+pub fn json(adapters: &[AdapterSummary]) -> serde_json::Value {
+    let mut devices = vec![serde_json::json!({"device": "cpu", "kind": "cpu"}), serde_json::json!({"device": "meta", "kind": "meta"})];
+    for a in adapters {
+        devices.push(serde_json::json!({
+            "device": format!("gpu:{}", a.index),
+            "kind": "gpu",
+            "name": a.name,
+            "backend": a.backend,
+            "device_type": a.device_type,
+            "driver": a.driver,
+            "driver_info": a.driver_info,
+            "capacity_bytes": a.capacity,
+            "capacity_source": a.capacity_source,
+            "max_buffer_size": a.max_buffer_size,
+            "max_storage_buffer_binding_size": a.max_storage_buffer_binding_size,
+            "min_storage_buffer_offset_alignment": a.min_storage_buffer_offset_alignment,
+            "shader_f16": a.shader_f16,
+        }));
+    }
+    serde_json::json!({ "devices": devices })
+}

@@ -1,0 +1,158 @@
+//! The wgpu backend seen from outside: memory accounting on `gpu:N`, dtypes, random streams equal
+//! to the CPU's, fused kernels, and every bad input as a typed error. Runs on every GPU adapter
+//! this machine has (Mesa's lavapipe in CI); without one the tests skip loudly, and fail when
+//! `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI installs the driver).
+
+use ferrite_memory::{allocator, gpu};
+use ferrite_tensor::backend::FusedKernel;
+use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor, TensorError};
+
+/// Tests share one device (its allocator statistics, its error flag): they run one at a time.
+static DEVICE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The GPU devices under test, or `None` (after saying why) when there are none.
+fn gpus() -> Option<Vec<Device>> {
+    let devices: Vec<Device> = gpu::devices_under_test().expect("FERRITE_TEST_DEVICES").into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
+    if devices.is_empty() {
+        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1 for lavapipe), or none chosen in FERRITE_TEST_DEVICES");
+        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        return None;
+    }
+    eprintln!("gpu_backend devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+    Some(devices)
+}
+
+fn seq(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect()
+}
+
+#[test]
+fn memory_is_accounted_returned_and_released() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    for d in &devices {
+        let a = allocator(d);
+        a.empty_cache();
+        let base = a.memory_allocated();
+        {
+            let x = Tensor::from_slice(&seq(1000), &[10, 100], d).unwrap();
+            let y = x.exp().unwrap().sum().unwrap();
+            assert!(y.item().unwrap().is_finite());
+            assert!(a.memory_allocated() > base, "{d}: tensors on the GPU are counted");
+            assert!(a.memory_reserved() >= 2 << 20, "{d}: a small-pool segment (2 MiB) is reserved");
+            assert!(gpu::context(d.index()).unwrap().live_buffers() > 0);
+        }
+        assert_eq!(a.memory_allocated(), base, "{d}: every block is returned when the tensors drop");
+        a.empty_cache();
+        assert_eq!(a.memory_reserved(), 0, "{d}: empty_cache releases every segment");
+        assert_eq!(gpu::context(d.index()).unwrap().live_buffers(), 0, "{d}: and every wgpu buffer with it");
+    }
+}
+
+#[test]
+fn half_precision_storage_rounds_like_the_cpu() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let x = Tensor::from_slice(&seq(999), &[999], &Device::Cpu).unwrap();
+    for dtype in [DType::F16, DType::BF16] {
+        let want = x.to_dtype(dtype).unwrap().mul(&x.to_dtype(dtype).unwrap()).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for d in &devices {
+            let g = x.to_device(d).unwrap().to_dtype(dtype).unwrap();
+            let got = g.mul(&g).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            assert_eq!(got, want, "{d} {dtype}: products of {dtype} values round to the same {dtype} as on the CPU");
+        }
+    }
+}
+
+#[test]
+fn seeded_random_numbers_and_dropout_masks_equal_the_cpus() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let cpu_u = Tensor::rand_with(&[4097], DType::F32, &Device::Cpu, &mut Generator::new(7)).unwrap().to_vec::<f32>().unwrap();
+    let ones = Tensor::ones(&[3, 1001], DType::F32, &Device::Cpu).unwrap();
+    let cpu_mask = ferrite_tensor::functional::dropout(&ones, 0.3, true, &mut Generator::new(11)).unwrap().to_vec::<f32>().unwrap();
+    for d in &devices {
+        let u = Tensor::rand_with(&[4097], DType::F32, d, &mut Generator::new(7)).unwrap();
+        assert_eq!(u.to_vec::<f32>().unwrap(), cpu_u, "{d}: uniform draws");
+        let m = ferrite_tensor::functional::dropout(&ones.to_device(d).unwrap(), 0.3, true, &mut Generator::new(11)).unwrap();
+        assert_eq!(m.to_vec::<f32>().unwrap(), cpu_mask, "{d}: dropout mask");
+    }
+}
+
+#[test]
+fn fused_optimizer_and_scaler_kernels_match_the_cpu() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let p0 = seq(3000);
+    let g0: Vec<f32> = seq(3000).iter().map(|v| v * 0.01).collect();
+    let adam = FusedKernel::Adam { l2: None, decay: Some(1.0 - 1e-3 * 0.01), beta1: 0.9, beta2: 0.999, eps: 1e-8, bias_correction2_sqrt: (1.0f64 - 0.999).sqrt(), step_size: 1e-3 / (1.0 - 0.9), maximize: false, amsgrad: false };
+    let run = |d: &Device| -> Vec<Vec<f32>> {
+        let p = Tensor::from_slice(&p0, &[3000], d).unwrap();
+        let m = Tensor::zeros(&[3000], DType::F32, d).unwrap();
+        let v = Tensor::zeros(&[3000], DType::F32, d).unwrap();
+        let g = Tensor::from_slice(&g0, &[3000], d).unwrap();
+        let _guard = no_grad();
+        for _ in 0..3 {
+            Tensor::fused(&adam, &[&p, &m, &v], &[&g]).unwrap();
+        }
+        [p, m, v].iter().map(|t| t.to_vec::<f32>().unwrap()).collect()
+    };
+    let want = run(&Device::Cpu);
+    for d in &devices {
+        let got = run(d);
+        for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!((x - y).abs() <= 1e-6 + 1e-5 * y.abs(), "{d}: Adam operand {k} element {i}: {x} vs CPU {y}");
+            }
+        }
+        // The GradScaler's check finds an inf and unscales the rest.
+        let mut v = seq(5000);
+        v[4321] = f32::INFINITY;
+        let g = Tensor::from_slice(&v, &[5000], d).unwrap();
+        let found = Tensor::fused(&FusedKernel::Unscale { inv_scale: 0.5 }, &[&g], &[]).unwrap();
+        assert_eq!(found, 1.0, "{d}: inf found");
+        assert_eq!(g.to_vec::<f32>().unwrap()[10], v[10] * 0.5);
+        let clean = Tensor::from_slice(&seq(5000), &[5000], d).unwrap();
+        assert_eq!(Tensor::fused(&FusedKernel::Unscale { inv_scale: 1.0 }, &[&clean], &[]).unwrap(), 0.0, "{d}: nothing to find");
+        // A 2-norm, as clip_grad_norm_ computes it.
+        let kind = ferrite_tensor::backend::NormKind::Two;
+        let got = kind.finish(Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&clean]).unwrap());
+        let want = kind.finish(Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&clean.to_device(&Device::Cpu).unwrap()]).unwrap());
+        assert!((got - want).abs() <= 1e-5 * want, "{d}: norm {got} vs CPU {want}");
+    }
+}
+
+#[test]
+fn bad_input_gets_typed_errors() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let n = gpu::list_adapters().len();
+    // A GPU index past the last adapter.
+    let missing = Device::Gpu { index: n + 6 };
+    let err = Tensor::zeros(&[4], DType::F32, &missing).unwrap_err().to_string();
+    assert!(err.contains(&format!("gpu:{}", n + 6)) && err.contains("gpu:0"), "names the missing device and what exists: {err}");
+    for d in &devices {
+        // f64 has no WGSL type.
+        let x = Tensor::from_slice(&[1.0f64, 2.0], &[2], d).unwrap();
+        let e = x.exp().unwrap_err();
+        assert!(matches!(e, TensorError::UnsupportedDType { dtype: DType::F64, .. }), "{d}: {e}");
+        // An index out of range: kernels run asynchronously, so (as a CUDA device-side assert)
+        // the error surfaces at the next synchronisation, with the numbers, and is then cleared.
+        let table = Tensor::from_slice(&seq(12), &[4, 3], d).unwrap();
+        let idx = Tensor::from_slice(&[0i64, 9], &[2], d).unwrap();
+        let e = ferrite_tensor::functional::embedding(&idx, &table).and_then(|t| t.to_vec::<f32>()).unwrap_err();
+        assert!(matches!(e, TensorError::IndexOutOfRange { index: 9, size: 4, .. }), "{d}: {e}");
+        let total = table.sum().unwrap().item().unwrap();
+        assert!((total - seq(12).iter().map(|&v| v as f64).sum::<f64>()).abs() < 1e-4, "{d}: the device works on after the error ({total})");
+        // A tensor larger than one storage binding.
+        let max = gpu::context(d.index()).unwrap().limits().max_storage_buffer_binding_size as usize;
+        let max_buf = gpu::context(d.index()).unwrap().limits().max_buffer_size as usize;
+        if max + 4096 <= max_buf && max < (1 << 31) {
+            // The allocation itself succeeds (a buffer may exceed a binding); the first kernel
+            // that would bind it refuses with the numbers.
+            let e = Tensor::zeros(&[max / 4 + 1024], DType::F32, d).unwrap_err();
+            assert!(matches!(e, TensorError::BindingTooLarge { .. }), "{d}: {e}");
+            assert!(e.to_string().contains("max_storage_buffer_binding_size"), "{e}");
+        }
+    }
+}
