@@ -179,7 +179,10 @@ impl AllocatorCore {
             return Err(MemoryError::InvalidConfig {
                 key: "memory_fraction".into(),
                 value: fraction.to_string(),
-                reason: format!("device {} has no fixed capacity to take a fraction of", self.device),
+                reason: match self.device {
+                    Device::Gpu { .. } => format!("the capacity of {} is unknown (wgpu does not report VRAM); set FERRITE_GPU_MEMORY=<size>, e.g. 24GiB, to give it one", self.device),
+                    _ => format!("device {} has no fixed capacity to take a fraction of", self.device),
+                },
             });
         };
         self.allowed_max = Some((fraction * total as f64) as u64);

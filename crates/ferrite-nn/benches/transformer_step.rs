@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p ferrite-nn --bench transformer_step [-- STEPS [math|chunked|auto] [ckpt]]`
 //! prints the median step time, the allocator's peak and the process's peak RSS.
+//! `FERRITE_BENCH_DEVICE=gpu:0` runs it on another device (`.py … cuda` is PyTorch's side).
 
 use std::time::Instant;
 
@@ -27,7 +28,10 @@ fn main() -> ferrite_nn::Result<()> {
     };
     let ckpt = args.get(2).map(String::as_str) == Some("ckpt");
     let (b, l, d, h, ff) = (32, 128, 256, 4, 1024);
-    let dev = Device::Cpu;
+    let dev: Device = match std::env::var("FERRITE_BENCH_DEVICE") {
+        Ok(s) => s.parse::<Device>()?,
+        Err(_) => Device::Cpu,
+    };
     let mut g = Generator::new(0);
     let cfg = TransformerConfig::new(d, h).dim_feedforward(ff).dropout(0.1).attention_backend(backend);
     let block = TransformerBlock::new_with(cfg, &dev, &mut g)?;
@@ -39,7 +43,7 @@ fn main() -> ferrite_nn::Result<()> {
         let loss = y.square()?.mean()?;
         loss.backward()?;
         model.zero_grad()?;
-        Ok(loss.item()?)
+        Ok(loss.item()?) // `item` waits for the device: the step is timed to completion
     };
     for _ in 0..2 {
         step()?;
@@ -54,7 +58,7 @@ fn main() -> ferrite_nn::Result<()> {
     }
     times.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "ferrite transformer step (B{b} L{l} D{d} H{h} FF{ff}, {backend:?}{}): median {:.1} ms (min {:.1}) over {steps} steps, {} rayon threads; allocator peak above params {:.1} MiB; peak RSS {:.1} MiB",
+        "ferrite transformer step on {dev} (B{b} L{l} D{d} H{h} FF{ff}, {backend:?}{}): median {:.1} ms (min {:.1}) over {steps} steps, {} rayon threads; allocator peak above params {:.1} MiB; peak RSS {:.1} MiB",
         if ckpt { ", checkpointed" } else { "" },
         times[times.len() / 2],
         times[0],

@@ -154,5 +154,10 @@ fn bad_input_gets_typed_errors() {
             assert!(matches!(e, TensorError::BindingTooLarge { .. }), "{d}: {e}");
             assert!(e.to_string().contains("max_storage_buffer_binding_size"), "{e}");
         }
+        // A memory fraction needs a capacity; wgpu cannot tell one, so the error says how to give it.
+        if std::env::var_os(gpu::GPU_MEMORY_ENV).is_none() && gpu::context(d.index()).unwrap().capacity().is_none() {
+            let e = ferrite_memory::allocator(d).set_per_process_memory_fraction(0.5).unwrap_err().to_string();
+            assert!(e.contains("FERRITE_GPU_MEMORY"), "{d}: {e}");
+        }
     }
 }
