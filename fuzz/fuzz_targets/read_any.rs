@@ -14,7 +14,8 @@ fuzz_target!(|data: &[u8]| {
             let _ = t.sum_f64();
             let placed = loader.load(t).expect("an accepted tensor loads");
             let want: Vec<u64> = t.to_f64_vec().iter().map(|x| x.to_bits()).collect();
-            let got: Vec<u64> = placed.to_vec_f64().expect("cpu tensors have values").iter().map(|x| x.to_bits()).collect();
+            let got: Vec<u64> =
+                placed.to_vec_f64().expect("cpu tensors have values").iter().map(|x| x.to_bits()).collect();
             assert!(got == want);
         }
     }

@@ -6,8 +6,15 @@ use std::path::Path;
 use std::process::Command;
 
 fn ferrite(args: &[&str], dir: &Path) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs");
-    (o.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the ferrite binary runs");
+    (
+        o.status.code().unwrap_or(-1),
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+    )
 }
 
 /// A `.pt` zip whose pickle is `pickle` (stored records, as torch.save writes them).
@@ -35,7 +42,10 @@ fn a_directory_where_a_file_belongs_is_called_a_directory() {
         let (code, out) = ferrite(args, dir.path());
         assert_eq!(code, 1, "{args:?}: {out}");
         assert!(out.contains("`some_dir.pt` is a directory, not a file"), "{args:?}: {out}");
-        assert!(!out.contains("os error") && !out.contains("No such device") && !out.contains("panicked"), "{args:?}: {out}");
+        assert!(
+            !out.contains("os error") && !out.contains("No such device") && !out.contains("panicked"),
+            "{args:?}: {out}"
+        );
     }
 }
 
@@ -63,7 +73,10 @@ fn nesting_errors_abbreviate_the_path() {
     std::fs::write(dir.path().join("deep.pt"), pt_zip(&p)).unwrap();
     // A ferrite checkpoint whose tree nests 100 lists.
     let mut meta = std::collections::BTreeMap::new();
-    meta.insert(ferrite_io::CHECKPOINT_TREE_KEY.to_string(), format!("{{\"dict\": [[\"x\", {}1{}]]}}", "[".repeat(100), "]".repeat(100)));
+    meta.insert(
+        ferrite_io::CHECKPOINT_TREE_KEY.to_string(),
+        format!("{{\"dict\": [[\"x\", {}1{}]]}}", "[".repeat(100), "]".repeat(100)),
+    );
     let mut file = Vec::new();
     ferrite_io::write_safetensors_to(&mut file, std::iter::empty::<(&str, &ferrite_io::RawTensor)>(), &meta).unwrap();
     std::fs::write(dir.path().join("deep.safetensors"), file).unwrap();

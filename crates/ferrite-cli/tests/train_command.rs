@@ -13,7 +13,10 @@ fn text(o: &Output) -> (String, String) {
 
 /// The figure after `test accuracy ` in the final line, in percent.
 fn final_accuracy(stdout: &str) -> f64 {
-    let line = stdout.lines().find(|l| l.starts_with("test accuracy ")).unwrap_or_else(|| panic!("no final line in:\n{stdout}"));
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("test accuracy "))
+        .unwrap_or_else(|| panic!("no final line in:\n{stdout}"));
     line["test accuracy ".len()..].split('%').next().unwrap().parse().unwrap()
 }
 
@@ -28,13 +31,30 @@ fn default_demo_reaches_95_percent_prints_memory_and_writes_weights() {
     assert!(acc >= 95.0, "{out}");
     let epochs: Vec<&str> = out.lines().filter(|l| l.starts_with("epoch ")).collect();
     assert_eq!(epochs.len(), 20);
-    assert!(epochs.iter().all(|l| l.contains("loss ") && l.contains("test acc") && l.contains("allocated") && l.contains("reserved") && l.contains("peak")), "{out}");
+    assert!(
+        epochs.iter().all(|l| l.contains("loss ")
+            && l.contains("test acc")
+            && l.contains("allocated")
+            && l.contains("reserved")
+            && l.contains("peak")),
+        "{out}"
+    );
     assert!(out.contains("ferrite memory summary, device cpu"), "{out}");
     // The weights load back with PyTorch's names and shapes.
     let weights = ferrite_io::read(dir.path().join("ferrite-digits-mlp.safetensors")).unwrap();
     let mut names: Vec<String> = weights.tensors().into_iter().map(|(n, t)| format!("{n} {:?}", t.shape())).collect();
     names.sort();
-    assert_eq!(names, ["0.0.bias [128]", "0.0.weight [128, 64]", "1.0.bias [128]", "1.0.weight [128, 128]", "2.bias [10]", "2.weight [10, 128]"]);
+    assert_eq!(
+        names,
+        [
+            "0.0.bias [128]",
+            "0.0.weight [128, 64]",
+            "1.0.bias [128]",
+            "1.0.weight [128, 128]",
+            "2.bias [10]",
+            "2.weight [10, 128]"
+        ]
+    );
 }
 
 #[test]
@@ -43,7 +63,14 @@ fn a_model_that_does_not_fit_a_sim_gpu_is_a_diagnosed_error_not_a_panic() {
     let o = ferrite(&["train", "--device", "sim:t4-16gb", "--hidden", "200000"], dir.path());
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
-    for needle in ["out of memory", "Tesla T4", "Diagnosis: exhausted", "Suggestions", "The model alone does not fit", "596.27 GiB"] {
+    for needle in [
+        "out of memory",
+        "Tesla T4",
+        "Diagnosis: exhausted",
+        "Suggestions",
+        "The model alone does not fit",
+        "596.27 GiB",
+    ] {
         assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
     }
     assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
@@ -54,13 +81,50 @@ fn a_model_that_does_not_fit_a_sim_gpu_is_a_diagnosed_error_not_a_panic() {
 fn activations_that_do_not_fit_fail_in_the_pass_with_the_allocator_diagnosis() {
     let dir = tempfile::tempdir().unwrap();
     // The model and its AdamW state fit in 48 MiB (33 MiB); with full-batch activations they do not.
-    let o = ferrite(&["train", "--device", "sim:48MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "1442", "--no-progress"], dir.path());
+    let o = ferrite(
+        &[
+            "train",
+            "--device",
+            "sim:48MiB",
+            "--hidden",
+            "1024",
+            "--layers",
+            "3",
+            "--batch-size",
+            "1442",
+            "--no-progress",
+        ],
+        dir.path(),
+    );
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
-    assert!(err.contains("out of memory") && err.contains("Diagnosis:") && (err.contains("forward pass") || err.contains("backward pass") || err.contains("optimizer step")), "{err}");
+    assert!(
+        err.contains("out of memory")
+            && err.contains("Diagnosis:")
+            && (err.contains("forward pass") || err.contains("backward pass") || err.contains("optimizer step")),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     // The same model trains with a smaller micro-batch and accumulation.
-    let o = ferrite(&["train", "--device", "sim:48MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "64", "--accum-steps", "4", "--epochs", "2", "--no-progress"], dir.path());
+    let o = ferrite(
+        &[
+            "train",
+            "--device",
+            "sim:48MiB",
+            "--hidden",
+            "1024",
+            "--layers",
+            "3",
+            "--batch-size",
+            "64",
+            "--accum-steps",
+            "4",
+            "--epochs",
+            "2",
+            "--no-progress",
+        ],
+        dir.path(),
+    );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
 }
@@ -68,7 +132,21 @@ fn activations_that_do_not_fit_fail_in_the_pass_with_the_allocator_diagnosis() {
 #[test]
 fn resume_continues_bit_identically_with_dropout_f16_scaling_accumulation_and_workers() {
     let dir = tempfile::tempdir().unwrap();
-    let common = ["train", "--dropout", "0.1", "--amp", "f16", "--accum-steps", "3", "--batch-size", "32", "--workers", "2", "--checkpoint-activations", "--no-progress"];
+    let common = [
+        "train",
+        "--dropout",
+        "0.1",
+        "--amp",
+        "f16",
+        "--accum-steps",
+        "3",
+        "--batch-size",
+        "32",
+        "--workers",
+        "2",
+        "--checkpoint-activations",
+        "--no-progress",
+    ];
     let run = |extra: &[&str]| {
         let args: Vec<&str> = common.iter().copied().chain(extra.iter().copied()).collect();
         let o = ferrite(&args, dir.path());
@@ -78,7 +156,16 @@ fn resume_continues_bit_identically_with_dropout_f16_scaling_accumulation_and_wo
     };
     run(&["--epochs", "4", "--out", "straight.safetensors"]);
     run(&["--epochs", "2", "--out", "half.safetensors", "--save-checkpoint", "run.ckpt"]);
-    let resumed = run(&["--epochs", "4", "--out", "resumed.safetensors", "--resume", "run.ckpt", "--save-checkpoint", "run.ckpt"]);
+    let resumed = run(&[
+        "--epochs",
+        "4",
+        "--out",
+        "resumed.safetensors",
+        "--resume",
+        "run.ckpt",
+        "--save-checkpoint",
+        "run.ckpt",
+    ]);
     assert!(resumed.contains("resumed from run.ckpt after epoch 2"), "{resumed}");
     assert_eq!(resumed.lines().filter(|l| l.starts_with("epoch ")).count(), 2);
     let a = std::fs::read(dir.path().join("straight.safetensors")).unwrap();
@@ -103,9 +190,15 @@ fn resume_continues_bit_identically_with_dropout_f16_scaling_accumulation_and_wo
 fn sim_devices_train_like_the_cpu_and_bad_flags_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let cpu = ferrite(&["train", "--epochs", "2", "--no-progress", "--out", "cpu.safetensors"], dir.path());
-    let sim = ferrite(&["train", "--epochs", "2", "--no-progress", "--device", "sim:a100-40gb", "--out", "sim.safetensors"], dir.path());
+    let sim = ferrite(
+        &["train", "--epochs", "2", "--no-progress", "--device", "sim:a100-40gb", "--out", "sim.safetensors"],
+        dir.path(),
+    );
     assert!(cpu.status.success() && sim.status.success(), "{:?}", text(&sim));
-    assert_eq!(std::fs::read(dir.path().join("cpu.safetensors")).unwrap(), std::fs::read(dir.path().join("sim.safetensors")).unwrap());
+    assert_eq!(
+        std::fs::read(dir.path().join("cpu.safetensors")).unwrap(),
+        std::fs::read(dir.path().join("sim.safetensors")).unwrap()
+    );
     let (sim_out, _) = text(&sim);
     assert!(sim_out.contains("device sim:a100-40gb"), "{sim_out}");
 
@@ -140,16 +233,24 @@ fn a_bad_allocator_setting_gets_no_memory_advice() {
             .unwrap();
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{device}: {out}{err}");
-        assert!(err.contains("max_split_size_mb") && err.contains("abc") && err.contains("FERRITE_ALLOC_CONF"), "{device}: {err}");
+        assert!(
+            err.contains("max_split_size_mb") && err.contains("abc") && err.contains("FERRITE_ALLOC_CONF"),
+            "{device}: {err}"
+        );
         for advice in ["does not fit", "out of memory", "Suggestions", "--hidden", "more memory"] {
-            assert!(!err.contains(advice) && !out.contains(advice), "{device}: `{advice}` after a configuration error:\n{out}{err}");
+            assert!(
+                !err.contains(advice) && !out.contains(advice),
+                "{device}: `{advice}` after a configuration error:\n{out}{err}"
+            );
         }
     }
 }
 
 #[test]
 fn fashion_mnist_subset_trains() {
-    if !Path::new("/usr/share/datasets/fashion-mnist").exists() && std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_none() {
+    if !Path::new("/usr/share/datasets/fashion-mnist").exists()
+        && std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_none()
+    {
         if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
             panic!("Fashion-MNIST is missing: install the Debian package dataset-fashion-mnist (bash .ci/run does)");
         }
@@ -157,7 +258,21 @@ fn fashion_mnist_subset_trains() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let o = ferrite(&["train", "--dataset", "fashion-mnist", "--train-subset", "6000", "--epochs", "2", "--workers", "2", "--no-progress"], dir.path());
+    let o = ferrite(
+        &[
+            "train",
+            "--dataset",
+            "fashion-mnist",
+            "--train-subset",
+            "6000",
+            "--epochs",
+            "2",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        dir.path(),
+    );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
     let acc = final_accuracy(&out);
@@ -172,12 +287,19 @@ fn fashion_mnist_subset_trains() {
 fn gpu_devices_train_like_the_cpu_and_fail_like_a_card() {
     if ferrite_memory::gpu::list_adapters().is_empty() {
         eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
-        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        assert_ne!(
+            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
+            Ok("1"),
+            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let cpu = ferrite(&["train", "--epochs", "3", "--no-progress", "--out", "cpu.safetensors"], dir.path());
-    let gpu = ferrite(&["train", "--epochs", "3", "--no-progress", "--device", "gpu:0", "--out", "gpu.safetensors"], dir.path());
+    let gpu = ferrite(
+        &["train", "--epochs", "3", "--no-progress", "--device", "gpu:0", "--out", "gpu.safetensors"],
+        dir.path(),
+    );
     let ((cpu_out, _), (gpu_out, gpu_err)) = (text(&cpu), text(&gpu));
     assert!(gpu.status.success(), "{gpu_out}{gpu_err}");
     assert!(gpu_out.contains("device gpu:0"), "the memory summary is the GPU's: {gpu_out}");
@@ -192,7 +314,13 @@ fn gpu_devices_train_like_the_cpu_and_fail_like_a_card() {
         .unwrap();
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
-    assert!(err.contains("GPU out of memory") && err.contains("64.00 MiB") && err.contains("Diagnosis") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("GPU out of memory")
+            && err.contains("64.00 MiB")
+            && err.contains("Diagnosis")
+            && !err.contains("panicked"),
+        "{err}"
+    );
 
     let missing = format!("gpu:{}", ferrite_memory::gpu::list_adapters().len() + 3);
     let o = ferrite(&["train", "--device", &missing, "--epochs", "1", "--no-progress"], dir.path());

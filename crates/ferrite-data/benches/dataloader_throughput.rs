@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferrite_data::{collate_fn, BoxError, DataLoader, Dataset, Generator, StackCollate, Tensor};
+use ferrite_data::{BoxError, DataLoader, Dataset, Generator, StackCollate, Tensor, collate_fn};
 use ferrite_memory::Device;
 
 const FEATURES: usize = 784;
@@ -72,7 +72,10 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--bench" => {}
             "--workers" => {
-                a.workers = value()?.split(',').map(|w| w.trim().parse().map_err(|e| format!("--workers: {e}"))).collect::<Result<_, _>>()?
+                a.workers = value()?
+                    .split(',')
+                    .map(|w| w.trim().parse().map_err(|e| format!("--workers: {e}")))
+                    .collect::<Result<_, _>>()?
             }
             "--sample-us" => a.sample_us = value()?.parse().map_err(|e| format!("--sample-us: {e}"))?,
             "--batches" => a.batches = value()?.parse().map_err(|e| format!("--batches: {e}"))?,
@@ -95,7 +98,9 @@ fn main() {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: {e}\nusage: dataloader_throughput [--workers 0,2] [--sample-us 5] [--batches 500] [--batch-size 64] [--epochs 3] [--collate tensor|buffer]");
+            eprintln!(
+                "error: {e}\nusage: dataloader_throughput [--workers 0,2] [--sample-us 5] [--batches 500] [--batch-size 64] [--epochs 3] [--collate tensor|buffer]"
+            );
             std::process::exit(2);
         }
     };
@@ -128,7 +133,12 @@ fn main() {
 }
 
 /// One warm-up epoch, then `args.epochs` timed ones; returns (mean, best) batches/s and a checksum.
-fn measure<D, C>(builder: ferrite_data::DataLoaderBuilder<D, C>, args: &Args, workers: usize, touch: impl Fn(C::Batch) -> usize) -> (f64, f64, usize)
+fn measure<D, C>(
+    builder: ferrite_data::DataLoaderBuilder<D, C>,
+    args: &Args,
+    workers: usize,
+    touch: impl Fn(C::Batch) -> usize,
+) -> (f64, f64, usize)
 where
     D: Dataset,
     C: ferrite_data::Collate<D::Sample>,

@@ -1,6 +1,6 @@
 //! The README's data-loading example (keep the two in sync).
 //! `cargo run --release -p ferrite-data --example data_loading`
-use ferrite_data::{builtin_dataset, DataLoader, Dataset, DatasetKind, ImageCollate, Tensors};
+use ferrite_data::{DataLoader, Dataset, DatasetKind, ImageCollate, Tensors, builtin_dataset};
 use ferrite_memory::Device;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -3,7 +3,7 @@
 //! normalised, test accuracy would sit near chance (10 %).
 //! `cargo run --release -p ferrite-data --example linear_probe -- fashion-mnist 3 2`
 //! (arguments: dataset, epochs, workers).
-use ferrite_data::{builtin_dataset, DataError, DatasetKind, ImageBatch};
+use ferrite_data::{DataError, DatasetKind, ImageBatch, builtin_dataset};
 
 fn main() -> Result<(), DataError> {
     let mut args = std::env::args().skip(1);

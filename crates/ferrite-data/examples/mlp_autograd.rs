@@ -3,10 +3,10 @@
 //! `ferrite train --dataset ... --workers N` does, written out by hand; it shows the data side is
 //! complete: `cargo run --release -p ferrite-data --example mlp_autograd -- fashion-mnist 5 2`
 //! (arguments: dataset, epochs, workers; optional fourth: train subset size).
-use ferrite_data::{builtin_dataset, Dataset, DatasetKind, Generator, Tensor};
+use ferrite_data::{Dataset, DatasetKind, Generator, Tensor, builtin_dataset};
 use ferrite_memory::Device;
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
-use ferrite_tensor::{no_grad, DType};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
+use ferrite_tensor::{DType, no_grad};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

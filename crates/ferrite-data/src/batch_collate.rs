@@ -57,7 +57,12 @@ impl Collate<ImageExample> for ImageCollate {
         let mut labels = Vec::with_capacity(samples.len());
         for (i, s) in samples.into_iter().enumerate() {
             if s.pixels.len() != per {
-                return Err(format!("sample {i} of the batch has {} pixels, expected {per} for shape {:?}", s.pixels.len(), self.sample_shape).into());
+                return Err(format!(
+                    "sample {i} of the batch has {} pixels, expected {per} for shape {:?}",
+                    s.pixels.len(),
+                    self.sample_shape
+                )
+                .into());
             }
             pixels.extend_from_slice(&s.pixels);
             labels.push(s.label);
@@ -88,7 +93,12 @@ impl Collate<TextExample> for TextCollate {
         let mut targets = Vec::with_capacity(samples.len() * seq_len);
         for (i, s) in samples.iter().enumerate() {
             if s.input.len() != seq_len || s.target.len() != seq_len {
-                return Err(format!("sample {i} of the batch has length {}/{}, expected {seq_len}", s.input.len(), s.target.len()).into());
+                return Err(format!(
+                    "sample {i} of the batch has length {}/{}, expected {seq_len}",
+                    s.input.len(),
+                    s.target.len()
+                )
+                .into());
             }
             inputs.extend_from_slice(&s.input);
             targets.extend_from_slice(&s.target);
@@ -106,7 +116,13 @@ mod tests {
         let c = ImageCollate::new([1, 1, 2]);
         let mut g = Generator::new(0);
         let b = c
-            .collate(vec![ImageExample { pixels: vec![1.0, 2.0], label: 3 }, ImageExample { pixels: vec![4.0, 5.0], label: 1 }], &mut g)
+            .collate(
+                vec![
+                    ImageExample { pixels: vec![1.0, 2.0], label: 3 },
+                    ImageExample { pixels: vec![4.0, 5.0], label: 1 },
+                ],
+                &mut g,
+            )
             .unwrap();
         assert_eq!(b.pixels, [1.0, 2.0, 4.0, 5.0]);
         assert_eq!(b.shape(), [2, 1, 1, 2]);

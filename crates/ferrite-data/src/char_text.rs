@@ -40,7 +40,8 @@ impl CharText {
     /// Read `path` (UTF-8, optionally gzipped) into windows of `seq_len` characters.
     pub fn from_file(path: &Path, seq_len: usize) -> Result<CharText, DataError> {
         let bytes = read_maybe_gz(path)?;
-        let text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 { path: path.to_path_buf(), offset: e.utf8_error().valid_up_to() })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| DataError::NotUtf8 { path: path.to_path_buf(), offset: e.utf8_error().valid_up_to() })?;
         CharText::from_text(&path.display().to_string(), &text, seq_len)
     }
 
@@ -48,7 +49,12 @@ impl CharText {
     pub fn jargon(seq_len: usize) -> Result<CharText, DataError> {
         let path = Path::new(JARGON_PATH);
         if !path.is_file() {
-            return Err(DataError::DatasetMissing { dataset: "Jargon File", path: path.to_path_buf(), package: JARGON_PACKAGE, env_var: None });
+            return Err(DataError::DatasetMissing {
+                dataset: "Jargon File",
+                path: path.to_path_buf(),
+                package: JARGON_PACKAGE,
+                env_var: None,
+            });
         }
         CharText::from_file(path, seq_len)
     }
@@ -92,8 +98,18 @@ impl CharText {
             return Err(DataError::InvalidConfig(format!("split fraction {fraction} is not in [0, 1]")));
         }
         let cut = (self.ids.len() as f64 * fraction).round() as usize;
-        let first = CharText::from_ids(&format!("{} [..{cut}]", self.name), Arc::clone(&self.vocab), self.ids[..cut].to_vec(), self.seq_len)?;
-        let second = CharText::from_ids(&format!("{} [{cut}..]", self.name), Arc::clone(&self.vocab), self.ids[cut..].to_vec(), self.seq_len)?;
+        let first = CharText::from_ids(
+            &format!("{} [..{cut}]", self.name),
+            Arc::clone(&self.vocab),
+            self.ids[..cut].to_vec(),
+            self.seq_len,
+        )?;
+        let second = CharText::from_ids(
+            &format!("{} [{cut}..]", self.name),
+            Arc::clone(&self.vocab),
+            self.ids[cut..].to_vec(),
+            self.seq_len,
+        )?;
         Ok((first.with_stride(self.stride)?, second.with_stride(self.stride)?))
     }
 
@@ -169,7 +185,10 @@ mod tests {
 
     #[test]
     fn bad_input_is_an_error() {
-        assert!(matches!(CharText::from_text("mem", "abc", 3), Err(DataError::TextTooShort { chars: 3, needed: 4, .. })));
+        assert!(matches!(
+            CharText::from_text("mem", "abc", 3),
+            Err(DataError::TextTooShort { chars: 3, needed: 4, .. })
+        ));
         assert!(CharText::from_text("mem", "abcd", 0).is_err());
         let dir = std::env::temp_dir().join(format!("ferrite-data-utf8-{}", std::process::id()));
         std::fs::write(&dir, [b'o', b'k', 0xff, b'x']).unwrap();

@@ -87,10 +87,14 @@ pub fn load(split: Split) -> Result<ImageClassification, DataError> {
 fn decode() -> Result<(Vec<u8>, Vec<u8>), DataError> {
     let where_ = std::path::Path::new("<embedded digits.csv.gz>");
     let bytes = decompress_if_gz(DIGITS_CSV_GZ.to_vec(), where_)?;
-    let text = std::str::from_utf8(&bytes).map_err(|e| DataError::NotUtf8 { path: where_.to_path_buf(), offset: e.valid_up_to() })?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| DataError::NotUtf8 { path: where_.to_path_buf(), offset: e.valid_up_to() })?;
     let (pixels, labels) = parse_csv(text)?;
     if labels.len() != NUM_SAMPLES {
-        return Err(DataError::BadCsv { line: labels.len(), reason: format!("{} rows, expected {NUM_SAMPLES}", labels.len()) });
+        return Err(DataError::BadCsv {
+            line: labels.len(),
+            reason: format!("{} rows, expected {NUM_SAMPLES}", labels.len()),
+        });
     }
     Ok((pixels, labels))
 }
@@ -118,7 +122,9 @@ mod tests {
         assert_eq!(TRAIN_SAMPLES, 1442);
         // The fifth `0` of the file is a test image, the fourth a training image.
         let zeros: Vec<usize> = all.labels().iter().enumerate().filter(|(_, l)| **l == 0).map(|(i, _)| i).collect();
-        let in_split = |split: &ImageClassification, row: usize| (0..split.len()).any(|i| split.raw_image(i) == all.raw_image(row));
+        let in_split = |split: &ImageClassification, row: usize| {
+            (0..split.len()).any(|i| split.raw_image(i) == all.raw_image(row))
+        };
         assert!(in_split(&test, zeros[4]) && !in_split(&test, zeros[3]) && in_split(&train, zeros[3]));
         assert_eq!(train.raw_image(0), all.raw_image(0));
         let mut test_counts = [0usize; 10];

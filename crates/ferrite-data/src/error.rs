@@ -68,7 +68,9 @@ pub enum DataError {
     #[error("worker {worker} exited unexpectedly while batch {batch} was pending; the epoch cannot complete")]
     WorkerDied { worker: usize, batch: usize },
     /// No batch arrived within the loader's `timeout`.
-    #[error("timed out after {waited:?} waiting for batch {batch} from the workers (timeout set with `.timeout(..)`); a dataset `get` may be blocked")]
+    #[error(
+        "timed out after {waited:?} waiting for batch {batch} from the workers (timeout set with `.timeout(..)`); a dataset `get` may be blocked"
+    )]
     Timeout { batch: usize, waited: Duration },
     /// A loader or sampler configuration that cannot work.
     #[error("invalid data loader configuration: {0}")]
@@ -77,10 +79,15 @@ pub enum DataError {
     #[error("sampler produced index {index} but the dataset has {len} samples")]
     IndexOutOfRange { index: usize, len: usize },
     /// A sample drew more random words than its stream holds (see `seeding`).
-    #[error("{stream} drew {drawn} random 32-bit words, more than the {limit} its stream holds; draw less per sample or derive a sub-generator with `Generator::new(rng.next_u64())`")]
+    #[error(
+        "{stream} drew {drawn} random 32-bit words, more than the {limit} its stream holds; draw less per sample or derive a sub-generator with `Generator::new(rng.next_u64())`"
+    )]
     RandomStreamOverrun { stream: String, drawn: u128, limit: u128 },
     /// A data file the dataset needs is not on this machine.
-    #[error("{dataset}: {path} not found; install the Debian package `{package}` (`apt-get install {package}`){}", env_hint(env_var))]
+    #[error(
+        "{dataset}: {path} not found; install the Debian package `{package}` (`apt-get install {package}`){}",
+        env_hint(env_var)
+    )]
     DatasetMissing { dataset: &'static str, path: PathBuf, package: &'static str, env_var: Option<&'static str> },
     /// Reading a file failed.
     #[error("cannot read {path}: {source}")]
@@ -93,7 +100,9 @@ pub enum DataError {
     #[error("{path} is not a valid IDX file: {reason}")]
     InvalidIdx { path: PathBuf, reason: String },
     /// An IDX file is shorter than its header says.
-    #[error("{path} is truncated: the header announces {expected} data bytes but only {actual} follow; re-install the file")]
+    #[error(
+        "{path} is truncated: the header announces {expected} data bytes but only {actual} follow; re-install the file"
+    )]
     TruncatedIdx { path: PathBuf, expected: u64, actual: u64 },
     /// Image and label files do not describe the same samples.
     #[error("{dataset}: {images} images but {labels} labels; the files do not belong together")]
@@ -105,10 +114,14 @@ pub enum DataError {
     #[error("digits data, line {line}: {reason}")]
     BadCsv { line: usize, reason: String },
     /// A text file that is not valid UTF-8.
-    #[error("{path} is not valid UTF-8 (first invalid byte at offset {offset}); the character-level dataset needs UTF-8 text")]
+    #[error(
+        "{path} is not valid UTF-8 (first invalid byte at offset {offset}); the character-level dataset needs UTF-8 text"
+    )]
     NotUtf8 { path: PathBuf, offset: usize },
     /// A text too short for even one training sequence.
-    #[error("{path} has {chars} characters, fewer than one sequence of {needed} (seq_len + 1); use a shorter seq_len or a longer text")]
+    #[error(
+        "{path} has {chars} characters, fewer than one sequence of {needed} (seq_len + 1); use a shorter seq_len or a longer text"
+    )]
     TextTooShort { path: PathBuf, chars: usize, needed: usize },
     /// An unknown built-in dataset name.
     #[error("unknown dataset `{0}`; available: digits, fashion-mnist")]

@@ -50,13 +50,23 @@ pub fn load_from(dir: &Path, split: Split) -> Result<ImageClassification, DataEr
     let images = read_idx(&images_path)?;
     let labels = read_idx(&labels_path)?;
     let [n, h, w] = images.dims[..] else {
-        return Err(DataError::InvalidIdx { path: images_path, reason: format!("image file has dimensions {:?}, expected [n, rows, cols]", images.dims) });
+        return Err(DataError::InvalidIdx {
+            path: images_path,
+            reason: format!("image file has dimensions {:?}, expected [n, rows, cols]", images.dims),
+        });
     };
     if labels.dims.len() != 1 {
-        return Err(DataError::InvalidIdx { path: labels_path, reason: format!("label file has dimensions {:?}, expected [n]", labels.dims) });
+        return Err(DataError::InvalidIdx {
+            path: labels_path,
+            reason: format!("label file has dimensions {:?}, expected [n]", labels.dims),
+        });
     }
     if labels.dims[0] != n {
-        return Err(DataError::LengthMismatch { dataset: format!("fashion-mnist ({prefix})"), images: n, labels: labels.dims[0] });
+        return Err(DataError::LengthMismatch {
+            dataset: format!("fashion-mnist ({prefix})"),
+            images: n,
+            labels: labels.dims[0],
+        });
     }
     ImageClassification::new("fashion-mnist", split, images.data, labels.data, h, w, 255, CLASS_NAMES, NORMALIZATION)
 }
@@ -71,5 +81,10 @@ fn find(dir: &Path, stem: &str) -> Result<PathBuf, DataError> {
     if plain.is_file() {
         return Ok(plain);
     }
-    Err(DataError::DatasetMissing { dataset: "Fashion-MNIST", path: gz, package: DEBIAN_PACKAGE, env_var: Some(DIR_ENV_VAR) })
+    Err(DataError::DatasetMissing {
+        dataset: "Fashion-MNIST",
+        path: gz,
+        package: DEBIAN_PACKAGE,
+        env_var: Some(DIR_ENV_VAR),
+    })
 }

@@ -4,12 +4,12 @@
 //! The same function runs on the calling thread (`num_workers == 0`) and in workers, which is why
 //! the number of workers cannot change what a batch contains.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::collate::Collate;
 use crate::dataset::Dataset;
-use crate::error::{panic_message, BatchStep, DataError, Origin};
+use crate::error::{BatchStep, DataError, Origin, panic_message};
 use crate::seeding::{EpochSeed, Stream};
 use crate::staging::Stager;
 
@@ -32,7 +32,13 @@ pub(crate) struct Task {
 impl<D: Dataset, C: Collate<D::Sample>> Pipeline<D, C> {
     /// Load `task`. Returns `None` if `cancel` was raised before it finished (the loader is
     /// shutting down and nobody will read the result).
-    pub fn fetch(&self, epoch: &EpochSeed, task: Task, origin: Origin, cancel: &AtomicBool) -> Option<Result<C::Batch, DataError>> {
+    pub fn fetch(
+        &self,
+        epoch: &EpochSeed,
+        task: Task,
+        origin: Origin,
+        cancel: &AtomicBool,
+    ) -> Option<Result<C::Batch, DataError>> {
         let mut samples = Vec::with_capacity(task.indices.len());
         for (j, &index) in task.indices.iter().enumerate() {
             if cancel.load(Ordering::Relaxed) {
@@ -43,7 +49,9 @@ impl<D: Dataset, C: Collate<D::Sample>> Pipeline<D, C> {
             let loaded = catch_unwind(AssertUnwindSafe(|| self.dataset.get(index, &mut rng)));
             let sample = match loaded {
                 Ok(Ok(s)) => s,
-                Ok(Err(source)) => return Some(Err(DataError::SampleFailed { origin, index, batch: task.batch, source })),
+                Ok(Err(source)) => {
+                    return Some(Err(DataError::SampleFailed { origin, index, batch: task.batch, source }));
+                }
                 Err(p) => {
                     let message = panic_message(&*p);
                     return Some(Err(DataError::SamplePanicked { origin, index, batch: task.batch, message }));
@@ -81,7 +89,12 @@ pub(crate) fn collate_and_stage<S, C: Collate<S>>(
     }
 }
 
-fn guard<T>(origin: Origin, batch: usize, step: BatchStep, f: impl FnOnce() -> Result<T, crate::BoxError>) -> Result<T, DataError> {
+fn guard<T>(
+    origin: Origin,
+    batch: usize,
+    step: BatchStep,
+    f: impl FnOnce() -> Result<T, crate::BoxError>,
+) -> Result<T, DataError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(source)) => Err(DataError::BatchFailed { origin, batch, step, source }),

@@ -48,7 +48,9 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<IdxArray, DataError> {
             0x0E => "f64",
             _ => "unknown",
         };
-        return Err(invalid(format!("element type 0x{kind:02x} ({name}) is not supported; expected 0x08 (unsigned byte)")));
+        return Err(invalid(format!(
+            "element type 0x{kind:02x} ({name}) is not supported; expected 0x08 (unsigned byte)"
+        )));
     }
     let ndim = usize::from(bytes[3]);
     if ndim == 0 {
@@ -56,12 +58,13 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<IdxArray, DataError> {
     }
     let header = 4 + 4 * ndim;
     if bytes.len() < header {
-        return Err(invalid(format!("the header needs {header} bytes for {ndim} dimensions but the file has {}", bytes.len())));
+        return Err(invalid(format!(
+            "the header needs {header} bytes for {ndim} dimensions but the file has {}",
+            bytes.len()
+        )));
     }
-    let dims: Vec<usize> = bytes[4..header]
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
-        .collect();
+    let dims: Vec<usize> =
+        bytes[4..header].chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
     let expected = dims
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
@@ -71,7 +74,10 @@ pub fn parse_idx(bytes: &[u8], path: &Path) -> Result<IdxArray, DataError> {
         return Err(DataError::TruncatedIdx { path: path.to_path_buf(), expected, actual });
     }
     if actual > expected {
-        return Err(invalid(format!("{} bytes follow the {expected} data bytes that dimensions {dims:?} announce", actual - expected)));
+        return Err(invalid(format!(
+            "{} bytes follow the {expected} data bytes that dimensions {dims:?} announce",
+            actual - expected
+        )));
     }
     Ok(IdxArray { dims, data: bytes[header..].to_vec() })
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use ferrite_tensor::Generator;
 
 use crate::batch_collate::ImageCollate;
-use crate::tensor_collate::Tensors;
 use crate::dataset::Dataset;
-use crate::loader::{DataLoader, DataLoaderBuilder};
 use crate::error::{BoxError, DataError};
+use crate::loader::{DataLoader, DataLoaderBuilder};
+use crate::tensor_collate::Tensors;
 
 /// Per-channel normalisation applied after scaling pixels to `[0, 1]`: `(x - mean) / std`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,10 +82,17 @@ impl ImageClassification {
             return Err(DataError::LengthMismatch { dataset: name.to_string(), images: n, labels: labels.len() });
         }
         if let Some((index, &label)) = labels.iter().enumerate().find(|(_, l)| usize::from(**l) >= class_names.len()) {
-            return Err(DataError::BadLabel { dataset: name.to_string(), index, label: label.into(), num_classes: class_names.len() });
+            return Err(DataError::BadLabel {
+                dataset: name.to_string(),
+                index,
+                label: label.into(),
+                num_classes: class_names.len(),
+            });
         }
         if max_value == 0 || normalization.std.is_nan() || normalization.std <= 0.0 {
-            return Err(DataError::InvalidConfig(format!("{name}: max pixel value and normalisation std must be positive")));
+            return Err(DataError::InvalidConfig(format!(
+                "{name}: max pixel value and normalisation std must be positive"
+            )));
         }
         Ok(ImageClassification {
             name: name.to_string(),
@@ -223,7 +230,18 @@ mod tests {
 
     #[test]
     fn normalises_and_validates() {
-        let d = ImageClassification::new("t", Split::Train, vec![0, 4, 2, 2], vec![1, 0], 1, 2, 4, TWO, Normalization { mean: 0.5, std: 0.5 }).unwrap();
+        let d = ImageClassification::new(
+            "t",
+            Split::Train,
+            vec![0, 4, 2, 2],
+            vec![1, 0],
+            1,
+            2,
+            4,
+            TWO,
+            Normalization { mean: 0.5, std: 0.5 },
+        )
+        .unwrap();
         let mut g = Generator::new(0);
         assert_eq!(d.get(0, &mut g).unwrap(), ImageExample { pixels: vec![-1.0, 1.0], label: 1 });
         assert_eq!(d.get(1, &mut g).unwrap().pixels, vec![0.0, 0.0]);
@@ -239,6 +257,9 @@ mod tests {
             ImageClassification::new("t", Split::Train, vec![0; 2], vec![2], 1, 2, 4, TWO, Normalization::IDENTITY),
             Err(DataError::BadLabel { label: 2, .. })
         ));
-        assert!(ImageClassification::new("t", Split::Train, vec![0; 3], vec![0], 1, 2, 4, TWO, Normalization::IDENTITY).is_err());
+        assert!(
+            ImageClassification::new("t", Split::Train, vec![0; 3], vec![0], 1, 2, 4, TWO, Normalization::IDENTITY)
+                .is_err()
+        );
     }
 }

@@ -11,9 +11,9 @@
 //! of worker `w`'s `j`-th batch receives stream `Batch(j * N + w)`.
 
 use std::marker::PhantomData;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,11 +23,11 @@ use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Generator, GeneratorState};
 
 use crate::collate::{Collate, VecCollate};
-use crate::dataset::{set_worker_info, IterableDataset, WorkerInfo};
-use crate::error::{panic_message, BoxError, DataError, Origin};
+use crate::dataset::{IterableDataset, WorkerInfo, set_worker_info};
+use crate::error::{BoxError, DataError, Origin, panic_message};
 use crate::fetch::collate_and_stage;
-use crate::seeding::{EpochSeed, Stream, MAX_BATCHES_PER_EPOCH, MAX_WORKERS};
-use crate::staging::{stager_to, Stager, ToDevice};
+use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, MAX_WORKERS, Stream};
+use crate::staging::{Stager, ToDevice, stager_to};
 use crate::worker_pool::LIVENESS_POLL;
 
 /// Batches from an [`IterableDataset`]. Build with [`IterableLoader::builder`].
@@ -156,11 +156,21 @@ impl<D: IterableDataset, C: Collate<D::Sample>> IterableLoaderBuilder<D, C> {
             return Err(DataError::InvalidConfig("batch_size must be at least 1".into()));
         }
         if self.num_workers as u64 >= MAX_WORKERS {
-            return Err(DataError::InvalidConfig(format!("num_workers = {} exceeds the limit of {}", self.num_workers, MAX_WORKERS - 1)));
+            return Err(DataError::InvalidConfig(format!(
+                "num_workers = {} exceeds the limit of {}",
+                self.num_workers,
+                MAX_WORKERS - 1
+            )));
         }
         let generator = self.generator.unwrap_or_else(|| Generator::new(with_default_generator(|g| g.next_u64())));
         Ok(IterableLoader {
-            shared: Arc::new(Shared { dataset: self.dataset, collate: self.collate, stage: self.stage, batch_size: self.batch_size, drop_last: self.drop_last }),
+            shared: Arc::new(Shared {
+                dataset: self.dataset,
+                collate: self.collate,
+                stage: self.stage,
+                batch_size: self.batch_size,
+                drop_last: self.drop_last,
+            }),
             generator,
             num_workers: self.num_workers,
             prefetch: self.prefetch.max(1),
@@ -236,13 +246,23 @@ impl<'a, D: IterableDataset, C: Collate<D::Sample>> StreamReader<'a, D, C> {
         let global = (self.batches * self.num_workers + self.worker) as u64;
         if global >= MAX_BATCHES_PER_EPOCH {
             self.failed = true;
-            return Some(Err(DataError::InvalidConfig(format!("an epoch of more than {MAX_BATCHES_PER_EPOCH} batches exhausts the batch random streams; use a larger batch size"))));
+            return Some(Err(DataError::InvalidConfig(format!(
+                "an epoch of more than {MAX_BATCHES_PER_EPOCH} batches exhausts the batch random streams; use a larger batch size"
+            ))));
         }
         let stream = Stream::Batch(global);
         let batch_number = self.batches;
         self.batches += 1;
         let shared = self.shared;
-        let result = collate_and_stage(&shared.collate, shared.stage.as_ref(), &self.seed, stream, batch_number, samples, self.origin);
+        let result = collate_and_stage(
+            &shared.collate,
+            shared.stage.as_ref(),
+            &self.seed,
+            stream,
+            batch_number,
+            samples,
+            self.origin,
+        );
         if result.is_err() {
             self.failed = true;
         }
@@ -317,9 +337,21 @@ impl<B> Drop for Workers<B> {
     }
 }
 
-fn spawn_workers<D: IterableDataset, C: Collate<D::Sample>>(shared: &Arc<Shared<D, C>>, seed: &EpochSeed, n: usize, prefetch: usize) -> Result<Workers<C::Batch>, DataError> {
+fn spawn_workers<D: IterableDataset, C: Collate<D::Sample>>(
+    shared: &Arc<Shared<D, C>>,
+    seed: &EpochSeed,
+    n: usize,
+    prefetch: usize,
+) -> Result<Workers<C::Batch>, DataError> {
     let cancel = Arc::new(AtomicBool::new(false));
-    let mut workers = Workers { receivers: Vec::with_capacity(n), handles: Vec::with_capacity(n), active: (0..n).collect(), cursor: 0, yielded: 0, cancel };
+    let mut workers = Workers {
+        receivers: Vec::with_capacity(n),
+        handles: Vec::with_capacity(n),
+        active: (0..n).collect(),
+        cursor: 0,
+        yielded: 0,
+        cancel,
+    };
     for id in 0..n {
         let (tx, rx) = crossbeam_channel::bounded::<Msg<C::Batch>>(prefetch);
         let shared = Arc::clone(shared);
@@ -351,7 +383,11 @@ fn spawn_workers<D: IterableDataset, C: Collate<D::Sample>>(shared: &Arc<Shared<
                 workers.receivers.push(rx);
                 workers.handles.push(h);
             }
-            Err(source) => return Err(DataError::InvalidConfig(format!("could not start data-loader worker {id} of {n}: {source}"))),
+            Err(source) => {
+                return Err(DataError::InvalidConfig(format!(
+                    "could not start data-loader worker {id} of {n}: {source}"
+                )));
+            }
         }
     }
     Ok(workers)

@@ -40,15 +40,17 @@ pub mod tensor_collate;
 mod worker_pool;
 
 pub use batch_collate::{ImageBatch, ImageCollate, TextBatch, TextCollate};
-pub use builtin::{builtin_dataset, DatasetKind, Splits};
+pub use builtin::{DatasetKind, Splits, builtin_dataset};
 pub use char_text::{CharText, TextExample};
-pub use collate::{collate_fn, Collate, VecCollate};
-pub use dataset::{worker_info, Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo};
+pub use collate::{Collate, VecCollate, collate_fn};
+pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo, worker_info};
 pub use error::{BoxError, DataError, Origin};
 pub use image_classification::{ImageClassification, ImageExample, Normalization, Split};
 pub use iterable_loader::{IterableEpoch, IterableLoader};
 pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
-pub use sampler::{BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler};
+pub use sampler::{
+    BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+};
 pub use seeding::{EpochSeed, Stream};
 pub use staging::ToDevice;
 pub use tensor_collate::{IntoTensors, StackCollate, Stackable, Tensors};

@@ -38,8 +38,8 @@ use crate::dataset::Dataset;
 use crate::error::{DataError, Origin};
 use crate::fetch::{Pipeline, Task};
 use crate::sampler::{BatchSampler, Batching, RandomSampler, Sampler, SequentialSampler};
-use crate::seeding::{EpochSeed, Stream, MAX_BATCHES_PER_EPOCH, MAX_SAMPLES_PER_EPOCH, MAX_WORKERS};
-use crate::staging::{stager_to, Stager, ToDevice};
+use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, MAX_SAMPLES_PER_EPOCH, MAX_WORKERS, Stream};
+use crate::staging::{Stager, ToDevice, stager_to};
 use crate::worker_pool::WorkerPool;
 
 /// Batches from a map-style dataset, one epoch per iteration. Build with [`DataLoader::builder`].
@@ -189,7 +189,10 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
     }
 
     /// Run `f` on every collated batch in the workers (a custom staging step).
-    pub fn stage_with(mut self, f: impl Fn(C::Batch) -> Result<C::Batch, crate::BoxError> + Send + Sync + 'static) -> Self {
+    pub fn stage_with(
+        mut self,
+        f: impl Fn(C::Batch) -> Result<C::Batch, crate::BoxError> + Send + Sync + 'static,
+    ) -> Self {
         self.stage = Some(Arc::new(f));
         self
     }
@@ -199,7 +202,11 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
             return Err(DataError::InvalidConfig(e));
         }
         if self.num_workers as u64 >= MAX_WORKERS {
-            return Err(DataError::InvalidConfig(format!("num_workers = {} exceeds the limit of {}", self.num_workers, MAX_WORKERS - 1)));
+            return Err(DataError::InvalidConfig(format!(
+                "num_workers = {} exceeds the limit of {}",
+                self.num_workers,
+                MAX_WORKERS - 1
+            )));
         }
         let batch_sampler: Box<dyn BatchSampler> = match self.batch_sampler {
             Some(bs) => {
@@ -213,7 +220,9 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
             None => {
                 let sampler: Box<dyn Sampler> = match (self.sampler, self.shuffle) {
                     (Some(_), true) => {
-                        return Err(DataError::InvalidConfig("sampler is mutually exclusive with shuffle(true); shuffle inside the sampler".into()));
+                        return Err(DataError::InvalidConfig(
+                            "sampler is mutually exclusive with shuffle(true); shuffle inside the sampler".into(),
+                        ));
                     }
                     (Some(s), false) => s,
                     (None, true) => Box::new(RandomSampler::new()),
@@ -263,7 +272,11 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoader<D, C> {
                 epoch.num_batches = tasks.len();
                 epoch.tasks = tasks.into_iter();
                 if self.num_workers > 0 && epoch.num_batches > 0 {
-                    match WorkerPool::spawn(Arc::clone(&self.pipeline), &epoch.seed, self.num_workers.min(epoch.num_batches)) {
+                    match WorkerPool::spawn(
+                        Arc::clone(&self.pipeline),
+                        &epoch.seed,
+                        self.num_workers.min(epoch.num_batches),
+                    ) {
                         Ok(pool) => {
                             epoch.pool = Some(pool);
                             epoch.top_up();
@@ -321,7 +334,10 @@ impl<'a, D: Dataset, C: Collate<D::Sample>> IntoIterator for &'a mut DataLoader<
 /// Validate a batch plan and number its samples by epoch position.
 fn plan_epoch(batches: Vec<Vec<usize>>, len: usize) -> Result<Vec<Task>, DataError> {
     if batches.len() as u64 > MAX_BATCHES_PER_EPOCH {
-        return Err(DataError::InvalidConfig(format!("{} batches in one epoch exceed the limit of {MAX_BATCHES_PER_EPOCH}", batches.len())));
+        return Err(DataError::InvalidConfig(format!(
+            "{} batches in one epoch exceed the limit of {MAX_BATCHES_PER_EPOCH}",
+            batches.len()
+        )));
     }
     let mut position = 0u64;
     let mut tasks = Vec::with_capacity(batches.len());
@@ -334,7 +350,9 @@ fn plan_epoch(batches: Vec<Vec<usize>>, len: usize) -> Result<Vec<Task>, DataErr
         tasks.push(Task { batch, first_position, indices });
     }
     if position > MAX_SAMPLES_PER_EPOCH {
-        return Err(DataError::InvalidConfig(format!("{position} samples in one epoch exceed the limit of {MAX_SAMPLES_PER_EPOCH}")));
+        return Err(DataError::InvalidConfig(format!(
+            "{position} samples in one epoch exceed the limit of {MAX_SAMPLES_PER_EPOCH}"
+        )));
     }
     Ok(tasks)
 }

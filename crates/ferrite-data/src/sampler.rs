@@ -121,7 +121,9 @@ impl WeightedRandomSampler {
     /// `num_samples` cannot exceed the number of positive weights.
     pub fn new(weights: Vec<f64>, num_samples: usize, replacement: bool) -> Result<WeightedRandomSampler, DataError> {
         if let Some((i, w)) = weights.iter().enumerate().find(|(_, w)| !w.is_finite() || **w < 0.0) {
-            return Err(DataError::InvalidConfig(format!("sampler weight {i} is {w}; weights must be finite and >= 0")));
+            return Err(DataError::InvalidConfig(format!(
+                "sampler weight {i} is {w}; weights must be finite and >= 0"
+            )));
         }
         let total: f64 = weights.iter().sum();
         if total <= 0.0 {

@@ -65,7 +65,11 @@ impl Stackable for Tensor {
 fn concat_plain_cpu(samples: &[Tensor]) -> Result<Option<Tensor>, BoxError> {
     let Some(first) = samples.first() else { return Ok(None) };
     let plain = |t: &Tensor| {
-        t.device() == &Device::Cpu && t.is_contiguous() && !t.requires_grad() && t.dtype() == first.dtype() && t.shape() == first.shape()
+        t.device() == &Device::Cpu
+            && t.is_contiguous()
+            && !t.requires_grad()
+            && t.dtype() == first.dtype()
+            && t.shape() == first.shape()
     };
     if !samples.iter().all(plain) {
         return Ok(None);
@@ -231,7 +235,8 @@ mod tests {
     #[test]
     fn fast_and_general_stacking_agree() {
         let cpu = Device::Cpu;
-        let rows: Vec<Tensor> = (0..5).map(|i| Tensor::from_vec(vec![i as i64, 10 + i as i64], &[2], &cpu).unwrap()).collect();
+        let rows: Vec<Tensor> =
+            (0..5).map(|i| Tensor::from_vec(vec![i as i64, 10 + i as i64], &[2], &cpu).unwrap()).collect();
         let fast = concat_plain_cpu(&rows).unwrap().expect("plain samples take the fast path");
         let refs: Vec<&Tensor> = rows.iter().collect();
         let general = Tensor::stack(&refs, 0).unwrap();

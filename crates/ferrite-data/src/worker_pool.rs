@@ -11,15 +11,15 @@
 //! `get` call is allowed to finish, nothing else is started.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::collate::Collate;
-use crate::dataset::{set_worker_info, Dataset, WorkerInfo};
+use crate::dataset::{Dataset, WorkerInfo, set_worker_info};
 use crate::error::{DataError, Origin};
 use crate::fetch::{Pipeline, Task};
 use crate::seeding::EpochSeed;
@@ -38,14 +38,24 @@ pub(crate) struct WorkerPool<B> {
 }
 
 impl<B: Send + 'static> WorkerPool<B> {
-    pub fn spawn<D>(pipeline: Arc<Pipeline<D, impl Collate<D::Sample, Batch = B>>>, epoch: &EpochSeed, num_workers: usize) -> Result<WorkerPool<B>, DataError>
+    pub fn spawn<D>(
+        pipeline: Arc<Pipeline<D, impl Collate<D::Sample, Batch = B>>>,
+        epoch: &EpochSeed,
+        num_workers: usize,
+    ) -> Result<WorkerPool<B>, DataError>
     where
         D: Dataset,
     {
         let (task_tx, task_rx) = crossbeam_channel::unbounded::<Task>();
         let (result_tx, result_rx) = crossbeam_channel::unbounded::<BatchResult<B>>();
         let cancel = Arc::new(AtomicBool::new(false));
-        let mut pool = WorkerPool { tasks: Some(task_tx), results: result_rx, handles: Vec::with_capacity(num_workers), cancel, ready: BTreeMap::new() };
+        let mut pool = WorkerPool {
+            tasks: Some(task_tx),
+            results: result_rx,
+            handles: Vec::with_capacity(num_workers),
+            cancel,
+            ready: BTreeMap::new(),
+        };
         for id in 0..num_workers {
             let pipeline = Arc::clone(&pipeline);
             let epoch = epoch.clone();
@@ -70,7 +80,9 @@ impl<B: Send + 'static> WorkerPool<B> {
                 Ok(h) => pool.handles.push(h),
                 Err(source) => {
                     // `pool` is dropped here, which stops and joins the workers already started.
-                    return Err(DataError::InvalidConfig(format!("could not start data-loader worker {id} of {num_workers}: {source}")));
+                    return Err(DataError::InvalidConfig(format!(
+                        "could not start data-loader worker {id} of {num_workers}: {source}"
+                    )));
                 }
             }
         }

@@ -4,7 +4,7 @@
 //! an adapter (Debian: `mesa-vulkan-drivers` + `libvulkan1`), fails under
 //! `FERRITE_REQUIRE_SYSTEM_DEPS=1`.
 
-use ferrite_data::{builtin_dataset, DataLoader, DatasetKind};
+use ferrite_data::{DataLoader, DatasetKind, builtin_dataset};
 use ferrite_memory::Device;
 
 fn epoch(workers: usize, device: &Device) -> Vec<(Vec<f32>, Vec<i64>)> {
@@ -32,10 +32,18 @@ fn epoch(workers: usize, device: &Device) -> Vec<(Vec<f32>, Vec<i64>)> {
 
 #[test]
 fn batches_staged_to_a_gpu_equal_the_cpu_batches_and_return_their_memory() {
-    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test().unwrap().into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
+    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
+        .unwrap()
+        .into_iter()
+        .filter(|d| matches!(d, Device::Gpu { .. }))
+        .collect();
     if gpus.is_empty() {
         eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
-        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        assert_ne!(
+            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
+            Ok("1"),
+            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
+        );
         return;
     }
     let want = epoch(0, &Device::Cpu);
@@ -49,7 +57,10 @@ fn batches_staged_to_a_gpu_equal_the_cpu_batches_and_return_their_memory() {
         }
         assert_eq!(alloc.memory_allocated(), before, "{d}: staged batches return their memory");
         let allocs = alloc.memory_stats_flat().get("allocation.all.allocated").copied().unwrap_or(0) - allocs_before;
-        assert!(allocs >= 20, "{d}: 2 epochs × 5 batches × 2 tensors go through the GPU allocator, saw {allocs} allocations");
+        assert!(
+            allocs >= 20,
+            "{d}: 2 epochs × 5 batches × 2 tensors go through the GPU allocator, saw {allocs} allocations"
+        );
         println!("staged digits batches to {d}: equal to cpu, memory returned");
     }
 }

@@ -1,7 +1,7 @@
 //! The loader for iterable datasets: per-worker generators, round-robin order, failures, shutdown.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use ferrite_data::{BoxError, DataError, IterableDataset, IterableLoader, Origin, WorkerInfo};
@@ -74,13 +74,16 @@ fn workers_have_distinct_generators_and_batches_come_round_robin() {
     let mut items: Vec<usize> = batches.iter().flatten().map(|(i, _, _)| *i).collect();
     items.sort_unstable();
     assert_eq!(items, (0..20).collect::<Vec<_>>());
-    let draws = |w: usize| batches.iter().flatten().filter(|(_, id, _)| *id == w).map(|(_, _, d)| *d).collect::<Vec<u64>>();
+    let draws =
+        |w: usize| batches.iter().flatten().filter(|(_, id, _)| *id == w).map(|(_, _, d)| *d).collect::<Vec<u64>>();
     let (d0, d1) = (draws(0), draws(1));
     assert!(d0.iter().all(|x| !d1.contains(x)), "the two workers drew the same random numbers");
-    let again = collect(&mut IterableLoader::builder(Numbers::new(20)).batch_size(3).num_workers(2).seed(1).build().unwrap());
+    let again =
+        collect(&mut IterableLoader::builder(Numbers::new(20)).batch_size(3).num_workers(2).seed(1).build().unwrap());
     assert_eq!(again, batches, "same seed and worker count must reproduce the epoch");
 
-    let mut dl = IterableLoader::builder(Numbers::new(20)).batch_size(3).num_workers(2).drop_last(true).seed(1).build().unwrap();
+    let mut dl =
+        IterableLoader::builder(Numbers::new(20)).batch_size(3).num_workers(2).drop_last(true).seed(1).build().unwrap();
     assert!(collect(&mut dl).iter().all(|b| b.len() == 3));
 }
 
@@ -109,7 +112,8 @@ fn dropping_an_iterable_epoch_stops_its_workers() {
     let produced = Arc::clone(&ds.produced);
     let probe = Arc::clone(&ds);
     within(Duration::from_secs(20), move || {
-        let mut loader = IterableLoader::builder(ds).batch_size(4).num_workers(2).prefetch_per_worker(2).build().unwrap();
+        let mut loader =
+            IterableLoader::builder(ds).batch_size(4).num_workers(2).prefetch_per_worker(2).build().unwrap();
         let mut e = loader.epoch();
         e.next().unwrap().unwrap();
         drop(e);

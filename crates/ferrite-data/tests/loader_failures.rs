@@ -2,10 +2,10 @@
 //! naming the worker and the index (never a hang); dropping the loader joins its workers.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use ferrite_data::{InMemory, collate_fn, BoxError, DataError, DataLoader, Dataset, Generator, Origin, ToDevice};
+use ferrite_data::{BoxError, DataError, DataLoader, Dataset, Generator, InMemory, Origin, ToDevice, collate_fn};
 use ferrite_memory::Device;
 
 /// Run `f` on another thread and fail the test if it has not finished within `limit` — so a hang
@@ -74,7 +74,9 @@ fn a_panicking_dataset_produces_an_error_naming_worker_and_index_quickly() {
 
 #[test]
 fn an_error_from_get_names_worker_and_index_and_ends_the_epoch() {
-    let data = (0..40).collect::<InMemory<u32>>().map(|x, _| if x == 21 { Err(format!("cannot decode {x}").into()) } else { Ok(x) });
+    let data = (0..40)
+        .collect::<InMemory<u32>>()
+        .map(|x, _| if x == 21 { Err(format!("cannot decode {x}").into()) } else { Ok(x) });
     let mut loader = DataLoader::builder(data).batch_size(5).num_workers(3).build().unwrap();
     let results: Vec<Result<Vec<u32>, DataError>> = within(Duration::from_secs(20), move || loader.epoch().collect());
     assert_eq!(results.len(), 5, "four good batches, then the error, then the epoch ends");
@@ -86,7 +88,12 @@ fn an_error_from_get_names_worker_and_index_and_ends_the_epoch() {
 #[test]
 fn a_panicking_collate_is_reported_for_its_batch() {
     let collate = collate_fn(|s: Vec<u32>, _: &mut Generator| if s.contains(&7) { panic!("bad batch") } else { Ok(s) });
-    let mut loader = DataLoader::builder((0..12).collect::<InMemory<u32>>()).batch_size(4).num_workers(2).collate(collate).build().unwrap();
+    let mut loader = DataLoader::builder((0..12).collect::<InMemory<u32>>())
+        .batch_size(4)
+        .num_workers(2)
+        .collate(collate)
+        .build()
+        .unwrap();
     let results: Vec<_> = within(Duration::from_secs(20), move || loader.epoch().collect::<Vec<_>>());
     assert_eq!(results.len(), 2);
     let err = results[1].as_ref().unwrap_err();
@@ -99,7 +106,8 @@ fn a_stuck_dataset_hits_the_timeout() {
         std::thread::sleep(Duration::from_millis(600));
         Ok(x)
     });
-    let mut loader = DataLoader::builder(data).batch_size(4).num_workers(1).timeout(Duration::from_millis(100)).build().unwrap();
+    let mut loader =
+        DataLoader::builder(data).batch_size(4).num_workers(1).timeout(Duration::from_millis(100)).build().unwrap();
     let first = within(Duration::from_secs(20), move || loader.epoch().next());
     assert!(matches!(first, Some(Err(DataError::Timeout { batch: 0, .. }))), "{first:?}");
 }
@@ -149,7 +157,8 @@ fn dropping_the_loader_mid_epoch_joins_its_workers() {
 
 #[test]
 fn a_dropped_epoch_leaves_the_loader_usable() {
-    let mut loader = DataLoader::builder((0..100).collect::<InMemory<u32>>()).batch_size(10).num_workers(2).build().unwrap();
+    let mut loader =
+        DataLoader::builder((0..100).collect::<InMemory<u32>>()).batch_size(10).num_workers(2).build().unwrap();
     let mut e = loader.epoch();
     assert_eq!(e.next().unwrap().unwrap()[0], 0);
     drop(e);
@@ -196,6 +205,8 @@ fn staging_moves_batches_to_the_device_in_the_workers() {
     let err = loader.epoch().next().unwrap().unwrap_err();
     assert!(err.to_string().contains("move to the device batch 0: device full"), "{err}");
     // Staging must be configured after the collate function it applies to.
-    let misordered = DataLoader::builder(InMemory::new(vec![1u8])).stage_with(Ok).collate(collate_fn(|s: Vec<u8>, _: &mut Generator| Ok(s)));
+    let misordered = DataLoader::builder(InMemory::new(vec![1u8]))
+        .stage_with(Ok)
+        .collate(collate_fn(|s: Vec<u8>, _: &mut Generator| Ok(s)));
     assert!(misordered.build().is_err());
 }

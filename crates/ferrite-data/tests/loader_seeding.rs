@@ -1,11 +1,13 @@
 //! Seeding and ordering of the map-style loader, seen from outside: distinct worker randomness,
 //! bit-identical epochs across runs and worker counts, epochs that differ, sampler order.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ferrite_data::{InMemory, collate_fn, BoxError, DataLoader, Dataset, Generator, SubsetRandomSampler, WeightedRandomSampler};
+use ferrite_data::{
+    BoxError, DataLoader, Dataset, Generator, InMemory, SubsetRandomSampler, WeightedRandomSampler, collate_fn,
+};
 
 /// Every sample has the same underlying value; only the random augmentation tells them apart.
 /// It reports which thread loaded it.
@@ -110,7 +112,9 @@ fn successive_epochs_differ_in_order_and_augmentation() {
         assert_eq!(s, (0..103).collect::<Vec<_>>(), "each epoch visits every sample once");
     }
     // The same index gets a fresh augmentation in the next epoch.
-    let draw_for = |e: &Vec<Batch>, idx: usize| e.iter().flat_map(|(s, _)| s.iter()).find(|(i, _)| *i == idx).map(|(_, d)| d.clone());
+    let draw_for = |e: &Vec<Batch>, idx: usize| {
+        e.iter().flat_map(|(s, _)| s.iter()).find(|(i, _)| *i == idx).map(|(_, d)| d.clone())
+    };
     assert_ne!(draw_for(&epochs[0], 5), draw_for(&epochs[1], 5));
 }
 
@@ -140,7 +144,8 @@ fn batches_arrive_in_sampler_order_without_shuffle() {
 
 #[test]
 fn drop_last_and_custom_samplers() {
-    let mut loader = DataLoader::builder((0..10).collect::<InMemory<u32>>()).batch_size(4).drop_last(true).build().unwrap();
+    let mut loader =
+        DataLoader::builder((0..10).collect::<InMemory<u32>>()).batch_size(4).drop_last(true).build().unwrap();
     let batches: Vec<Vec<u32>> = loader.epoch().map(|b| b.unwrap()).collect();
     assert_eq!(batches, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
 
@@ -156,10 +161,20 @@ fn drop_last_and_custom_samplers() {
     assert_eq!(seen, [1, 3, 5]);
 
     let weighted = WeightedRandomSampler::new(vec![0.0, 0.0, 1.0], 6, true).unwrap();
-    let mut loader = DataLoader::builder(InMemory::new(vec!['a', 'b', 'c'])).batch_size(6).sampler(weighted).seed(1).build().unwrap();
+    let mut loader = DataLoader::builder(InMemory::new(vec!['a', 'b', 'c']))
+        .batch_size(6)
+        .sampler(weighted)
+        .seed(1)
+        .build()
+        .unwrap();
     assert_eq!(loader.epoch().next().unwrap().unwrap(), vec!['c'; 6]);
 
-    let err = DataLoader::builder(InMemory::new(vec![1])).shuffle(true).sampler(SubsetRandomSampler::new(vec![0])).build().err().unwrap();
+    let err = DataLoader::builder(InMemory::new(vec![1]))
+        .shuffle(true)
+        .sampler(SubsetRandomSampler::new(vec![0]))
+        .build()
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("mutually exclusive"), "{err}");
     assert!(DataLoader::builder(InMemory::new(vec![1])).batch_size(0).build().is_err());
 }
@@ -191,7 +206,8 @@ fn prefetch_depth_bounds_the_work_ahead_of_the_consumer() {
         }
     }
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut loader = DataLoader::builder(Counting(Arc::clone(&calls))).batch_size(4).num_workers(2).prefetch(2).build().unwrap();
+    let mut loader =
+        DataLoader::builder(Counting(Arc::clone(&calls))).batch_size(4).num_workers(2).prefetch(2).build().unwrap();
     let mut epoch = loader.epoch();
     assert_eq!(epoch.next().unwrap().unwrap(), vec![0, 1, 2, 3]);
     // After one batch was taken, at most batches 1 and 2 may be loaded ahead: 3 batches in total.

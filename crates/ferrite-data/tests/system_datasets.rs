@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use ferrite_data::char_text::JARGON_PATH;
 use ferrite_data::idx::encode_idx;
-use ferrite_data::{fashion_mnist, CharText, DataError, DataLoader, Dataset, Split, Subset};
+use ferrite_data::{CharText, DataError, DataLoader, Dataset, Split, Subset, fashion_mnist};
 
 /// True if the dependency is present; otherwise skip (or fail under FERRITE_REQUIRE_SYSTEM_DEPS=1).
 fn have(present: bool, what: &str, package: &str) -> bool {
@@ -70,7 +70,10 @@ fn fashion_mnist_missing_and_corrupt_files_are_typed_errors() {
     let e = fashion_mnist::load_from(&empty, Split::Test).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, DataError::DatasetMissing { package: "dataset-fashion-mnist", .. }), "{msg}");
-    assert!(msg.contains("apt-get install dataset-fashion-mnist") && msg.contains("FERRITE_FASHION_MNIST_DIR"), "{msg}");
+    assert!(
+        msg.contains("apt-get install dataset-fashion-mnist") && msg.contains("FERRITE_FASHION_MNIST_DIR"),
+        "{msg}"
+    );
 
     // Truncated image file (gzipped, as Debian ships it).
     let dir = temp_dir("fmnist-truncated");

@@ -2,7 +2,7 @@
 //! on the training device, identical for every worker count, and staged batches are accounted by
 //! the device's allocator.
 
-use ferrite_data::{builtin_dataset, DataLoader, Dataset, DatasetKind, InMemory, StackCollate, Tensor};
+use ferrite_data::{DataLoader, Dataset, DatasetKind, InMemory, StackCollate, Tensor, builtin_dataset};
 use ferrite_memory::Device;
 
 fn digits_epoch(workers: usize, device: &Device) -> Vec<(Vec<f32>, Vec<i64>)> {
@@ -61,10 +61,11 @@ fn staged_batches_live_in_the_device_allocator_until_dropped() {
 #[test]
 fn tensor_samples_stack_through_the_loader() {
     let cpu = Device::Cpu;
-    let data = (0..10).map(|i| (i as f32, i as usize % 3)).collect::<InMemory<(f32, usize)>>().map(move |(v, label), rng| {
-        let noise = rng.uniform_f32();
-        Ok((Tensor::from_vec(vec![v, v + noise], &[2], &Device::Cpu)?, label))
-    });
+    let data =
+        (0..10).map(|i| (i as f32, i as usize % 3)).collect::<InMemory<(f32, usize)>>().map(move |(v, label), rng| {
+            let noise = rng.uniform_f32();
+            Ok((Tensor::from_vec(vec![v, v + noise], &[2], &Device::Cpu)?, label))
+        });
     assert_eq!(data.len(), 10);
     let mut loader = DataLoader::builder(data).batch_size(4).num_workers(2).collate(StackCollate).build().unwrap();
     let batches: Vec<(Tensor, Tensor)> = loader.epoch().map(|b| b.unwrap()).collect();

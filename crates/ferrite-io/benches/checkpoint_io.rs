@@ -60,7 +60,11 @@ fn report(what: &str, bytes: usize, (first, median): (f64, f64)) {
 }
 
 fn main() {
-    let dir = std::env::args().skip(1).find(|a| !a.starts_with('-')).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp/ferrite-io-bench"));
+    let dir = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/ferrite-io-bench"));
     std::fs::create_dir_all(&dir).unwrap();
     let sd = state_dict();
     let bytes: usize = sd.iter().map(|(_, t)| t.nbytes()).sum();
@@ -72,7 +76,8 @@ fn main() {
         bytes,
         time(5, || save_state_dict(&path, sd.iter().map(|(k, t)| (k.as_str(), t))).unwrap()),
     );
-    let raw: Vec<(String, RawTensor)> = sd.iter().map(|(k, t)| (k.clone(), RawTensor::from_tensor(t).unwrap())).collect();
+    let raw: Vec<(String, RawTensor)> =
+        sd.iter().map(|(k, t)| (k.clone(), RawTensor::from_tensor(t).unwrap())).collect();
     let meta = BTreeMap::new();
     report(
         "write_safetensors_to: host tensors, buffered, no fsync",

@@ -18,8 +18,11 @@ fn main() -> Result<(), ferrite_io::IoError> {
 
     let back = read(&path)?;
     assert_eq!(back, ckpt);
-    println!("epoch {} restored, weight sum {}", back.require("epoch")?.as_int().unwrap_or(0),
-             back.require("model/fc.weight")?.as_tensor().map(|t| t.sum_f64()).unwrap_or(0.0));
+    println!(
+        "epoch {} restored, weight sum {}",
+        back.require("epoch")?.as_int().unwrap_or(0),
+        back.require("model/fc.weight")?.as_tensor().map(|t| t.sum_f64()).unwrap_or(0.0)
+    );
 
     // PyTorch files: refused if they would run code; `module.` prefixes stripped on request.
     if let Some(pt) = std::env::args().nth(1) {

@@ -97,7 +97,10 @@ impl Drop for AtomicFile {
 }
 
 /// Writes `path` atomically with the bytes `fill` produces.
-pub fn write_atomically(path: impl AsRef<Path>, fill: impl FnOnce(&mut AtomicFile) -> std::io::Result<()>) -> Result<()> {
+pub fn write_atomically(
+    path: impl AsRef<Path>,
+    fill: impl FnOnce(&mut AtomicFile) -> std::io::Result<()>,
+) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
     fill(&mut f).map_err(|e| IoError::os("write", f.temp_path().to_path_buf(), e))?;
     f.commit()

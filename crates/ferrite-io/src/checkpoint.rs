@@ -64,9 +64,13 @@ pub(crate) fn decode(file: SafetensorsFile) -> Result<Option<Value>> {
     if let Some(v) = file.metadata.get(CHECKPOINT_VERSION_KEY)
         && v != VERSION
     {
-        return Err(IoError::structure("", format!("checkpoint encoding version {v} is newer than this ferrite ({VERSION}); upgrade ferrite")));
+        return Err(IoError::structure(
+            "",
+            format!("checkpoint encoding version {v} is newer than this ferrite ({VERSION}); upgrade ferrite"),
+        ));
     }
-    let json: Json = serde_json::from_str(text).map_err(|e| IoError::structure("", format!("checkpoint tree is not valid JSON: {e}")))?;
+    let json: Json = serde_json::from_str(text)
+        .map_err(|e| IoError::structure("", format!("checkpoint tree is not valid JSON: {e}")))?;
     let tensors: std::collections::HashMap<String, RawTensor> = file.tensors.into_iter().collect();
     decode_json(&json, &tensors, &mut Vec::new(), 0).map(Some)
 }
@@ -91,7 +95,9 @@ impl<'a> Encoder<'a> {
         if depth > MAX_DEPTH {
             return Err(IoError::structure(
                 abbreviate_path(path),
-                format!("nests {depth} levels deep, more than the {MAX_DEPTH} a ferrite checkpoint can hold (its tree is stored as JSON, which readers parse to {JSON_DEPTH_LIMIT} levels, and a dict takes three); flatten this entry"),
+                format!(
+                    "nests {depth} levels deep, more than the {MAX_DEPTH} a ferrite checkpoint can hold (its tree is stored as JSON, which readers parse to {JSON_DEPTH_LIMIT} levels, and a dict takes three); flatten this entry"
+                ),
             ));
         }
         Ok(match v {
@@ -155,7 +161,9 @@ fn decode_json(
     path: &mut Vec<String>,
     depth: usize,
 ) -> Result<Value> {
-    let bad = |path: &Vec<String>, why: &str| IoError::structure(abbreviate_path(path), format!("malformed checkpoint tree: {why}"));
+    let bad = |path: &Vec<String>, why: &str| {
+        IoError::structure(abbreviate_path(path), format!("malformed checkpoint tree: {why}"))
+    };
     if depth > MAX_DEPTH {
         return Err(IoError::too_deep(path, depth, MAX_DEPTH));
     }
@@ -230,7 +238,8 @@ mod tests {
 
     fn sample_tree() -> Value {
         let w = RawTensor::from_values(vec![2, 2], &[1.0f32, -2.0, 3.5, 4.25]).unwrap();
-        let mut p = RawTensor::from_values(vec![3], &[half::bf16::from_f32(0.5), half::bf16::ONE, half::bf16::MAX]).unwrap();
+        let mut p =
+            RawTensor::from_values(vec![3], &[half::bf16::from_f32(0.5), half::bf16::ONE, half::bf16::MAX]).unwrap();
         p.set_requires_grad(true);
         p.set_location("sim:a100-40gb:1");
         let mut model = Value::dict();
@@ -260,8 +269,12 @@ mod tests {
     fn same(a: &Value, b: &Value) -> bool {
         match (a, b) {
             (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-            (Value::Dict(x), Value::Dict(y)) => x.len() == y.len() && x.iter().zip(y).all(|((k1, v1), (k2, v2))| same(k1, k2) && same(v1, v2)),
-            (Value::List(x), Value::List(y)) | (Value::Tuple(x), Value::Tuple(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q)),
+            (Value::Dict(x), Value::Dict(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|((k1, v1), (k2, v2))| same(k1, k2) && same(v1, v2))
+            }
+            (Value::List(x), Value::List(y)) | (Value::Tuple(x), Value::Tuple(y)) => {
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
+            }
             _ => a == b,
         }
     }
@@ -304,7 +317,14 @@ mod tests {
 
     #[test]
     fn malformed_trees_are_typed_errors() {
-        for bad in [r#"{"tensor": "nope"}"#, r#"{"what": 1}"#, r#"{"dict": [[1]]}"#, r#"{"bytes": "zz"}"#, "[[[[", r#"{"float": "x"}"#] {
+        for bad in [
+            r#"{"tensor": "nope"}"#,
+            r#"{"what": 1}"#,
+            r#"{"dict": [[1]]}"#,
+            r#"{"bytes": "zz"}"#,
+            "[[[[",
+            r#"{"float": "x"}"#,
+        ] {
             let mut meta = BTreeMap::new();
             meta.insert(CHECKPOINT_TREE_KEY.to_string(), bad.to_string());
             let file = SafetensorsFile { tensors: Vec::new(), metadata: meta };

@@ -31,7 +31,9 @@ pub enum IoError {
     UnknownFormat { path: PathBuf, reason: String },
 
     /// The zip container of a PyTorch (>= 1.6) file is damaged.
-    #[error("the zip container of the PyTorch file is damaged: {reason} (the file may be truncated or corrupted; re-save or re-download it)")]
+    #[error(
+        "the zip container of the PyTorch file is damaged: {reason} (the file may be truncated or corrupted; re-save or re-download it)"
+    )]
     Zip { reason: String },
 
     /// A record the PyTorch format requires is absent.
@@ -39,11 +41,15 @@ pub enum IoError {
     MissingRecord { name: String },
 
     /// A zip record is compressed; PyTorch always stores records uncompressed.
-    #[error("record `{name}` is compressed ({method}); torch.save stores records uncompressed — re-save the file with torch.save instead of re-zipping it")]
+    #[error(
+        "record `{name}` is compressed ({method}); torch.save stores records uncompressed — re-save the file with torch.save instead of re-zipping it"
+    )]
     CompressedRecord { name: String, method: String },
 
     /// A pickle global that a weights-only state_dict never needs: refused, never imported or run.
-    #[error("refused to load `{module}.{name}`: {reason}. Nothing was executed. Only weights-only checkpoints (tensors, state_dicts, plain containers and numbers) can be loaded; in PyTorch, save `model.state_dict()` rather than the model or custom objects")]
+    #[error(
+        "refused to load `{module}.{name}`: {reason}. Nothing was executed. Only weights-only checkpoints (tensors, state_dicts, plain containers and numbers) can be loaded; in PyTorch, save `model.state_dict()` rather than the model or custom objects"
+    )]
     UnsafeGlobal { module: String, name: String, reason: String },
 
     /// The pickle stream is malformed or uses an opcode this reader does not accept.
@@ -55,7 +61,10 @@ pub enum IoError {
     MissingStorage { key: String },
 
     /// A tensor's shape, strides and offset reach past the end of its storage.
-    #[error("tensor{} of shape {shape:?} (strides {strides:?}, offset {offset}) needs {needed} elements but its storage holds {available}; the file is corrupted", fmt_name(name))]
+    #[error(
+        "tensor{} of shape {shape:?} (strides {strides:?}, offset {offset}) needs {needed} elements but its storage holds {available}; the file is corrupted",
+        fmt_name(name)
+    )]
     ShapeStorageMismatch {
         name: Option<String>,
         shape: Vec<usize>,
@@ -66,7 +75,10 @@ pub enum IoError {
     },
 
     /// An element type ferrite has no DType for.
-    #[error("unsupported element type `{dtype}`{}; ferrite supports float32, float64, float16, bfloat16, int64, int32, uint8 and bool", fmt_name(name))]
+    #[error(
+        "unsupported element type `{dtype}`{}; ferrite supports float32, float64, float16, bfloat16, int64, int32, uint8 and bool",
+        fmt_name(name)
+    )]
     UnsupportedDType { dtype: String, name: Option<String> },
 
     /// A size read from the file is impossible given the bytes present (e.g. a header claiming petabytes).
@@ -141,7 +153,10 @@ impl IoError {
     /// The nesting limit was passed at `depth` levels below the root, inside `path`. The path is
     /// abbreviated: a hostile file's is hundreds of `0/0/0/…` segments long.
     pub(crate) fn too_deep(path: &[String], depth: usize, limit: usize) -> IoError {
-        IoError::LimitExceeded { what: format!("nesting depth ({depth} levels, at `{}`)", abbreviate_path(path)), limit: limit as u64 }
+        IoError::LimitExceeded {
+            what: format!("nesting depth ({depth} levels, at `{}`)", abbreviate_path(path)),
+            limit: limit as u64,
+        }
     }
 }
 
@@ -150,7 +165,11 @@ impl IoError {
 /// characters.
 pub(crate) fn abbreviate_path(path: &[String]) -> String {
     let seg = |s: &String| -> String {
-        if s.chars().count() <= SEGMENT_CHARS { s.clone() } else { format!("{}…", s.chars().take(SEGMENT_CHARS).collect::<String>()) }
+        if s.chars().count() <= SEGMENT_CHARS {
+            s.clone()
+        } else {
+            format!("{}…", s.chars().take(SEGMENT_CHARS).collect::<String>())
+        }
     };
     let join = |p: &[String]| p.iter().map(seg).collect::<Vec<_>>().join("/");
     if path.len() <= 2 * PATH_ENDS + 1 {

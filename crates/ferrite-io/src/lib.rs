@@ -44,9 +44,15 @@ pub use map_location::MapLocation;
 pub use mapped_file::{map_file, require_file};
 pub use raw_tensor::{Element, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
-pub use safetensors_format::{SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to};
-pub use state_dict::{IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};
+pub use safetensors_format::{
+    SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to,
+};
+pub use state_dict::{
+    IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree,
+};
 pub use tensor_loader::TensorLoader;
-pub use tensor_state_dict::{TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors};
+pub use tensor_state_dict::{
+    TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors,
+};
 pub use training_checkpoint::Checkpoint;
 pub use value::Value;

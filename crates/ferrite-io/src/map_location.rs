@@ -30,14 +30,20 @@ impl MapLocation {
     /// Parses `DEVICE` (everything there) or `TAG=DEVICE[,TAG=DEVICE…]` (a remapping), e.g.
     /// `cpu`, `sim:a100-40gb:0`, `cuda:1=cpu,cuda:0=sim:h100-80gb`.
     pub fn parse(spec: &str) -> Result<MapLocation> {
-        let bad = |device: &str, e: ferrite_memory::MemoryError| IoError::Device { device: device.to_string(), reason: e.to_string() };
+        let bad = |device: &str, e: ferrite_memory::MemoryError| IoError::Device {
+            device: device.to_string(),
+            reason: e.to_string(),
+        };
         if !spec.contains('=') {
             return Device::parse(spec).map(MapLocation::To).map_err(|e| bad(spec, e));
         }
         let mut pairs = Vec::new();
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((tag, dev)) = part.split_once('=') else {
-                return Err(IoError::Device { device: part.to_string(), reason: "expected TAG=DEVICE, e.g. cuda:1=cpu".into() });
+                return Err(IoError::Device {
+                    device: part.to_string(),
+                    reason: "expected TAG=DEVICE, e.g. cuda:1=cpu".into(),
+                });
             };
             pairs.push((tag.trim().to_string(), Device::parse(dev.trim()).map_err(|e| bad(dev.trim(), e))?));
         }

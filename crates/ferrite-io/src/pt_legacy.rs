@@ -27,7 +27,10 @@ pub(crate) fn read(file: &Bytes) -> Result<Value> {
     let (protocol, n) = at(file, pos, unpickle_plain)?;
     pos += n;
     if protocol.as_int() != Some(PROTOCOL_VERSION) {
-        return Err(IoError::Pickle { offset: pos, reason: format!("unsupported legacy protocol version {protocol:?}") });
+        return Err(IoError::Pickle {
+            offset: pos,
+            reason: format!("unsupported legacy protocol version {protocol:?}"),
+        });
     }
 
     let (sys_info, n) = at(file, pos, unpickle_plain)?;
@@ -37,10 +40,12 @@ pub(crate) fn read(file: &Bytes) -> Result<Value> {
     }
 
     let data_start = pos;
-    let program = at(file, pos, |d| pickle::run(d).map(|p| {
-        let end = p.end;
-        (p, end)
-    }))?
+    let program = at(file, pos, |d| {
+        pickle::run(d).map(|p| {
+            let end = p.end;
+            (p, end)
+        })
+    })?
     .0;
     pos += program.end;
 
@@ -78,29 +83,34 @@ pub(crate) fn read(file: &Bytes) -> Result<Value> {
         let nbytes = numel as u128 * es as u128;
         let left = (file.len() - pos) as u128;
         if nbytes > left {
-            return Err(IoError::SizeExceedsData { what: format!("storage `{key}` ({numel} elements)"), claimed: nbytes, available: left });
+            return Err(IoError::SizeExceedsData {
+                what: format!("storage `{key}` ({numel} elements)"),
+                claimed: nbytes,
+                available: left,
+            });
         }
         storages.insert(key.clone(), file.slice(pos..pos + nbytes as usize));
         pos += nbytes as usize;
     }
 
     let pkl_len = program.end;
-    program.to_value(pkl_len, &mut |s: &StorageRef| {
-        let b = storages.get(&s.key).ok_or_else(|| IoError::MissingStorage { key: s.key.clone() })?;
-        let es = s.dtype.map(|d| d.size_in_bytes()).unwrap_or(1) as u128;
-        if s.numel as u128 * es > b.len() as u128 {
-            return Err(IoError::SizeExceedsData {
-                what: format!("storage `{}` ({} elements)", s.key, s.numel),
-                claimed: s.numel as u128 * es,
-                available: b.len() as u128,
-            });
-        }
-        Ok(b.clone())
-    })
-    .map_err(|e| match e {
-        IoError::Pickle { offset, reason } => IoError::Pickle { offset: offset + data_start, reason },
-        other => other,
-    })
+    program
+        .to_value(pkl_len, &mut |s: &StorageRef| {
+            let b = storages.get(&s.key).ok_or_else(|| IoError::MissingStorage { key: s.key.clone() })?;
+            let es = s.dtype.map(|d| d.size_in_bytes()).unwrap_or(1) as u128;
+            if s.numel as u128 * es > b.len() as u128 {
+                return Err(IoError::SizeExceedsData {
+                    what: format!("storage `{}` ({} elements)", s.key, s.numel),
+                    claimed: s.numel as u128 * es,
+                    available: b.len() as u128,
+                });
+            }
+            Ok(b.clone())
+        })
+        .map_err(|e| match e {
+            IoError::Pickle { offset, reason } => IoError::Pickle { offset: offset + data_start, reason },
+            other => other,
+        })
 }
 
 /// Runs `f` on the file from `pos`, shifting pickle error offsets to file offsets.

@@ -85,7 +85,8 @@ impl<'f> Archive<'f> {
         if entry.compression() != CompressionMethod::Stored {
             return Err(IoError::CompressedRecord { name: name.to_string(), method: entry.compression().to_string() });
         }
-        let start = entry.data_start().ok_or_else(|| IoError::Zip { reason: format!("record `{name}` has no data offset") })?;
+        let start =
+            entry.data_start().ok_or_else(|| IoError::Zip { reason: format!("record `{name}` has no data offset") })?;
         let size = entry.compressed_size();
         if entry.size() != size {
             return Err(IoError::Zip { reason: format!("stored record `{name}` has different sizes in its headers") });
@@ -102,7 +103,10 @@ impl<'f> Archive<'f> {
         let crc = crc32fast::hash(&bytes);
         if crc != entry.crc32() {
             return Err(IoError::Zip {
-                reason: format!("record `{name}` fails its CRC-32 check (stored {:08x}, computed {crc:08x})", entry.crc32()),
+                reason: format!(
+                    "record `{name}` fails its CRC-32 check (stored {:08x}, computed {crc:08x})",
+                    entry.crc32()
+                ),
             });
         }
         Ok(Some(bytes))

@@ -61,9 +61,18 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
 impl RawTensor {
     /// A view into `storage` (PyTorch's `_rebuild_tensor_v2`). Fails if any element the layout
     /// addresses lies past the end of the storage.
-    pub fn new(dtype: DType, shape: Vec<usize>, strides: Vec<usize>, offset: usize, storage: Bytes) -> Result<RawTensor> {
+    pub fn new(
+        dtype: DType,
+        shape: Vec<usize>,
+        strides: Vec<usize>,
+        offset: usize,
+        storage: Bytes,
+    ) -> Result<RawTensor> {
         if shape.len() != strides.len() {
-            return Err(IoError::structure("", format!("tensor has {} dimensions but {} strides", shape.len(), strides.len())));
+            return Err(IoError::structure(
+                "",
+                format!("tensor has {} dimensions but {} strides", shape.len(), strides.len()),
+            ));
         }
         let available = storage.len() / dtype.size_in_bytes();
         let needed = required_elements(&shape, &strides, offset);
@@ -430,7 +439,9 @@ mod tests {
         assert_eq!(e.sum_f64(), 1000.0 * 276.0);
         let err = RawTensor::new(DType::F32, vec![1 << 31, 1 << 31], vec![0, 0], 0, s.clone()).unwrap_err();
         assert!(matches!(err, IoError::LimitExceeded { .. }) && err.to_string().contains("materialised"), "{err}");
-        assert!(RawTensor::new(DType::F32, vec![usize::MAX, usize::MAX, usize::MAX], vec![0, 0, 0], 0, s.clone()).is_err());
+        assert!(
+            RawTensor::new(DType::F32, vec![usize::MAX, usize::MAX, usize::MAX], vec![0, 0, 0], 0, s.clone()).is_err()
+        );
         assert!(RawTensor::new(DType::F32, vec![2], vec![1, 1], 0, s).is_err());
     }
 

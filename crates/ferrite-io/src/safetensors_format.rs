@@ -109,7 +109,11 @@ pub fn write_safetensors<'a>(
     write_entries_atomically(path, tensors.into_iter().collect(), metadata)
 }
 
-pub(crate) fn write_entries_atomically<D: TensorData>(path: impl AsRef<Path>, list: Vec<(&str, &D)>, metadata: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn write_entries_atomically<D: TensorData>(
+    path: impl AsRef<Path>,
+    list: Vec<(&str, &D)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     let mut f = AtomicFile::create(path)?;
     write_entries(&mut f, list, metadata).map_err(|e| match e {
         IoError::Os { op, source, .. } => IoError::Os { op, path: f.temp_path().to_path_buf(), source },
@@ -153,7 +157,11 @@ impl TensorData for RawTensor {
     }
 }
 
-pub(crate) fn write_entries<D: TensorData>(out: &mut impl Write, mut list: Vec<(&str, &D)>, metadata: &BTreeMap<String, String>) -> Result<()> {
+pub(crate) fn write_entries<D: TensorData>(
+    out: &mut impl Write,
+    mut list: Vec<(&str, &D)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
     // Largest alignment first, then by name: every tensor starts aligned to its element size.
     list.sort_by(|(ln, lt), (rn, rt)| rt.dtype().size_in_bytes().cmp(&lt.dtype().size_in_bytes()).then(ln.cmp(rn)));
     for w in list.windows(2) {
@@ -174,7 +182,8 @@ pub(crate) fn write_entries<D: TensorData>(out: &mut impl Write, mut list: Vec<(
     let mut meta: HashMap<String, String> = metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     meta.entry("format".to_string()).or_insert_with(|| "pt".to_string());
     let header = Metadata::new(Some(meta), infos).map_err(st_err)?;
-    let mut header = serde_json::to_string(&header).map_err(|e| IoError::Safetensors { reason: e.to_string() })?.into_bytes();
+    let mut header =
+        serde_json::to_string(&header).map_err(|e| IoError::Safetensors { reason: e.to_string() })?.into_bytes();
     header.resize(header.len().next_multiple_of(8), b' ');
     let os = |e| IoError::os("write", "<safetensors output>", e);
     out.write_all(&(header.len() as u64).to_le_bytes()).map_err(os)?;

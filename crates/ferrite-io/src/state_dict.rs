@@ -18,7 +18,10 @@ pub type StateDict = Vec<(String, RawTensor)>;
 /// caller can pick one (`v.get("model")`).
 pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
     let Value::Dict(items) = v else {
-        return Err(IoError::structure("", format!("expected a state_dict (a dict of tensors) but the file holds a {}", v.kind())));
+        return Err(IoError::structure(
+            "",
+            format!("expected a state_dict (a dict of tensors) but the file holds a {}", v.kind()),
+        ));
     };
     let mut out = Vec::with_capacity(items.len());
     let mut nested = Vec::new();
@@ -89,11 +92,17 @@ pub struct IncompatibleKeys {
 /// `strict`, any difference is an [`IoError::IncompatibleKeys`] in PyTorch's wording; when all
 /// unexpected keys share a prefix whose removal would make them expected keys (`module.` from
 /// DataParallel, `_orig_mod.` from `torch.compile`), the error says so and names the option.
-pub fn check_keys<E: AsRef<str>, P: AsRef<str>>(expected: &[E], provided: &[P], strict: bool) -> Result<IncompatibleKeys> {
+pub fn check_keys<E: AsRef<str>, P: AsRef<str>>(
+    expected: &[E],
+    provided: &[P],
+    strict: bool,
+) -> Result<IncompatibleKeys> {
     let exp: std::collections::HashSet<&str> = expected.iter().map(AsRef::as_ref).collect();
     let prov: std::collections::HashSet<&str> = provided.iter().map(AsRef::as_ref).collect();
-    let missing: Vec<String> = expected.iter().map(AsRef::as_ref).filter(|k| !prov.contains(k)).map(str::to_string).collect();
-    let unexpected: Vec<String> = provided.iter().map(AsRef::as_ref).filter(|k| !exp.contains(k)).map(str::to_string).collect();
+    let missing: Vec<String> =
+        expected.iter().map(AsRef::as_ref).filter(|k| !prov.contains(k)).map(str::to_string).collect();
+    let unexpected: Vec<String> =
+        provided.iter().map(AsRef::as_ref).filter(|k| !exp.contains(k)).map(str::to_string).collect();
     let report = IncompatibleKeys { missing, unexpected };
     if !strict || (report.missing.is_empty() && report.unexpected.is_empty()) {
         return Ok(report);
@@ -129,7 +138,12 @@ mod tests {
         let saved = ["module.fc.weight", "module.fc.bias"];
         let err = check_keys(&expected, &saved, true).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.starts_with("Error(s) in loading state_dict:\n\tMissing key(s) in state_dict: \"fc.weight\", \"fc.bias\"."), "{msg}");
+        assert!(
+            msg.starts_with(
+                "Error(s) in loading state_dict:\n\tMissing key(s) in state_dict: \"fc.weight\", \"fc.bias\"."
+            ),
+            "{msg}"
+        );
         assert!(msg.contains("Unexpected key(s) in state_dict: \"module.fc.weight\", \"module.fc.bias\"."), "{msg}");
         assert!(msg.contains("start with `module.`") && msg.contains("--strip-prefix module."), "{msg}");
 

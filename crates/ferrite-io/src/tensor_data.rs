@@ -33,7 +33,11 @@ pub(crate) fn check_has_data(t: &Tensor) -> Result<()> {
     if t.is_meta() && t.numel() > 0 {
         return Err(IoError::Device {
             device: "meta".to_string(),
-            reason: format!("a {} tensor of shape {:?} on `meta` has no values to save; run on `cpu` or `sim:…` to save weights", t.dtype(), t.shape()),
+            reason: format!(
+                "a {} tensor of shape {:?} on `meta` has no values to save; run on `cpu` or `sim:…` to save weights",
+                t.dtype(),
+                t.shape()
+            ),
         });
     }
     Ok(())
@@ -89,7 +93,10 @@ mod tests {
 
     #[test]
     fn views_are_saved_as_their_elements() {
-        let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3], &Device::Cpu).unwrap().requires_grad_(true).unwrap();
+        let t = Tensor::from_vec((0..6).map(|i| i as f32).collect(), &[2, 3], &Device::Cpu)
+            .unwrap()
+            .requires_grad_(true)
+            .unwrap();
         let raw = RawTensor::from_tensor(&t.detach().t().unwrap()).unwrap();
         assert_eq!((raw.shape(), raw.to_vec::<f32>().unwrap()), (&[3usize, 2][..], vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]));
         assert!(RawTensor::from_tensor(&t).unwrap().requires_grad());

@@ -56,7 +56,12 @@ impl TensorLoader {
     /// `requires_grad` carries over for floating-point tensors (PyTorch's `Parameter`s).
     pub fn load(&mut self, raw: &RawTensor) -> Result<Tensor> {
         let device = self.device_for(raw.location())?;
-        let key = StorageKey { addr: raw.storage().as_ptr() as usize, len: raw.storage().len(), dtype: raw.dtype(), device: device.clone() };
+        let key = StorageKey {
+            addr: raw.storage().as_ptr() as usize,
+            len: raw.storage().len(),
+            dtype: raw.dtype(),
+            device: device.clone(),
+        };
         let base = match self.placed.get(&key) {
             Some((_, base)) => base.clone(),
             None => {

@@ -51,7 +51,10 @@ pub fn state_dict_to_tensors(tree: &Value, options: &LoadOptions) -> Result<Tens
 ///
 /// Tensors that share a storage are written as separate copies of their elements (safetensors has
 /// no shared storages); loading gives independent tensors with the same values.
-pub fn save_state_dict<'a>(path: impl AsRef<Path>, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+pub fn save_state_dict<'a>(
+    path: impl AsRef<Path>,
+    tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+) -> Result<()> {
     save_state_dict_with_metadata(path, tensors, &BTreeMap::new())
 }
 
@@ -96,7 +99,11 @@ mod tests {
         let meta = Tensor::zeros(&[2], DType::F32, &Device::Meta).unwrap();
         let err = save_state_dict(&path, [("m", &meta)]).unwrap_err().to_string();
         assert!(err.contains("meta"), "{err}");
-        assert_eq!(load_state_dict(&path, &LoadOptions::new()).unwrap().len(), 2, "the refused save left the file alone");
+        assert_eq!(
+            load_state_dict(&path, &LoadOptions::new()).unwrap().len(),
+            2,
+            "the refused save left the file alone"
+        );
     }
 
     #[test]
@@ -111,6 +118,8 @@ mod tests {
         assert!(err.contains("`model`"), "{err}");
         let sd = state_dict_to_tensors(&root, &LoadOptions::new().key("model").strip_prefix("module.")).unwrap();
         assert_eq!(sd[0].0, "fc.bias");
-        assert!(state_dict_to_tensors(&root, &LoadOptions::new().key("nope")).unwrap_err().to_string().contains("nope"));
+        assert!(
+            state_dict_to_tensors(&root, &LoadOptions::new().key("nope")).unwrap_err().to_string().contains("nope")
+        );
     }
 }

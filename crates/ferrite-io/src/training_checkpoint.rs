@@ -72,7 +72,10 @@ impl Checkpoint {
     pub fn from_value(tree: Value) -> Result<Checkpoint> {
         match tree {
             Value::Dict(_) => Ok(Checkpoint { tree }),
-            other => Err(IoError::structure("", format!("a training checkpoint is a dict at its root, this is a {}", other.kind()))),
+            other => Err(IoError::structure(
+                "",
+                format!("a training checkpoint is a dict at its root, this is a {}", other.kind()),
+            )),
         }
     }
 
@@ -106,7 +109,10 @@ impl Checkpoint {
         let mut node = &mut self.tree;
         for (i, part) in parents.iter().enumerate() {
             let Value::Dict(items) = node else {
-                return Err(IoError::structure(parts[..i].join("/"), format!("is a {}, not a dict, so `{path}` cannot be set", node.kind())));
+                return Err(IoError::structure(
+                    parts[..i].join("/"),
+                    format!("is a {}, not a dict, so `{path}` cannot be set", node.kind()),
+                ));
             };
             let idx = match items.iter().position(|(k, _)| matches!(k, Value::Str(s) if s == part)) {
                 Some(idx) => idx,
@@ -117,7 +123,12 @@ impl Checkpoint {
             };
             node = &mut items[idx].1;
         }
-        node.insert(*last, value).map_err(|_| IoError::structure(parents.join("/"), format!("is a {}, not a dict, so `{path}` cannot be set", node.kind())))
+        node.insert(*last, value).map_err(|_| {
+            IoError::structure(
+                parents.join("/"),
+                format!("is a {}, not a dict, so `{path}` cannot be set", node.kind()),
+            )
+        })
     }
 
     /// Stores a host copy of `tensor` at `path` (dtype, shape, values, `requires_grad`, device).
@@ -127,7 +138,11 @@ impl Checkpoint {
 
     /// Stores named tensors as a state_dict (a dict name → tensor) at `path`. Names are keys, not
     /// paths: `encoder.layers.0.weight` stays one key.
-    pub fn set_state_dict<'a>(&mut self, path: &str, tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<()> {
+    pub fn set_state_dict<'a>(
+        &mut self,
+        path: &str,
+        tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+    ) -> Result<()> {
         let mut sd = Value::dict();
         for (name, t) in tensors {
             sd.insert(name, RawTensor::from_tensor(t)?)?;
@@ -248,7 +263,10 @@ mod tests {
         assert_eq!(bits(t.to_vec::<f32>().unwrap()), bits(m.to_vec::<f32>().unwrap()));
         let on_meta = back.tensor("optimizer/state/0/exp_avg", &LoadOptions::new().device(Device::Meta)).unwrap();
         assert!(on_meta.is_meta());
-        assert_eq!(back.tensor("optimizer/state/0/step", &LoadOptions::new().dtype(DType::F16)).unwrap().dtype(), DType::I64);
+        assert_eq!(
+            back.tensor("optimizer/state/0/step", &LoadOptions::new().dtype(DType::F16)).unwrap().dtype(),
+            DType::I64
+        );
         assert!(back.state_dict("optimizer", &LoadOptions::new()).unwrap_err().to_string().contains("optimizer"));
     }
 }

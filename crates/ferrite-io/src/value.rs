@@ -196,7 +196,9 @@ impl Value {
                 continue;
             }
             match v {
-                Value::Dict(items) => stack.extend(items.iter().rev().map(|(k, c)| (depth + 1, Some(key_to_string(k)), c))),
+                Value::Dict(items) => {
+                    stack.extend(items.iter().rev().map(|(k, c)| (depth + 1, Some(key_to_string(k)), c)))
+                }
                 Value::List(items) | Value::Tuple(items) => {
                     stack.extend(items.iter().enumerate().rev().map(|(i, c)| (depth + 1, Some(i.to_string()), c)))
                 }

@@ -95,6 +95,9 @@ fn killed_writer_never_corrupts_the_checkpoint() {
         last = k;
     }
     // Informational: kills that hit a save in progress leave its hidden temporary file behind.
-    let torn = std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".run.ckpt.tmp-")).count();
+    let torn = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".run.ckpt.tmp-"))
+        .count();
     eprintln!("writer killed 3 times ({torn} mid-save); last complete checkpoint on disk: version {last}");
 }

@@ -33,7 +33,19 @@ enum Mutation {
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
-    let interesting = prop::sample::select(vec![0u64, 1, 0x7f, 0x80, 0xff, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, u64::MAX, 1 << 40, 1 << 62]);
+    let interesting = prop::sample::select(vec![
+        0u64,
+        1,
+        0x7f,
+        0x80,
+        0xff,
+        0x7fff_ffff,
+        0x8000_0000,
+        0xffff_ffff,
+        u64::MAX,
+        1 << 40,
+        1 << 62,
+    ]);
     prop_oneof![
         4 => (any::<usize>(), 0u8..8).prop_map(|(i, b)| Mutation::FlipBit(i, b)),
         3 => (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::SetByte(i, b)),
@@ -87,7 +99,8 @@ fn exercise(data: Vec<u8>) {
         for (name, t) in v.tensors() {
             let _ = t.sum_f64();
             let _ = t.contiguous_bytes();
-            let placed = loader.load(t).unwrap_or_else(|e| panic!("{name}: a tensor the reader accepted failed to load: {e}"));
+            let placed =
+                loader.load(t).unwrap_or_else(|e| panic!("{name}: a tensor the reader accepted failed to load: {e}"));
             let want: Vec<u64> = t.to_f64_vec().iter().map(|x| x.to_bits()).collect();
             let got: Vec<u64> = placed.to_vec_f64().unwrap().iter().map(|x| x.to_bits()).collect();
             assert!(got == want, "{name}: device tensor differs from the file's");
@@ -108,15 +121,22 @@ fn config() -> Config {
 type ZipSeed = (String, Vec<(String, Vec<u8>)>, usize);
 
 fn zip_seeds() -> Vec<ZipSeed> {
-    ["plain_state_dict.pt", "shared_storage_views.pt", "training_checkpoint.pt", "bf16_state_dict.pt", "malicious_reduce.pt", "full_model_pickle.pt"]
-        .iter()
-        .filter_map(|n| {
-            let bytes = std::fs::read(pytorch_file(n)?).ok()?;
-            let recs = zip_records(&bytes);
-            let pkl = recs.iter().position(|(name, _)| name.ends_with("data.pkl"))?;
-            Some((n.to_string(), recs, pkl))
-        })
-        .collect()
+    [
+        "plain_state_dict.pt",
+        "shared_storage_views.pt",
+        "training_checkpoint.pt",
+        "bf16_state_dict.pt",
+        "malicious_reduce.pt",
+        "full_model_pickle.pt",
+    ]
+    .iter()
+    .filter_map(|n| {
+        let bytes = std::fs::read(pytorch_file(n)?).ok()?;
+        let recs = zip_records(&bytes);
+        let pkl = recs.iter().position(|(name, _)| name.ends_with("data.pkl"))?;
+        Some((n.to_string(), recs, pkl))
+    })
+    .collect()
 }
 
 fn safetensors_seeds() -> Vec<Vec<u8>> {
@@ -161,12 +181,16 @@ fn mutated_pickles_in_valid_archives() {
     if seeds.is_empty() {
         return;
     }
-    fuzz("pickle in valid zip", (any::<prop::sample::Index>(), prop::collection::vec(mutation(), 1..6)), |(seed, muts)| {
-        let (_, recs, pkl) = &seeds[seed.index(seeds.len())];
-        let mut recs = recs.clone();
-        apply(&mut recs[*pkl].1, &muts);
-        exercise(rezip(&recs));
-    });
+    fuzz(
+        "pickle in valid zip",
+        (any::<prop::sample::Index>(), prop::collection::vec(mutation(), 1..6)),
+        |(seed, muts)| {
+            let (_, recs, pkl) = &seeds[seed.index(seeds.len())];
+            let mut recs = recs.clone();
+            apply(&mut recs[*pkl].1, &muts);
+            exercise(rezip(&recs));
+        },
+    );
 }
 
 /// Whole zip files mutated (container damage, CRC mismatches).
@@ -197,11 +221,15 @@ fn mutated_legacy_files() {
 #[test]
 fn mutated_safetensors_and_checkpoints() {
     let seeds = safetensors_seeds();
-    fuzz("safetensors / checkpoint", (any::<prop::sample::Index>(), prop::collection::vec(mutation(), 1..6)), |(seed, muts)| {
-        let mut data = seeds[seed.index(seeds.len())].clone();
-        apply(&mut data, &muts);
-        exercise(data);
-    });
+    fuzz(
+        "safetensors / checkpoint",
+        (any::<prop::sample::Index>(), prop::collection::vec(mutation(), 1..6)),
+        |(seed, muts)| {
+            let mut data = seeds[seed.index(seeds.len())].clone();
+            apply(&mut data, &muts);
+            exercise(data);
+        },
+    );
 }
 
 /// Random programs over the opcode alphabet, with random argument bytes.

@@ -70,7 +70,9 @@ fn require_python() -> bool {
         return true;
     }
     if common::may_skip() {
-        eprintln!("SKIPPED: python3 with safetensors+numpy missing; run bash .ci/run or install python3 -m pip install safetensors numpy");
+        eprintln!(
+            "SKIPPED: python3 with safetensors+numpy missing; run bash .ci/run or install python3 -m pip install safetensors numpy"
+        );
         return false;
     }
     panic!("python3 with safetensors+numpy is required (FERRITE_REQUIRE_SYSTEM_DEPS=1)");
@@ -92,7 +94,10 @@ fn ferrite_safetensors_load_in_python_with_identical_values() {
     if !require_python() {
         return;
     }
-    let f32s: Vec<f32> = (0..24).map(|i| (i as f32 - 11.5) * 0.37).chain([f32::INFINITY, f32::NAN, -0.0, f32::MIN_POSITIVE / 4.0]).collect();
+    let f32s: Vec<f32> = (0..24)
+        .map(|i| (i as f32 - 11.5) * 0.37)
+        .chain([f32::INFINITY, f32::NAN, -0.0, f32::MIN_POSITIVE / 4.0])
+        .collect();
     let full = RawTensor::from_values(vec![4, 7], &f32s).unwrap();
     // A transposed view: written as its row-major copy.
     let transposed = RawTensor::new(full.dtype(), vec![7, 4], vec![1, 7], 0, full.storage().clone()).unwrap();
@@ -100,7 +105,14 @@ fn ferrite_safetensors_load_in_python_with_identical_values() {
         ("model.fc1.weight", full.clone()),
         ("model.fc1.weight_t", transposed),
         ("f64", RawTensor::from_values(vec![3], &[1.0f64 / 3.0, -1e300, 5e-324]).unwrap()),
-        ("f16", RawTensor::from_values(vec![2, 2], &[f16::from_f32(0.1), f16::MAX, f16::MIN_POSITIVE_SUBNORMAL, f16::NEG_INFINITY]).unwrap()),
+        (
+            "f16",
+            RawTensor::from_values(
+                vec![2, 2],
+                &[f16::from_f32(0.1), f16::MAX, f16::MIN_POSITIVE_SUBNORMAL, f16::NEG_INFINITY],
+            )
+            .unwrap(),
+        ),
         ("bf16", RawTensor::from_values(vec![3], &[bf16::from_f32(0.1), bf16::MAX, bf16::from_f32(-3.5)]).unwrap()),
         ("steps", RawTensor::from_values(vec![2], &[i64::MAX, i64::MIN]).unwrap()),
         ("i32", RawTensor::from_values(vec![2], &[i32::MIN, 7]).unwrap()),
@@ -119,8 +131,10 @@ fn ferrite_safetensors_load_in_python_with_identical_values() {
 
     assert_eq!(got["metadata"]["format"], "pt");
     assert_eq!(got["metadata"]["note"], "written by ferrite");
-    let np_names = ["model.fc1.weight", "model.fc1.weight_t", "f64", "f16", "steps", "i32", "u8", "mask", "scalar", "empty"];
-    let np_dtypes = ["float32", "float32", "float64", "float16", "int64", "int32", "uint8", "bool", "float32", "float32"];
+    let np_names =
+        ["model.fc1.weight", "model.fc1.weight_t", "f64", "f16", "steps", "i32", "u8", "mask", "scalar", "empty"];
+    let np_dtypes =
+        ["float32", "float32", "float64", "float16", "int64", "int32", "uint8", "bool", "float32", "float32"];
     assert_eq!(got["numpy"].as_object().unwrap().len(), np_names.len(), "numpy sees every non-bf16 tensor");
     for (name, dtype) in np_names.iter().zip(np_dtypes) {
         let t = &tensors.iter().find(|(n, _)| n == name).unwrap().1;

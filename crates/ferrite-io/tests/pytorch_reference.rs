@@ -23,7 +23,11 @@ fn check_against_files(file: &str, sd: &[(String, RawTensor)], strip: &str) {
         let key = w.path.strip_prefix(strip).unwrap_or(&w.path);
         let t = &sd.iter().find(|(k, _)| k == key).unwrap_or_else(|| panic!("{file}: key {key} missing")).1;
         assert_eq!(t.shape(), w.shape.as_slice(), "{file}:{key} shape");
-        assert_eq!(t.dtype(), DType::parse(&w.dtype).unwrap_or_else(|| panic!("dtype {}", w.dtype)), "{file}:{key} dtype");
+        assert_eq!(
+            t.dtype(),
+            DType::parse(&w.dtype).unwrap_or_else(|| panic!("dtype {}", w.dtype)),
+            "{file}:{key} dtype"
+        );
         assert!(close(t.sum_f64(), w.sum), "{file}:{key}: sum {} vs PyTorch's {}", t.sum_f64(), w.sum);
     }
 }
@@ -36,7 +40,9 @@ fn value_matches_json(v: &Value, j: &serde_json::Value) -> bool {
         (Value::Int(a), serde_json::Value::Number(n)) => n.as_i64() == Some(*a) || n.as_f64() == Some(*a as f64),
         (Value::Float(a), serde_json::Value::Number(n)) => n.as_f64() == Some(*a),
         (Value::Str(a), serde_json::Value::String(b)) => a == b,
-        (Value::List(a) | Value::Tuple(a), serde_json::Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| value_matches_json(x, y)),
+        (Value::List(a) | Value::Tuple(a), serde_json::Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| value_matches_json(x, y))
+        }
         _ => false,
     }
 }
@@ -73,7 +79,8 @@ fn every_reference_file_matches_the_files_listing() {
         let (want, values) = expected_file(&exp, file);
         assert_eq!(got.len(), want.len(), "{file}: number of tensors");
         for w in &want {
-            let t = got.iter().find(|(p, _)| *p == w.path).unwrap_or_else(|| panic!("{file}: no tensor at {}", w.path)).1;
+            let t =
+                got.iter().find(|(p, _)| *p == w.path).unwrap_or_else(|| panic!("{file}: no tensor at {}", w.path)).1;
             assert_eq!(t.shape(), w.shape.as_slice(), "{file}:{}", w.path);
             assert_eq!(Some(t.dtype()), DType::parse(&w.dtype), "{file}:{}", w.path);
             assert!(close(t.sum_f64(), w.sum), "{file}:{}: {} vs {}", w.path, t.sum_f64(), w.sum);
@@ -131,19 +138,22 @@ fn views_sharing_one_storage_have_the_exact_values() {
     let exp = expected().unwrap();
     let views = &exp["shared_storage_views"];
     let full = v.get("full").and_then(Value::as_tensor).unwrap();
-    let full_shape: Vec<usize> = views["full"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+    let full_shape: Vec<usize> =
+        views["full"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
     assert_eq!(full.shape(), full_shape.as_slice());
     assert!(close(full.sum_f64(), expected_tensor(&exp, "shared_storage_views.pt", "full").sum));
     for name in ["row_view", "col_view", "transposed"] {
         let t = v.get(name).and_then(Value::as_tensor).unwrap();
-        let want_shape: Vec<usize> = views[name]["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+        let want_shape: Vec<usize> =
+            views[name]["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
         let want: Vec<f64> = views[name]["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
         assert_eq!(t.shape(), want_shape.as_slice(), "{name}");
         assert_eq!(t.to_f64_vec(), want, "{name}");
         // One storage, shared: the views point into the same bytes as `full`, and every view's
         // values are the full tensor's values at the view's offset and strides.
         assert_eq!(t.storage().as_ptr(), full.storage().as_ptr(), "{name} shares the storage");
-        let storage: Vec<f32> = full.storage().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let storage: Vec<f32> =
+            full.storage().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let mut idx = vec![0usize; t.shape().len()];
         for (i, w) in want.iter().enumerate() {
             let mut rem = i;
@@ -164,9 +174,11 @@ fn training_checkpoint_is_navigable() {
     let ck = &exp["training_checkpoint"];
     assert_eq!(v.get("epoch").and_then(Value::as_int), ck["epoch"].as_i64());
     assert_eq!(v.get("loss").and_then(Value::as_float), ck["loss"].as_f64());
-    let mut keys: Vec<String> = state_dict_from_value(v.get("model").unwrap()).unwrap().into_iter().map(|(k, _)| k).collect();
+    let mut keys: Vec<String> =
+        state_dict_from_value(v.get("model").unwrap()).unwrap().into_iter().map(|(k, _)| k).collect();
     keys.sort();
-    let want: Vec<String> = ck["model_keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_string()).collect();
+    let want: Vec<String> =
+        ck["model_keys"].as_array().unwrap().iter().map(|k| k.as_str().unwrap().to_string()).collect();
     assert_eq!(keys, want);
 
     // Optimizer state: int keys, scalar `step` tensors, moments shaped like the parameters; every
@@ -184,11 +196,17 @@ fn training_checkpoint_is_navigable() {
     let lr = values["optimizer/param_groups/0/lr"].as_f64().expect("lr in the listing");
     assert_eq!(v.at("optimizer/param_groups/0/lr").and_then(Value::as_float), Some(lr));
     // Tuples stay tuples, None stays None.
-    let betas: Vec<Value> = values["optimizer/param_groups/0/betas"].as_array().unwrap().iter().map(|b| Value::Float(b.as_f64().unwrap())).collect();
+    let betas: Vec<Value> = values["optimizer/param_groups/0/betas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| Value::Float(b.as_f64().unwrap()))
+        .collect();
     assert_eq!(v.at("optimizer/param_groups/0/betas"), Some(&Value::Tuple(betas)));
     assert_eq!(v.at("optimizer/param_groups/0/foreach"), Some(&Value::None));
     let params = v.at("optimizer/param_groups/0/params").and_then(Value::as_list).unwrap();
-    let want_params: Vec<i64> = values["optimizer/param_groups/0/params"].as_array().unwrap().iter().map(|p| p.as_i64().unwrap()).collect();
+    let want_params: Vec<i64> =
+        values["optimizer/param_groups/0/params"].as_array().unwrap().iter().map(|p| p.as_i64().unwrap()).collect();
     assert_eq!(params.iter().map(|p| p.as_int().unwrap()).collect::<Vec<_>>(), want_params);
     assert_eq!(v.tensors().len(), tensors.len());
 }
@@ -221,7 +239,10 @@ fn malicious_reduce_is_refused_and_its_command_never_runs() {
         other => panic!("unexpected error {other:?}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("`posix.system`") && msg.contains("run commands") && msg.contains("Nothing was executed"), "{msg}");
+    assert!(
+        msg.contains("`posix.system`") && msg.contains("run commands") && msg.contains("Nothing was executed"),
+        "{msg}"
+    );
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(!marker.exists(), "the payload's side effect happened");
 }

@@ -152,11 +152,24 @@ fn resume(path: &std::path::Path, device: &Device, restore_rngs: bool) -> Run {
 type Fingerprint = (Vec<Vec<u32>>, i64, u64, u64, i64, i64, [u8; 24], [u8; 24]);
 
 fn fingerprint(r: &Run) -> Fingerprint {
-    let bits = |ts: &[Tensor]| ts.iter().map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>()).collect::<Vec<_>>();
+    let bits = |ts: &[Tensor]| {
+        ts.iter()
+            .map(|t| t.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u32>>())
+            .collect::<Vec<_>>()
+    };
     let mut all = bits(&r.params);
     all.extend(bits(&r.exp_avg));
     all.extend(bits(&r.exp_avg_sq));
-    (all, r.adam_step, r.lr.to_bits(), r.scale.to_bits(), r.growth_tracker, r.step, r.data_rng.state().to_bytes(), r.dropout_rng.state().to_bytes())
+    (
+        all,
+        r.adam_step,
+        r.lr.to_bits(),
+        r.scale.to_bits(),
+        r.growth_tracker,
+        r.step,
+        r.data_rng.state().to_bytes(),
+        r.dropout_rng.state().to_bytes(),
+    )
 }
 
 #[test]

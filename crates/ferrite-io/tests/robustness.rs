@@ -33,7 +33,8 @@ fn small_safetensors() -> Vec<u8> {
 }
 
 fn seeds() -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = LOADABLE.iter().filter_map(|n| fixture(n).map(|b| (n.to_string(), b))).collect();
+    let mut v: Vec<(String, Vec<u8>)> =
+        LOADABLE.iter().filter_map(|n| fixture(n).map(|b| (n.to_string(), b))).collect();
     v.push(("small.safetensors".into(), small_safetensors()));
     v
 }
@@ -57,7 +58,9 @@ fn zero_length_and_wrong_magic_are_unknown_format() {
     let err = read(&empty).unwrap_err();
     assert!(matches!(err, IoError::UnknownFormat { .. }) && err.to_string().contains("empty"), "{err}");
 
-    for junk in [&b"GIF89a\x01\x00\x01\x00"[..], b"\x89PNG\r\n\x1a\n\0\0", b"hello world, not a checkpoint", b"\x80\x02}q\x00."] {
+    for junk in
+        [&b"GIF89a\x01\x00\x01\x00"[..], b"\x89PNG\r\n\x1a\n\0\0", b"hello world, not a checkpoint", b"\x80\x02}q\x00."]
+    {
         let err = read_bytes(&Bytes::copy_from_slice(junk)).unwrap_err();
         assert!(matches!(err, IoError::UnknownFormat { .. }), "{err}");
         assert!(err.to_string().contains("unrecognised leading bytes"), "{err}");
@@ -80,7 +83,10 @@ fn bit_flips_never_panic_and_never_silently_change_zip_files() {
                 flips += 1;
                 if let Ok(v) = read_bytes(&Bytes::from(m)) {
                     if is_zip {
-                        assert!(v == original, "{name}: flipping bit {bit} of byte {pos} silently changed the contents");
+                        assert!(
+                            v == original,
+                            "{name}: flipping bit {bit} of byte {pos} silently changed the contents"
+                        );
                     }
                 }
             }
@@ -113,7 +119,15 @@ fn shape_larger_than_storage_names_the_tensor() {
 
     // A view whose offset pushes it past the end, and one with a stride that does.
     for (offset, strides) in [(1, vec![1]), (0, vec![2])] {
-        let pickle = state_dict_pickle(&[TensorDesc { name: "v", storage_class: "FloatStorage", key: "0", numel: 4, offset, shape: vec![4], strides }]);
+        let pickle = state_dict_pickle(&[TensorDesc {
+            name: "v",
+            storage_class: "FloatStorage",
+            key: "0",
+            numel: 4,
+            offset,
+            shape: vec![4],
+            strides,
+        }]);
         let file = make_pt_zip(&pickle, &[("0", f32_bytes(&[1.0, 2.0, 3.0, 4.0]))]);
         assert!(matches!(read_bytes(&Bytes::from(file)), Err(IoError::ShapeStorageMismatch { .. })));
     }
@@ -168,7 +182,12 @@ fn absurd_sizes_are_refused_without_allocating_them() {
         // The first storage's 8-byte element count follows the key-list pickle's STOP (`.`). Find
         // it as the first STOP followed by a little-endian count equal to one of the file's
         // storage sizes (read from the file itself, so any twin of the fixture works).
-        let counts: Vec<u64> = read_bytes(&Bytes::from(legacy.clone())).unwrap().tensors().iter().map(|(_, t)| (t.storage().len() / t.dtype().size_in_bytes()) as u64).collect();
+        let counts: Vec<u64> = read_bytes(&Bytes::from(legacy.clone()))
+            .unwrap()
+            .tensors()
+            .iter()
+            .map(|(_, t)| (t.storage().len() / t.dtype().size_in_bytes()) as u64)
+            .collect();
         let at = legacy
             .windows(9)
             .position(|w| w[0] == b'.' && counts.contains(&u64::from_le_bytes(w[1..9].try_into().unwrap())))
@@ -243,7 +262,9 @@ fn hostile_pickles_inside_valid_zips() {
         let err = r.expect_err(what);
         let msg = err.to_string();
         match what {
-            "stack global" | "inst" => assert!(matches!(err, IoError::UnsafeGlobal { .. }) && msg.contains("`os.system`"), "{what}: {msg}"),
+            "stack global" | "inst" => {
+                assert!(matches!(err, IoError::UnsafeGlobal { .. }) && msg.contains("`os.system`"), "{what}: {msg}")
+            }
             "builtins eval" => assert!(msg.contains("`__builtin__.eval`"), "{what}: {msg}"),
             "exponential sharing" | "cycle" | "deep nesting" => {
                 assert!(matches!(err, IoError::LimitExceeded { .. }), "{what}: {msg}");
@@ -259,7 +280,15 @@ fn hostile_pickles_inside_valid_zips() {
 /// A state_dict of one tensor `w` wrapped in `levels` one-element tuples: the tensor sits
 /// `levels + 1` levels below the root.
 fn state_dict_in_tuples(levels: usize) -> Vec<u8> {
-    let mut p = state_dict_pickle(&[TensorDesc { name: "w", storage_class: "FloatStorage", key: "0", numel: 4, offset: 0, shape: vec![4], strides: vec![1] }]);
+    let mut p = state_dict_pickle(&[TensorDesc {
+        name: "w",
+        storage_class: "FloatStorage",
+        key: "0",
+        numel: 4,
+        offset: 0,
+        shape: vec![4],
+        strides: vec![1],
+    }]);
     assert_eq!(p.pop(), Some(b'.'));
     p.extend(std::iter::repeat_n(0x85u8, levels)); // TUPLE1
     p.push(b'.');

@@ -7,7 +7,10 @@ mod common;
 
 use common::pt_builder::{TensorDesc, f32_bytes, make_pt_zip, state_dict_pickle_at};
 use common::{close, expected, pytorch_file};
-use ferrite_io::{Checkpoint, IoError, LoadOptions, MapLocation, TensorLoader, Value, check_keys, load_state_dict, read, state_dict_from_value};
+use ferrite_io::{
+    Checkpoint, IoError, LoadOptions, MapLocation, TensorLoader, Value, check_keys, load_state_dict, read,
+    state_dict_from_value,
+};
 use ferrite_memory::Device;
 use ferrite_tensor::{DType, Tensor};
 
@@ -74,7 +77,8 @@ fn every_loadable_reference_file_loads_as_tensors_with_the_files_values() {
             };
             let e = &listing[path.as_str()];
             assert!(close(sum(t), e["sum"].as_f64().unwrap()), "{file}:{path}: {} vs {}", sum(t), e["sum"]);
-            let shape: Vec<usize> = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
             assert_eq!(t.shape(), shape.as_slice(), "{file}:{path}");
         }
     }
@@ -94,7 +98,8 @@ fn shared_storage_views_come_back_as_views_of_one_device_storage() {
         for name in ["row_view", "col_view", "transposed"] {
             let t = loader.load(tree.get(name).and_then(Value::as_tensor).unwrap()).unwrap();
             let want: Vec<f64> = exp[name]["values"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-            let shape: Vec<usize> = exp[name]["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                exp[name]["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
             assert_eq!((t.shape(), t.to_vec_f64().unwrap()), (shape.as_slice(), want), "{name} on {device}");
             assert!(t.shares_storage(&full), "{name} shares `full`'s storage on {device}");
             views.push(t);
@@ -149,14 +154,26 @@ fn dataparallel_prefix_is_diagnosed_then_stripped_on_request() {
     assert!(matches!(err, IoError::IncompatibleKeys { .. }));
     assert!(msg.contains("Unexpected key(s) in state_dict: \"module.emb.weight\""), "{msg}");
     assert!(msg.contains("start with `module.`") && msg.contains("strip_prefix(\"module.\")"), "{msg}");
-    let stripped: Vec<String> = load_state_dict(&dp, &LoadOptions::new().strip_prefix("module.")).unwrap().into_iter().map(|(k, _)| k).collect();
+    let stripped: Vec<String> = load_state_dict(&dp, &LoadOptions::new().strip_prefix("module."))
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
     assert!(check_keys(&model_keys, &stripped, true).unwrap().missing.is_empty());
 }
 
 /// A state_dict whose storages were saved on `cuda:1` (the location tag torch.save writes into
 /// the persistent id), built byte-for-byte like torch.save's layout.
 fn cuda_file() -> Vec<u8> {
-    let desc = [TensorDesc { name: "w", storage_class: "FloatStorage", key: "0", numel: 6, offset: 0, shape: vec![2, 3], strides: vec![3, 1] }];
+    let desc = [TensorDesc {
+        name: "w",
+        storage_class: "FloatStorage",
+        key: "0",
+        numel: 6,
+        offset: 0,
+        shape: vec![2, 3],
+        strides: vec![3, 1],
+    }];
     make_pt_zip(&state_dict_pickle_at(&desc, "cuda:1"), &[("0", f32_bytes(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]))])
 }
 
@@ -170,7 +187,12 @@ fn cuda_tensors_need_a_map_location_and_go_where_it_says() {
     assert!(matches!(err, IoError::Device { .. }) && msg.contains("cuda:1") && msg.contains("map location"), "{msg}");
 
     let sim = Device::parse("sim:h100-80gb:1").unwrap();
-    for (spec, want) in [("cuda:1=sim:h100-80gb:1", sim.clone()), ("cuda=cpu", Device::Cpu), ("cuda:0=meta,cuda=cpu", Device::Cpu), ("meta", Device::Meta)] {
+    for (spec, want) in [
+        ("cuda:1=sim:h100-80gb:1", sim.clone()),
+        ("cuda=cpu", Device::Cpu),
+        ("cuda:0=meta,cuda=cpu", Device::Cpu),
+        ("meta", Device::Meta),
+    ] {
         let opts = LoadOptions::new().map_location(MapLocation::parse(spec).unwrap());
         let sd = load_state_dict(&path, &opts).unwrap();
         assert_eq!(sd[0].1.device(), &want, "{spec}");

@@ -31,7 +31,8 @@ fn every_tensor_matches_pytorch() {
         for (path, e) in tensors.as_object().unwrap() {
             let t = v.at(path).and_then(Value::as_tensor).unwrap_or_else(|| panic!("{file}: no tensor at {path}"));
             assert_eq!(t.dtype().name(), e["dtype"].as_str().unwrap(), "{file}:{path}");
-            let shape: Vec<usize> = e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                e["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
             assert_eq!(t.shape(), shape.as_slice(), "{file}:{path}");
             assert!(close(t.sum_f64(), e["sum"].as_f64().unwrap()), "{file}:{path}: {} vs {}", t.sum_f64(), e["sum"]);
             if let Some(values) = e.get("values") {

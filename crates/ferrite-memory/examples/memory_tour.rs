@@ -21,6 +21,10 @@ fn main() -> Result<(), MemoryError> {
     }
     println!("{}", alloc.memory_summary(true));
     println!("peak reserved: {} B", alloc.memory_stats_flat()["reserved_bytes.all.peak"]);
-    println!("history: {} events, snapshot: {} segments", alloc.memory_history().len(), alloc.snapshot().segments.len());
+    println!(
+        "history: {} events, snapshot: {} segments",
+        alloc.memory_history().len(),
+        alloc.snapshot().segments.len()
+    );
     Ok(())
 }

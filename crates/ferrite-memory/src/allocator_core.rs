@@ -180,7 +180,10 @@ impl AllocatorCore {
                 key: "memory_fraction".into(),
                 value: fraction.to_string(),
                 reason: match self.device {
-                    Device::Gpu { .. } => format!("the capacity of {} is unknown (wgpu does not report VRAM); set FERRITE_GPU_MEMORY=<size>, e.g. 24GiB, to give it one", self.device),
+                    Device::Gpu { .. } => format!(
+                        "the capacity of {} is unknown (wgpu does not report VRAM); set FERRITE_GPU_MEMORY=<size>, e.g. 24GiB, to give it one",
+                        self.device
+                    ),
                     _ => format!("device {} has no fixed capacity to take a fraction of", self.device),
                 },
             });
@@ -208,7 +211,14 @@ impl AllocatorCore {
     }
 
     #[inline]
-    fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: u32, loc: Option<&'static Location<'static>>) {
+    fn trace(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: u32,
+        loc: Option<&'static Location<'static>>,
+    ) {
         if let Some(h) = &mut self.history {
             h.record(action, addr, size, stream, loc);
         }
@@ -589,8 +599,7 @@ impl AllocatorCore {
         let (small, mapped) = (s.small, s.mapped);
         let s = SrcLinks { addr: s.addr, size: s.size, prev: s.prev, next: s.next, segment: s.segment };
         let pool = if small { &mut self.small } else { &mut self.large };
-        let removed =
-            if mapped { pool.set.remove(&key) } else { pool.unmapped.remove(&(key.stream, key.addr, src)) };
+        let removed = if mapped { pool.set.remove(&key) } else { pool.unmapped.remove(&(key.stream, key.addr, src)) };
         debug_assert!(removed, "cached block missing from its pool");
         if self.arena[dst].prev == src {
             let d = &mut self.arena[dst];
@@ -760,7 +769,13 @@ impl AllocatorCore {
 
     /// The lowest-address run of free (mapped or unmapped) blocks of `stream` with room for
     /// `size` bytes, or a new expandable segment (address space only) if none has room.
-    fn find_expandable_block(&mut self, small: bool, stream: u32, size: u64, loc: &'static Location<'static>) -> Option<u32> {
+    fn find_expandable_block(
+        &mut self,
+        small: bool,
+        stream: u32,
+        size: u64,
+        loc: &'static Location<'static>,
+    ) -> Option<u32> {
         let pool = if small { &self.small } else { &self.large };
         let candidates: Vec<u32> =
             pool.unmapped.range((stream, 0, 0)..=(stream, u64::MAX, u32::MAX)).map(|k| k.2).collect();
@@ -818,8 +833,15 @@ impl AllocatorCore {
         });
         let pool = if small { &mut self.small } else { &mut self.large };
         pool.unmapped.insert((stream, range.addr, idx));
-        self.segments[seg as usize] =
-            Some(SegmentRec { raw: range, head: idx, small, stream, oversize: false, expandable: true, location: Some(loc) });
+        self.segments[seg as usize] = Some(SegmentRec {
+            raw: range,
+            head: idx,
+            small,
+            stream,
+            oversize: false,
+            expandable: true,
+            location: Some(loc),
+        });
         self.expandable_live += 1;
         Some(idx)
     }
@@ -925,7 +947,8 @@ impl AllocatorCore {
             pool.set.insert(FreeKey::of(before, &self.arena[before]));
         }
         if offset + b.size > end {
-            let after = self.arena.insert(BlockRec { addr: base + end, size: offset + b.size - end, prev: idx, ..b.clone() });
+            let after =
+                self.arena.insert(BlockRec { addr: base + end, size: offset + b.size - end, prev: idx, ..b.clone() });
             if b.next != NIL {
                 self.arena[b.next].prev = after;
             }
@@ -1023,7 +1046,11 @@ impl AllocatorCore {
             segment_bytes: alloc_size,
             total_capacity: self.raw.total_capacity(),
             // A host or driver refusal below the nominal capacity means the capacity is not there.
-            usable_capacity: if host_refused || driver_refused { Some(self.total_reserved) } else { self.raw.usable_capacity() },
+            usable_capacity: if host_refused || driver_refused {
+                Some(self.total_reserved)
+            } else {
+                self.raw.usable_capacity()
+            },
             device_free,
             allowed_bytes: self.allowed_max,
             allocated_bytes: self.stats.allocated_bytes.all.current as u64,
@@ -1143,11 +1170,7 @@ impl AllocatorCore {
                 {
                     return Err(format!("segment {si}: broken block chain at block {i}"));
                 }
-                if prev != NIL
-                    && !b.allocated
-                    && !self.arena[prev].allocated
-                    && b.mapped == self.arena[prev].mapped
-                {
+                if prev != NIL && !b.allocated && !self.arena[prev].allocated && b.mapped == self.arena[prev].mapped {
                     return Err(format!("segment {si}: two adjacent free blocks were not merged"));
                 }
                 if seg.expandable && b.mapped {

@@ -379,7 +379,9 @@ mod tests {
     #[test]
     fn bins_are_monotonic() {
         let mut last = 0;
-        for s in (1..5000u64).map(|i| i * 512).chain((20..63).map(|p| 1u64 << p)).chain((20..63).map(|p| (1u64 << p) - 512)) {
+        for s in
+            (1..5000u64).map(|i| i * 512).chain((20..63).map(|p| 1u64 << p)).chain((20..63).map(|p| (1u64 << p) - 512))
+        {
             let _ = last;
             last = bin_of(s);
             assert!(last < NUM_BINS);
@@ -414,12 +416,21 @@ mod tests {
             }
             let q = 512 * (1 + rnd() % (1 << (rnd() % 24)));
             let stream = (rnd() % 3) as u32;
-            let want = set.range(FreeKey { stream, size: q, addr: 0, idx: 0 }..).next().filter(|k| k.stream == stream).copied();
+            let want = set
+                .range(FreeKey { stream, size: q, addr: 0, idx: 0 }..)
+                .next()
+                .filter(|k| k.stream == stream)
+                .copied();
             assert_eq!(idx.best_fit(stream, q), want);
         }
         assert_eq!(idx.len(), set.len());
         assert!(idx.iter().copied().eq(set.iter().copied()));
-        let below: Vec<_> = set.range(..FreeKey { stream: 1, size: 1 << 20, addr: 0, idx: 0 }).rev().take_while(|k| k.stream == 1).copied().collect();
+        let below: Vec<_> = set
+            .range(..FreeKey { stream: 1, size: 1 << 20, addr: 0, idx: 0 })
+            .rev()
+            .take_while(|k| k.stream == 1)
+            .copied()
+            .collect();
         assert_eq!(idx.below_desc(1, 1 << 20), below);
     }
 }

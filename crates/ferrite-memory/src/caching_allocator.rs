@@ -174,7 +174,15 @@ impl CachingAllocator {
 
     fn allocate_impl(&self, size: usize, stream: u32, loc: &'static Location<'static>) -> Result<Block, MemoryError> {
         if size == 0 {
-            return Ok(Block { shared: self.shared.clone(), ptr: None, addr: 0, size: 0, requested: 0, idx: NIL, stream });
+            return Ok(Block {
+                shared: self.shared.clone(),
+                ptr: None,
+                addr: 0,
+                size: 0,
+                requested: 0,
+                idx: NIL,
+                stream,
+            });
         }
         let a = self.shared.core.lock().malloc(size as u64, stream, loc)?;
         Ok(Block {

@@ -328,12 +328,8 @@ impl fmt::Display for AllocatorConfig {
             parts.push(format!("max_non_split_rounding_mb:{}", self.max_non_split_rounding / MIB));
         }
         if self.roundup_power2_divisions.iter().any(|&d| d != 0) {
-            let items: Vec<String> = self
-                .roundup_power2_divisions
-                .iter()
-                .enumerate()
-                .map(|(i, d)| format!("{}:{}", 1u64 << i, d))
-                .collect();
+            let items: Vec<String> =
+                self.roundup_power2_divisions.iter().enumerate().map(|(i, d)| format!("{}:{}", 1u64 << i, d)).collect();
             parts.push(format!("roundup_power2_divisions:[{}]", items.join(",")));
         }
         if self.garbage_collection_threshold > 0.0 {

@@ -19,11 +19,16 @@ pub enum DeviceKind {
 pub enum Device {
     Cpu,
     /// A simulated GPU: host-backed memory with a real card's capacity.
-    Sim { profile: GpuProfile, index: usize },
+    Sim {
+        profile: GpuProfile,
+        index: usize,
+    },
     /// Shape-only execution: addresses without backing memory.
     Meta,
     /// A real GPU through wgpu (Vulkan, Metal, DX12), numbered as `ferrite devices` lists them.
-    Gpu { index: usize },
+    Gpu {
+        index: usize,
+    },
 }
 
 impl Device {

@@ -25,7 +25,9 @@ pub enum MemoryError {
     #[error("{device} is not available: {reason}")]
     GpuUnavailable { device: String, reason: String },
     /// A single allocation larger than the largest buffer the GPU can create.
-    #[error("cannot allocate {requested} bytes on {device}: larger than the largest buffer this GPU can create ({max} bytes, the adapter's max_buffer_size); split the tensor or use a smaller batch")]
+    #[error(
+        "cannot allocate {requested} bytes on {device}: larger than the largest buffer this GPU can create ({max} bytes, the adapter's max_buffer_size); split the tensor or use a smaller batch"
+    )]
     BufferTooLarge { device: String, requested: u64, max: u64 },
     /// An allocation trace that cannot be replayed.
     #[error("invalid allocation trace: {reason}")]

@@ -47,15 +47,12 @@ pub static GPU_CATALOGUE: &[(&str, &str, u64, u64)] = &[
 impl GpuProfile {
     /// Look a profile up by key (case-insensitive).
     pub fn lookup(key: &str) -> Option<GpuProfile> {
-        GPU_CATALOGUE
-            .iter()
-            .find(|(k, ..)| k.eq_ignore_ascii_case(key))
-            .map(|&(k, n, t, o)| GpuProfile {
-                key: k.to_string(),
-                name: n.to_string(),
-                total_bytes: t,
-                context_overhead_bytes: o,
-            })
+        GPU_CATALOGUE.iter().find(|(k, ..)| k.eq_ignore_ascii_case(key)).map(|&(k, n, t, o)| GpuProfile {
+            key: k.to_string(),
+            name: n.to_string(),
+            total_bytes: t,
+            context_overhead_bytes: o,
+        })
     }
 
     /// Every catalogue entry as a profile.

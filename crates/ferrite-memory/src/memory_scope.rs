@@ -21,7 +21,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::oom::format_size;
-use crate::{allocator, CachingAllocator, Device};
+use crate::{CachingAllocator, Device, allocator};
 
 /// An open measurement; reports on [`finish`](Self::finish) or, unless [`quiet`](Self::quiet),
 /// prints its report to stderr when dropped.
@@ -112,7 +112,8 @@ impl MemoryScope {
 
     /// The figures so far, leaving the scope open.
     pub fn report(&self) -> ScopeReport {
-        let (pa, pr) = self.allocator.watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
+        let (pa, pr) =
+            self.allocator.watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
         self.make(pa, pr)
     }
 
@@ -132,7 +133,8 @@ impl MemoryScope {
     /// Close the scope and return its report (nothing is printed).
     pub fn finish(mut self) -> ScopeReport {
         self.finished = true;
-        let (pa, pr) = self.allocator.end_watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
+        let (pa, pr) =
+            self.allocator.end_watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
         self.make(pa, pr)
     }
 }
@@ -142,7 +144,8 @@ impl Drop for MemoryScope {
         if self.finished {
             return;
         }
-        let (pa, pr) = self.allocator.end_watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
+        let (pa, pr) =
+            self.allocator.end_watermark(self.watermark).unwrap_or((self.allocated_before, self.reserved_before));
         if self.print_on_drop {
             eprintln!("{}", self.make(pa, pr));
         }

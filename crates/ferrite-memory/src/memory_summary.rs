@@ -84,7 +84,9 @@ pub fn memory_summary(stats: &MemoryStats, device: &str, abbreviated: bool) -> S
             lines.push(row("      from small pool", arr.get(StatType::SmallPool), all, fmt));
         }
     }
-    for (s, name) in [(&stats.oversize_allocations, "Oversize allocations"), (&stats.oversize_segments, "Oversize GPU segments")] {
+    for (s, name) in
+        [(&stats.oversize_allocations, "Oversize allocations"), (&stats.oversize_segments, "Oversize GPU segments")]
+    {
         lines.push("-".repeat(WIDTH));
         lines.push(row(name, s, s, format_count));
     }

@@ -259,7 +259,11 @@ impl OutOfMemoryReport {
                 "the GPU driver refused a new {} buffer with {} reserved by this process: the card's memory is used up (other processes count too; `nvidia-smi` or the vendor's tool shows them){}",
                 format_size(self.segment_bytes),
                 format_size(self.reserved_bytes),
-                if self.total_capacity.is_none() { ", and ferrite does not know this GPU's capacity (set FERRITE_GPU_MEMORY=<size> to plan against it)" } else { "" }
+                if self.total_capacity.is_none() {
+                    ", and ferrite does not know this GPU's capacity (set FERRITE_GPU_MEMORY=<size> to plan against it)"
+                } else {
+                    ""
+                }
             );
         }
         if self.host_refused {
@@ -301,17 +305,18 @@ impl fmt::Display for OutOfMemoryReport {
             ),
             DeviceKind::Cpu => ("CPU out of memory", format!("CPU ({})", self.device_name)),
             DeviceKind::Meta => ("Meta device out of memory", "The meta device".to_string()),
-            DeviceKind::Gpu => ("GPU out of memory", format!("GPU {} ({}, {})", self.device_index, self.device, self.device_name)),
+            DeviceKind::Gpu => {
+                ("GPU out of memory", format!("GPU {} ({}, {})", self.device_index, self.device, self.device_name))
+            }
         };
         write!(f, "{prefix}. Tried to allocate {}. ", format_size(self.segment_bytes))?;
         match (self.total_capacity, self.device_free) {
-            (Some(t), Some(free)) => write!(
-                f,
-                "{who} has a total capacity of {} of which {} is free. ",
-                format_size(t),
-                format_size(free)
-            )?,
-            _ if self.device_kind == DeviceKind::Gpu => write!(f, "{who} has a capacity unknown to ferrite and the driver refused the memory. ")?,
+            (Some(t), Some(free)) => {
+                write!(f, "{who} has a total capacity of {} of which {} is free. ", format_size(t), format_size(free))?
+            }
+            _ if self.device_kind == DeviceKind::Gpu => {
+                write!(f, "{who} has a capacity unknown to ferrite and the driver refused the memory. ")?
+            }
             _ => write!(f, "{who} has no fixed capacity and the host refused the memory. ")?,
         }
         if let Some(a) = self.allowed_bytes {

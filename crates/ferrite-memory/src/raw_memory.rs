@@ -121,7 +121,9 @@ mod host_va {
         }
         // SAFETY: `[offset, offset + len)` lies inside the range reserved by `reserve` (the
         // allocator maps whole pages of its own segment); it becomes readable and writable.
-        let rc = unsafe { libc::mprotect(base.as_ptr().add(offset as usize).cast(), len as usize, libc::PROT_READ | libc::PROT_WRITE) };
+        let rc = unsafe {
+            libc::mprotect(base.as_ptr().add(offset as usize).cast(), len as usize, libc::PROT_READ | libc::PROT_WRITE)
+        };
         if rc != 0 {
             HOST_RESERVED.fetch_sub(len, Ordering::Relaxed);
             return Err(RawAllocError::HostRefused);

@@ -164,13 +164,18 @@ impl MemoryStats {
         for (name, arr) in self.arrays() {
             for t in StatType::ALL {
                 let s = arr.get(t);
-                for (field, v) in [("current", s.current), ("peak", s.peak), ("allocated", s.allocated), ("freed", s.freed)] {
+                for (field, v) in
+                    [("current", s.current), ("peak", s.peak), ("allocated", s.allocated), ("freed", s.freed)]
+                {
                     m.insert(format!("{name}.{}.{field}", t.key()), v);
                 }
             }
         }
-        for (name, s) in [("oversize_allocations", &self.oversize_allocations), ("oversize_segments", &self.oversize_segments)] {
-            for (field, v) in [("current", s.current), ("peak", s.peak), ("allocated", s.allocated), ("freed", s.freed)] {
+        for (name, s) in
+            [("oversize_allocations", &self.oversize_allocations), ("oversize_segments", &self.oversize_segments)]
+        {
+            for (field, v) in [("current", s.current), ("peak", s.peak), ("allocated", s.allocated), ("freed", s.freed)]
+            {
                 m.insert(format!("{name}.{field}"), v);
             }
         }

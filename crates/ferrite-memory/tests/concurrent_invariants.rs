@@ -25,9 +25,9 @@ impl Rng {
 
 fn random_size(r: &mut Rng) -> usize {
     match r.next() % 10 {
-        0..=5 => 1 + (r.next() % (1 << 20)) as usize,              // small pool
-        6..=8 => (1 << 20) + (r.next() % (9 << 20)) as usize,      // 1–10 MiB: 20 MiB segments
-        _ => (10 << 20) + (r.next() % (54 << 20)) as usize,        // large: own segments
+        0..=5 => 1 + (r.next() % (1 << 20)) as usize,         // small pool
+        6..=8 => (1 << 20) + (r.next() % (9 << 20)) as usize, // 1–10 MiB: 20 MiB segments
+        _ => (10 << 20) + (r.next() % (54 << 20)) as usize,   // large: own segments
     }
 }
 

@@ -4,7 +4,10 @@ use ferrite_memory::{AllocatorConfig, BlockState, CachingAllocator, Device, OomD
 const MIB: usize = 1 << 20;
 
 fn expandable(spec: &str) -> CachingAllocator {
-    CachingAllocator::unbacked(Device::parse(spec).unwrap(), AllocatorConfig::parse("expandable_segments:True").unwrap())
+    CachingAllocator::unbacked(
+        Device::parse(spec).unwrap(),
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+    )
 }
 
 #[test]

@@ -7,7 +7,8 @@ const MIB: usize = 1 << 20;
 /// 50 MiB free, but only in 5 MiB holes.
 fn fragmented_device(backed: bool) -> (CachingAllocator, Vec<Option<ferrite_memory::Block>>) {
     let dev = Device::parse("sim:100MiB").unwrap();
-    let a = if backed { CachingAllocator::new(dev) } else { CachingAllocator::unbacked(dev, AllocatorConfig::default()) };
+    let a =
+        if backed { CachingAllocator::new(dev) } else { CachingAllocator::unbacked(dev, AllocatorConfig::default()) };
     let mut blocks: Vec<Option<_>> = (0..20).map(|_| Some(a.allocate(5 * MIB).unwrap())).collect();
     assert_eq!(a.memory_reserved(), 100 * MIB as u64);
     for b in blocks.iter_mut().step_by(2) {
@@ -31,13 +32,13 @@ fn scattered_free_memory_is_diagnosed_as_fragmented() {
         assert_eq!(report.largest_free_block, 5 * MIB as u64);
         assert_eq!(report.device_free, Some(0));
         let kinds: Vec<_> = report.suggestions.iter().map(|s| s.kind).collect();
-        assert_eq!(kinds, [SuggestionKind::ExpandableSegments, SuggestionKind::MaxSplitSize, SuggestionKind::EmptyCache]);
+        assert_eq!(
+            kinds,
+            [SuggestionKind::ExpandableSegments, SuggestionKind::MaxSplitSize, SuggestionKind::EmptyCache]
+        );
         assert!(report.suggestions[1].text.contains("max_split_size_mb:20"));
         let text = e.to_string();
-        assert!(
-            text.starts_with("CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 (sim:100MiB:0"),
-            "{text}"
-        );
+        assert!(text.starts_with("CUDA out of memory. Tried to allocate 12.00 MiB. GPU 0 (sim:100MiB:0"), "{text}");
         assert!(text.contains("has a total capacity of 100.00 MiB of which 0 bytes is free."), "{text}");
         assert!(text.contains("50.00 MiB is reserved by ferrite but unallocated"), "{text}");
         assert!(text.contains("Diagnosis: fragmented"), "{text}");

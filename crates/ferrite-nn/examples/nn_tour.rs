@@ -2,11 +2,16 @@
 //! bf16 autocast training step, inference without activations, and loading a checkpoint that
 //! carries DataParallel's `module.` prefix. Run: `cargo run --release -p ferrite-nn --example nn_tour`.
 
-use ferrite_nn::{autocast, inference, Checkpointed, CrossEntropyLoss, Dropout, Linear, LoadOptions, Module, ReLU, Sequential};
+use ferrite_nn::{
+    Checkpointed, CrossEntropyLoss, Dropout, Linear, LoadOptions, Module, ReLU, Sequential, autocast, inference,
+};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 fn block(dev: &Device, g: &mut Generator) -> ferrite_nn::Result<Sequential> {
-    Ok(Sequential::new().append(Linear::new_with(64, 64, true, dev, g)?).append(ReLU::new()).append(Dropout::new_with(0.1, g)?))
+    Ok(Sequential::new()
+        .append(Linear::new_with(64, 64, true, dev, g)?)
+        .append(ReLU::new())
+        .append(Dropout::new_with(0.1, g)?))
 }
 
 fn main() -> ferrite_nn::Result<()> {

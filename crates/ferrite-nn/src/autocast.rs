@@ -14,7 +14,7 @@
 
 use ferrite_tensor::DType;
 
-pub use ferrite_tensor::autocast::{autocast_dtype, AutocastGuard};
+pub use ferrite_tensor::autocast::{AutocastGuard, autocast_dtype};
 
 use crate::error::Result;
 

@@ -20,11 +20,11 @@ use std::sync::Arc;
 use ferrite_tensor::autocast::{autocast_dtype, set_autocast};
 use ferrite_tensor::autograd::backward as autograd_backward;
 use ferrite_tensor::random::GeneratorState;
-use ferrite_tensor::{enable_grad, is_grad_enabled, no_grad, BackwardFn, DType, SavedTensor, Tensor};
+use ferrite_tensor::{BackwardFn, DType, SavedTensor, Tensor, enable_grad, is_grad_enabled, no_grad};
 
 use crate::error::{NnError, Result};
 use crate::module::Module;
-use crate::rng::{replay_states, restore_states, RngHandle, RngRecording};
+use crate::rng::{RngHandle, RngRecording, replay_states, restore_states};
 
 type Region = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
 
@@ -79,7 +79,8 @@ fn single(mut v: Vec<Tensor>) -> Result<Tensor> {
 }
 
 fn checkpoint_impl(f: Region, inputs: &[&Tensor], params: &[Tensor]) -> Result<Vec<Tensor>> {
-    let wants_graph = is_grad_enabled() && (inputs.iter().any(|t| t.requires_grad()) || params.iter().any(|p| p.requires_grad()));
+    let wants_graph =
+        is_grad_enabled() && (inputs.iter().any(|t| t.requires_grad()) || params.iter().any(|p| p.requires_grad()));
     let owned: Vec<Tensor> = inputs.iter().map(|t| (*t).clone()).collect();
     if !wants_graph {
         return f(&owned);
@@ -135,16 +136,24 @@ impl BackwardFn for CheckpointBackward {
         };
         if outputs.len() != grads.len() {
             return Err(ferrite_tensor::TensorError::Autograd {
-                detail: format!("checkpoint: the recomputed region returned {} outputs, the forward returned {}", outputs.len(), grads.len()),
+                detail: format!(
+                    "checkpoint: the recomputed region returned {} outputs, the forward returned {}",
+                    outputs.len(),
+                    grads.len()
+                ),
             });
         }
-        let roots: Vec<(Tensor, Tensor)> =
-            outputs.into_iter().zip(grads).filter_map(|(o, g)| g.as_ref().filter(|_| o.requires_grad()).map(|g| (o, g.clone()))).collect();
+        let roots: Vec<(Tensor, Tensor)> = outputs
+            .into_iter()
+            .zip(grads)
+            .filter_map(|(o, g)| g.as_ref().filter(|_| o.requires_grad()).map(|g| (o, g.clone())))
+            .collect();
         if !roots.is_empty() {
             autograd_backward(&roots, false)?;
         }
         drop(roots);
-        let mut out: Vec<Option<Tensor>> = xs.iter().zip(&self.input_requires_grad).map(|(x, &r)| if r { x.grad() } else { None }).collect();
+        let mut out: Vec<Option<Tensor>> =
+            xs.iter().zip(&self.input_requires_grad).map(|(x, &r)| if r { x.grad() } else { None }).collect();
         out.extend(std::iter::repeat_n(None, self.num_params));
         Ok(out)
     }

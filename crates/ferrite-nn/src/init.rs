@@ -6,7 +6,7 @@
 //! state hold the same numbers up to rounding. The gains and fans are PyTorch's; the random
 //! stream is ferrite's own, so values differ from PyTorch's for the same seed.
 
-use ferrite_tensor::{no_grad, DType, Generator, Tensor};
+use ferrite_tensor::{DType, Generator, Tensor, no_grad};
 
 use crate::error::{NnError, Result};
 
@@ -50,7 +50,10 @@ pub fn calculate_gain(nonlinearity: Nonlinearity, param: Option<f64>) -> f64 {
 pub fn fan_in_and_fan_out(t: &Tensor) -> Result<(usize, usize)> {
     let s = t.shape();
     if s.len() < 2 {
-        return Err(NnError::config("init", format!("fan in and fan out can not be computed for a tensor with fewer than 2 dimensions (shape {s:?})")));
+        return Err(NnError::config(
+            "init",
+            format!("fan in and fan out can not be computed for a tensor with fewer than 2 dimensions (shape {s:?})"),
+        ));
     }
     let receptive: usize = s[2..].iter().product();
     Ok((s[1] * receptive, s[0] * receptive))
@@ -108,7 +111,13 @@ fn kaiming_std(t: &Tensor, a: f64, mode: FanMode, nonlinearity: Nonlinearity) ->
 /// He uniform: U(−b, b) with b = gain·√(3/fan) (PyTorch's `kaiming_uniform_(t, a, mode,
 /// nonlinearity)`; `a` is the leaky-ReLU slope). `Linear` uses `a = √5`, `LeakyRelu`, `FanIn`,
 /// which gives b = 1/√fan_in.
-pub fn kaiming_uniform_(t: &Tensor, a: f64, mode: FanMode, nonlinearity: Nonlinearity, g: &mut Generator) -> Result<()> {
+pub fn kaiming_uniform_(
+    t: &Tensor,
+    a: f64,
+    mode: FanMode,
+    nonlinearity: Nonlinearity,
+    g: &mut Generator,
+) -> Result<()> {
     let bound = 3f64.sqrt() * kaiming_std(t, a, mode, nonlinearity)?;
     uniform_(t, -bound, bound, g)
 }

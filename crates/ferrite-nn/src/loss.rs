@@ -1,8 +1,8 @@
 //! Loss modules: thin, configurable wrappers over `ferrite_tensor::functional`, computed in f32
 //! under autocast. They take two inputs, so they are not `Module`s; call `forward(input, target)`.
 
-use ferrite_tensor::functional::{self, CrossEntropyOptions};
 use ferrite_tensor::Tensor;
+use ferrite_tensor::functional::{self, CrossEntropyOptions};
 
 pub use ferrite_tensor::functional::Reduction;
 
@@ -28,7 +28,10 @@ impl CrossEntropyLoss {
     /// Mix the one-hot target with a uniform distribution; `eps` in [0, 1].
     pub fn label_smoothing(mut self, eps: f64) -> Result<Self> {
         if !(0.0..=1.0).contains(&eps) {
-            return Err(NnError::config("CrossEntropyLoss", format!("label_smoothing must be between 0.0 and 1.0, got {eps}")));
+            return Err(NnError::config(
+                "CrossEntropyLoss",
+                format!("label_smoothing must be between 0.0 and 1.0, got {eps}"),
+            ));
         }
         self.options.label_smoothing = eps;
         Ok(self)
@@ -119,7 +122,12 @@ mod tests {
         assert!(CrossEntropyLoss::new().label_smoothing(1.5).is_err());
         let nll = NLLLoss::new().forward(&logits.log_softmax(1).unwrap(), &t).unwrap().item().unwrap();
         assert!((nll - want).abs() < 1e-6);
-        let mse = MSELoss::new().reduction(Reduction::Sum).forward(&logits, &logits.zeros_like().unwrap()).unwrap().item().unwrap();
+        let mse = MSELoss::new()
+            .reduction(Reduction::Sum)
+            .forward(&logits, &logits.zeros_like().unwrap())
+            .unwrap()
+            .item()
+            .unwrap();
         assert!((mse - 8.0).abs() < 1e-6);
     }
 }

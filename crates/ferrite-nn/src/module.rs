@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use dyn_clone::DynClone;
-use ferrite_tensor::{no_grad, DType, Device, Tensor};
+use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::error::{LoadStateDictError, NnError, Result, SizeMismatch};
 use crate::state_dict::{IncompatibleKeys, LoadOptions, StateDict};
@@ -208,7 +208,11 @@ pub trait Module: DynClone + Send + Sync {
     /// [`map_tensors`](Self::map_tensors) with a memo of tensors already mapped, keyed by
     /// (storage, offset), shared across the whole tree so tied tensors stay tied.
     #[doc(hidden)]
-    fn map_tensors_shared(&mut self, memo: &mut HashMap<(usize, usize), Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+    fn map_tensors_shared(
+        &mut self,
+        memo: &mut HashMap<(usize, usize), Tensor>,
+        f: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+    ) -> Result<()> {
         map_tensors_memo(self.own_parameters_mut(), true, memo, f)?;
         map_tensors_memo(self.own_buffers_mut(), false, memo, f)?;
         for (_, c) in self.children_mut() {
@@ -228,7 +232,10 @@ pub trait Module: DynClone + Send + Sync {
     /// left alone, as in PyTorch's `module.to(dtype)`).
     fn to_dtype(&mut self, dtype: DType) -> Result<()> {
         if !dtype.is_floating_point() {
-            return Err(NnError::config("to_dtype", format!("modules can only be cast to floating point dtypes, got {dtype}")));
+            return Err(NnError::config(
+                "to_dtype",
+                format!("modules can only be cast to floating point dtypes, got {dtype}"),
+            ));
         }
         self.map_tensors(&mut |t| if t.dtype().is_floating_point() { Ok(t.to_dtype(dtype)?) } else { Ok(t.clone()) })
     }
@@ -240,7 +247,12 @@ fn storage_key(t: &Tensor) -> usize {
     std::sync::Arc::as_ptr(t.storage()) as usize
 }
 
-fn collect_params(own: Vec<(String, &Tensor)>, children: Vec<(String, &dyn Module)>, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+fn collect_params(
+    own: Vec<(String, &Tensor)>,
+    children: Vec<(String, &dyn Module)>,
+    prefix: &str,
+    out: &mut Vec<(String, Tensor)>,
+) {
     for (n, t) in own {
         out.push((format!("{prefix}{n}"), t.clone()));
     }
@@ -255,7 +267,13 @@ fn dedup_by_storage(v: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
     v.into_iter().filter(|(_, t)| seen.insert((storage_key(t), t.storage_offset(), t.shape().to_vec()))).collect()
 }
 
-fn fill_state_dict(params: Vec<(String, &Tensor)>, buffers: Vec<(String, &Tensor)>, children: Vec<(String, &dyn Module)>, prefix: &str, sd: &mut StateDict) {
+fn fill_state_dict(
+    params: Vec<(String, &Tensor)>,
+    buffers: Vec<(String, &Tensor)>,
+    children: Vec<(String, &dyn Module)>,
+    prefix: &str,
+    sd: &mut StateDict,
+) {
     for (n, t) in params.into_iter().chain(buffers) {
         sd.insert(format!("{prefix}{n}"), t.detach());
     }
@@ -265,7 +283,12 @@ fn fill_state_dict(params: Vec<(String, &Tensor)>, buffers: Vec<(String, &Tensor
     }
 }
 
-fn map_tensors_memo(slots: Vec<(String, &mut Tensor)>, is_param: bool, memo: &mut HashMap<(usize, usize), Tensor>, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+fn map_tensors_memo(
+    slots: Vec<(String, &mut Tensor)>,
+    is_param: bool,
+    memo: &mut HashMap<(usize, usize), Tensor>,
+    f: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+) -> Result<()> {
     let _g = no_grad();
     for (_, slot) in slots {
         let key = (storage_key(slot), slot.storage_offset());
@@ -292,7 +315,11 @@ fn map_tensors_memo(slots: Vec<(String, &mut Tensor)>, is_param: bool, memo: &mu
 
 /// A fresh leaf parameter of `shape` (zeros in f32 on `device`) that `init` fills in place
 /// before it is marked as requiring grad.
-pub(crate) fn new_parameter(shape: &[usize], device: &Device, init: impl FnOnce(&Tensor) -> Result<()>) -> Result<Tensor> {
+pub(crate) fn new_parameter(
+    shape: &[usize],
+    device: &Device,
+    init: impl FnOnce(&Tensor) -> Result<()>,
+) -> Result<Tensor> {
     let t = Tensor::zeros(shape, DType::F32, device)?;
     init(&t)?;
     Ok(t.requires_grad_(true)?)

@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use ferrite_tensor::random::{with_default_generator, Generator, GeneratorState};
+use ferrite_tensor::random::{Generator, GeneratorState, with_default_generator};
 use parking_lot::Mutex;
 
 /// A cloneable handle to a random generator (clones share the stream).

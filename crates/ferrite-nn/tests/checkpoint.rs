@@ -9,14 +9,18 @@ mod common;
 
 use common::assert_bits_equal;
 use ferrite_nn::{
-    autocast, checkpoint, checkpoint_multi, Checkpointed, Dropout, Linear, MSELoss, Module, ReLU, RngHandle, Sequential, Tanh,
+    Checkpointed, Dropout, Linear, MSELoss, Module, ReLU, RngHandle, Sequential, Tanh, autocast, checkpoint,
+    checkpoint_multi,
 };
 use ferrite_tensor::random::{default_generator_state, manual_seed};
-use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor};
+use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
 fn block(g: &mut Generator, dropout: Option<RngHandle>) -> Sequential {
     let d = Device::Cpu;
-    let mut s = Sequential::new().append(Linear::new_with(16, 32, true, &d, g).unwrap()).append(ReLU::new()).append(Linear::new_with(32, 16, true, &d, g).unwrap());
+    let mut s = Sequential::new()
+        .append(Linear::new_with(16, 32, true, &d, g).unwrap())
+        .append(ReLU::new())
+        .append(Linear::new_with(32, 16, true, &d, g).unwrap());
     if let Some(r) = dropout {
         s.push(Dropout::with_rng(0.3, r).unwrap());
     }
@@ -25,7 +29,10 @@ fn block(g: &mut Generator, dropout: Option<RngHandle>) -> Sequential {
 }
 
 fn input(seed: u64) -> Tensor {
-    Tensor::randn_with(&[8, 16], DType::F32, &Device::Cpu, &mut Generator::new(seed)).unwrap().requires_grad_(true).unwrap()
+    Tensor::randn_with(&[8, 16], DType::F32, &Device::Cpu, &mut Generator::new(seed))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap()
 }
 
 fn loss_of(y: &Tensor) -> Tensor {
@@ -60,7 +67,11 @@ fn dropout_on_the_default_generator_replays_and_leaves_the_stream_in_place() {
     let after_forward = default_generator_state();
     assert_eq!(after_forward, after_plain, "the checkpointed forward draws exactly what the plain one draws");
     loss_of(&y).backward().unwrap();
-    assert_eq!(default_generator_state(), after_forward, "recomputation replays the masks without advancing the stream");
+    assert_eq!(
+        default_generator_state(),
+        after_forward,
+        "recomputation replays the masks without advancing the stream"
+    );
     assert_same_grads(&gp, &grads(&m));
     assert_bits_equal("input grad", &gx, &x.grad().unwrap());
 }
@@ -124,7 +135,10 @@ fn nested_checkpoints_and_retain_graph_give_the_plain_gradients() {
 
 #[test]
 fn multiple_outputs_partial_use_and_no_grad() {
-    let w = Tensor::randn_with(&[16, 16], DType::F32, &Device::Cpu, &mut Generator::new(7)).unwrap().requires_grad_(true).unwrap();
+    let w = Tensor::randn_with(&[16, 16], DType::F32, &Device::Cpu, &mut Generator::new(7))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
     let x = input(8);
     let wc = w.clone();
     let outs = checkpoint_multi(move |xs| Ok(vec![xs[0].matmul(&wc)?.tanh()?, xs[0].sum()?]), &[&x]).unwrap();

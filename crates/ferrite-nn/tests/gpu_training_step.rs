@@ -14,16 +14,28 @@ fn step(device: &Device) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
     let y = block.forward(&x).unwrap();
     let loss = y.mul(&y).unwrap().mean().unwrap();
     loss.backward().unwrap();
-    let grads = block.named_parameters().into_iter().map(|(n, p)| (n, p.grad().expect("every parameter gets a gradient").to_vec::<f32>().unwrap())).collect();
+    let grads = block
+        .named_parameters()
+        .into_iter()
+        .map(|(n, p)| (n, p.grad().expect("every parameter gets a gradient").to_vec::<f32>().unwrap()))
+        .collect();
     (y.to_vec::<f32>().unwrap(), grads)
 }
 
 #[test]
 fn transformer_step_on_gpu_matches_cpu() {
-    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES").into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
+    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
+        .expect("FERRITE_TEST_DEVICES")
+        .into_iter()
+        .filter(|d| matches!(d, Device::Gpu { .. }))
+        .collect();
     if gpus.is_empty() {
         eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
-        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        assert_ne!(
+            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
+            Ok("1"),
+            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
+        );
         return;
     }
     let (want_y, want_g) = step(&Device::Cpu);

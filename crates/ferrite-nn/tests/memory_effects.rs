@@ -7,9 +7,10 @@ mod common;
 use common::{assert_bits_equal, mib};
 use ferrite_memory::allocator;
 use ferrite_nn::{
-    autocast, checkpoint, inference, AttentionBackend, AttentionConfig, Checkpointed, Dropout, Linear, MSELoss, Module, MultiheadAttention, ReLU, Sequential,
+    AttentionBackend, AttentionConfig, Checkpointed, Dropout, Linear, MSELoss, Module, MultiheadAttention, ReLU,
+    Sequential, autocast, checkpoint, inference,
 };
-use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor};
+use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
 const WIDTH: usize = 256;
 const BATCH: usize = 1024;
@@ -81,7 +82,10 @@ fn checkpointing_lowers_peak_and_keeps_gradients_bit_identical() {
             mib(peak_c),
             100.0 * peak_c as f64 / peak_p as f64
         );
-        assert!((peak_c as f64) < max_ratio * peak_p as f64, "checkpointing should cut the peak below {max_ratio} of plain: {peak_c} vs {peak_p}");
+        assert!(
+            (peak_c as f64) < max_ratio * peak_p as f64,
+            "checkpointing should cut the peak below {max_ratio} of plain: {peak_c} vs {peak_p}"
+        );
         assert_eq!(loss_p.to_bits(), loss_c.to_bits());
         let (gp, gc) = (plain.named_parameters(), ckpt.named_parameters());
         assert_eq!(gp.len(), 2 * LAYERS);
@@ -105,7 +109,10 @@ fn checkpointing_lowers_peak_and_keeps_gradients_bit_identical() {
 fn closure_checkpoint_of_segments_lowers_peak() {
     // The closure form: two checkpointed segments of four blocks, input requiring grad.
     let d = sim(3);
-    let x = Tensor::randn_with(&[BATCH, WIDTH], DType::F32, &d, &mut Generator::new(8)).unwrap().requires_grad_(true).unwrap();
+    let x = Tensor::randn_with(&[BATCH, WIDTH], DType::F32, &d, &mut Generator::new(8))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
     let model = mlp(&d, 5, 0.1, 1, false);
     let (loss_p, peak_p) = peak_during(&d, || train_step(&model, &x));
     let gx = x.grad().unwrap();
@@ -124,7 +131,11 @@ fn closure_checkpoint_of_segments_lowers_peak() {
         loss.backward().unwrap();
         loss.item().unwrap()
     });
-    println!("checkpoint(closure), 2 segments of 4 blocks: peak {:.2} MiB plain, {:.2} MiB checkpointed", mib(peak_p), mib(peak_c));
+    println!(
+        "checkpoint(closure), 2 segments of 4 blocks: peak {:.2} MiB plain, {:.2} MiB checkpointed",
+        mib(peak_p),
+        mib(peak_c)
+    );
     assert!(peak_c < peak_p);
     assert_eq!(loss_p.to_bits(), loss_c.to_bits());
     assert_bits_equal("input grad", &gx, &x.grad().unwrap());
@@ -163,7 +174,10 @@ fn bf16_autocast_lowers_activation_memory() {
     );
     assert_eq!(y16.dtype(), DType::BF16);
     assert!(peak16 * 10 < peak32 * 9, "bf16 autocast should lower the forward peak: {peak16} vs {peak32}");
-    assert!(held16 * 10 < held32 * 7, "bf16 activations (+ bf16 weight copies) should take well under 70% of f32's: {held16} vs {held32}");
+    assert!(
+        held16 * 10 < held32 * 7,
+        "bf16 activations (+ bf16 weight copies) should take well under 70% of f32's: {held16} vs {held32}"
+    );
     // Numerically close, and the gradients reach the f32 parameters in f32.
     let (a, b) = (y32.to_vec_f64().unwrap(), y16.to_vec_f64().unwrap());
     let scale = a.iter().fold(0f64, |m, v| m.max(v.abs()));
@@ -183,9 +197,17 @@ fn bf16_autocast_lowers_activation_memory() {
 fn chunked_attention_peak_is_below_naive_at_seq_1024() {
     let d = sim(5);
     let (seq, embed, heads) = (1024, 64, 4);
-    let x = Tensor::randn_with(&[1, seq, embed], DType::F32, &d, &mut Generator::new(1)).unwrap().requires_grad_(true).unwrap();
+    let x = Tensor::randn_with(&[1, seq, embed], DType::F32, &d, &mut Generator::new(1))
+        .unwrap()
+        .requires_grad_(true)
+        .unwrap();
     let run = |backend: AttentionBackend| {
-        let attn = MultiheadAttention::new_with(AttentionConfig::new(embed, heads).causal(true).backend(backend), &d, &mut Generator::new(2)).unwrap();
+        let attn = MultiheadAttention::new_with(
+            AttentionConfig::new(embed, heads).causal(true).backend(backend),
+            &d,
+            &mut Generator::new(2),
+        )
+        .unwrap();
         x.set_grad(None).unwrap();
         let (y, peak) = peak_during(&d, || {
             let y = attn.forward(&x).unwrap();
@@ -205,7 +227,10 @@ fn chunked_attention_peak_is_below_naive_at_seq_1024() {
     assert!(peak_chunk * 2 < peak_naive, "{peak_chunk} vs {peak_naive}");
     for (what, a, b) in [("output", &y_naive, &y_chunk), ("input grad", &g_naive, &g_chunk)] {
         let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
-        assert!(a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-4 + 1e-4 * p.abs()), "{what} differs between backends");
+        assert!(
+            a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1e-4 + 1e-4 * p.abs()),
+            "{what} differs between backends"
+        );
     }
 }
 
@@ -242,7 +267,10 @@ fn eval_no_grad_inference_keeps_no_activations() {
         mib(peak_train)
     );
     assert_eq!(held_inf, act, "only the output survives an inference forward");
-    assert!(peak_inf <= 2 * act, "at most a layer's input and output are alive at once (the bias is added in place): {peak_inf}");
+    assert!(
+        peak_inf <= 2 * act,
+        "at most a layer's input and output are alive at once (the bias is added in place): {peak_inf}"
+    );
     assert!(held_train >= LAYERS as u64 * act, "a training forward keeps the activations for backward");
     drop(y);
     assert_eq!(a.memory_allocated(), base, "dropping the output frees the graph");

@@ -7,8 +7,8 @@ mod common;
 
 use common::{assert_close, get, load_safetensors, reference_or_skip};
 use ferrite_nn::{
-    attention, AttentionBackend, CrossEntropyLoss, Embedding, LayerNorm, Linear, MSELoss, Module, ReLU, SiLU, Sigmoid, StateDict, Tanh, GELU,
-    GeluApproximation, LSTM,
+    AttentionBackend, CrossEntropyLoss, Embedding, GELU, GeluApproximation, LSTM, LayerNorm, Linear, MSELoss, Module,
+    ReLU, SiLU, Sigmoid, StateDict, Tanh, attention,
 };
 use ferrite_tensor::{Device, Generator, Tensor};
 
@@ -21,8 +21,15 @@ struct Case {
 
 fn case(name: &str) -> Option<Case> {
     let dir = reference_or_skip(name)?;
-    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("ops/manifest.json")).unwrap()).unwrap();
-    let c = m["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}")).clone();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ops/manifest.json")).unwrap()).unwrap();
+    let c = m["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no case {name}"))
+        .clone();
     Some(Case {
         fx: load_safetensors(&dir.join("ops").join(format!("{name}.safetensors"))),
         attrs: c["attrs"].clone(),
@@ -74,7 +81,8 @@ fn linear_module() {
 #[test]
 fn layer_norm_module() {
     let Some(c) = case("layer_norm") else { return };
-    let ns: Vec<usize> = c.attrs["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let ns: Vec<usize> =
+        c.attrs["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let mut ln = LayerNorm::new_with(&ns, c.attrs["eps"].as_f64().unwrap(), true, true, &Device::Cpu).unwrap();
     c.load_into(&mut ln, &[("weight", 1), ("bias", 2)]);
     let x = c.input_rg(0);
@@ -170,7 +178,8 @@ fn activation_modules() {
 fn lstm_batch_first() {
     let Some(c) = case("lstm__batch_first") else { return };
     let hidden = c.attrs["hidden_size"].as_u64().unwrap() as usize;
-    let order: Vec<String> = c.attrs["param_order"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    let order: Vec<String> =
+        c.attrs["param_order"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
     let x = c.input_rg(0);
     let mut lstm = LSTM::new_with(x.shape()[2], hidden, 1, true, true, &Device::Cpu, &mut Generator::new(0)).unwrap();
     // The fixture's parameter names are PyTorch's; they must be exactly ours.

@@ -6,8 +6,8 @@ mod common;
 
 use common::{assert_bits_equal, get, load_safetensors, reference_or_skip};
 use ferrite_nn::{
-    Checkpointed, CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, LoadOptions, Module, MultiheadAttention, AttentionConfig, NnError, ReLU,
-    Result, Sequential, StateDict, Tanh, TransformerBlock, TransformerConfig, GELU,
+    AttentionConfig, Checkpointed, CrossEntropyLoss, Dropout, Embedding, GELU, LayerNorm, Linear, LoadOptions, Module,
+    MultiheadAttention, NnError, ReLU, Result, Sequential, StateDict, Tanh, TransformerBlock, TransformerConfig,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
@@ -65,19 +65,32 @@ fn keys(sd: &StateDict) -> Vec<String> {
 fn nested_model_names_equal_pytorchs() {
     let net = Net::new(&mut Generator::new(0)).unwrap();
     // Printed by PyTorch 2.15 for the same model (`list(net.state_dict())`).
-    let want = ["emb.weight", "encoder.0.weight", "encoder.0.bias", "encoder.3.0.weight", "encoder.3.0.bias", "encoder.3.1.weight", "head.weight", "head.bias"];
+    let want = [
+        "emb.weight",
+        "encoder.0.weight",
+        "encoder.0.bias",
+        "encoder.3.0.weight",
+        "encoder.3.0.bias",
+        "encoder.3.1.weight",
+        "head.weight",
+        "head.bias",
+    ];
     assert_eq!(keys(&net.state_dict()), want);
     let named: Vec<String> = net.named_parameters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(named, want);
     let modules: Vec<String> = net.named_modules().into_iter().map(|(n, _)| n).collect();
-    assert_eq!(modules, ["emb", "encoder", "encoder.0", "encoder.1", "encoder.2", "encoder.3", "encoder.3.0", "encoder.3.1", "head"]);
+    assert_eq!(
+        modules,
+        ["emb", "encoder", "encoder.0", "encoder.1", "encoder.2", "encoder.3", "encoder.3.0", "encoder.3.1", "head"]
+    );
     assert_eq!(net.num_parameters(), 80 + 72 + 16 + 32 + 15);
 }
 
 #[test]
 fn transformer_and_attention_names_equal_pytorchs() {
     let mut g = Generator::new(0);
-    let block = TransformerBlock::new_with(TransformerConfig::new(16, 4).dim_feedforward(32), &Device::Cpu, &mut g).unwrap();
+    let block =
+        TransformerBlock::new_with(TransformerConfig::new(16, 4).dim_feedforward(32), &Device::Cpu, &mut g).unwrap();
     // nn.TransformerEncoderLayer(16, 4, 32, norm_first=True, batch_first=True).state_dict()
     let want: [(&str, &[usize]); 12] = [
         ("self_attn.in_proj_weight", &[48, 16]),
@@ -127,10 +140,20 @@ fn names_match_a_pytorch_written_state_dict() {
             self.fc2.forward(&self.norm.forward(&self.fc1.forward(&self.emb.forward(x)?)?)?)
         }
         fn children(&self) -> Vec<(String, &dyn Module)> {
-            vec![("emb".into(), &self.emb), ("fc1".into(), &self.fc1), ("fc2".into(), &self.fc2), ("norm".into(), &self.norm)]
+            vec![
+                ("emb".into(), &self.emb),
+                ("fc1".into(), &self.fc1),
+                ("fc2".into(), &self.fc2),
+                ("norm".into(), &self.norm),
+            ]
         }
         fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
-            vec![("emb".into(), &mut self.emb), ("fc1".into(), &mut self.fc1), ("fc2".into(), &mut self.fc2), ("norm".into(), &mut self.norm)]
+            vec![
+                ("emb".into(), &mut self.emb),
+                ("fc1".into(), &mut self.fc1),
+                ("fc2".into(), &mut self.fc2),
+                ("norm".into(), &mut self.norm),
+            ]
         }
         fn is_training(&self) -> bool {
             true
@@ -161,11 +184,15 @@ fn names_match_a_pytorch_written_state_dict() {
 fn loads_pytorch_sequential_weights_and_reproduces_its_first_loss() {
     let Some(dir) = reference_or_skip("train fixture load") else { return };
     let fx = load_safetensors(&dir.join("train/sgd_momentum.safetensors"));
-    let mut init: StateDict = fx.iter().filter(|(k, _)| k.starts_with("init.")).map(|(k, t)| (k.to_string(), t.clone())).collect();
+    let mut init: StateDict =
+        fx.iter().filter(|(k, _)| k.starts_with("init.")).map(|(k, t)| (k.to_string(), t.clone())).collect();
     assert_eq!(init.strip_prefix("init."), 4);
     let mut g = Generator::new(1);
     let d = Device::Cpu;
-    let mut model = Sequential::new().append(Linear::new_with(8, 16, true, &d, &mut g).unwrap()).append(Tanh::new()).append(Linear::new_with(16, 3, true, &d, &mut g).unwrap());
+    let mut model = Sequential::new()
+        .append(Linear::new_with(8, 16, true, &d, &mut g).unwrap())
+        .append(Tanh::new())
+        .append(Linear::new_with(16, 3, true, &d, &mut g).unwrap());
     let report = model.load_state_dict(&init, true).unwrap();
     assert!(report.is_empty());
     let x = get(&fx, "X").narrow(0, 0, 4).unwrap();
@@ -227,9 +254,13 @@ fn strict_errors_list_missing_then_unexpected_like_pytorch() {
 
 #[test]
 fn module_prefix_is_diagnosed_and_stripped_by_an_option() {
-    let src = Sequential::new().append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(0)).unwrap()).append(ReLU::new());
+    let src = Sequential::new()
+        .append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(0)).unwrap())
+        .append(ReLU::new());
     let dp = src.state_dict().with_prefix("module.");
-    let mut dst = Sequential::new().append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(1)).unwrap()).append(ReLU::new());
+    let mut dst = Sequential::new()
+        .append(Linear::new_with(3, 2, true, &Device::Cpu, &mut Generator::new(1)).unwrap())
+        .append(ReLU::new());
     let err = dst.load_state_dict(&dp, true).unwrap_err();
     let msg = err.to_string();
     println!("{msg}");
@@ -240,7 +271,11 @@ fn module_prefix_is_diagnosed_and_stripped_by_an_option() {
     assert!(msg.contains("strip_prefix: Some(\"module.\".into())"));
     let opts = LoadOptions { strip_prefix: Some("module.".into()), ..Default::default() };
     assert!(dst.load_state_dict_with(&dp, &opts).unwrap().is_empty());
-    assert_bits_equal("weight", &dst.state_dict().get("0.weight").unwrap().clone(), src.state_dict().get("0.weight").unwrap());
+    assert_bits_equal(
+        "weight",
+        &dst.state_dict().get("0.weight").unwrap().clone(),
+        src.state_dict().get("0.weight").unwrap(),
+    );
     // No hint when the unexpected keys are something else.
     let mut other = src.state_dict();
     other.insert("head.weight", Tensor::zeros(&[1], DType::F32, &Device::Cpu).unwrap());

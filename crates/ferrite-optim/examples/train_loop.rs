@@ -3,8 +3,11 @@
 //!
 //!     cargo run --release -p ferrite-optim --example train_loop
 
-use ferrite_optim::{clip_grad_norm_, warmup_cosine, Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, ParamGroup};
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_optim::{
+    Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, ParamGroup, clip_grad_norm_,
+    warmup_cosine,
+};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

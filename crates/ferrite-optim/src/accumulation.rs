@@ -43,7 +43,11 @@ impl Accumulator {
     /// Accumulate over `steps` micro-batches (1 = no accumulation).
     pub fn new(steps: usize) -> Result<Accumulator> {
         if steps == 0 {
-            return Err(OptimError::InvalidHyperparameter { name: "accumulation steps", value: 0.0, expected: "at least 1" });
+            return Err(OptimError::InvalidHyperparameter {
+                name: "accumulation steps",
+                value: 0.0,
+                expected: "at least 1",
+            });
         }
         Ok(Accumulator { steps, pending: 0 })
     }

@@ -19,9 +19,9 @@
 use ferrite_tensor::backend::FusedKernel;
 use ferrite_tensor::{Device, Tensor};
 
-use crate::error::{bad_hyper, OptimError, Result};
+use crate::error::{OptimError, Result, bad_hyper};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{entry, hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
+use crate::state_dict::{GroupState, HyperValue, StateValue, entry, hyper_bool, hyper_f64, load_tensor};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// Adam/AdamW hyperparameters of one parameter group.
@@ -40,7 +40,15 @@ pub struct AdamConfig {
 impl Default for AdamConfig {
     /// `torch.optim.Adam`'s defaults.
     fn default() -> Self {
-        AdamConfig { lr: 1e-3, betas: (0.9, 0.999), eps: 1e-8, weight_decay: 0.0, amsgrad: false, maximize: false, decoupled_weight_decay: false }
+        AdamConfig {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            amsgrad: false,
+            maximize: false,
+            decoupled_weight_decay: false,
+        }
     }
 }
 
@@ -122,7 +130,11 @@ impl GroupConfig for AdamConfig {
         match g.get("betas") {
             None => {}
             Some(HyperValue::Floats(b)) if b.len() == 2 => self.betas = (b[0], b[1]),
-            Some(other) => return Err(OptimError::StateDict(format!("`betas` of parameter group {group} must be two floats, found {other:?}"))),
+            Some(other) => {
+                return Err(OptimError::StateDict(format!(
+                    "`betas` of parameter group {group} must be two floats, found {other:?}"
+                )));
+            }
         }
         if let Some(v) = hyper_f64(g, "eps", group)? {
             self.eps = v;
@@ -168,7 +180,9 @@ impl ParamState for AdamState {
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
         let step = entry(entries, "step", index)?.as_f64()?;
         if !(step >= 0.0) || step.fract() != 0.0 {
-            return Err(OptimError::StateDict(format!("`step` of parameter {index} must be a non-negative whole number, found {step}")));
+            return Err(OptimError::StateDict(format!(
+                "`step` of parameter {index} must be a non-negative whole number, found {step}"
+            )));
         }
         let has_max = entries.iter().any(|(k, _)| k == "max_exp_avg_sq");
         Ok(AdamState {

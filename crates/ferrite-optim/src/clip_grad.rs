@@ -7,9 +7,9 @@
 //! (and rounded) in its gradient's dtype; the coefficient is `max_norm / (total + 1e-6)`
 //! clamped to 1, and every gradient is multiplied by it.
 
-use ferrite_tensor::ops::promote_types;
 use ferrite_tensor::backend::{FusedKernel, NormKind};
-use ferrite_tensor::{no_grad, DType, Tensor};
+use ferrite_tensor::ops::promote_types;
+use ferrite_tensor::{DType, Tensor, no_grad};
 
 use crate::error::{OptimError, Result};
 use crate::update_target::{unsupported, with_contiguous};
@@ -82,7 +82,11 @@ pub fn clip_grads_with_norm_(params: &[Tensor], max_norm: f64, total_norm: f64) 
 /// Clamp every gradient element of `params` into `[-clip_value, clip_value]`.
 pub fn clip_grad_value_(params: &[Tensor], clip_value: f64) -> Result<()> {
     if !(clip_value >= 0.0) {
-        return Err(OptimError::InvalidHyperparameter { name: "clip_value", value: clip_value, expected: "a number >= 0" });
+        return Err(OptimError::InvalidHyperparameter {
+            name: "clip_value",
+            value: clip_value,
+            expected: "a number >= 0",
+        });
     }
     let _g = no_grad();
     for p in params {

@@ -23,11 +23,15 @@ pub enum OptimError {
     EmptyParameterList,
 
     /// A parameter that is not a leaf of the autograd graph.
-    #[error("can't optimize a non-leaf tensor (parameter {index} of group {group} was computed by {grad_fn}); optimize the leaf it was computed from, or use detach().requires_grad_(true) to make a new leaf")]
+    #[error(
+        "can't optimize a non-leaf tensor (parameter {index} of group {group} was computed by {grad_fn}); optimize the leaf it was computed from, or use detach().requires_grad_(true) to make a new leaf"
+    )]
     NonLeafParameter { group: usize, index: usize, grad_fn: String },
 
     /// The same tensor listed twice (in one group or in two).
-    #[error("some parameters appear more than once (parameter {index} of group {group} is already in group {first_group}); each tensor may be optimized once (tied weights are listed once)")]
+    #[error(
+        "some parameters appear more than once (parameter {index} of group {group} is already in group {first_group}); each tensor may be optimized once (tied weights are listed once)"
+    )]
     DuplicateParameter { group: usize, index: usize, first_group: usize },
 
     /// Parameter names that do not match the parameters.
@@ -43,7 +47,9 @@ pub enum OptimError {
     StateDict(String),
 
     /// Gradient clipping found an infinite or NaN total norm with `error_if_nonfinite`.
-    #[error("The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")]
+    #[error(
+        "The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set `error_if_nonfinite=False`"
+    )]
     NonFiniteNorm { norm_type: f64 },
 
     /// A GradScaler call out of order (PyTorch's texts), or on unsupported gradients.

@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 
 use ferrite_tensor::backend::FusedKernel;
-use ferrite_tensor::{no_grad, DType, Device, Tensor};
+use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::error::{OptimError, Result};
 use crate::optimizer::{Optimizer, OptimizerId};
@@ -48,7 +48,13 @@ pub struct GradScalerConfig {
 
 impl Default for GradScalerConfig {
     fn default() -> Self {
-        GradScalerConfig { init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000, enabled: true }
+        GradScalerConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+            enabled: true,
+        }
     }
 }
 
@@ -161,7 +167,11 @@ impl GradScaler {
         let scale = self.check_scale("unscale_")?;
         let st = self.per_optimizer.entry(opt.id()).or_insert_with(PerOptimizer::ready);
         match st.stage {
-            OptState::Unscaled => return Err(OptimError::GradScaler("unscale_() has already been called on this optimizer since the last update().".into())),
+            OptState::Unscaled => {
+                return Err(OptimError::GradScaler(
+                    "unscale_() has already been called on this optimizer since the last update().".into(),
+                ));
+            }
             OptState::Stepped => return Err(OptimError::GradScaler("unscale_() is being called after step().".into())),
             OptState::Ready => {}
         }
@@ -233,13 +243,15 @@ impl GradScaler {
             return Ok(());
         }
         let scale = self.check_scale("update")?;
-        let checks: Vec<bool> = self.per_optimizer.values().flat_map(|s| s.found_inf_per_device.iter().map(|(_, f)| *f)).collect();
+        let checks: Vec<bool> =
+            self.per_optimizer.values().flat_map(|s| s.found_inf_per_device.iter().map(|(_, f)| *f)).collect();
         if checks.is_empty() {
             return Err(OptimError::GradScaler("No inf checks were recorded prior to update.".into()));
         }
         let found_inf = checks.iter().any(|f| *f);
         let tracker = self.growth_tracker.unwrap_or(0);
-        let (scale, tracker) = update_scale(scale, tracker, found_inf, self.growth_factor, self.backoff_factor, self.growth_interval);
+        let (scale, tracker) =
+            update_scale(scale, tracker, found_inf, self.growth_factor, self.backoff_factor, self.growth_interval);
         self.scale = Some(scale);
         self.growth_tracker = Some(tracker);
         self.per_optimizer.clear();
@@ -323,7 +335,10 @@ impl GradScaler {
             return Ok(());
         }
         let Some(s) = state else {
-            return Err(OptimError::GradScaler("The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.".into()));
+            return Err(OptimError::GradScaler(
+                "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."
+                    .into(),
+            ));
         };
         self.init_scale = s.scale;
         if self.scale.is_some() {
@@ -412,9 +427,15 @@ mod tests {
         sc.scale(&w.sum().unwrap()).unwrap().backward().unwrap();
         assert_eq!(sc.update().unwrap_err().to_string(), "No inf checks were recorded prior to update.");
         sc.unscale_(&mut opt).unwrap();
-        assert_eq!(sc.unscale_(&mut opt).unwrap_err().to_string(), "unscale_() has already been called on this optimizer since the last update().");
+        assert_eq!(
+            sc.unscale_(&mut opt).unwrap_err().to_string(),
+            "unscale_() has already been called on this optimizer since the last update()."
+        );
         sc.step(&mut opt).unwrap();
-        assert_eq!(sc.step(&mut opt).unwrap_err().to_string(), "step() has already been called since the last update().");
+        assert_eq!(
+            sc.step(&mut opt).unwrap_err().to_string(),
+            "step() has already been called since the last update()."
+        );
         assert_eq!(sc.unscale_(&mut opt).unwrap_err().to_string(), "unscale_() is being called after step().");
         sc.update().unwrap();
         // No gradients at all: nothing was checked.
@@ -424,7 +445,8 @@ mod tests {
 
     #[test]
     fn fp16_gradients_are_refused() {
-        let w = Tensor::from_vec(vec![half::f16::from_f32(1.0)], &[1], &Device::Cpu).unwrap().requires_grad_(true).unwrap();
+        let w =
+            Tensor::from_vec(vec![half::f16::from_f32(1.0)], &[1], &Device::Cpu).unwrap().requires_grad_(true).unwrap();
         let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.1)).unwrap();
         let mut sc = GradScaler::new(GradScalerConfig::default()).unwrap();
         sc.scale(&Tensor::scalar(1.0f32, &Device::Cpu).unwrap()).unwrap();
@@ -444,8 +466,18 @@ mod tests {
         sc.update().unwrap();
         assert_eq!(sc.get_scale(), 1.0);
         assert!(sc.state_dict().is_none());
-        assert!(GradScaler::new(GradScalerConfig { growth_factor: 1.0, ..Default::default() }).unwrap_err().to_string().contains("growth factor"));
-        assert!(GradScaler::new(GradScalerConfig { backoff_factor: 1.0, ..Default::default() }).unwrap_err().to_string().contains("backoff factor"));
+        assert!(
+            GradScaler::new(GradScalerConfig { growth_factor: 1.0, ..Default::default() })
+                .unwrap_err()
+                .to_string()
+                .contains("growth factor")
+        );
+        assert!(
+            GradScaler::new(GradScalerConfig { backoff_factor: 1.0, ..Default::default() })
+                .unwrap_err()
+                .to_string()
+                .contains("backoff factor")
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub use adam::{Adam, AdamConfig, AdamRule, AdamState};
 pub use clip_grad::{clip_grad_norm_, clip_grad_norm_with, clip_grad_value_, clip_grads_with_norm_, get_total_norm};
 pub use error::{OptimError, Result};
 pub use grad_scaler::{GradScaler, GradScalerConfig, GradScalerState, OptState};
-pub use lr_scheduler::{warmup_cosine, CosineAnnealingLr, LinearLr, LrScheduler, SchedulerState, SequentialLr, StepLr};
+pub use lr_scheduler::{CosineAnnealingLr, LinearLr, LrScheduler, SchedulerState, SequentialLr, StepLr, warmup_cosine};
 pub use optimizer::{GroupConfig, Optim, Optimizer, OptimizerId, ParamGroup, ParamState, UpdateRule};
 pub use sgd::{Sgd, SgdConfig, SgdRule, SgdState};
 pub use state_dict::{GroupState, HyperValue, OptimizerState, StateValue};

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ferrite_tensor::{no_grad, Tensor};
+use ferrite_tensor::{Tensor, no_grad};
 
 use crate::error::{OptimError, Result};
 use crate::state_dict::{GroupState, HyperValue, OptimizerState, StateValue};
@@ -231,7 +231,10 @@ impl<R: UpdateRule> Optim<R> {
 
 /// Same tensor: the same elements of the same storage (tied weights are one handle cloned).
 fn same_tensor(a: &Tensor, b: &Tensor) -> bool {
-    a.shares_storage(b) && a.storage_offset() == b.storage_offset() && a.shape() == b.shape() && a.strides() == b.strides()
+    a.shares_storage(b)
+        && a.storage_offset() == b.storage_offset()
+        && a.shape() == b.shape()
+        && a.strides() == b.strides()
 }
 
 impl<R: UpdateRule> Optimizer for Optim<R> {
@@ -242,7 +245,11 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
             for (p, st) in group.params.iter().zip(states.iter_mut()) {
                 let Some(grad) = p.grad() else { continue };
                 if grad.shape() != p.shape() {
-                    return Err(OptimError::InvalidConfig(format!("gradient of shape {:?} for a parameter of shape {:?}", grad.shape(), p.shape())));
+                    return Err(OptimError::InvalidConfig(format!(
+                        "gradient of shape {:?} for a parameter of shape {:?}",
+                        grad.shape(),
+                        p.shape()
+                    )));
                 }
                 R::update(&group.config, p, &grad, st)?;
             }
@@ -330,10 +337,16 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
             }
             if let (Some(a), Some(b)) = (&sg.param_names, &g.param_names) {
                 if a.len() != b.len() {
-                    return Err(OptimError::StateDict(format!("group {gi} has {} parameter names in the saved state but {} here", a.len(), b.len())));
+                    return Err(OptimError::StateDict(format!(
+                        "group {gi} has {} parameter names in the saved state but {} here",
+                        a.len(),
+                        b.len()
+                    )));
                 }
                 if let Some((i, (x, y))) = a.iter().zip(b).enumerate().find(|(_, (x, y))| x != y) {
-                    return Err(OptimError::StateDict(format!("parameter {i} of group {gi} is named `{x}` in the saved state but `{y}` here")));
+                    return Err(OptimError::StateDict(format!(
+                        "parameter {i} of group {gi} is named `{x}` in the saved state but `{y}` here"
+                    )));
                 }
             }
         }

@@ -10,12 +10,12 @@
 //! param = param - lr * g
 //! ```
 
-use ferrite_tensor::backend::FusedKernel;
 use ferrite_tensor::Tensor;
+use ferrite_tensor::backend::FusedKernel;
 
-use crate::error::{bad_hyper, OptimError, Result};
+use crate::error::{OptimError, Result, bad_hyper};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{hyper_bool, hyper_f64, load_tensor, GroupState, HyperValue, StateValue};
+use crate::state_dict::{GroupState, HyperValue, StateValue, hyper_bool, hyper_f64, load_tensor};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// SGD hyperparameters of one parameter group (PyTorch's defaults).
@@ -131,11 +131,17 @@ pub struct SgdState {
 
 impl ParamState for SgdState {
     fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
-        Ok(self.momentum_buffer.iter().map(|b| ("momentum_buffer".to_string(), StateValue::Tensor(b.clone()))).collect())
+        Ok(self
+            .momentum_buffer
+            .iter()
+            .map(|b| ("momentum_buffer".to_string(), StateValue::Tensor(b.clone())))
+            .collect())
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
         let has = entries.iter().any(|(k, _)| k == "momentum_buffer");
-        Ok(SgdState { momentum_buffer: if has { Some(load_tensor(entries, "momentum_buffer", index, param)?) } else { None } })
+        Ok(SgdState {
+            momentum_buffer: if has { Some(load_tensor(entries, "momentum_buffer", index, param)?) } else { None },
+        })
     }
 }
 

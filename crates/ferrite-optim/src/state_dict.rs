@@ -17,7 +17,7 @@
 //! serialise them before the next step, or [`OptimizerState::deep_clone`] them.
 //! Loading copies tensors into fresh storage on each parameter's device and dtype.
 
-use ferrite_tensor::{no_grad, Tensor};
+use ferrite_tensor::{Tensor, no_grad};
 
 use crate::error::{OptimError, Result};
 
@@ -113,10 +113,13 @@ impl OptimizerState {
         for (i, entries) in &self.state {
             let mut e = Vec::with_capacity(entries.len());
             for (k, v) in entries {
-                e.push((k.clone(), match v {
-                    StateValue::Tensor(t) => StateValue::Tensor(t.detach().deep_clone()?),
-                    other => other.clone(),
-                }));
+                e.push((
+                    k.clone(),
+                    match v {
+                        StateValue::Tensor(t) => StateValue::Tensor(t.detach().deep_clone()?),
+                        other => other.clone(),
+                    },
+                ));
             }
             state.push((*i, e));
         }
@@ -156,7 +159,9 @@ pub(crate) fn load_tensor(entries: &[(String, StateValue)], key: &str, index: us
 pub(crate) fn hyper_f64(g: &GroupState, key: &str, group: usize) -> Result<Option<f64>> {
     match g.get(key) {
         None => Ok(None),
-        Some(v) => v.as_f64().map(Some).ok_or_else(|| OptimError::StateDict(format!("`{key}` of parameter group {group} must be a number, found {v:?}"))),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+            OptimError::StateDict(format!("`{key}` of parameter group {group} must be a number, found {v:?}"))
+        }),
     }
 }
 
@@ -164,6 +169,8 @@ pub(crate) fn hyper_f64(g: &GroupState, key: &str, group: usize) -> Result<Optio
 pub(crate) fn hyper_bool(g: &GroupState, key: &str, group: usize) -> Result<Option<bool>> {
     match g.get(key) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| OptimError::StateDict(format!("`{key}` of parameter group {group} must be a bool, found {v:?}"))),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+            OptimError::StateDict(format!("`{key}` of parameter group {group} must be a bool, found {v:?}"))
+        }),
     }
 }

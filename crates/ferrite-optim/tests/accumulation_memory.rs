@@ -6,7 +6,7 @@
 
 use ferrite_memory::allocator;
 use ferrite_optim::Accumulator;
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{Device, Generator, Tensor};
 
 const TOKENS: usize = 64;
@@ -79,7 +79,10 @@ fn accumulating_4x8_uses_less_peak_memory_than_32_and_same_gradients() {
             worst = worst.max((*x as f64 - *y as f64).abs());
         }
     }
-    println!("peak allocated during backward work: batch 32 = {peak32} B, 4 x 8 accumulated = {peak8} B ({:.1}% of 32); max |grad diff| {worst:.2e}", 100.0 * peak8 as f64 / peak32 as f64);
+    println!(
+        "peak allocated during backward work: batch 32 = {peak32} B, 4 x 8 accumulated = {peak8} B ({:.1}% of 32); max |grad diff| {worst:.2e}",
+        100.0 * peak8 as f64 / peak32 as f64
+    );
     assert!(peak8 < peak32, "accumulation peak {peak8} B should be below the full batch's {peak32} B");
     assert!(worst <= 1e-6, "gradients differ by {worst:e}");
 }

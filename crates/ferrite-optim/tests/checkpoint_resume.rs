@@ -4,9 +4,10 @@
 
 use ferrite_memory::allocator;
 use ferrite_optim::{
-    clip_grad_norm_, warmup_cosine, Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, OptimizerState, ParamGroup, Sgd, SgdConfig, StateValue,
+    Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, OptimizerState, ParamGroup, Sgd, SgdConfig,
+    StateValue, clip_grad_norm_, warmup_cosine,
 };
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 fn init_params(seed: u64) -> Vec<Tensor> {
@@ -53,7 +54,8 @@ fn new_run(params: Vec<Tensor>, adam: bool) -> Run {
         Box::new(Sgd::new(params.clone(), SgdConfig::new(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3)).unwrap())
     };
     let sched: Box<dyn LrScheduler> = Box::new(warmup_cosine(opt.as_mut(), 2, 8, 0.2, 0.001).unwrap());
-    let scaler = GradScaler::new(GradScalerConfig { init_scale: 256.0, growth_interval: 2, ..Default::default() }).unwrap();
+    let scaler =
+        GradScaler::new(GradScalerConfig { init_scale: 256.0, growth_interval: 2, ..Default::default() }).unwrap();
     Run { params, opt, sched, scaler }
 }
 
@@ -85,7 +87,8 @@ fn resume_is_bit_identical() {
         let saved_scaler = a.scaler.state_dict();
         train(&mut a, 3..7);
 
-        let params: Vec<Tensor> = saved_params.iter().map(|p| p.deep_clone().unwrap().requires_grad_(true).unwrap()).collect();
+        let params: Vec<Tensor> =
+            saved_params.iter().map(|p| p.deep_clone().unwrap().requires_grad_(true).unwrap()).collect();
         let mut b = new_run(params, adam);
         b.opt.load_state_dict(&saved_opt).unwrap();
         b.sched.load_state_dict(&saved_sched).unwrap();
@@ -101,7 +104,9 @@ fn resume_is_bit_identical() {
             for ((ka, va), (kb, vb)) in ea.iter().zip(eb) {
                 assert_eq!(ka, kb);
                 match (va, vb) {
-                    (StateValue::Tensor(x), StateValue::Tensor(y)) => assert_eq!(bits(std::slice::from_ref(x)), bits(std::slice::from_ref(y)), "{ka}"),
+                    (StateValue::Tensor(x), StateValue::Tensor(y)) => {
+                        assert_eq!(bits(std::slice::from_ref(x)), bits(std::slice::from_ref(y)), "{ka}")
+                    }
                     _ => panic!("unexpected state value for {ka}"),
                 }
             }
@@ -120,7 +125,22 @@ fn state_dict_has_pytorchs_structure() {
     let g = &sd.param_groups[0];
     assert_eq!(g.params, vec![0, 1, 2, 3]);
     let keys: Vec<&str> = g.hyper.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(keys, ["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused", "decoupled_weight_decay"]);
+    assert_eq!(
+        keys,
+        [
+            "lr",
+            "betas",
+            "eps",
+            "weight_decay",
+            "amsgrad",
+            "maximize",
+            "foreach",
+            "capturable",
+            "differentiable",
+            "fused",
+            "decoupled_weight_decay"
+        ]
+    );
     for (i, (idx, entries)) in sd.state.iter().enumerate() {
         assert_eq!(*idx, i);
         let k: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
@@ -191,13 +211,37 @@ fn named_parameters_are_recorded_and_checked() {
 fn construction_errors() {
     let p = init_params(5);
     assert!(Sgd::new(vec![], SgdConfig::new(0.1)).unwrap_err().to_string().contains("empty parameter list"));
-    assert!(Sgd::new(vec![p[0].clone(), p[0].clone()], SgdConfig::new(0.1)).unwrap_err().to_string().contains("more than once"));
-    assert!(Sgd::with_groups(vec![ParamGroup::new(vec![p[0].clone()], SgdConfig::new(0.1)), ParamGroup::new(vec![p[1].clone(), p[0].clone()], SgdConfig::new(0.1))]).is_err());
+    assert!(
+        Sgd::new(vec![p[0].clone(), p[0].clone()], SgdConfig::new(0.1))
+            .unwrap_err()
+            .to_string()
+            .contains("more than once")
+    );
+    assert!(
+        Sgd::with_groups(vec![
+            ParamGroup::new(vec![p[0].clone()], SgdConfig::new(0.1)),
+            ParamGroup::new(vec![p[1].clone(), p[0].clone()], SgdConfig::new(0.1))
+        ])
+        .is_err()
+    );
     let non_leaf = p[0].mul_scalar(2.0).unwrap();
     assert!(Sgd::new(vec![non_leaf], SgdConfig::new(0.1)).unwrap_err().to_string().contains("non-leaf"));
-    assert_eq!(Sgd::new(p.clone(), SgdConfig::new(-1.0)).unwrap_err().to_string(), "Invalid learning rate: -1 (expected a number >= 0)");
-    assert!(Sgd::new(p.clone(), SgdConfig::new(0.1).nesterov(true)).unwrap_err().to_string().contains("Nesterov momentum requires a momentum and zero dampening"));
-    assert!(Adam::new(p.clone(), AdamConfig::adam(0.1).betas(1.0, 0.9)).unwrap_err().to_string().contains("beta parameter at index 0"));
+    assert_eq!(
+        Sgd::new(p.clone(), SgdConfig::new(-1.0)).unwrap_err().to_string(),
+        "Invalid learning rate: -1 (expected a number >= 0)"
+    );
+    assert!(
+        Sgd::new(p.clone(), SgdConfig::new(0.1).nesterov(true))
+            .unwrap_err()
+            .to_string()
+            .contains("Nesterov momentum requires a momentum and zero dampening")
+    );
+    assert!(
+        Adam::new(p.clone(), AdamConfig::adam(0.1).betas(1.0, 0.9))
+            .unwrap_err()
+            .to_string()
+            .contains("beta parameter at index 0")
+    );
     assert!(Adam::new(p.clone(), AdamConfig::adam(0.1).eps(-1.0)).unwrap_err().to_string().contains("epsilon"));
 }
 

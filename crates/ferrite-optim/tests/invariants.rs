@@ -2,7 +2,7 @@
 //! parameters and shape-only (`meta`) planning runs.
 
 use ferrite_memory::allocator;
-use ferrite_optim::{clip_grad_norm_, get_total_norm, Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use ferrite_optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig, clip_grad_norm_, get_total_norm};
 use ferrite_tensor::{DType, Device, Tensor};
 use proptest::prelude::*;
 
@@ -62,7 +62,8 @@ fn bf16_parameters_follow_pytorchs_rounding() {
     let mut opt = Sgd::new(vec![p.clone()], SgdConfig::new(0.1)).unwrap();
     opt.step().unwrap();
     let got: Vec<f32> = p.to_vec::<half::bf16>().unwrap().iter().map(|x| x.to_f32()).collect();
-    let want: Vec<f32> = v.iter().zip(&g).map(|(p, g)| half::bf16::from_f32(g.mul_add(-0.1f64 as f32, *p)).to_f32()).collect();
+    let want: Vec<f32> =
+        v.iter().zip(&g).map(|(p, g)| half::bf16::from_f32(g.mul_add(-0.1f64 as f32, *p)).to_f32()).collect();
     assert_eq!(got, want);
 }
 

@@ -2,13 +2,19 @@
 //! PyTorch 2.15 produced (`tests/data/gen_lr_reference.py`); ours must be identical to the bit.
 //! Also: resuming a schedule from its state continues the same sequence.
 
-use ferrite_optim::{warmup_cosine, CosineAnnealingLr, LinearLr, LrScheduler, Optimizer, ParamGroup, Sgd, SgdConfig, StepLr};
+use ferrite_optim::{
+    CosineAnnealingLr, LinearLr, LrScheduler, Optimizer, ParamGroup, Sgd, SgdConfig, StepLr, warmup_cosine,
+};
 use ferrite_tensor::{DType, Device, Tensor};
 use serde_json::Value;
 
 fn two_group_sgd() -> Sgd {
     let p = || Tensor::zeros(&[2], DType::F32, &Device::Cpu).unwrap().requires_grad_(true).unwrap();
-    Sgd::with_groups(vec![ParamGroup::new(vec![p()], SgdConfig::new(0.1).momentum(0.9)), ParamGroup::new(vec![p()], SgdConfig::new(0.03).momentum(0.9))]).unwrap()
+    Sgd::with_groups(vec![
+        ParamGroup::new(vec![p()], SgdConfig::new(0.1).momentum(0.9)),
+        ParamGroup::new(vec![p()], SgdConfig::new(0.03).momentum(0.9)),
+    ])
+    .unwrap()
 }
 
 type Make = fn(&mut Sgd) -> Box<dyn LrScheduler>;

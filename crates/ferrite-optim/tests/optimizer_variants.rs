@@ -18,11 +18,21 @@ fn make(name: &str, p: Tensor) -> Box<dyn Optimizer> {
     let ps = vec![p];
     match name {
         "sgd_plain" => Box::new(Sgd::new(ps, SgdConfig::new(0.05)).unwrap()),
-        "sgd_plain_wd_maximize" => Box::new(Sgd::new(ps, SgdConfig::new(0.05).weight_decay(0.1).maximize(true)).unwrap()),
-        "sgd_dampening" => Box::new(Sgd::new(ps, SgdConfig::new(0.05).momentum(0.8).dampening(0.3).weight_decay(0.01)).unwrap()),
-        "sgd_nesterov" => Box::new(Sgd::new(ps, SgdConfig::new(0.05).momentum(0.9).nesterov(true).weight_decay(0.02)).unwrap()),
-        "adam_l2" => Box::new(Adam::new(ps, AdamConfig::adam(0.02).betas(0.8, 0.99).eps(1e-6).weight_decay(0.05)).unwrap()),
-        "adam_amsgrad_maximize" => Box::new(Adam::new(ps, AdamConfig::adam(0.02).amsgrad(true).maximize(true)).unwrap()),
+        "sgd_plain_wd_maximize" => {
+            Box::new(Sgd::new(ps, SgdConfig::new(0.05).weight_decay(0.1).maximize(true)).unwrap())
+        }
+        "sgd_dampening" => {
+            Box::new(Sgd::new(ps, SgdConfig::new(0.05).momentum(0.8).dampening(0.3).weight_decay(0.01)).unwrap())
+        }
+        "sgd_nesterov" => {
+            Box::new(Sgd::new(ps, SgdConfig::new(0.05).momentum(0.9).nesterov(true).weight_decay(0.02)).unwrap())
+        }
+        "adam_l2" => {
+            Box::new(Adam::new(ps, AdamConfig::adam(0.02).betas(0.8, 0.99).eps(1e-6).weight_decay(0.05)).unwrap())
+        }
+        "adam_amsgrad_maximize" => {
+            Box::new(Adam::new(ps, AdamConfig::adam(0.02).amsgrad(true).maximize(true)).unwrap())
+        }
         "adamw_amsgrad" => Box::new(Adam::new(ps, AdamConfig::adamw(0.03).weight_decay(0.1).amsgrad(true)).unwrap()),
         "adamw_beta1_large" => Box::new(Adam::new(ps, AdamConfig::adamw(0.01).betas(0.3, 0.9)).unwrap()),
         other => panic!("no constructor for case {other}"),
@@ -56,7 +66,12 @@ fn variants_match_pytorch() {
         let sd = opt.state_dict().unwrap();
         let saved = sd.param_state(0).unwrap_or(&[]);
         let want_state = case["state"].as_object().unwrap();
-        assert_eq!(saved.len(), want_state.len(), "{name}: state keys {:?}", saved.iter().map(|(k, _)| k).collect::<Vec<_>>());
+        assert_eq!(
+            saved.len(),
+            want_state.len(),
+            "{name}: state keys {:?}",
+            saved.iter().map(|(k, _)| k).collect::<Vec<_>>()
+        );
         for (k, v) in saved {
             match (k.as_str(), v) {
                 ("step", v) => assert_eq!(v.as_f64().unwrap(), want_state["step"].as_f64().unwrap(), "{name}: step"),

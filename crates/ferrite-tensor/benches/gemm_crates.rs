@@ -56,7 +56,10 @@ fn best_of(reps: usize, iters: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let threads = rayon::current_num_threads();
-    let sizes: Vec<usize> = std::env::var("GEMM_SIZES").ok().map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect()).unwrap_or_else(|| vec![64, 256, 1024, 2048]);
+    let sizes: Vec<usize> = std::env::var("GEMM_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_else(|| vec![64, 256, 1024, 2048]);
     println!("threads {threads} simd {}", ferrite_tensor::simd_level());
     for &n in &sizes {
         let a: Vec<f32> = (0..n * n).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
@@ -76,7 +79,27 @@ fn main() {
         let t = best_of(3, iters, || {
             // SAFETY: row-major n x n buffers (row stride n, column stride 1), c distinct.
             unsafe {
-                gemm::gemm(n, n, n, c.as_mut_ptr(), 1, n as isize, false, a.as_ptr(), 1, n as isize, b.as_ptr(), 1, n as isize, 0.0f32, 1.0f32, false, false, false, gpar);
+                gemm::gemm(
+                    n,
+                    n,
+                    n,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    n as isize,
+                    b.as_ptr(),
+                    1,
+                    n as isize,
+                    0.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gpar,
+                );
             }
         });
         println!("gemm {n} {:.1}", gf(t));

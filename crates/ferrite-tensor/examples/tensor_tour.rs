@@ -3,7 +3,7 @@
 //! `cargo run --release -p ferrite-tensor --example tensor_tour`
 
 use ferrite_memory::allocator;
-use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor, TensorError};
+use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError, no_grad};
 
 fn main() -> Result<(), TensorError> {
     let cpu = Device::Cpu;
@@ -48,7 +48,12 @@ fn main() -> Result<(), TensorError> {
     let meta = Device::parse("meta").map_err(TensorError::from)?;
     let a = Tensor::zeros(&[8192, 8192], DType::F16, &meta)?;
     let p = a.matmul(&a)?;
-    println!("meta: {:?} {} -> peak {} MiB, no memory touched", p.shape(), p.dtype(), allocator(&meta).max_memory_allocated() >> 20);
+    println!(
+        "meta: {:?} {} -> peak {} MiB, no memory touched",
+        p.shape(),
+        p.dtype(),
+        allocator(&meta).max_memory_allocated() >> 20
+    );
 
     // Out of memory on a simulated T4 is a typed error with the allocator's diagnosis.
     let t4 = Device::parse("sim:t4-16gb").map_err(TensorError::from)?;

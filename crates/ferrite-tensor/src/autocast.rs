@@ -40,7 +40,10 @@ impl Drop for AutocastGuard {
 pub fn set_autocast(dtype: Option<DType>) -> Result<AutocastGuard, crate::TensorError> {
     if let Some(d) = dtype {
         if !matches!(d, DType::F16 | DType::BF16) {
-            return Err(crate::TensorError::invalid("autocast", format!("autocast dtype must be float16 or bfloat16, got {d}")));
+            return Err(crate::TensorError::invalid(
+                "autocast",
+                format!("autocast dtype must be float16 or bfloat16, got {d}"),
+            ));
         }
     }
     let prev = AUTOCAST.with(|a| a.replace(dtype));

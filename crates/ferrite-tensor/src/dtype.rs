@@ -18,7 +18,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in a stable order.
-    pub const ALL: [DType; 8] = [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::I32, DType::U8, DType::Bool];
 
     /// Bytes per element.
     pub const fn size_in_bytes(self) -> usize {

@@ -101,7 +101,9 @@ impl HostElement for bool {
 }
 
 /// The types kernels compute in (f32, f64): num-traits' `Float` plus what it lacks.
-pub trait AccFloat: num_traits::Float + Send + Sync + Copy + std::iter::Sum + std::ops::AddAssign + 'static + std::fmt::Debug {
+pub trait AccFloat:
+    num_traits::Float + Send + Sync + Copy + std::iter::Sum + std::ops::AddAssign + 'static + std::fmt::Debug
+{
     fn erf(self) -> Self;
     fn from_f64c(v: f64) -> Self;
     /// e^x; for f32 a vectorisable version within 1 ulp (see `kernels::vmath`).
@@ -278,10 +280,22 @@ impl Int for u8 {
 macro_rules! dispatch_float {
     ($dtype:expr, $op:expr, $T:ident => $body:expr) => {
         match $dtype {
-            $crate::DType::F32 => { type $T = f32; $body }
-            $crate::DType::F64 => { type $T = f64; $body }
-            $crate::DType::F16 => { type $T = half::f16; $body }
-            $crate::DType::BF16 => { type $T = half::bf16; $body }
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
             other => return Err($crate::TensorError::UnsupportedDType { op: $op, dtype: other }),
         }
     };
@@ -293,14 +307,38 @@ macro_rules! dispatch_float {
 macro_rules! dispatch_all {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
-            $crate::DType::F32 => { type $T = f32; $body }
-            $crate::DType::F64 => { type $T = f64; $body }
-            $crate::DType::F16 => { type $T = half::f16; $body }
-            $crate::DType::BF16 => { type $T = half::bf16; $body }
-            $crate::DType::I64 => { type $T = i64; $body }
-            $crate::DType::I32 => { type $T = i32; $body }
-            $crate::DType::U8 => { type $T = u8; $body }
-            $crate::DType::Bool => { type $T = $crate::element::Bool8; $body }
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::Bool => {
+                type $T = $crate::element::Bool8;
+                $body
+            }
         }
     };
 }
@@ -311,10 +349,22 @@ macro_rules! dispatch_all {
 macro_rules! dispatch_bits {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype.size_in_bytes() {
-            8 => { type $T = u64; $body }
-            4 => { type $T = u32; $body }
-            2 => { type $T = u16; $body }
-            _ => { type $T = u8; $body }
+            8 => {
+                type $T = u64;
+                $body
+            }
+            4 => {
+                type $T = u32;
+                $body
+            }
+            2 => {
+                type $T = u16;
+                $body
+            }
+            _ => {
+                type $T = u8;
+                $body
+            }
         }
     };
 }

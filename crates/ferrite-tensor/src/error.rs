@@ -27,7 +27,9 @@ pub enum TensorError {
     #[error("{op}: expected all tensors to be on the same device, but found at least two devices, {a} and {b}")]
     DeviceMismatch { op: &'static str, a: String, b: String },
     /// Data was requested from a `meta` tensor, which has none.
-    #[error("{op}: tensor on device meta has no data (meta tensors carry shapes only); move real data with to_device or run on cpu/sim")]
+    #[error(
+        "{op}: tensor on device meta has no data (meta tensors carry shapes only); move real data with to_device or run on cpu/sim"
+    )]
     MetaHasNoData { op: &'static str },
     /// A host buffer whose length does not match the requested shape.
     #[error("{op}: {len} elements cannot fill shape {shape:?} ({numel} elements)")]
@@ -36,16 +38,22 @@ pub enum TensorError {
     #[error("{op}: {detail}")]
     InvalidArgument { op: &'static str, detail: String },
     /// A tensor saved for backward was modified in place afterwards.
-    #[error("one of the variables needed for gradient computation has been modified by an inplace operation: [{dtype}{shape:?}], which is output {output_nr} of {op}, is at version {current}; expected version {saved} instead. Hint: compute the in-place op on a clone, or call it after backward()")]
+    #[error(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: [{dtype}{shape:?}], which is output {output_nr} of {op}, is at version {current}; expected version {saved} instead. Hint: compute the in-place op on a clone, or call it after backward()"
+    )]
     ModifiedByInplace { op: String, dtype: DType, shape: Vec<usize>, output_nr: usize, current: u64, saved: u64 },
     /// Backward through a graph whose saved tensors were already released.
-    #[error("trying to backward through the graph a second time (or directly access saved tensors after they have already been freed) at {op}. Saved intermediate values of the graph are freed when you call backward(); pass retain_graph = true if you need to backward through the graph a second time")]
+    #[error(
+        "trying to backward through the graph a second time (or directly access saved tensors after they have already been freed) at {op}. Saved intermediate values of the graph are freed when you call backward(); pass retain_graph = true if you need to backward through the graph a second time"
+    )]
     GraphReleased { op: String },
     /// A backward request that cannot be satisfied.
     #[error("backward: {detail}")]
     Autograd { detail: String },
     /// In-place operation on a leaf that requires grad, outside no_grad.
-    #[error("{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap parameter updates in no_grad()")]
+    #[error(
+        "{op}: a leaf tensor that requires grad is being used in an in-place operation; wrap parameter updates in no_grad()"
+    )]
     InplaceOnLeaf { op: &'static str },
     /// A GPU reported an error: a shader that did not compile, a validation failure, a device
     /// lost mid-run. `detail` carries the driver's words.
@@ -53,7 +61,9 @@ pub enum TensorError {
     Gpu { op: &'static str, device: String, detail: String },
     /// A tensor too large for one GPU storage binding (the adapter's
     /// `max_storage_buffer_binding_size`).
-    #[error("{op} on {device}: an operand spans {bytes} bytes, more than this GPU can bind at once ({max} bytes, max_storage_buffer_binding_size); split the tensor (e.g. a smaller batch) or use a GPU with larger bindings")]
+    #[error(
+        "{op} on {device}: an operand spans {bytes} bytes, more than this GPU can bind at once ({max} bytes, max_storage_buffer_binding_size); split the tensor (e.g. a smaller batch) or use a GPU with larger bindings"
+    )]
     BindingTooLarge { op: &'static str, device: String, bytes: u64, max: u64 },
     /// An allocation failed; carries the allocator's diagnosis.
     #[error(transparent)]

@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use crate::autograd::{no_grad, BackwardFn, SavedTensor};
+use crate::autograd::{BackwardFn, SavedTensor, no_grad};
 use crate::error::{Result, TensorError};
 use crate::layout::Shape;
 use crate::ops::copy::materialize;
@@ -63,7 +63,11 @@ impl BackwardFn for LayerNormBackward {
             out.push(None);
         }
         if let Some(w) = &w {
-            out.push(if self.need[1] { Some(g2.mul(&xhat)?.sum_dims(&[0], false)?.reshape_usize(w.shape())?) } else { None });
+            out.push(if self.need[1] {
+                Some(g2.mul(&xhat)?.sum_dims(&[0], false)?.reshape_usize(w.shape())?)
+            } else {
+                None
+            });
         }
         if self.has_bias {
             let shape: Shape = match &w {
@@ -78,19 +82,32 @@ impl BackwardFn for LayerNormBackward {
 
 /// Layer normalisation over the trailing `normalized_shape` dims (PyTorch's `F.layer_norm`),
 /// computed in f32 under autocast.
-pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     let r = x.rank();
     let k = normalized_shape.len();
     if k == 0 || k > r || &x.shape()[r - k..] != normalized_shape {
         return Err(TensorError::shape(
             "layer_norm",
-            format!("given normalized_shape={normalized_shape:?}, expected input with shape [*, {}], but got input of size {:?}", normalized_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "), x.shape()),
+            format!(
+                "given normalized_shape={normalized_shape:?}, expected input with shape [*, {}], but got input of size {:?}",
+                normalized_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+                x.shape()
+            ),
         ));
     }
     for (name, p) in [("weight", weight), ("bias", bias)] {
         if let Some(p) = p {
             if p.shape() != normalized_shape {
-                return Err(TensorError::shape("layer_norm", format!("{name} has shape {:?}, expected {normalized_shape:?}", p.shape())));
+                return Err(TensorError::shape(
+                    "layer_norm",
+                    format!("{name} has shape {:?}, expected {normalized_shape:?}", p.shape()),
+                ));
             }
         }
     }
@@ -135,7 +152,11 @@ pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor
         weight: wt.as_ref().map(SavedTensor::new),
         has_bias: bt.is_some(),
         cols,
-        need: [x.requires_grad(), wt.as_ref().is_some_and(|w| w.requires_grad()), bt.as_ref().is_some_and(|b| b.requires_grad())],
+        need: [
+            x.requires_grad(),
+            wt.as_ref().is_some_and(|w| w.requires_grad()),
+            bt.as_ref().is_some_and(|b| b.requires_grad()),
+        ],
     };
     Ok(Tensor::from_op1(y, &inputs, f))
 }
@@ -173,7 +194,10 @@ impl Default for CrossEntropyOptions {
 /// (or `[N, d1, …]`), computed in f32 under autocast.
 pub fn cross_entropy(logits: &Tensor, target: &Tensor, opts: &CrossEntropyOptions) -> Result<Tensor> {
     if !(0.0..=1.0).contains(&opts.label_smoothing) {
-        return Err(TensorError::invalid("cross_entropy", format!("label_smoothing must be between 0.0 and 1.0, got {}", opts.label_smoothing)));
+        return Err(TensorError::invalid(
+            "cross_entropy",
+            format!("label_smoothing must be between 0.0 and 1.0, got {}", opts.label_smoothing),
+        ));
     }
     let logp = logits_to_logp(logits)?;
     nll_core(&logp, target, opts, "cross_entropy")
@@ -187,7 +211,10 @@ pub fn nll_loss(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions) -> R
 
 fn move_class_last(x: &Tensor) -> Result<Tensor> {
     if x.rank() < 2 {
-        return Err(TensorError::shape("cross_entropy", format!("expected input of shape [N, C] or [N, C, d1, ...], got {:?}", x.shape())));
+        return Err(TensorError::shape(
+            "cross_entropy",
+            format!("expected input of shape [N, C] or [N, C, d1, ...], got {:?}", x.shape()),
+        ));
     }
     let c = x.shape()[1];
     if x.rank() == 2 {
@@ -209,10 +236,22 @@ fn nll_core(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, op: &'st
     let n = logp.shape()[0];
     let c = logp.shape()[1];
     if target.numel() != n {
-        return Err(TensorError::shape(op, format!("expected target with {n} elements (one class index per row of input), got shape {:?}", target.shape())));
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "expected target with {n} elements (one class index per row of input), got shape {:?}",
+                target.shape()
+            ),
+        ));
     }
     if !matches!(target.dtype(), DType::I64 | DType::I32 | DType::U8) {
-        return Err(TensorError::DTypeMismatch { op, detail: format!("target must hold class indices (int64), got {}; for probabilities use a soft-target loss", target.dtype()) });
+        return Err(TensorError::DTypeMismatch {
+            op,
+            detail: format!(
+                "target must hold class indices (int64), got {}; for probabilities use a soft-target loss",
+                target.dtype()
+            ),
+        });
     }
     let t = target.reshape_usize(&[n])?.to_dtype(DType::I64)?;
     let valid = t.ne_scalar(opts.ignore_index as f64)?;
@@ -224,7 +263,10 @@ fn nll_core(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, op: &'st
     let w_rows = match &opts.weight {
         Some(w) => {
             if w.shape() != [c] {
-                return Err(TensorError::shape(op, format!("weight should be a 1D tensor with one entry per class ({c}), got {:?}", w.shape())));
+                return Err(TensorError::shape(
+                    op,
+                    format!("weight should be a 1D tensor with one entry per class ({c}), got {:?}", w.shape()),
+                ));
             }
             w.to_dtype(logp.dtype())?.index_select(0, &safe_t)?.mul(&validf)?
         }
@@ -255,7 +297,10 @@ pub fn mse_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// Mean squared error with an explicit reduction.
 pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
     if input.shape() != target.shape() {
-        return Err(TensorError::shape("mse_loss", format!("input {:?} and target {:?} must have the same shape", input.shape(), target.shape())));
+        return Err(TensorError::shape(
+            "mse_loss",
+            format!("input {:?} and target {:?} must have the same shape", input.shape(), target.shape()),
+        ));
     }
     let up = crate::autocast::upper(input.dtype());
     let d = input.to_dtype(up)?.sub(&target.to_dtype(up)?)?;
@@ -273,7 +318,10 @@ pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> R
 /// `[*indices.shape, dim]`. Gradients accumulate into the picked rows.
 pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
     if weight.rank() != 2 {
-        return Err(TensorError::shape("embedding", format!("weight must be 2-D [num_embeddings, embedding_dim], got {:?}", weight.shape())));
+        return Err(TensorError::shape(
+            "embedding",
+            format!("weight must be 2-D [num_embeddings, embedding_dim], got {:?}", weight.shape()),
+        ));
     }
     let flat = indices.reshape_usize(&[indices.numel()])?;
     let rows = weight.index_select(0, &flat)?;
@@ -288,7 +336,10 @@ pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
 /// training or `p == 0`). Draws from `generator`.
 pub fn dropout(x: &Tensor, p: f64, training: bool, generator: &mut Generator) -> Result<Tensor> {
     if !(0.0..=1.0).contains(&p) {
-        return Err(TensorError::invalid("dropout", format!("dropout probability has to be between 0 and 1, but got {p}")));
+        return Err(TensorError::invalid(
+            "dropout",
+            format!("dropout probability has to be between 0 and 1, but got {p}"),
+        ));
     }
     if !training || p == 0.0 {
         return Ok(x.clone());
@@ -312,7 +363,14 @@ pub fn dropout(x: &Tensor, p: f64, training: bool, generator: &mut Generator) ->
 ///
 /// Sequences longer than 256 queries take the memory-efficient path
 /// ([`scaled_dot_product_attention_chunked`]), which never materialises the `L×S` score matrix.
-pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor, attn_mask: Option<&Tensor>, is_causal: bool, scale: Option<f64>) -> Result<Tensor> {
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor> {
     let l = q.shape().get(q.rank().wrapping_sub(2)).copied().unwrap_or(0);
     if l > 256 {
         return scaled_dot_product_attention_chunked(q, k, v, attn_mask, is_causal, scale, 128);
@@ -348,19 +406,43 @@ fn apply_mask(s: &Tensor, m: &Mask) -> Result<Tensor> {
     }
 }
 
-fn attn_prep(q: &Tensor, k: &Tensor, v: &Tensor, attn_mask: Option<&Tensor>, is_causal: bool, scale: Option<f64>) -> Result<(f64, Option<Mask>)> {
+fn attn_prep(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+) -> Result<(f64, Option<Mask>)> {
     if q.rank() < 2 || k.rank() < 2 || v.rank() < 2 {
-        return Err(TensorError::shape("scaled_dot_product_attention", "q, k and v must have at least 2 dimensions [.., seq, dim]"));
+        return Err(TensorError::shape(
+            "scaled_dot_product_attention",
+            "q, k and v must have at least 2 dimensions [.., seq, dim]",
+        ));
     }
     let e = q.shape()[q.rank() - 1];
     if k.shape()[k.rank() - 1] != e {
-        return Err(TensorError::shape("scaled_dot_product_attention", format!("query dim {e} and key dim {} differ (q {:?}, k {:?})", k.shape()[k.rank() - 1], q.shape(), k.shape())));
+        return Err(TensorError::shape(
+            "scaled_dot_product_attention",
+            format!(
+                "query dim {e} and key dim {} differ (q {:?}, k {:?})",
+                k.shape()[k.rank() - 1],
+                q.shape(),
+                k.shape()
+            ),
+        ));
     }
     if k.shape()[k.rank() - 2] != v.shape()[v.rank() - 2] {
-        return Err(TensorError::shape("scaled_dot_product_attention", format!("key and value sequence lengths differ (k {:?}, v {:?})", k.shape(), v.shape())));
+        return Err(TensorError::shape(
+            "scaled_dot_product_attention",
+            format!("key and value sequence lengths differ (k {:?}, v {:?})", k.shape(), v.shape()),
+        ));
     }
     if is_causal && attn_mask.is_some() {
-        return Err(TensorError::invalid("scaled_dot_product_attention", "pass either attn_mask or is_causal, not both"));
+        return Err(TensorError::invalid(
+            "scaled_dot_product_attention",
+            "pass either attn_mask or is_causal, not both",
+        ));
     }
     let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
     let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
@@ -383,7 +465,15 @@ fn attn_prep(q: &Tensor, k: &Tensor, v: &Tensor, attn_mask: Option<&Tensor>, is_
 /// `chunk × S` scores alive at a time. Backward recomputes each chunk's probabilities from the
 /// saved per-row log-sum-exp instead of storing them, so the saved state is `O(L)` beyond q, k, v
 /// and the output.
-pub fn scaled_dot_product_attention_chunked(q: &Tensor, k: &Tensor, v: &Tensor, attn_mask: Option<&Tensor>, is_causal: bool, scale: Option<f64>, chunk: usize) -> Result<Tensor> {
+pub fn scaled_dot_product_attention_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    is_causal: bool,
+    scale: Option<f64>,
+    chunk: usize,
+) -> Result<Tensor> {
     if chunk == 0 {
         return Err(TensorError::invalid("scaled_dot_product_attention", "chunk size must be positive"));
     }
@@ -437,7 +527,15 @@ fn mask_rows(m: &Mask, start: usize, n: usize) -> Result<Mask> {
 }
 
 /// Scores of query rows `start..start+n`: returns (output rows, log-sum-exp rows `[.., n, 1]`).
-fn attn_chunk_forward(q: &Tensor, kt: &Tensor, v: &Tensor, mask: Option<&Mask>, scale: f64, start: usize, n: usize) -> Result<(Tensor, Tensor)> {
+fn attn_chunk_forward(
+    q: &Tensor,
+    kt: &Tensor,
+    v: &Tensor,
+    mask: Option<&Mask>,
+    scale: f64,
+    start: usize,
+    n: usize,
+) -> Result<(Tensor, Tensor)> {
     let qc = q.narrow(-2, start, n)?;
     let mut s = qc.matmul(kt)?.mul_scalar(scale)?;
     if let Some(m) = mask {
@@ -470,7 +568,8 @@ impl BackwardFn for ChunkedAttentionBackward {
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let Some(go) = &g[0] else { return Ok(vec![None, None, None]) };
         let name = "ScaledDotProductEfficientAttentionBackward0";
-        let (q, k, v, out, lse) = (self.q.get(name)?, self.k.get(name)?, self.v.get(name)?, self.out.get(name)?, self.lse.get(name)?);
+        let (q, k, v, out, lse) =
+            (self.q.get(name)?, self.k.get(name)?, self.v.get(name)?, self.out.get(name)?, self.lse.get(name)?);
         let go = go.to_dtype(q.dtype())?;
         let l = q.shape()[q.rank() - 2];
         let kt = k.transpose(-2, -1)?;
@@ -529,32 +628,70 @@ impl BackwardFn for ChunkedAttentionBackward {
 /// `w_hh [4H, H]`, optional biases `[4H]`, optional initial `(h0, c0)` each `[batch, H]`
 /// (zeros when absent). Returns the output sequence (same batch/seq order as `x`) and the final
 /// `(h, c)`. The input projection of all time steps runs as one matrix product.
-pub fn lstm(x: &Tensor, w_ih: &Tensor, w_hh: &Tensor, b_ih: Option<&Tensor>, b_hh: Option<&Tensor>, state: Option<(&Tensor, &Tensor)>, batch_first: bool) -> Result<(Tensor, (Tensor, Tensor))> {
+pub fn lstm(
+    x: &Tensor,
+    w_ih: &Tensor,
+    w_hh: &Tensor,
+    b_ih: Option<&Tensor>,
+    b_hh: Option<&Tensor>,
+    state: Option<(&Tensor, &Tensor)>,
+    batch_first: bool,
+) -> Result<(Tensor, (Tensor, Tensor))> {
     if x.rank() != 3 {
-        return Err(TensorError::shape("lstm", format!("expected a 3-D input [batch, seq, features] (batch_first) or [seq, batch, features], got {:?}", x.shape())));
+        return Err(TensorError::shape(
+            "lstm",
+            format!(
+                "expected a 3-D input [batch, seq, features] (batch_first) or [seq, batch, features], got {:?}",
+                x.shape()
+            ),
+        ));
     }
     if w_ih.rank() != 2 || w_hh.rank() != 2 || w_ih.shape()[0] % 4 != 0 {
-        return Err(TensorError::shape("lstm", format!("expected w_ih [4*hidden, in] and w_hh [4*hidden, hidden], got {:?} and {:?}", w_ih.shape(), w_hh.shape())));
+        return Err(TensorError::shape(
+            "lstm",
+            format!(
+                "expected w_ih [4*hidden, in] and w_hh [4*hidden, hidden], got {:?} and {:?}",
+                w_ih.shape(),
+                w_hh.shape()
+            ),
+        ));
     }
     let h = w_ih.shape()[0] / 4;
     let xb = if batch_first { x.clone() } else { x.transpose(0, 1)? };
     let (batch, seq, features) = (xb.shape()[0], xb.shape()[1], xb.shape()[2]);
     if w_ih.shape()[1] != features || w_hh.shape() != [4 * h, h] {
-        return Err(TensorError::shape("lstm", format!("input has {features} features and hidden size is {h}: expected w_ih [{}, {features}] and w_hh [{}, {h}], got {:?} and {:?}", 4 * h, 4 * h, w_ih.shape(), w_hh.shape())));
+        return Err(TensorError::shape(
+            "lstm",
+            format!(
+                "input has {features} features and hidden size is {h}: expected w_ih [{}, {features}] and w_hh [{}, {h}], got {:?} and {:?}",
+                4 * h,
+                4 * h,
+                w_ih.shape(),
+                w_hh.shape()
+            ),
+        ));
     }
     for b in [b_ih, b_hh].into_iter().flatten() {
         if b.shape() != [4 * h] {
-            return Err(TensorError::shape("lstm", format!("expected biases of shape [{}], got {:?}", 4 * h, b.shape())));
+            return Err(TensorError::shape(
+                "lstm",
+                format!("expected biases of shape [{}], got {:?}", 4 * h, b.shape()),
+            ));
         }
     }
     let (mut hs, mut cs) = match state {
         Some((h0, c0)) => {
             if h0.shape() != [batch, h] || c0.shape() != [batch, h] {
-                return Err(TensorError::shape("lstm", format!("expected h0 and c0 of shape [{batch}, {h}], got {:?} and {:?}", h0.shape(), c0.shape())));
+                return Err(TensorError::shape(
+                    "lstm",
+                    format!("expected h0 and c0 of shape [{batch}, {h}], got {:?} and {:?}", h0.shape(), c0.shape()),
+                ));
             }
             (h0.clone(), c0.clone())
         }
-        None => (Tensor::zeros(&[batch, h], x.dtype(), x.device())?, Tensor::zeros(&[batch, h], x.dtype(), x.device())?),
+        None => {
+            (Tensor::zeros(&[batch, h], x.dtype(), x.device())?, Tensor::zeros(&[batch, h], x.dtype(), x.device())?)
+        }
     };
     // All time steps' input projections at once: [batch, seq, 4H].
     let xp = xb.linear(w_ih, b_ih)?;
@@ -572,7 +709,8 @@ pub fn lstm(x: &Tensor, w_ih: &Tensor, w_hh: &Tensor, b_ih: Option<&Tensor>, b_h
         outs.push(hs.clone());
     }
     let refs: Vec<&Tensor> = outs.iter().collect();
-    let out = if refs.is_empty() { Tensor::zeros(&[batch, 0, h], x.dtype(), x.device())? } else { Tensor::stack(&refs, 1)? };
+    let out =
+        if refs.is_empty() { Tensor::zeros(&[batch, 0, h], x.dtype(), x.device())? } else { Tensor::stack(&refs, 1)? };
     let out = if batch_first { out } else { out.transpose(0, 1)? };
     Ok((out, (hs, cs)))
 }

@@ -66,7 +66,9 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], op: &'static str) -> Result<Sh
         } else {
             return Err(TensorError::shape(
                 op,
-                format!("shapes {a:?} and {b:?} cannot be broadcast: the size of dimension {i} ({da}) must match ({db}) or one of them must be 1"),
+                format!(
+                    "shapes {a:?} and {b:?} cannot be broadcast: the size of dimension {i} ({da}) must match ({db}) or one of them must be 1"
+                ),
             ));
         };
     }
@@ -155,7 +157,10 @@ impl Layout {
     pub fn permute(&self, dims: &[usize], op: &'static str) -> Result<Layout> {
         let r = self.rank();
         if dims.len() != r {
-            return Err(TensorError::shape(op, format!("number of dims don't match in permute: got {} for a tensor of rank {r}", dims.len())));
+            return Err(TensorError::shape(
+                op,
+                format!("number of dims don't match in permute: got {} for a tensor of rank {r}", dims.len()),
+            ));
         }
         let mut seen: SmallVec<[bool; 6]> = SmallVec::from_elem(false, r);
         let mut l = Layout { shape: SmallVec::new(), strides: SmallVec::new(), offset: self.offset };
@@ -173,7 +178,10 @@ impl Layout {
     pub fn narrow(&self, dim: usize, start: usize, len: usize, op: &'static str) -> Result<Layout> {
         let size = self.shape[dim];
         if start > size || len > size - start {
-            return Err(TensorError::invalid(op, format!("start ({start}) + length ({len}) exceeds dimension size ({size}) of dim {dim}")));
+            return Err(TensorError::invalid(
+                op,
+                format!("start ({start}) + length ({len}) exceeds dimension size ({size}) of dim {dim}"),
+            ));
         }
         let mut l = self.clone();
         if len > 0 {
@@ -206,7 +214,8 @@ impl Layout {
         if self.rank() > n {
             return Err(TensorError::shape(op, format!("cannot expand shape {:?} to {shape:?}", self.shape)));
         }
-        let mut l = Layout { shape: SmallVec::from_slice(shape), strides: SmallVec::from_elem(0, n), offset: self.offset };
+        let mut l =
+            Layout { shape: SmallVec::from_slice(shape), strides: SmallVec::from_elem(0, n), offset: self.offset };
         let lead = n - self.rank();
         for i in 0..self.rank() {
             let (d, s) = (self.shape[i], self.strides[i]);
@@ -218,7 +227,11 @@ impl Layout {
             } else {
                 return Err(TensorError::shape(
                     op,
-                    format!("the expanded size of the tensor ({t}) must match the existing size ({d}) at non-singleton dimension {}; target sizes {shape:?}, tensor sizes {:?}", lead + i, self.shape),
+                    format!(
+                        "the expanded size of the tensor ({t}) must match the existing size ({d}) at non-singleton dimension {}; target sizes {shape:?}, tensor sizes {:?}",
+                        lead + i,
+                        self.shape
+                    ),
                 ));
             }
         }
@@ -233,7 +246,11 @@ impl Layout {
             return None;
         }
         if old_numel == 0 || self.is_contiguous() {
-            return Some(Layout { shape: SmallVec::from_slice(new_shape), strides: contiguous_strides(new_shape), offset: self.offset });
+            return Some(Layout {
+                shape: SmallVec::from_slice(new_shape),
+                strides: contiguous_strides(new_shape),
+                offset: self.offset,
+            });
         }
         let mut new_strides: Shape = SmallVec::from_elem(0, new_shape.len());
         let mut view_d = new_shape.len() as isize - 1;
@@ -242,7 +259,9 @@ impl Layout {
         let mut view_numel = 1usize;
         for tensor_d in (0..self.rank()).rev() {
             tensor_numel *= self.shape[tensor_d];
-            if tensor_d == 0 || (self.shape[tensor_d - 1] != 1 && self.strides[tensor_d - 1] != tensor_numel * chunk_base_stride) {
+            if tensor_d == 0
+                || (self.shape[tensor_d - 1] != 1 && self.strides[tensor_d - 1] != tensor_numel * chunk_base_stride)
+            {
                 while view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d as usize] == 1) {
                     new_strides[view_d as usize] = view_numel * chunk_base_stride;
                     view_numel *= new_shape[view_d as usize];

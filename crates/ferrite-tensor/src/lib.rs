@@ -31,12 +31,12 @@ pub mod random;
 mod storage;
 mod tensor;
 
-pub use autograd::{enable_grad, is_grad_enabled, no_grad, BackwardFn, SavedTensor};
+pub use autograd::{BackwardFn, SavedTensor, enable_grad, is_grad_enabled, no_grad};
 pub use dtype::DType;
 pub use element::{Bool8, Element, HostElement};
 pub use error::{Result, TensorError};
 pub use ferrite_memory::Device;
-pub use random::{manual_seed, Generator, GeneratorState};
-pub use storage::Storage;
 pub use kernels::simd::simd_level;
+pub use random::{Generator, GeneratorState, manual_seed};
+pub use storage::Storage;
 pub use tensor::Tensor;

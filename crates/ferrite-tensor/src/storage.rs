@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferrite_memory::{Block, CachingAllocator, Device};
 
-use crate::backend::{kernels_for, KernelBackend};
+use crate::backend::{KernelBackend, kernels_for};
 use crate::error::Result;
 
 pub struct Storage {

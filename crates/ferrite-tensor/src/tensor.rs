@@ -8,15 +8,15 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ferrite_memory::{allocator, Device};
+use ferrite_memory::{Device, allocator};
 use smallvec::SmallVec;
 
+use crate::DType;
 use crate::autograd::{self, BackwardFn, Edge, GradSlot, Node};
 use crate::element::{Element, HostElement};
 use crate::error::{Result, TensorError};
-use crate::layout::{checked_numel, Layout, Shape};
+use crate::layout::{Layout, Shape, checked_numel};
 use crate::storage::Storage;
-use crate::DType;
 
 /// A multi-dimensional array on a device, with optional autograd history.
 #[derive(Clone)]
@@ -94,9 +94,16 @@ impl Tensor {
 
     /// Uninitialised contiguous tensor from `alloc`. Kernels must write every element.
     #[track_caller]
-    pub(crate) fn empty_with(alloc: &Arc<ferrite_memory::CachingAllocator>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let n = checked_numel(shape).ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} has too many elements")))?;
-        let nbytes = n.checked_mul(dtype.size_in_bytes()).ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} is too large")))?;
+    pub(crate) fn empty_with(
+        alloc: &Arc<ferrite_memory::CachingAllocator>,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let n = checked_numel(shape)
+            .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} has too many elements")))?;
+        let nbytes = n
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} is too large")))?;
         let storage = Storage::new(alloc, nbytes)?;
         Ok(Tensor::from_parts(storage, Layout::contiguous(shape), dtype))
     }
@@ -125,7 +132,8 @@ impl Tensor {
     /// A tensor holding a copy of `data` with `shape` on `device`.
     #[track_caller]
     pub fn from_slice<T: HostElement>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
-        let n = checked_numel(shape).ok_or_else(|| TensorError::invalid("from_slice", format!("shape {shape:?} has too many elements")))?;
+        let n = checked_numel(shape)
+            .ok_or_else(|| TensorError::invalid("from_slice", format!("shape {shape:?} has too many elements")))?;
         if n != data.len() {
             return Err(TensorError::DataLength { op: "from_slice", len: data.len(), shape: shape.to_vec(), numel: n });
         }
@@ -271,7 +279,9 @@ impl Tensor {
             return Ok(self.clone());
         }
         if requires && !self.dtype().is_floating_point() {
-            return Err(TensorError::Autograd { detail: format!("only tensors of floating point dtype can require gradients (got {})", self.dtype()) });
+            return Err(TensorError::Autograd {
+                detail: format!("only tensors of floating point dtype can require gradients (got {})", self.dtype()),
+            });
         }
         self.0.requires_grad.store(requires, Ordering::Relaxed);
         Ok(self.clone())
@@ -304,7 +314,10 @@ impl Tensor {
     pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
         if let Some(g) = &grad {
             if g.shape() != self.shape() {
-                return Err(TensorError::shape("set_grad", format!("assigned grad has shape {:?} but the tensor has shape {:?}", g.shape(), self.shape())));
+                return Err(TensorError::shape(
+                    "set_grad",
+                    format!("assigned grad has shape {:?} but the tensor has shape {:?}", g.shape(), self.shape()),
+                ));
             }
         }
         if grad.is_none() && self.0.grad_slot.get().is_none() {
@@ -334,7 +347,10 @@ impl Tensor {
     pub fn backward(&self) -> Result<()> {
         if self.numel() != 1 {
             return Err(TensorError::Autograd {
-                detail: format!("grad can be implicitly created only for scalar outputs (this tensor has shape {:?}); use backward_with(grad, ...)", self.shape()),
+                detail: format!(
+                    "grad can be implicitly created only for scalar outputs (this tensor has shape {:?}); use backward_with(grad, ...)",
+                    self.shape()
+                ),
             });
         }
         let one = crate::ops::creation::full_on(self.0.storage.allocator(), self.shape(), self.dtype(), 1.0)?;
@@ -349,7 +365,9 @@ impl Tensor {
     /// Backward from a scalar, keeping the graph for another backward.
     pub fn backward_retain(&self) -> Result<()> {
         if self.numel() != 1 {
-            return Err(TensorError::Autograd { detail: format!("grad can be implicitly created only for scalar outputs (shape {:?})", self.shape()) });
+            return Err(TensorError::Autograd {
+                detail: format!("grad can be implicitly created only for scalar outputs (shape {:?})", self.shape()),
+            });
         }
         let one = crate::ops::creation::full_on(self.0.storage.allocator(), self.shape(), self.dtype(), 1.0)?;
         autograd::backward(&[(self.clone(), one)], true)

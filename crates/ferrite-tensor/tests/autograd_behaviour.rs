@@ -3,7 +3,7 @@
 //! statistics it reads are its own even though tests run in parallel threads.
 
 use ferrite_memory::allocator;
-use ferrite_tensor::{no_grad, DType, Device, Tensor, TensorError};
+use ferrite_tensor::{DType, Device, Tensor, TensorError, no_grad};
 
 fn dev(i: usize) -> Device {
     Device::parse(&format!("sim:1GiB:{i}")).unwrap()

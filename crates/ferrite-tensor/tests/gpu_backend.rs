@@ -5,17 +5,27 @@
 
 use ferrite_memory::{allocator, gpu};
 use ferrite_tensor::backend::FusedKernel;
-use ferrite_tensor::{no_grad, DType, Device, Generator, Tensor, TensorError};
+use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError, no_grad};
 
 /// Tests share one device (its allocator statistics, its error flag): they run one at a time.
 static DEVICE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The GPU devices under test, or `None` (after saying why) when there are none.
 fn gpus() -> Option<Vec<Device>> {
-    let devices: Vec<Device> = gpu::devices_under_test().expect("FERRITE_TEST_DEVICES").into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
+    let devices: Vec<Device> = gpu::devices_under_test()
+        .expect("FERRITE_TEST_DEVICES")
+        .into_iter()
+        .filter(|d| matches!(d, Device::Gpu { .. }))
+        .collect();
     if devices.is_empty() {
-        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1 for lavapipe), or none chosen in FERRITE_TEST_DEVICES");
-        assert_ne!(std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(), Ok("1"), "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found");
+        eprintln!(
+            "SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1 for lavapipe), or none chosen in FERRITE_TEST_DEVICES"
+        );
+        assert_ne!(
+            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
+            Ok("1"),
+            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
+        );
         return None;
     }
     eprintln!("gpu_backend devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
@@ -55,7 +65,15 @@ fn half_precision_storage_rounds_like_the_cpu() {
     let Some(devices) = gpus() else { return };
     let x = Tensor::from_slice(&seq(999), &[999], &Device::Cpu).unwrap();
     for dtype in [DType::F16, DType::BF16] {
-        let want = x.to_dtype(dtype).unwrap().mul(&x.to_dtype(dtype).unwrap()).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        let want = x
+            .to_dtype(dtype)
+            .unwrap()
+            .mul(&x.to_dtype(dtype).unwrap())
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
         for d in &devices {
             let g = x.to_device(d).unwrap().to_dtype(dtype).unwrap();
             let got = g.mul(&g).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
@@ -68,13 +86,18 @@ fn half_precision_storage_rounds_like_the_cpu() {
 fn seeded_random_numbers_and_dropout_masks_equal_the_cpus() {
     let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let Some(devices) = gpus() else { return };
-    let cpu_u = Tensor::rand_with(&[4097], DType::F32, &Device::Cpu, &mut Generator::new(7)).unwrap().to_vec::<f32>().unwrap();
+    let cpu_u =
+        Tensor::rand_with(&[4097], DType::F32, &Device::Cpu, &mut Generator::new(7)).unwrap().to_vec::<f32>().unwrap();
     let ones = Tensor::ones(&[3, 1001], DType::F32, &Device::Cpu).unwrap();
-    let cpu_mask = ferrite_tensor::functional::dropout(&ones, 0.3, true, &mut Generator::new(11)).unwrap().to_vec::<f32>().unwrap();
+    let cpu_mask = ferrite_tensor::functional::dropout(&ones, 0.3, true, &mut Generator::new(11))
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
     for d in &devices {
         let u = Tensor::rand_with(&[4097], DType::F32, d, &mut Generator::new(7)).unwrap();
         assert_eq!(u.to_vec::<f32>().unwrap(), cpu_u, "{d}: uniform draws");
-        let m = ferrite_tensor::functional::dropout(&ones.to_device(d).unwrap(), 0.3, true, &mut Generator::new(11)).unwrap();
+        let m = ferrite_tensor::functional::dropout(&ones.to_device(d).unwrap(), 0.3, true, &mut Generator::new(11))
+            .unwrap();
         assert_eq!(m.to_vec::<f32>().unwrap(), cpu_mask, "{d}: dropout mask");
     }
 }
@@ -85,7 +108,17 @@ fn fused_optimizer_and_scaler_kernels_match_the_cpu() {
     let Some(devices) = gpus() else { return };
     let p0 = seq(3000);
     let g0: Vec<f32> = seq(3000).iter().map(|v| v * 0.01).collect();
-    let adam = FusedKernel::Adam { l2: None, decay: Some(1.0 - 1e-3 * 0.01), beta1: 0.9, beta2: 0.999, eps: 1e-8, bias_correction2_sqrt: (1.0f64 - 0.999).sqrt(), step_size: 1e-3 / (1.0 - 0.9), maximize: false, amsgrad: false };
+    let adam = FusedKernel::Adam {
+        l2: None,
+        decay: Some(1.0 - 1e-3 * 0.01),
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        bias_correction2_sqrt: (1.0f64 - 0.999).sqrt(),
+        step_size: 1e-3 / (1.0 - 0.9),
+        maximize: false,
+        amsgrad: false,
+    };
     let run = |d: &Device| -> Vec<Vec<f32>> {
         let p = Tensor::from_slice(&p0, &[3000], d).unwrap();
         let m = Tensor::zeros(&[3000], DType::F32, d).unwrap();
@@ -113,11 +146,17 @@ fn fused_optimizer_and_scaler_kernels_match_the_cpu() {
         assert_eq!(found, 1.0, "{d}: inf found");
         assert_eq!(g.to_vec::<f32>().unwrap()[10], v[10] * 0.5);
         let clean = Tensor::from_slice(&seq(5000), &[5000], d).unwrap();
-        assert_eq!(Tensor::fused(&FusedKernel::Unscale { inv_scale: 1.0 }, &[&clean], &[]).unwrap(), 0.0, "{d}: nothing to find");
+        assert_eq!(
+            Tensor::fused(&FusedKernel::Unscale { inv_scale: 1.0 }, &[&clean], &[]).unwrap(),
+            0.0,
+            "{d}: nothing to find"
+        );
         // A 2-norm, as clip_grad_norm_ computes it.
         let kind = ferrite_tensor::backend::NormKind::Two;
         let got = kind.finish(Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&clean]).unwrap());
-        let want = kind.finish(Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&clean.to_device(&Device::Cpu).unwrap()]).unwrap());
+        let want = kind.finish(
+            Tensor::fused(&FusedKernel::NormPartial { kind }, &[], &[&clean.to_device(&Device::Cpu).unwrap()]).unwrap(),
+        );
         assert!((got - want).abs() <= 1e-5 * want, "{d}: norm {got} vs CPU {want}");
     }
 }
@@ -130,7 +169,10 @@ fn bad_input_gets_typed_errors() {
     // A GPU index past the last adapter.
     let missing = Device::Gpu { index: n + 6 };
     let err = Tensor::zeros(&[4], DType::F32, &missing).unwrap_err().to_string();
-    assert!(err.contains(&format!("gpu:{}", n + 6)) && err.contains("gpu:0"), "names the missing device and what exists: {err}");
+    assert!(
+        err.contains(&format!("gpu:{}", n + 6)) && err.contains("gpu:0"),
+        "names the missing device and what exists: {err}"
+    );
     for d in &devices {
         // f64 has no WGSL type.
         let x = Tensor::from_slice(&[1.0f64, 2.0], &[2], d).unwrap();
@@ -143,7 +185,10 @@ fn bad_input_gets_typed_errors() {
         let e = ferrite_tensor::functional::embedding(&idx, &table).and_then(|t| t.to_vec::<f32>()).unwrap_err();
         assert!(matches!(e, TensorError::IndexOutOfRange { index: 9, size: 4, .. }), "{d}: {e}");
         let total = table.sum().unwrap().item().unwrap();
-        assert!((total - seq(12).iter().map(|&v| v as f64).sum::<f64>()).abs() < 1e-4, "{d}: the device works on after the error ({total})");
+        assert!(
+            (total - seq(12).iter().map(|&v| v as f64).sum::<f64>()).abs() < 1e-4,
+            "{d}: the device works on after the error ({total})"
+        );
         // A tensor larger than one storage binding.
         let max = gpu::context(d.index()).unwrap().limits().max_storage_buffer_binding_size as usize;
         let max_buf = gpu::context(d.index()).unwrap().limits().max_buffer_size as usize;

@@ -3,7 +3,7 @@
 //! other test touches the process-wide meta allocator meanwhile.
 
 use ferrite_memory::allocator;
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 fn mlp_step_peak(d: &Device) -> (u64, u64) {
@@ -30,7 +30,10 @@ fn mlp_step_peak(d: &Device) -> (u64, u64) {
 fn meta_run_reports_the_same_peak_as_a_real_run() {
     let real = mlp_step_peak(&Device::parse("sim:1GiB:0").unwrap());
     let meta = mlp_step_peak(&Device::Meta);
-    println!("peak allocated during an MLP step: sim {} B, meta {} B (grads held after: {} / {} B)", real.0, meta.0, real.1, meta.1);
+    println!(
+        "peak allocated during an MLP step: sim {} B, meta {} B (grads held after: {} / {} B)",
+        real.0, meta.0, real.1, meta.1
+    );
     assert!(real.0 > 0);
     assert_eq!(real, meta);
 }

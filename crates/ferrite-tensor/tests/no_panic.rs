@@ -2,7 +2,9 @@
 //! every public op (forward and, when a graph was recorded, backward) must come back as `Ok` or
 //! as a typed error. A panic anywhere fails the property.
 
-use ferrite_tensor::functional::{cross_entropy, dropout, embedding, layer_norm, scaled_dot_product_attention, CrossEntropyOptions};
+use ferrite_tensor::functional::{
+    CrossEntropyOptions, cross_entropy, dropout, embedding, layer_norm, scaled_dot_product_attention,
+};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 use proptest::prelude::*;
 

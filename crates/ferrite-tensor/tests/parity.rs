@@ -36,7 +36,8 @@ fn load(path: &PathBuf) -> Result<Vec<(String, Tensor)>, String> {
         if view.dtype() != safetensors::Dtype::F32 {
             return Err(format!("{name}: unexpected dtype {:?}", view.dtype()));
         }
-        let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let data: Vec<f32> =
+            view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let t = Tensor::from_vec(data, view.shape(), &Device::Cpu).map_err(|e| e.to_string())?;
         out.push((name, t));
     }
@@ -66,7 +67,12 @@ fn close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Resul
         }
     }
     if let Some((i, _)) = worst {
-        return Err(format!("{what}: element {i} is {} but PyTorch gives {} (|diff| {:.3e})", g[i], w[i], (g[i] - w[i]).abs()));
+        return Err(format!(
+            "{what}: element {i} is {} but PyTorch gives {} (|diff| {:.3e})",
+            g[i],
+            w[i],
+            (g[i] - w[i]).abs()
+        ));
     }
     Ok(())
 }
@@ -114,13 +120,26 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
             let s: Vec<i64> = a["shape"].as_array().ok_or("shape")?.iter().filter_map(|v| v.as_i64()).collect();
             e(x[0].reshape(&s))
         }
-        "narrow" => e(x[0].narrow(attr_i64(a, "dim")?, attr_i64(a, "start")? as usize, attr_i64(a, "length")? as usize)),
+        "narrow" => {
+            e(x[0].narrow(attr_i64(a, "dim")?, attr_i64(a, "start")? as usize, attr_i64(a, "length")? as usize))
+        }
         "cat" => e(Tensor::cat(&x.iter().collect::<Vec<_>>(), attr_i64(a, "dim")?)),
         "matmul" => e(x[0].matmul(&x[1])),
         "linear" => e(x[0].linear(&x[1], Some(&x[2]))),
         "layer_norm" => {
-            let ns: Vec<usize> = a["normalized_shape"].as_array().ok_or("normalized_shape")?.iter().filter_map(|v| v.as_u64().map(|u| u as usize)).collect();
-            e(ferrite_tensor::functional::layer_norm(&x[0], &ns, Some(&x[1]), Some(&x[2]), a["eps"].as_f64().unwrap_or(1e-5)))
+            let ns: Vec<usize> = a["normalized_shape"]
+                .as_array()
+                .ok_or("normalized_shape")?
+                .iter()
+                .filter_map(|v| v.as_u64().map(|u| u as usize))
+                .collect();
+            e(ferrite_tensor::functional::layer_norm(
+                &x[0],
+                &ns,
+                Some(&x[1]),
+                Some(&x[2]),
+                a["eps"].as_f64().unwrap_or(1e-5),
+            ))
         }
         "cross_entropy" => {
             let t: Vec<i64> = a["target"].as_array().ok_or("target")?.iter().filter_map(|v| v.as_i64()).collect();
@@ -132,13 +151,25 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
         "embedding" => {
             let rows = a["indices"].as_array().ok_or("indices")?;
             let shape = [rows.len(), rows.first().and_then(|r| r.as_array()).map(|r| r.len()).unwrap_or(0)];
-            let flat: Vec<i64> = rows.iter().flat_map(|r| r.as_array().cloned().unwrap_or_default()).filter_map(|v| v.as_i64()).collect();
+            let flat: Vec<i64> = rows
+                .iter()
+                .flat_map(|r| r.as_array().cloned().unwrap_or_default())
+                .filter_map(|v| v.as_i64())
+                .collect();
             let idx = Tensor::from_vec(flat, &shape, x[0].device()).map_err(|e| e.to_string())?;
             e(ferrite_tensor::functional::embedding(&idx, &x[0]))
         }
-        "sdpa" => e(ferrite_tensor::functional::scaled_dot_product_attention(&x[0], &x[1], &x[2], None, a["is_causal"].as_bool().unwrap_or(false), None)),
+        "sdpa" => e(ferrite_tensor::functional::scaled_dot_product_attention(
+            &x[0],
+            &x[1],
+            &x[2],
+            None,
+            a["is_causal"].as_bool().unwrap_or(false),
+            None,
+        )),
         "lstm" => {
-            let (out, _) = ferrite_tensor::functional::lstm(&x[0], &x[1], &x[2], Some(&x[3]), Some(&x[4]), None, true).map_err(|e| e.to_string())?;
+            let (out, _) = ferrite_tensor::functional::lstm(&x[0], &x[1], &x[2], Some(&x[3]), Some(&x[4]), None, true)
+                .map_err(|e| e.to_string())?;
             Ok(Some(out))
         }
         other => Err(format!("unknown op `{other}`")),
@@ -183,7 +214,10 @@ fn main() {
     let text = match std::fs::read_to_string(&manifest) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE", manifest.display());
+            eprintln!(
+                "SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE",
+                manifest.display()
+            );
             if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
                 std::process::exit(1);
             }
@@ -196,31 +230,35 @@ fn main() {
     let devices = devices();
     println!("parity devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
     for device in &devices {
-    for c in cases {
-        let case = Case {
-            name: c["name"].as_str().unwrap_or("?").to_string(),
-            op: c["op"].as_str().unwrap_or("?").to_string(),
-            attrs: c["attrs"].clone(),
-            inputs: c["inputs"].as_u64().unwrap_or(0) as usize,
-            has_grad: c["has_grad"].as_bool().unwrap_or(false),
-            rtol: c["rtol"].as_f64().unwrap_or(1e-5),
-            atol: c["atol"].as_f64().unwrap_or(1e-5),
-        };
-        match run_case(&dir, &case, device) {
-            Ok(true) => {
-                passed += 1;
-                println!("parity {:<6} {:<24} ok", device.to_string(), case.name);
-            }
-            Ok(false) => {
-                skipped += 1;
-                println!("parity {:<6} {:<24} skipped (layer of ferrite-nn; checked by its parity suite)", device.to_string(), case.name);
-            }
-            Err(e) => {
-                failed += 1;
-                println!("parity {:<6} {:<24} FAILED: {e}", device.to_string(), case.name);
+        for c in cases {
+            let case = Case {
+                name: c["name"].as_str().unwrap_or("?").to_string(),
+                op: c["op"].as_str().unwrap_or("?").to_string(),
+                attrs: c["attrs"].clone(),
+                inputs: c["inputs"].as_u64().unwrap_or(0) as usize,
+                has_grad: c["has_grad"].as_bool().unwrap_or(false),
+                rtol: c["rtol"].as_f64().unwrap_or(1e-5),
+                atol: c["atol"].as_f64().unwrap_or(1e-5),
+            };
+            match run_case(&dir, &case, device) {
+                Ok(true) => {
+                    passed += 1;
+                    println!("parity {:<6} {:<24} ok", device.to_string(), case.name);
+                }
+                Ok(false) => {
+                    skipped += 1;
+                    println!(
+                        "parity {:<6} {:<24} skipped (layer of ferrite-nn; checked by its parity suite)",
+                        device.to_string(),
+                        case.name
+                    );
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("parity {:<6} {:<24} FAILED: {e}", device.to_string(), case.name);
+                }
             }
         }
-    }
     }
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {

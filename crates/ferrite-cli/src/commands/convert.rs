@@ -35,9 +35,13 @@ pub struct ConvertArgs {
 pub fn run(args: ConvertArgs) -> CliResult {
     let dtype = match &args.dtype {
         Some(s) => {
-            let d = DType::parse(s).ok_or_else(|| format!("unknown dtype `{s}`; use float32, float16, bfloat16 or float64"))?;
+            let d = DType::parse(s)
+                .ok_or_else(|| format!("unknown dtype `{s}`; use float32, float16, bfloat16 or float64"))?;
             if !d.is_floating_point() {
-                return Err(format!("--dtype must be a floating-point type (got {d}); integer tensors are always kept as they are").into());
+                return Err(format!(
+                    "--dtype must be a floating-point type (got {d}); integer tensors are always kept as they are"
+                )
+                .into());
             }
             Some(d)
         }
@@ -63,7 +67,11 @@ pub fn run(args: ConvertArgs) -> CliResult {
     match ferrite_io::state_dict_from_value(&tree) {
         Ok(sd) => {
             ferrite_io::write_safetensors(&args.output, sd.iter().map(|(k, t)| (k.as_str(), t)), &BTreeMap::new())?;
-            println!("wrote {count} tensors ({:.2} MiB) to {} (safetensors state_dict)", bytes as f64 / (1 << 20) as f64, args.output.display());
+            println!(
+                "wrote {count} tensors ({:.2} MiB) to {} (safetensors state_dict)",
+                bytes as f64 / (1 << 20) as f64,
+                args.output.display()
+            );
         }
         Err(_) if count > 0 => {
             ferrite_io::save_checkpoint(&args.output, &tree)?;
@@ -137,7 +145,8 @@ mod tests {
         assert_eq!(back, ferrite_io::read(&input).unwrap());
 
         let model = dir.path().join("model.safetensors");
-        run(ConvertArgs { key: Some("model".into()), dtype: Some("float16".into()), ..args(input, model.clone()) }).unwrap();
+        run(ConvertArgs { key: Some("model".into()), dtype: Some("float16".into()), ..args(input, model.clone()) })
+            .unwrap();
         let sd = ferrite_io::read_safetensors(&model).unwrap();
         assert_eq!(sd.tensors.len(), 7);
         assert!(sd.tensors.iter().all(|(_, t)| t.dtype() == DType::F16));

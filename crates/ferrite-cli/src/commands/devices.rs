@@ -3,8 +3,8 @@
 //! limits that decide which tensors fit one kernel binding, and where each GPU's capacity comes
 //! from (wgpu does not report VRAM size).
 
-use ferrite_memory::gpu::{list_adapters, AdapterSummary, GPU_MEMORY_ENV};
 use ferrite_memory::format_size;
+use ferrite_memory::gpu::{AdapterSummary, GPU_MEMORY_ENV, list_adapters};
 
 use super::CliResult;
 
@@ -35,7 +35,9 @@ fn capacity_text(a: &AdapterSummary) -> String {
 
 /// The human-readable listing.
 pub fn table(adapters: &[AdapterSummary]) -> String {
-    let mut s = String::from("cpu      host memory, CPU kernels\nmeta     shapes and allocations only (no data): planning\nsim:<gpu> host memory with a GPU's capacity and allocator (`ferrite memory gpus` lists them)\n");
+    let mut s = String::from(
+        "cpu      host memory, CPU kernels\nmeta     shapes and allocations only (no data): planning\nsim:<gpu> host memory with a GPU's capacity and allocator (`ferrite memory gpus` lists them)\n",
+    );
     if adapters.is_empty() {
         s.push_str("\nNo GPU adapter found (ferrite uses Vulkan, Metal or DX12 through wgpu).\nOn Linux install a Vulkan driver: your GPU vendor's, or Mesa's (`apt-get install mesa-vulkan-drivers libvulkan1`; lavapipe is a software GPU for testing).\n");
         return s;
@@ -61,7 +63,10 @@ pub fn table(adapters: &[AdapterSummary]) -> String {
 
 /// The `--json` listing.
 pub fn json(adapters: &[AdapterSummary]) -> serde_json::Value {
-    let mut devices = vec![serde_json::json!({"device": "cpu", "kind": "cpu"}), serde_json::json!({"device": "meta", "kind": "meta"})];
+    let mut devices = vec![
+        serde_json::json!({"device": "cpu", "kind": "cpu"}),
+        serde_json::json!({"device": "meta", "kind": "meta"}),
+    ];
     for a in adapters {
         devices.push(serde_json::json!({
             "device": format!("gpu:{}", a.index),

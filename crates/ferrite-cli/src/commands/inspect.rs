@@ -44,7 +44,8 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
                 })
             })
             .collect();
-        let values: serde_json::Map<String, serde_json::Value> = scalars.iter().map(|(k, v)| (k.clone(), scalar_json(v))).collect();
+        let values: serde_json::Map<String, serde_json::Value> =
+            scalars.iter().map(|(k, v)| (k.clone(), scalar_json(v))).collect();
         let out = serde_json::json!({
             "file": args.file.display().to_string(),
             "format": format.name(),
@@ -56,7 +57,15 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
     }
     let total: usize = tensors.iter().map(|(_, t)| t.numel()).sum();
     let bytes: usize = tensors.iter().map(|(_, t)| t.nbytes()).sum();
-    writeln!(o, "{} ({}): {} tensors, {} elements, {:.2} MiB", args.file.display(), format.name(), tensors.len(), total, bytes as f64 / (1 << 20) as f64)?;
+    writeln!(
+        o,
+        "{} ({}): {} tensors, {} elements, {:.2} MiB",
+        args.file.display(),
+        format.name(),
+        tensors.len(),
+        total,
+        bytes as f64 / (1 << 20) as f64
+    )?;
     let name_w = tensors.iter().map(|(n, _)| n.len()).max().unwrap_or(4).max(4);
     let shape_w = tensors.iter().map(|(_, t)| format!("{:?}", t.shape()).len()).max().unwrap_or(5).max(5);
     // Where tensors were saved matters only when it is not the CPU (a map location is then needed).
@@ -65,7 +74,15 @@ fn render(args: &InspectArgs) -> Result<String, Box<dyn std::error::Error + Send
     let device = |d: &str| if devices { format!("{d:<dev_w$}  ") } else { String::new() };
     writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}sum", "name", "dtype", "shape", device("device"))?;
     for (name, t) in &tensors {
-        writeln!(o, "{:<name_w$}  {:<8}  {:<shape_w$}  {}{}", name, t.dtype().name(), format!("{:?}", t.shape()), device(t.location()), t.sum_f64())?;
+        writeln!(
+            o,
+            "{:<name_w$}  {:<8}  {:<shape_w$}  {}{}",
+            name,
+            t.dtype().name(),
+            format!("{:?}", t.shape()),
+            device(t.location()),
+            t.sum_f64()
+        )?;
     }
     if !scalars.is_empty() {
         writeln!(o)?;
@@ -83,7 +100,11 @@ fn scalar_entries(tree: &Value) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     tree.walk(|path, v| match v {
         Value::Dict(_) => true,
-        Value::List(items) | Value::Tuple(items) if items.iter().any(|x| matches!(x, Value::Dict(_) | Value::List(_) | Value::Tuple(_) | Value::Tensor(_))) => {
+        Value::List(items) | Value::Tuple(items)
+            if items
+                .iter()
+                .any(|x| matches!(x, Value::Dict(_) | Value::List(_) | Value::Tuple(_) | Value::Tensor(_))) =>
+        {
             true
         }
         Value::Tensor(_) => false,
@@ -105,7 +126,11 @@ fn scalar_text(v: &Value) -> String {
         Value::Bytes(b) => format!("<{} bytes>", b.len()),
         Value::List(items) | Value::Tuple(items) => {
             let parts: Vec<String> = items.iter().map(scalar_text).collect();
-            if matches!(v, Value::Tuple(_)) { format!("({})", parts.join(", ")) } else { format!("[{}]", parts.join(", ")) }
+            if matches!(v, Value::Tuple(_)) {
+                format!("({})", parts.join(", "))
+            } else {
+                format!("[{}]", parts.join(", "))
+            }
         }
         other => other.kind().to_string(),
     }
@@ -116,7 +141,9 @@ fn scalar_json(v: &Value) -> serde_json::Value {
         Value::None => serde_json::Value::Null,
         Value::Bool(b) => (*b).into(),
         Value::Int(i) => (*i).into(),
-        Value::Float(f) => serde_json::Number::from_f64(*f).map(serde_json::Value::Number).unwrap_or_else(|| f.to_string().into()),
+        Value::Float(f) => {
+            serde_json::Number::from_f64(*f).map(serde_json::Value::Number).unwrap_or_else(|| f.to_string().into())
+        }
         Value::Str(s) => s.clone().into(),
         Value::List(items) | Value::Tuple(items) => items.iter().map(scalar_json).collect(),
         other => scalar_text(other).into(),
@@ -145,7 +172,8 @@ mod tests {
     fn json_lists_every_tensor_with_dtype_shape_and_sum() {
         // Every figure is compared with PyTorch's own listing of the file (expected.json `files`).
         let Some(file) = fixture("training_checkpoint.pt") else { return };
-        let listing: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file.with_file_name("expected.json")).unwrap()).unwrap();
+        let listing: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file.with_file_name("expected.json")).unwrap()).unwrap();
         let listing = &listing["files"]["training_checkpoint.pt"];
         let out = render(&InspectArgs { file, json: true }).unwrap();
         let j: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -71,9 +71,9 @@ fn replay_output(
     }
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read trace {}: {e}", path.display()))?;
     let trace = Trace::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let spec = device.or_else(|| trace.device.clone()).ok_or(
-        "the trace names no device; pass --device (e.g. --device sim:a100-40gb)",
-    )?;
+    let spec = device
+        .or_else(|| trace.device.clone())
+        .ok_or("the trace names no device; pass --device (e.g. --device sim:a100-40gb)")?;
     let device = Device::parse(&spec)?;
     let config = match alloc_conf {
         Some(s) => AllocatorConfig::parse(&s)?,
@@ -98,7 +98,11 @@ fn replay_output(
     )?;
     out.push_str(&report.summary);
     for o in &report.ooms {
-        writeln!(out, "\nOOM at event {} (id {}, {} bytes): {}\n{}", o.event_index, o.id, o.size, o.diagnosis, o.message)?;
+        writeln!(
+            out,
+            "\nOOM at event {} (id {}, {} bytes): {}\n{}",
+            o.event_index, o.id, o.size, o.diagnosis, o.message
+        )?;
     }
     Ok(out)
 }

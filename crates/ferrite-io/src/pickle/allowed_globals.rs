@@ -51,9 +51,7 @@ fn storage_dtype(class: &str) -> Option<Result<DType, &'static str>> {
         "CharStorage" => Err("int8"),
         "ComplexFloatStorage" => Err("complex64"),
         "ComplexDoubleStorage" => Err("complex128"),
-        "QInt8Storage" | "QUInt8Storage" | "QInt32Storage" | "QUInt4x2Storage" | "QUInt2x4Storage" => {
-            Err("quantized")
-        }
+        "QInt8Storage" | "QUInt8Storage" | "QInt32Storage" | "QUInt4x2Storage" | "QUInt2x4Storage" => Err("quantized"),
         _ => return None,
     })
 }
@@ -61,9 +59,30 @@ fn storage_dtype(class: &str) -> Option<Result<DType, &'static str>> {
 /// `torch.<dtype>` objects that may appear as plain values (e.g. autocast settings).
 fn torch_dtype(name: &str) -> Option<&'static str> {
     const NAMES: [&str; 24] = [
-        "float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
-        "int16", "short", "int8", "uint8", "bool", "complex64", "cfloat", "complex128", "cdouble", "uint16",
-        "uint32", "uint64", "float8_e4m3fn",
+        "float32",
+        "float",
+        "float64",
+        "double",
+        "float16",
+        "half",
+        "bfloat16",
+        "int64",
+        "long",
+        "int32",
+        "int",
+        "int16",
+        "short",
+        "int8",
+        "uint8",
+        "bool",
+        "complex64",
+        "cfloat",
+        "complex128",
+        "cdouble",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float8_e4m3fn",
     ];
     NAMES.iter().copied().find(|n| *n == name)
 }
@@ -77,32 +96,41 @@ fn refusal_reason(module: &str, name: &str) -> String {
     let root = module.split('.').next().unwrap_or(module);
     match root {
         "os" | "posix" | "nt" | "subprocess" | "pty" | "commands" | "popen2" => {
-            format!("it is a system function; calling it from a pickle would run commands on this machine (e.g. `{module}.{name}(\"...\")` spawns a shell)")
+            format!(
+                "it is a system function; calling it from a pickle would run commands on this machine (e.g. `{module}.{name}(\"...\")` spawns a shell)"
+            )
         }
         "builtins" | "__builtin__" => match name {
             "eval" | "exec" | "compile" | "execfile" | "__import__" | "getattr" | "setattr" | "globals" | "open"
             | "input" | "breakpoint" => {
-                format!("the builtin `{name}` can evaluate code, import modules or touch files; a checkpoint never needs it")
+                format!(
+                    "the builtin `{name}` can evaluate code, import modules or touch files; a checkpoint never needs it"
+                )
             }
             _ => format!("the builtin `{name}` is not a container or number type a state_dict uses"),
         },
         "sys" | "shutil" | "socket" | "runpy" | "importlib" | "pickle" | "_pickle" | "marshal" | "code" | "ctypes"
-        | "webbrowser" | "types" | "functools" | "operator" | "io" | "pathlib" | "tempfile" | "signal" | "threading"
-        | "multiprocessing" => {
-            format!("module `{module}` gives access to the interpreter, files, processes or the network; a pickle naming it is trying to run code")
+        | "webbrowser" | "types" | "functools" | "operator" | "io" | "pathlib" | "tempfile" | "signal"
+        | "threading" | "multiprocessing" => {
+            format!(
+                "module `{module}` gives access to the interpreter, files, processes or the network; a pickle naming it is trying to run code"
+            )
         }
         "__main__" => format!(
             "`{name}` is a class defined in the script that saved the file (a whole pickled model or custom object); rebuilding it would require importing and running that code"
         ),
-        "numpy" => "numpy objects are not part of a weights-only checkpoint (save tensors or Python numbers instead)".to_string(),
-        "torch" if module.starts_with("torch.nn.modules") || module.starts_with("torch.nn.") => format!(
-            "`{name}` is a torch.nn module class: the file holds a whole pickled model, not a state_dict"
-        ),
-        "torch" if module.starts_with("torch.optim") => format!(
-            "`{name}` is a whole pickled optimizer object; save `optimizer.state_dict()` instead"
-        ),
+        "numpy" => "numpy objects are not part of a weights-only checkpoint (save tensors or Python numbers instead)"
+            .to_string(),
+        "torch" if module.starts_with("torch.nn.modules") || module.starts_with("torch.nn.") => {
+            format!("`{name}` is a torch.nn module class: the file holds a whole pickled model, not a state_dict")
+        }
+        "torch" if module.starts_with("torch.optim") => {
+            format!("`{name}` is a whole pickled optimizer object; save `optimizer.state_dict()` instead")
+        }
         "torch" => "it is not one of the tensor, storage or container types a weights-only state_dict uses".to_string(),
-        _ => format!("module `{module}` is not part of a weights-only state_dict; constructing `{name}` would import and run its code"),
+        _ => format!(
+            "module `{module}` is not part of a weights-only state_dict; constructing `{name}` would import and run its code"
+        ),
     }
 }
 

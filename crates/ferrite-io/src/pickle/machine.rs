@@ -536,7 +536,9 @@ impl<'a> Machine<'a> {
                     self.push(o);
                 }
                 0x82..=0x84 => {
-                    return Err(self.err("extension-registry globals (EXT1/2/4) are refused: they name arbitrary callables"));
+                    return Err(
+                        self.err("extension-registry globals (EXT1/2/4) are refused: they name arbitrary callables")
+                    );
                 }
                 0x97 | 0x98 => {
                     return Err(self.err("out-of-band pickle buffers are not supported"));
@@ -549,7 +551,9 @@ impl<'a> Machine<'a> {
     /// NEWOBJ / INST / OBJ: instantiating a class. Only the container classes may be instantiated.
     fn construct(&mut self, cls: &Obj, args: Vec<Obj>) -> Result<Obj> {
         match cls {
-            Obj::Global(Global::OrderedDict) if args.is_empty() => Ok(self.heap.alloc(Container::Dict(DictObj::default()))),
+            Obj::Global(Global::OrderedDict) if args.is_empty() => {
+                Ok(self.heap.alloc(Container::Dict(DictObj::default())))
+            }
             Obj::Global(Global::Set) if args.is_empty() => Ok(self.heap.alloc(Container::Set(Vec::new()))),
             Obj::Global(g) => Err(self.err(format!("instantiating {g:?} this way is not supported"))),
             _ => Err(self.err("NEWOBJ/INST/OBJ target is not a class")),
@@ -675,7 +679,10 @@ impl<'a> Machine<'a> {
     fn dims(&mut self, o: &Obj, what: &str) -> Result<Vec<usize>> {
         let items = self.tuple_items(o, what)?;
         if items.len() > MAX_DIMS {
-            return Err(IoError::LimitExceeded { what: format!("tensor {what} with {} dimensions", items.len()), limit: MAX_DIMS as u64 });
+            return Err(IoError::LimitExceeded {
+                what: format!("tensor {what} with {} dimensions", items.len()),
+                limit: MAX_DIMS as u64,
+            });
         }
         items
             .iter()
@@ -796,7 +803,10 @@ mod tests {
         assert_eq!(d.items.len(), 2);
         assert_eq!(d.items[0].1, d.items[1].1, "both keys refer to the same list");
         let Obj::Ref(l) = d.items[0].1 else { panic!() };
-        assert_eq!(prog.heap.get(l), Some(&Container::List(vec![Obj::Int(1), Obj::Float(2.5), Obj::Str(Rc::from("x"))])));
+        assert_eq!(
+            prog.heap.get(l),
+            Some(&Container::List(vec![Obj::Int(1), Obj::Float(2.5), Obj::Str(Rc::from("x"))]))
+        );
     }
 
     #[test]

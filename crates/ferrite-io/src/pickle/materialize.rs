@@ -53,9 +53,17 @@ enum Node<'h> {
 
 /// A container being filled, on the materialiser's own stack.
 enum Frame<'h> {
-    Seq { tuple: bool, items: &'h [Obj], out: Vec<Value> },
+    Seq {
+        tuple: bool,
+        items: &'h [Obj],
+        out: Vec<Value>,
+    },
     /// `key` is the converted key of `items[out.len()]` while its value is being converted.
-    Dict { items: &'h [(Obj, Obj)], out: Vec<(Value, Value)>, key: Option<Value> },
+    Dict {
+        items: &'h [(Obj, Obj)],
+        out: Vec<(Value, Value)>,
+        key: Option<Value>,
+    },
 }
 
 impl<'h> Frame<'h> {
@@ -171,7 +179,10 @@ impl<'h> Materializer<'h, '_, '_> {
             Obj::Global(g) => match g {
                 super::heap::Global::TorchDtype(name) => Value::Str(format!("torch.{name}")),
                 other => {
-                    return Err(IoError::structure(self.path(), format!("a bare reference to {other:?} is not a value")));
+                    return Err(IoError::structure(
+                        self.path(),
+                        format!("a bare reference to {other:?} is not a value"),
+                    ));
                 }
             },
             Obj::Ref(id) => return self.container(*id),
@@ -185,13 +196,20 @@ impl<'h> Materializer<'h, '_, '_> {
         };
         let cap = |n: usize| n.min(1 << 16);
         Ok(match c {
-            Container::Tuple(items) => Node::Open(Frame::Seq { tuple: true, items, out: Vec::with_capacity(cap(items.len())) }),
+            Container::Tuple(items) => {
+                Node::Open(Frame::Seq { tuple: true, items, out: Vec::with_capacity(cap(items.len())) })
+            }
             Container::List(items) | Container::Set(items) => {
                 Node::Open(Frame::Seq { tuple: false, items, out: Vec::with_capacity(cap(items.len())) })
             }
-            Container::Dict(d) => Node::Open(Frame::Dict { items: &d.items, out: Vec::with_capacity(cap(d.items.len())), key: None }),
+            Container::Dict(d) => {
+                Node::Open(Frame::Dict { items: &d.items, out: Vec::with_capacity(cap(d.items.len())), key: None })
+            }
             Container::Storage(_) => {
-                return Err(IoError::structure(self.path(), "a bare storage (not wrapped in a tensor) is not supported"));
+                return Err(IoError::structure(
+                    self.path(),
+                    "a bare storage (not wrapped in a tensor) is not supported",
+                ));
             }
             Container::Tensor(spec) => {
                 self.spend(spec.shape.len() as u64 * 2)?;
@@ -199,14 +217,23 @@ impl<'h> Materializer<'h, '_, '_> {
                     return Err(IoError::structure(self.path(), "tensor without a storage"));
                 };
                 let name = Some(self.path());
-                let dtype = sref.dtype.map_err(|d| IoError::UnsupportedDType { dtype: d.to_string(), name: name.clone() })?;
+                let dtype =
+                    sref.dtype.map_err(|d| IoError::UnsupportedDType { dtype: d.to_string(), name: name.clone() })?;
                 let bytes = self.storage_bytes(spec.storage, sref)?;
-                let mut t = RawTensor::new(dtype, spec.shape.clone(), spec.strides.clone(), spec.offset, bytes).map_err(|e| match e {
-                    IoError::ShapeStorageMismatch { shape, strides, offset, needed, available, .. } => {
-                        IoError::ShapeStorageMismatch { name: name.clone(), shape, strides, offset, needed, available }
-                    }
-                    other => other,
-                })?;
+                let mut t = RawTensor::new(dtype, spec.shape.clone(), spec.strides.clone(), spec.offset, bytes)
+                    .map_err(|e| match e {
+                        IoError::ShapeStorageMismatch { shape, strides, offset, needed, available, .. } => {
+                            IoError::ShapeStorageMismatch {
+                                name: name.clone(),
+                                shape,
+                                strides,
+                                offset,
+                                needed,
+                                available,
+                            }
+                        }
+                        other => other,
+                    })?;
                 t.set_requires_grad(spec.requires_grad);
                 t.set_location(sref.location.clone());
                 Node::Done(Value::Tensor(t))

@@ -50,7 +50,10 @@ pub struct ExpectedTensor {
 
 /// `files[file]` of `expected.json`: every tensor (by `/`-joined path, sorted by path) and the
 /// non-tensor leaves as JSON values.
-pub fn expected_file(exp: &serde_json::Value, file: &str) -> (Vec<ExpectedTensor>, serde_json::Map<String, serde_json::Value>) {
+pub fn expected_file(
+    exp: &serde_json::Value,
+    file: &str,
+) -> (Vec<ExpectedTensor>, serde_json::Map<String, serde_json::Value>) {
     let entry = &exp["files"][file];
     let tensors = entry["tensors"]
         .as_object()
@@ -69,5 +72,9 @@ pub fn expected_file(exp: &serde_json::Value, file: &str) -> (Vec<ExpectedTensor
 
 /// The expected tensor at `path` of `file`.
 pub fn expected_tensor(exp: &serde_json::Value, file: &str, path: &str) -> ExpectedTensor {
-    expected_file(exp, file).0.into_iter().find(|t| t.path == path).unwrap_or_else(|| panic!("expected.json: no tensor {path} in files/{file}"))
+    expected_file(exp, file)
+        .0
+        .into_iter()
+        .find(|t| t.path == path)
+        .unwrap_or_else(|| panic!("expected.json: no tensor {path} in files/{file}"))
 }

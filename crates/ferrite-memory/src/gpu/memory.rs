@@ -66,7 +66,10 @@ impl RawMemory for WgpuMemory {
             }
         };
         let addr = self.next_addr;
-        self.next_addr = self.next_addr.checked_add(size.next_multiple_of(SEGMENT_ALIGN as u64)).ok_or(RawAllocError::CapacityExceeded)?;
+        self.next_addr = self
+            .next_addr
+            .checked_add(size.next_multiple_of(SEGMENT_ALIGN as u64))
+            .ok_or(RawAllocError::CapacityExceeded)?;
         self.ctx.insert_segment(addr, buffer, size);
         self.reserved += size;
         Ok(RawSegment { addr, ptr: None, size })

@@ -68,7 +68,9 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
 fn adapters() -> &'static [wgpu::Adapter] {
     static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
     ADAPTERS.get_or_init(|| {
-        let mut v = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12));
+        let mut v = pollster::block_on(
+            instance().enumerate_adapters(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12),
+        );
         v.retain(|a| a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS));
         v.sort_by_key(|a| type_rank(a.get_info().device_type));
         v
@@ -173,8 +175,11 @@ impl GpuContext {
             required_limits: limits.clone(),
             ..Default::default()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
-            .map_err(|e| MemoryError::GpuUnavailable { device: format!("gpu:{index}"), reason: format!("the driver refused to create a device on {} ({:?}): {e}", info.name, info.backend) })?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&desc)).map_err(|e| MemoryError::GpuUnavailable {
+                device: format!("gpu:{index}"),
+                reason: format!("the driver refused to create a device on {} ({:?}): {e}", info.name, info.backend),
+            })?;
         let lost = Arc::new(Mutex::new(None));
         let lost2 = lost.clone();
         device.set_device_lost_callback(move |reason, msg| {
@@ -188,7 +193,19 @@ impl GpuContext {
                 *slot = Some(e.to_string());
             }
         }));
-        Ok(GpuContext { index, info, limits, features, device, queue, capacity, capacity_source, segments: Mutex::new(BTreeMap::new()), lost, uncaptured })
+        Ok(GpuContext {
+            index,
+            info,
+            limits,
+            features,
+            device,
+            queue,
+            capacity,
+            capacity_source,
+            segments: Mutex::new(BTreeMap::new()),
+            lost,
+            uncaptured,
+        })
     }
 
     pub fn index(&self) -> usize {
@@ -261,8 +278,12 @@ pub fn context(index: usize) -> Result<Arc<GpuContext>, MemoryError> {
         });
     }
     let Some(adapter) = all.get(index) else {
-        let names: Vec<String> = all.iter().enumerate().map(|(i, a)| format!("gpu:{i} ({})", a.get_info().name)).collect();
-        return Err(MemoryError::GpuUnavailable { device: format!("gpu:{index}"), reason: format!("this machine has {} GPU adapter(s): {}", all.len(), names.join(", ")) });
+        let names: Vec<String> =
+            all.iter().enumerate().map(|(i, a)| format!("gpu:{i} ({})", a.get_info().name)).collect();
+        return Err(MemoryError::GpuUnavailable {
+            device: format!("gpu:{index}"),
+            reason: format!("this machine has {} GPU adapter(s): {}", all.len(), names.join(", ")),
+        });
     };
     let cell = CONTEXTS.get_or_init(|| Mutex::new(vec![None; all.len()]));
     let mut v = cell.lock();
@@ -283,6 +304,8 @@ pub const TEST_DEVICES_ENV: &str = "FERRITE_TEST_DEVICES";
 pub fn devices_under_test() -> Result<Vec<crate::Device>, MemoryError> {
     match std::env::var(TEST_DEVICES_ENV) {
         Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().parse::<crate::Device>()).collect(),
-        _ => Ok(std::iter::once(crate::Device::Cpu).chain(list_adapters().into_iter().map(|a| crate::Device::Gpu { index: a.index })).collect()),
+        _ => Ok(std::iter::once(crate::Device::Cpu)
+            .chain(list_adapters().into_iter().map(|a| crate::Device::Gpu { index: a.index }))
+            .collect()),
     }
 }

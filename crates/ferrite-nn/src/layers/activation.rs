@@ -3,7 +3,7 @@
 use ferrite_tensor::Tensor;
 
 use crate::error::Result;
-use crate::module::{training_flag, Module};
+use crate::module::{Module, training_flag};
 
 macro_rules! activation {
     ($(#[$doc:meta])* $name:ident, $pyname:literal, |$x:ident| $body:expr) => {

@@ -10,7 +10,7 @@ use ferrite_tensor::{DType, Device, Generator, Tensor};
 use crate::error::{NnError, Result};
 use crate::init::{xavier_uniform_, zeros_};
 use crate::layers::linear::Linear;
-use crate::module::{new_parameter, training_flag, Module};
+use crate::module::{Module, new_parameter, training_flag};
 
 /// Which attention kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -29,15 +29,30 @@ pub enum AttentionBackend {
 /// Attention `softmax(q kᵀ·scale + mask) v` on `[.., L, E]` tensors through the chosen backend.
 /// `attend_mask` is boolean (`true` = may attend — the `scaled_dot_product_attention`
 /// convention, the opposite of `nn.MultiheadAttention`'s `attn_mask`) or additive float.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, attend_mask: Option<&Tensor>, is_causal: bool, backend: AttentionBackend) -> Result<Tensor> {
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attend_mask: Option<&Tensor>,
+    is_causal: bool,
+    backend: AttentionBackend,
+) -> Result<Tensor> {
     Ok(match backend {
         AttentionBackend::Auto => scaled_dot_product_attention(q, k, v, attend_mask, is_causal, None)?,
-        AttentionBackend::Chunked { chunk } => scaled_dot_product_attention_chunked(q, k, v, attend_mask, is_causal, None, chunk)?,
+        AttentionBackend::Chunked { chunk } => {
+            scaled_dot_product_attention_chunked(q, k, v, attend_mask, is_causal, None, chunk)?
+        }
         AttentionBackend::Math => math_attention(q, k, v, attend_mask, is_causal)?,
     })
 }
 
-fn math_attention(q: &Tensor, k: &Tensor, v: &Tensor, attend_mask: Option<&Tensor>, is_causal: bool) -> ferrite_tensor::Result<Tensor> {
+fn math_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attend_mask: Option<&Tensor>,
+    is_causal: bool,
+) -> ferrite_tensor::Result<Tensor> {
     if q.rank() < 2 || k.rank() < 2 {
         // Let the functional op produce its shape error.
         return scaled_dot_product_attention(q, k, v, attend_mask, is_causal, None);
@@ -111,7 +126,10 @@ impl MultiheadAttention {
     pub fn new_with(config: AttentionConfig, device: &Device, g: &mut Generator) -> Result<MultiheadAttention> {
         let (e, h) = (config.embed_dim, config.num_heads);
         if h == 0 || e == 0 || e % h != 0 {
-            return Err(NnError::config("MultiheadAttention", format!("embed_dim ({e}) must be a positive multiple of num_heads ({h})")));
+            return Err(NnError::config(
+                "MultiheadAttention",
+                format!("embed_dim ({e}) must be a positive multiple of num_heads ({h})"),
+            ));
         }
         if let AttentionBackend::Chunked { chunk: 0 } = config.backend {
             return Err(NnError::config("MultiheadAttention", "the chunked backend needs chunk > 0"));
@@ -131,7 +149,10 @@ impl MultiheadAttention {
     pub fn forward_masked(&self, x: &Tensor, attend_mask: Option<&Tensor>) -> Result<Tensor> {
         let (e, h) = (self.config.embed_dim, self.config.num_heads);
         if x.rank() != 3 || x.shape()[2] != e {
-            return Err(NnError::config("MultiheadAttention", format!("expected input [batch, seq, {e}], got {:?}", x.shape())));
+            return Err(NnError::config(
+                "MultiheadAttention",
+                format!("expected input [batch, seq, {e}], got {:?}", x.shape()),
+            ));
         }
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let d = e / h;

@@ -5,7 +5,7 @@ use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Generator, Tensor};
 
 use crate::error::{NnError, Result};
-use crate::module::{training_flag, Module};
+use crate::module::{Module, training_flag};
 use crate::rng::RngHandle;
 
 /// Zeroes each element with probability `p` in training mode and scales the rest by 1/(1−p);
@@ -33,7 +33,10 @@ impl Dropout {
     /// [`RngHandle::default_generator`] for PyTorch's single global stream).
     pub fn with_rng(p: f64, rng: RngHandle) -> Result<Dropout> {
         if !(0.0..=1.0).contains(&p) {
-            return Err(NnError::config("Dropout", format!("dropout probability has to be between 0 and 1, but got {p}")));
+            return Err(NnError::config(
+                "Dropout",
+                format!("dropout probability has to be between 0 and 1, but got {p}"),
+            ));
         }
         Ok(Dropout { p, rng, training: true })
     }

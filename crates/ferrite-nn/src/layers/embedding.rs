@@ -4,11 +4,11 @@
 use std::borrow::Cow;
 
 use ferrite_tensor::random::with_default_generator;
-use ferrite_tensor::{no_grad, BackwardFn, DType, Device, Generator, SavedTensor, Tensor, TensorError};
+use ferrite_tensor::{BackwardFn, DType, Device, Generator, SavedTensor, Tensor, TensorError, no_grad};
 
 use crate::error::{NnError, Result};
 use crate::init::normal_;
-use crate::module::{new_parameter, training_flag, Module};
+use crate::module::{Module, new_parameter, training_flag};
 
 /// Lookup table `weight [num_embeddings, embedding_dim]`; `forward` takes integer indices of any
 /// shape and returns `[*indices.shape, embedding_dim]`.
@@ -29,13 +29,22 @@ impl Embedding {
     }
 
     /// N(0, 1) weights from `g`; a negative `padding_idx` counts from the end, as in PyTorch.
-    pub fn new_with(num_embeddings: usize, embedding_dim: usize, padding_idx: Option<i64>, device: &Device, g: &mut Generator) -> Result<Embedding> {
+    pub fn new_with(
+        num_embeddings: usize,
+        embedding_dim: usize,
+        padding_idx: Option<i64>,
+        device: &Device,
+        g: &mut Generator,
+    ) -> Result<Embedding> {
         let padding_idx = match padding_idx {
             None => None,
             Some(p) => {
                 let n = num_embeddings as i64;
                 if p >= n || p < -n {
-                    return Err(NnError::config("Embedding", format!("padding_idx {p} must be within num_embeddings ({num_embeddings})")));
+                    return Err(NnError::config(
+                        "Embedding",
+                        format!("padding_idx {p} must be within num_embeddings ({num_embeddings})"),
+                    ));
                 }
                 Some(if p < 0 { (p + n) as usize } else { p as usize })
             }
@@ -87,7 +96,11 @@ fn embedding_with_padding(indices: &Tensor, weight: &Tensor, padding_idx: usize)
         return Ok(out);
     }
     let flat = indices.reshape_usize(&[indices.numel()])?.to_dtype(DType::I64)?;
-    let f = EmbeddingPaddedBackward { indices: SavedTensor::new(&flat), weight_shape: weight.shape().to_vec(), padding_idx };
+    let f = EmbeddingPaddedBackward {
+        indices: SavedTensor::new(&flat),
+        weight_shape: weight.shape().to_vec(),
+        padding_idx,
+    };
     Ok(Tensor::from_op1(out, &[weight], f))
 }
 

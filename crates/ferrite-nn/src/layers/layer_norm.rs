@@ -5,7 +5,7 @@ use ferrite_tensor::{Device, Tensor};
 
 use crate::error::{NnError, Result};
 use crate::init::{ones_, zeros_};
-use crate::module::{new_parameter, training_flag, Module};
+use crate::module::{Module, new_parameter, training_flag};
 
 /// Normalises over the last `normalized_shape.len()` dimensions. Parameters `weight` and `bias`
 /// (shape `normalized_shape`) unless built without an affine transform.
@@ -26,7 +26,13 @@ impl LayerNorm {
 
     /// PyTorch's `LayerNorm(normalized_shape, eps, elementwise_affine, bias)`. Deterministic
     /// initialisation, so no generator is needed.
-    pub fn new_with(normalized_shape: &[usize], eps: f64, elementwise_affine: bool, bias: bool, device: &Device) -> Result<LayerNorm> {
+    pub fn new_with(
+        normalized_shape: &[usize],
+        eps: f64,
+        elementwise_affine: bool,
+        bias: bool,
+        device: &Device,
+    ) -> Result<LayerNorm> {
         if normalized_shape.is_empty() {
             return Err(NnError::config("LayerNorm", "normalized_shape must name at least one dimension"));
         }
@@ -34,7 +40,8 @@ impl LayerNorm {
             return Err(NnError::config("LayerNorm", format!("eps must be positive, got {eps}")));
         }
         let weight = if elementwise_affine { Some(new_parameter(normalized_shape, device, ones_)?) } else { None };
-        let bias = if elementwise_affine && bias { Some(new_parameter(normalized_shape, device, zeros_)?) } else { None };
+        let bias =
+            if elementwise_affine && bias { Some(new_parameter(normalized_shape, device, zeros_)?) } else { None };
         Ok(LayerNorm { normalized_shape: normalized_shape.to_vec(), eps, weight, bias, training: true })
     }
 }
@@ -44,7 +51,13 @@ impl Module for LayerNorm {
         "LayerNorm"
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ferrite_tensor::functional::layer_norm(x, &self.normalized_shape, self.weight.as_ref(), self.bias.as_ref(), self.eps)?)
+        Ok(ferrite_tensor::functional::layer_norm(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )?)
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
         let mut v = Vec::new();

@@ -2,11 +2,11 @@
 //! (so checkpoints and init statistics carry over).
 
 use ferrite_tensor::random::with_default_generator;
-use ferrite_tensor::{no_grad, Device, Generator, Tensor};
+use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
 use crate::error::Result;
-use crate::init::{kaiming_uniform_, uniform_, FanMode, Nonlinearity};
-use crate::module::{new_parameter, training_flag, Module};
+use crate::init::{FanMode, Nonlinearity, kaiming_uniform_, uniform_};
+use crate::module::{Module, new_parameter, training_flag};
 
 /// Fully connected layer. Parameters `weight [out_features, in_features]` and optional
 /// `bias [out_features]`. Under autocast the product runs in the low-precision dtype.
@@ -27,9 +27,19 @@ impl Linear {
 
     /// PyTorch's initialisation drawn from `g`, allocated directly on `device`: weight
     /// `kaiming_uniform_(a=√5)` = U(±1/√in), bias U(±1/√in).
-    pub fn new_with(in_features: usize, out_features: usize, bias: bool, device: &Device, g: &mut Generator) -> Result<Linear> {
+    pub fn new_with(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        device: &Device,
+        g: &mut Generator,
+    ) -> Result<Linear> {
         let weight = new_parameter(&[out_features, in_features], device, |w| {
-            if in_features == 0 { Ok(()) } else { kaiming_uniform_(w, 5f64.sqrt(), FanMode::FanIn, Nonlinearity::LeakyRelu, g) }
+            if in_features == 0 {
+                Ok(())
+            } else {
+                kaiming_uniform_(w, 5f64.sqrt(), FanMode::FanIn, Nonlinearity::LeakyRelu, g)
+            }
         })?;
         let bias = if bias {
             let bound = if in_features > 0 { 1.0 / (in_features as f64).sqrt() } else { 0.0 };
@@ -44,7 +54,10 @@ impl Linear {
     pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Result<Linear> {
         let s = weight.shape().to_vec();
         if s.len() != 2 {
-            return Err(crate::NnError::config("Linear", format!("weight must be [out_features, in_features], got {s:?}")));
+            return Err(crate::NnError::config(
+                "Linear",
+                format!("weight must be [out_features, in_features], got {s:?}"),
+            ));
         }
         if let Some(b) = &bias {
             if b.shape() != [s[0]] {

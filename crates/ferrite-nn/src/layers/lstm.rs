@@ -8,7 +8,7 @@ use ferrite_tensor::{Device, Generator, Tensor};
 
 use crate::error::{NnError, Result};
 use crate::init::uniform_;
-use crate::module::{new_parameter, training_flag, Module};
+use crate::module::{Module, new_parameter, training_flag};
 
 /// Parameters of one LSTM layer.
 #[derive(Clone, Debug)]
@@ -34,13 +34,26 @@ pub struct LSTM {
 impl LSTM {
     /// On the CPU, initialised from the process default generator.
     pub fn new(input_size: usize, hidden_size: usize, num_layers: usize, batch_first: bool) -> Result<LSTM> {
-        with_default_generator(|g| LSTM::new_with(input_size, hidden_size, num_layers, true, batch_first, &Device::Cpu, g))
+        with_default_generator(|g| {
+            LSTM::new_with(input_size, hidden_size, num_layers, true, batch_first, &Device::Cpu, g)
+        })
     }
 
     /// PyTorch's initialisation: every weight and bias U(±1/√hidden_size), drawn from `g`.
-    pub fn new_with(input_size: usize, hidden_size: usize, num_layers: usize, bias: bool, batch_first: bool, device: &Device, g: &mut Generator) -> Result<LSTM> {
+    pub fn new_with(
+        input_size: usize,
+        hidden_size: usize,
+        num_layers: usize,
+        bias: bool,
+        batch_first: bool,
+        device: &Device,
+        g: &mut Generator,
+    ) -> Result<LSTM> {
         if hidden_size == 0 || num_layers == 0 {
-            return Err(NnError::config("LSTM", format!("hidden_size ({hidden_size}) and num_layers ({num_layers}) must be positive")));
+            return Err(NnError::config(
+                "LSTM",
+                format!("hidden_size ({hidden_size}) and num_layers ({num_layers}) must be positive"),
+            ));
         }
         let k = 1.0 / (hidden_size as f64).sqrt();
         let mut layers = Vec::with_capacity(num_layers);
@@ -49,7 +62,8 @@ impl LSTM {
             let mut p = |shape: &[usize]| new_parameter(shape, device, |t| uniform_(t, -k, k, g));
             let weight_ih = p(&[4 * hidden_size, in_l])?;
             let weight_hh = p(&[4 * hidden_size, hidden_size])?;
-            let (bias_ih, bias_hh) = if bias { (Some(p(&[4 * hidden_size])?), Some(p(&[4 * hidden_size])?)) } else { (None, None) };
+            let (bias_ih, bias_hh) =
+                if bias { (Some(p(&[4 * hidden_size])?), Some(p(&[4 * hidden_size])?)) } else { (None, None) };
             layers.push(LstmLayer { weight_ih, weight_hh, bias_ih, bias_hh });
         }
         Ok(LSTM { input_size, hidden_size, batch_first, layers, training: true })
@@ -57,10 +71,17 @@ impl LSTM {
 
     /// Full forward: output sequence and the final `(h_n, c_n)`, each `[num_layers, B, H]`.
     /// `state` is the initial `(h_0, c_0)` with the same shapes (zeros if `None`).
-    pub fn forward_with_state(&self, x: &Tensor, state: Option<(&Tensor, &Tensor)>) -> Result<(Tensor, (Tensor, Tensor))> {
+    pub fn forward_with_state(
+        &self,
+        x: &Tensor,
+        state: Option<(&Tensor, &Tensor)>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
         if x.rank() != 3 || x.shape()[2] != self.input_size {
             let layout = if self.batch_first { "batch, seq" } else { "seq, batch" };
-            return Err(NnError::config("LSTM", format!("expected input [{layout}, {}], got {:?}", self.input_size, x.shape())));
+            return Err(NnError::config(
+                "LSTM",
+                format!("expected input [{layout}, {}], got {:?}", self.input_size, x.shape()),
+            ));
         }
         // Work time-major: [T, B, I].
         let mut seq = if self.batch_first { x.transpose(0, 1)? } else { x.clone() };
@@ -70,7 +91,10 @@ impl LSTM {
         if let Some((h0, c0)) = state {
             for (n, s) in [("h_0", h0), ("c_0", c0)] {
                 if s.shape() != [nl, b, hsz] {
-                    return Err(NnError::config("LSTM", format!("{n} must be [{nl}, {b}, {hsz}], got {:?}", s.shape())));
+                    return Err(NnError::config(
+                        "LSTM",
+                        format!("{n} must be [{nl}, {b}, {hsz}], got {:?}", s.shape()),
+                    ));
                 }
             }
         }

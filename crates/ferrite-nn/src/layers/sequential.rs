@@ -4,7 +4,7 @@
 use ferrite_tensor::Tensor;
 
 use crate::error::Result;
-use crate::module::{training_flag, Module};
+use crate::module::{Module, training_flag};
 
 /// A chain of single-input modules.
 #[derive(Clone)]

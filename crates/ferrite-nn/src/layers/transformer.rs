@@ -11,7 +11,7 @@ use crate::layers::attention::{AttentionBackend, AttentionConfig, MultiheadAtten
 use crate::layers::dropout::Dropout;
 use crate::layers::layer_norm::LayerNorm;
 use crate::layers::linear::Linear;
-use crate::module::{training_flag, Module};
+use crate::module::{Module, training_flag};
 
 /// Configuration of [`TransformerBlock`] (PyTorch's defaults: feed-forward 2048, dropout 0.1,
 /// eps 1e-5).
@@ -28,7 +28,15 @@ pub struct TransformerConfig {
 
 impl TransformerConfig {
     pub fn new(d_model: usize, nhead: usize) -> TransformerConfig {
-        TransformerConfig { d_model, nhead, dim_feedforward: 2048, dropout: 0.1, layer_norm_eps: 1e-5, causal: false, attention_backend: AttentionBackend::Auto }
+        TransformerConfig {
+            d_model,
+            nhead,
+            dim_feedforward: 2048,
+            dropout: 0.1,
+            layer_norm_eps: 1e-5,
+            causal: false,
+            attention_backend: AttentionBackend::Auto,
+        }
     }
     pub fn dim_feedforward(mut self, d: usize) -> Self {
         self.dim_feedforward = d;

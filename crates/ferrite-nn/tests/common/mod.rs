@@ -22,7 +22,10 @@ pub fn reference_or_skip(what: &str) -> Option<PathBuf> {
     if d.join("ops/manifest.json").is_file() {
         return Some(d);
     }
-    let msg = format!("SKIPPED {what}: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE", d.display());
+    let msg = format!(
+        "SKIPPED {what}: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE",
+        d.display()
+    );
     if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
         panic!("{msg}");
     }
@@ -40,11 +43,13 @@ pub fn load_safetensors(path: &PathBuf) -> StateDict {
     for (name, view) in named {
         let t = match view.dtype() {
             safetensors::Dtype::F32 => {
-                let v: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let v: Vec<f32> =
+                    view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
                 Tensor::from_vec(v, view.shape(), &Device::Cpu).unwrap()
             }
             safetensors::Dtype::I64 => {
-                let v: Vec<i64> = view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+                let v: Vec<i64> =
+                    view.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
                 Tensor::from_vec(v, view.shape(), &Device::Cpu).unwrap()
             }
             other => panic!("{name}: unexpected dtype {other:?}"),

@@ -2,7 +2,7 @@
 
 use std::f64::consts::PI;
 
-use super::{param_f64, param_i64, LrScheduler, SchedulerCore};
+use super::{LrScheduler, SchedulerCore, param_f64, param_i64};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state_dict::HyperValue;
@@ -48,7 +48,11 @@ impl LrScheduler for CosineAnnealingLr {
             return c.base_lrs.iter().map(|b| eta + (b - eta) * (1.0 + (e as f64 * PI / t).cos()) / 2.0).collect();
         }
         if (e - 1 - self.t_max).rem_euclid(2 * self.t_max) == 0 {
-            return current.iter().zip(&c.base_lrs).map(|(lr, b)| lr + (b - eta) * (1.0 - (PI / t).cos()) / 2.0).collect();
+            return current
+                .iter()
+                .zip(&c.base_lrs)
+                .map(|(lr, b)| lr + (b - eta) * (1.0 - (PI / t).cos()) / 2.0)
+                .collect();
         }
         let ratio = (1.0 + (PI * e as f64 / t).cos()) / (1.0 + (PI * (e - 1) as f64 / t).cos());
         current.iter().map(|lr| ratio * (lr - eta) + eta).collect()

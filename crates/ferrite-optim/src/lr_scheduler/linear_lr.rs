@@ -1,6 +1,6 @@
 //! LinearLR: ramp the learning rate linearly between two factors (the usual warm-up).
 
-use super::{param_f64, param_i64, LrScheduler, SchedulerCore};
+use super::{LrScheduler, SchedulerCore, param_f64, param_i64};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state_dict::HyperValue;
@@ -17,7 +17,9 @@ pub struct LinearLr {
 
 fn validate(start_factor: f64, end_factor: f64, total_iters: i64) -> Result<()> {
     if !(start_factor > 0.0 && start_factor <= 1.0) {
-        return Err(OptimError::Scheduler("Starting multiplicative factor expected to be greater than 0 and less or equal to 1.".into()));
+        return Err(OptimError::Scheduler(
+            "Starting multiplicative factor expected to be greater than 0 and less or equal to 1.".into(),
+        ));
     }
     if !(0.0..=1.0).contains(&end_factor) {
         return Err(OptimError::Scheduler("Ending multiplicative factor expected to be between 0 and 1.".into()));
@@ -61,7 +63,11 @@ impl LrScheduler for LinearLr {
     }
     fn closed_form_lr(&self) -> Option<Vec<f64>> {
         let d = self.end_factor - self.start_factor;
-        let frac = if self.total_iters == 0 { 1.0 } else { d * self.total_iters.min(self.core.last_epoch) as f64 / self.total_iters as f64 };
+        let frac = if self.total_iters == 0 {
+            1.0
+        } else {
+            d * self.total_iters.min(self.core.last_epoch) as f64 / self.total_iters as f64
+        };
         let f = if self.total_iters == 0 { self.end_factor } else { self.start_factor + frac };
         Some(self.core.base_lrs.iter().map(|b| b * f).collect())
     }

@@ -16,7 +16,7 @@ mod step_lr;
 
 pub use cosine::CosineAnnealingLr;
 pub use linear_lr::LinearLr;
-pub use sequential::{warmup_cosine, SequentialLr};
+pub use sequential::{SequentialLr, warmup_cosine};
 pub use step_lr::StepLr;
 
 use crate::error::{OptimError, Result};
@@ -180,7 +180,14 @@ impl SchedulerCore {
             };
             base_lrs.push(lr0);
         }
-        Ok(SchedulerCore { base_lrs, last_epoch: -1, step_count: 0, last_lr: Vec::new(), is_initial: false, optimizer: opt.id() })
+        Ok(SchedulerCore {
+            base_lrs,
+            last_epoch: -1,
+            step_count: 0,
+            last_lr: Vec::new(),
+            is_initial: false,
+            optimizer: opt.id(),
+        })
     }
 
     pub(crate) fn check_optimizer(&self, opt: &dyn Optimizer) -> Result<()> {

@@ -1,7 +1,7 @@
 //! SequentialLR: run schedules one after another, switching at milestones — and the common
 //! warm-up-then-cosine recipe built from it.
 
-use super::{check_kind, CosineAnnealingLr, LinearLr, LrScheduler, SchedulerCore, SchedulerState};
+use super::{CosineAnnealingLr, LinearLr, LrScheduler, SchedulerCore, SchedulerState, check_kind};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state_dict::HyperValue;
@@ -19,13 +19,22 @@ impl SequentialLr {
     /// Take over `schedulers` (each already built on `opt`), as PyTorch's constructor does:
     /// reset the rates to `initial_lr`, rewind the children and re-run the first one's initial
     /// step.
-    pub fn new(opt: &mut dyn Optimizer, schedulers: Vec<Box<dyn LrScheduler>>, milestones: Vec<i64>) -> Result<SequentialLr> {
+    pub fn new(
+        opt: &mut dyn Optimizer,
+        schedulers: Vec<Box<dyn LrScheduler>>,
+        milestones: Vec<i64>,
+    ) -> Result<SequentialLr> {
         if schedulers.is_empty() {
-            return Err(OptimError::Scheduler("SequentialLR expects at least one scheduler, but got no scheduler.".into()));
+            return Err(OptimError::Scheduler(
+                "SequentialLR expects at least one scheduler, but got no scheduler.".into(),
+            ));
         }
         for (i, s) in schedulers.iter().enumerate() {
             if s.optimizer_id() != opt.id() {
-                return Err(OptimError::Scheduler(format!("SequentialLR expects all schedulers to belong to the same optimizer, but got scheduler {} at index {i} built on another optimizer", s.kind())));
+                return Err(OptimError::Scheduler(format!(
+                    "SequentialLR expects all schedulers to belong to the same optimizer, but got scheduler {} at index {i} built on another optimizer",
+                    s.kind()
+                )));
             }
         }
         if milestones.len() != schedulers.len() - 1 {
@@ -94,7 +103,10 @@ impl LrScheduler for SequentialLr {
                 self.milestones = m.clone();
                 Ok(())
             }
-            _ => Err(OptimError::Scheduler(format!("SequentialLR state needs `_milestones` with {} entries", self.milestones.len()))),
+            _ => Err(OptimError::Scheduler(format!(
+                "SequentialLR state needs `_milestones` with {} entries",
+                self.milestones.len()
+            ))),
         }
     }
     fn undo_last_epoch(&mut self) {
@@ -119,7 +131,11 @@ impl LrScheduler for SequentialLr {
     fn load_state_dict(&mut self, s: &SchedulerState) -> Result<()> {
         check_kind(self.kind(), s)?;
         if s.children.len() != self.schedulers.len() {
-            return Err(OptimError::Scheduler(format!("SequentialLR state has {} schedulers, this one {}", s.children.len(), self.schedulers.len())));
+            return Err(OptimError::Scheduler(format!(
+                "SequentialLR state has {} schedulers, this one {}",
+                s.children.len(),
+                self.schedulers.len()
+            )));
         }
         // Check every child first so a failed load changes nothing.
         for (child, cs) in self.schedulers.iter().zip(&s.children) {
@@ -140,9 +156,17 @@ impl LrScheduler for SequentialLr {
 /// Linear warm-up from `start_factor * lr` to `lr` over `warmup_iters` steps, then cosine
 /// annealing to `eta_min` at `total_iters` — PyTorch's
 /// `SequentialLR([LinearLR(start_factor, 1.0, warmup_iters), CosineAnnealingLR(total_iters - warmup_iters, eta_min)], [warmup_iters])`.
-pub fn warmup_cosine(opt: &mut dyn Optimizer, warmup_iters: i64, total_iters: i64, start_factor: f64, eta_min: f64) -> Result<SequentialLr> {
+pub fn warmup_cosine(
+    opt: &mut dyn Optimizer,
+    warmup_iters: i64,
+    total_iters: i64,
+    start_factor: f64,
+    eta_min: f64,
+) -> Result<SequentialLr> {
     if warmup_iters < 1 || total_iters <= warmup_iters {
-        return Err(OptimError::Scheduler(format!("warmup_cosine needs 1 <= warmup_iters < total_iters, got warmup_iters {warmup_iters}, total_iters {total_iters}")));
+        return Err(OptimError::Scheduler(format!(
+            "warmup_cosine needs 1 <= warmup_iters < total_iters, got warmup_iters {warmup_iters}, total_iters {total_iters}"
+        )));
     }
     let warm = LinearLr::new(opt, start_factor, 1.0, warmup_iters)?;
     let cos = CosineAnnealingLr::new(opt, total_iters - warmup_iters, eta_min)?;

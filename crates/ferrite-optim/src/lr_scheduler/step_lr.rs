@@ -1,6 +1,6 @@
 //! StepLR: multiply the learning rate by `gamma` every `step_size` epochs.
 
-use super::{param_f64, param_i64, LrScheduler, SchedulerCore};
+use super::{LrScheduler, SchedulerCore, param_f64, param_i64};
 use crate::error::{OptimError, Result};
 use crate::optimizer::Optimizer;
 use crate::state_dict::HyperValue;

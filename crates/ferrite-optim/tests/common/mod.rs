@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use ferrite_tensor::functional::{cross_entropy, CrossEntropyOptions};
+use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Tensor};
 
 /// `$FERRITE_PYTORCH_REFERENCE`, else `../shared/fixtures/pytorch-reference` from the workspace root.
@@ -23,7 +23,8 @@ pub fn train_dir() -> Option<PathBuf> {
     if d.join("manifest.json").is_file() {
         return Some(d);
     }
-    let msg = format!("SKIPPED: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE", d.display());
+    let msg =
+        format!("SKIPPED: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE", d.display());
     if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
         panic!("{msg}");
     }
@@ -64,7 +65,10 @@ pub const PARAM_NAMES: [&str; 4] = ["0.weight", "0.bias", "2.weight", "2.bias"];
 
 /// Fresh leaf parameters (own storage) holding `prefix.<name>` values.
 pub fn leaf_params(ts: &[(String, Tensor)], prefix: &str) -> Vec<Tensor> {
-    PARAM_NAMES.iter().map(|n| get(ts, &format!("{prefix}.{n}")).deep_clone().unwrap().requires_grad_(true).unwrap()).collect()
+    PARAM_NAMES
+        .iter()
+        .map(|n| get(ts, &format!("{prefix}.{n}")).deep_clone().unwrap().requires_grad_(true).unwrap())
+        .collect()
 }
 
 /// Mean cross-entropy of the MLP on `x` (rows) against `y`.

@@ -3,10 +3,10 @@
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use crate::autograd::node::{Edge, GradSlot, Node};
-use crate::autograd::no_grad;
-use crate::error::{Result, TensorError};
 use crate::Tensor;
+use crate::autograd::no_grad;
+use crate::autograd::node::{Edge, GradSlot, Node};
+use crate::error::{Result, TensorError};
 
 struct Ready(Arc<Node>);
 impl PartialEq for Ready {
@@ -61,7 +61,11 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
     for (t, g) in roots {
         if t.shape() != g.shape() {
             return Err(TensorError::Autograd {
-                detail: format!("mismatch in shape: grad_output has a shape of {:?} and output has a shape of {:?}", g.shape(), t.shape()),
+                detail: format!(
+                    "mismatch in shape: grad_output has a shape of {:?} and output has a shape of {:?}",
+                    g.shape(),
+                    t.shape()
+                ),
             });
         }
         match t.grad_fn() {
@@ -133,7 +137,12 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
         drop(grads_out);
         if grads_in.len() != node.edges.len() {
             return Err(TensorError::Autograd {
-                detail: format!("function {} returned {} gradients, expected {} (one per input)", node.name, grads_in.len(), node.edges.len()),
+                detail: format!(
+                    "function {} returned {} gradients, expected {} (one per input)",
+                    node.name,
+                    grads_in.len(),
+                    node.edges.len()
+                ),
             });
         }
         for (edge, g) in node.edges.iter().zip(grads_in) {
@@ -149,7 +158,9 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
                         let buf = buffers.entry(key(next)).or_insert_with(|| vec![None; next.num_outputs]);
                         add_into(&mut buf[*output_nr], g)?;
                     }
-                    let d = deps.get_mut(&key(next)).ok_or_else(|| TensorError::Autograd { detail: "internal: missing dependency count".into() })?;
+                    let d = deps
+                        .get_mut(&key(next))
+                        .ok_or_else(|| TensorError::Autograd { detail: "internal: missing dependency count".into() })?;
                     *d -= 1;
                     if *d == 0 {
                         ready.push(Ready(next.clone()));

@@ -2,11 +2,11 @@
 //! other device (so the allocator sees the same requests), and nothing is computed — which is why
 //! a planning run of a billion-parameter model takes milliseconds.
 
+use crate::Tensor;
 use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
-use crate::Tensor;
 
 /// Shape-only execution.
 pub struct MetaBackend;
@@ -69,7 +69,14 @@ impl KernelBackend for MetaBackend {
     fn sum(&self, _out: &Tensor, _x: &Tensor, _plan: &Plan, _scale: f64) -> Result<()> {
         Ok(())
     }
-    fn arg_extreme(&self, _x: &Tensor, _plan: &Plan, _values: Option<&Tensor>, _indices: &Tensor, _is_max: bool) -> Result<()> {
+    fn arg_extreme(
+        &self,
+        _x: &Tensor,
+        _plan: &Plan,
+        _values: Option<&Tensor>,
+        _indices: &Tensor,
+        _is_max: bool,
+    ) -> Result<()> {
         Ok(())
     }
     fn var(&self, _out: &Tensor, _x: &Tensor, _plan: &Plan, _denom: f64) -> Result<()> {
@@ -81,13 +88,29 @@ impl KernelBackend for MetaBackend {
     fn softmax_backward(&self, _out: &Tensor, _grad: &Tensor, _y: &Tensor, _log: bool) -> Result<()> {
         Ok(())
     }
-    fn layer_norm(&self, _y: &Tensor, _mean: &Tensor, _rstd: &Tensor, _x: &Tensor, _weight: Option<&Tensor>, _bias: Option<&Tensor>, _eps: f64) -> Result<()> {
+    fn layer_norm(
+        &self,
+        _y: &Tensor,
+        _mean: &Tensor,
+        _rstd: &Tensor,
+        _x: &Tensor,
+        _weight: Option<&Tensor>,
+        _bias: Option<&Tensor>,
+        _eps: f64,
+    ) -> Result<()> {
         Ok(())
     }
     fn matmul(&self, _out: &Tensor, _a: &Tensor, _b: &Tensor, _batch: &[usize]) -> Result<()> {
         Ok(())
     }
-    fn check_indices(&self, _index: &Tensor, _size: usize, _ignore: Option<i64>, _dim: usize, _op: &'static str) -> Result<()> {
+    fn check_indices(
+        &self,
+        _index: &Tensor,
+        _size: usize,
+        _ignore: Option<i64>,
+        _dim: usize,
+        _op: &'static str,
+    ) -> Result<()> {
         // Meta tensors hold no values to check.
         Ok(())
     }

@@ -33,10 +33,10 @@ pub(crate) mod meta;
 
 use ferrite_memory::Device;
 
+use crate::Tensor;
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
-use crate::Tensor;
 
 pub use crate::ops::fused::{FusedKernel, NormKind};
 
@@ -157,7 +157,16 @@ impl UnaryOp {
     /// Whether the derivative is computed from the op's output (else from its input), which
     /// decides what autograd saves.
     pub fn derivative_from_output(self) -> bool {
-        matches!(self, UnaryOp::Exp | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu | UnaryOp::Reciprocal)
+        matches!(
+            self,
+            UnaryOp::Exp
+                | UnaryOp::Sqrt
+                | UnaryOp::Rsqrt
+                | UnaryOp::Tanh
+                | UnaryOp::Sigmoid
+                | UnaryOp::Relu
+                | UnaryOp::Reciprocal
+        )
     }
 }
 
@@ -282,7 +291,14 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn sum(&self, out: &Tensor, x: &Tensor, plan: &Plan, scale: f64) -> Result<()>;
     /// Index (int64, into the reduced dim) and optionally the value of the max or min; the first
     /// NaN wins, ties take the first index.
-    fn arg_extreme(&self, x: &Tensor, plan: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()>;
+    fn arg_extreme(
+        &self,
+        x: &Tensor,
+        plan: &Plan,
+        values: Option<&Tensor>,
+        indices: &Tensor,
+        is_max: bool,
+    ) -> Result<()>;
     /// Variance over the plan's reduced dims with the given denominator (two passes in f64).
     fn var(&self, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64) -> Result<()>;
     /// (log-)softmax over the last dim of the contiguous `x`.
@@ -291,7 +307,16 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()>;
     /// Layer norm over the last dim of the contiguous `x` `[rows, cols]`: `y`, and the f32
     /// statistics `mean`, `rstd` `[rows]`; optional `weight`/`bias` `[cols]` of `x`'s dtype.
-    fn layer_norm(&self, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<()>;
+    fn layer_norm(
+        &self,
+        y: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<()>;
 
     // ------------------------------------------------------------------ products
 
@@ -303,7 +328,14 @@ pub trait KernelBackend: Send + Sync + 'static {
 
     /// Error unless every element of the integer tensor `index` is in `[0, size)` or equals
     /// `ignore` (class targets of a loss: negative values are not wrapped). `dim` and `op` name the indexed dimension and the op in the error.
-    fn check_indices(&self, index: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()>;
+    fn check_indices(
+        &self,
+        index: &Tensor,
+        size: usize,
+        ignore: Option<i64>,
+        dim: usize,
+        op: &'static str,
+    ) -> Result<()>;
     /// `out.select(dim, i) = x.select(dim, index[i])` for a 1-D integer `index`.
     fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()>;
     /// In place `dst.select(dim, index[i]) += src.select(dim, i)` (src of dst's dtype).

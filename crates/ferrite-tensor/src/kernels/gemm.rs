@@ -61,7 +61,16 @@ thread_local! {
 /// `a` and `b` must describe initialised matrices of the given sizes, `c` must be valid for
 /// writes of `m` rows of `n` elements at stride `ldc` and must not overlap `a` or `b`, and the
 /// CPU must support AVX-512F ([`available`]).
-pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c: *mut f32, ldc: usize, threads: usize) {
+pub(crate) unsafe fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -96,7 +105,11 @@ pub(crate) unsafe fn sgemm(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c
                 // SAFETY: packed panels hold kc×MR and kc×NR values; the C tile (rows
                 // ic+ip*MR.., cols jc+jp*NR..) belongs to the calling task only.
                 unsafe {
-                    let (a, b, c) = (ap.0.add(ip * MR * kc), bp.0.add(jp * NR * kc), cptr.0.add((ic + ip * MR) * ldc + jc + jp * NR));
+                    let (a, b, c) = (
+                        ap.0.add(ip * MR * kc),
+                        bp.0.add(jp * NR * kc),
+                        cptr.0.add((ic + ip * MR) * ldc + jc + jp * NR),
+                    );
                     match mr {
                         0..=4 => kernel::<4>(kc, a, b, c, ldc, mr, nr, accumulate),
                         5..=7 => kernel::<7>(kc, a, b, c, ldc, mr, nr, accumulate),
@@ -266,7 +279,14 @@ unsafe fn transpose_pack(src: *const f32, stride: isize, lines: usize, kc: usize
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose_pack_avx512(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
+unsafe fn transpose_pack_avx512(
+    src: *const f32,
+    stride: isize,
+    lines: usize,
+    kc: usize,
+    dst: *mut f32,
+    dst_stride: usize,
+) {
     use std::arch::x86_64::*;
     // SAFETY: loads read `lines` sequences of kc (a multiple of 16) values; the masked stores
     // write `lines` values at dst + p*dst_stride (caller's contract).
@@ -316,7 +336,14 @@ unsafe fn transpose_pack_avx512(src: *const f32, stride: isize, lines: usize, kc
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn transpose_pack_avx512(_src: *const f32, _stride: isize, _lines: usize, _kc: usize, _dst: *mut f32, _dst_stride: usize) {
+unsafe fn transpose_pack_avx512(
+    _src: *const f32,
+    _stride: isize,
+    _lines: usize,
+    _kc: usize,
+    _dst: *mut f32,
+    _dst_stride: usize,
+) {
     unreachable!("sgemm is only called when available() is true, which needs x86-64 AVX-512")
 }
 
@@ -366,7 +393,16 @@ unsafe fn pack_b_panel(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, ds
 /// supports AVX-512F; `mr <= M <= MR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, accumulate: bool) {
+unsafe fn kernel<const M: usize>(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    accumulate: bool,
+) {
     use std::arch::x86_64::*;
     // SAFETY: pointer arithmetic stays inside the panels and the C tile (caller's contract).
     unsafe {
@@ -421,7 +457,16 @@ unsafe fn kernel<const M: usize>(kc: usize, a: *const f32, b: *const f32, c: *mu
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel<const M: usize>(_kc: usize, _a: *const f32, _b: *const f32, _c: *mut f32, _ldc: usize, _mr: usize, _nr: usize, _accumulate: bool) {
+unsafe fn kernel<const M: usize>(
+    _kc: usize,
+    _a: *const f32,
+    _b: *const f32,
+    _c: *mut f32,
+    _ldc: usize,
+    _mr: usize,
+    _nr: usize,
+    _accumulate: bool,
+) {
     unreachable!("sgemm is only called when available() is true, which needs x86-64 AVX-512")
 }
 

@@ -25,9 +25,9 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -57,7 +57,8 @@ pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     unsafe {
         // Erase the closure's lifetime: helpers use it only while a task of this job is
         // claimed and unfinished, which cannot outlive this call (see `wait_done`).
-        let f_static: &'static (dyn Fn(usize) + Sync) = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f);
+        let f_static: &'static (dyn Fn(usize) + Sync) =
+            std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f);
         *team.job.get() = Some(f_static);
     }
     team.remaining.store(tasks, Ordering::Relaxed);
@@ -156,7 +157,8 @@ fn team() -> Option<&'static Team> {
             wake: Condvar::new(),
         }));
         for i in 0..helpers {
-            let spawned = std::thread::Builder::new().name(format!("ferrite-kernel-{}", i + 1)).spawn(move || team.helper_loop());
+            let spawned =
+                std::thread::Builder::new().name(format!("ferrite-kernel-{}", i + 1)).spawn(move || team.helper_loop());
             if spawned.is_err() {
                 // No threads to be had: the caller does all the work (tasks are claimed, never
                 // assigned, so a missing helper only costs parallelism).

@@ -47,7 +47,11 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 pub(crate) fn tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let small = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328_2e-1) * z * x + x;
+    let small = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
+        - 3.333_328_2e-1)
+        * z
+        * x
+        + x;
     let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
     let large = f32::from_bits(large.to_bits() | (x.to_bits() & 0x8000_0000));
     if a < 0.625 { small } else { large }

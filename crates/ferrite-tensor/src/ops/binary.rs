@@ -63,7 +63,10 @@ pub(crate) fn arith_inplace_raw(op: BinaryOp, dst: &Tensor, src: &Tensor) -> Res
     check_same_device(name, dst, src)?;
     broadcast_shapes(dst.shape(), src.shape(), name).and_then(|s| {
         if s.as_slice() != dst.shape() {
-            Err(TensorError::shape(name, format!("output with shape {:?} doesn't match the broadcast shape {:?}", dst.shape(), s)))
+            Err(TensorError::shape(
+                name,
+                format!("output with shape {:?} doesn't match the broadcast shape {:?}", dst.shape(), s),
+            ))
         } else {
             Ok(())
         }
@@ -120,8 +123,16 @@ impl BackwardFn for MulBackward {
         let Some(g) = &g[0] else { return Ok(vec![None, None]) };
         let a = self.a.get("MulBackward0")?;
         let b = self.b.get("MulBackward0")?;
-        let ga = if self.need[0] { Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, b)?, a.shape(), a.dtype())?) } else { None };
-        let gb = if self.need[1] { Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, a)?, b.shape(), b.dtype())?) } else { None };
+        let ga = if self.need[0] {
+            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, b)?, a.shape(), a.dtype())?)
+        } else {
+            None
+        };
+        let gb = if self.need[1] {
+            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, a)?, b.shape(), b.dtype())?)
+        } else {
+            None
+        };
         Ok(vec![ga, gb])
     }
 }
@@ -139,7 +150,11 @@ impl BackwardFn for DivBackward {
         let Some(g) = &g[0] else { return Ok(vec![None, None]) };
         let a = self.a.get("DivBackward0")?;
         let b = self.b.get("DivBackward0")?;
-        let ga = if self.need[0] { Some(reduce_grad(&arith_raw(BinaryOp::Div, g, b)?, a.shape(), a.dtype())?) } else { None };
+        let ga = if self.need[0] {
+            Some(reduce_grad(&arith_raw(BinaryOp::Div, g, b)?, a.shape(), a.dtype())?)
+        } else {
+            None
+        };
         let gb = if self.need[1] {
             // -g * a / b^2
             let t = arith_raw(BinaryOp::Mul, g, a)?;
@@ -204,7 +219,11 @@ impl BackwardFn for MinMaxBackward {
         // Ties split the gradient in half, like PyTorch.
         let pick_a = if self.is_max { a.gt(b)? } else { a.lt(b)? };
         let tie = a.eq_t(b)?;
-        let wa = arith_raw(BinaryOp::Add, &pick_a.to_dtype(g.dtype())?, &arith_scalar_raw(BinaryOp::Mul, &tie.to_dtype(g.dtype())?, 0.5)?)?;
+        let wa = arith_raw(
+            BinaryOp::Add,
+            &pick_a.to_dtype(g.dtype())?,
+            &arith_scalar_raw(BinaryOp::Mul, &tie.to_dtype(g.dtype())?, 0.5)?,
+        )?;
         let wb = arith_scalar_raw(BinaryOp::RSub, &wa, 1.0)?;
         let ga = reduce_grad(&arith_raw(BinaryOp::Mul, g, &wa)?, a.shape(), a.dtype())?;
         let gb = reduce_grad(&arith_raw(BinaryOp::Mul, g, &wb)?, b.shape(), b.dtype())?;
@@ -257,7 +276,16 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self, other], AddBackward { a: (self.shape().to_vec(), self.dtype()), b: (other.shape().to_vec(), other.dtype()), alpha_b: 1.0, name: "AddBackward0" }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self, other],
+            AddBackward {
+                a: (self.shape().to_vec(), self.dtype()),
+                b: (other.shape().to_vec(), other.dtype()),
+                alpha_b: 1.0,
+                name: "AddBackward0",
+            },
+        ))
     }
 
     /// `self + alpha * other` (PyTorch's `add(other, alpha=)`).
@@ -267,7 +295,16 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self, other], AddBackward { a: (self.shape().to_vec(), self.dtype()), b: (other.shape().to_vec(), other.dtype()), alpha_b: alpha, name: "AddBackward0" }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self, other],
+            AddBackward {
+                a: (self.shape().to_vec(), self.dtype()),
+                b: (other.shape().to_vec(), other.dtype()),
+                alpha_b: alpha,
+                name: "AddBackward0",
+            },
+        ))
     }
 
     /// `self - other` with broadcasting.
@@ -276,7 +313,16 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self, other], AddBackward { a: (self.shape().to_vec(), self.dtype()), b: (other.shape().to_vec(), other.dtype()), alpha_b: -1.0, name: "SubBackward0" }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self, other],
+            AddBackward {
+                a: (self.shape().to_vec(), self.dtype()),
+                b: (other.shape().to_vec(), other.dtype()),
+                alpha_b: -1.0,
+                name: "SubBackward0",
+            },
+        ))
     }
 
     /// `self * other` with broadcasting.
@@ -305,7 +351,12 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        let f = PowBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), out: SavedTensor::new(&out), need: needs(self, other) };
+        let f = PowBackward {
+            a: SavedTensor::new(self),
+            b: SavedTensor::new(other),
+            out: SavedTensor::new(&out),
+            need: needs(self, other),
+        };
         Ok(Tensor::from_op1(out, &[self, other], f))
     }
 
@@ -315,7 +366,11 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self, other], MinMaxBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), is_max: true }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self, other],
+            MinMaxBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), is_max: true },
+        ))
     }
 
     /// Elementwise minimum (NaN propagates).
@@ -324,7 +379,11 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self, other], MinMaxBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), is_max: false }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self, other],
+            MinMaxBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), is_max: false },
+        ))
     }
 
     fn scalar_linear(&self, op: BinaryOp, s: f64, grad_scale: f64, name: &'static str) -> Result<Tensor> {
@@ -504,4 +563,3 @@ impl Tensor {
         Ok(out)
     }
 }
-

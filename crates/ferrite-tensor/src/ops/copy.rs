@@ -2,12 +2,12 @@
 
 use std::borrow::Cow;
 
-use ferrite_memory::{allocator, Device};
+use ferrite_memory::{Device, allocator};
 
-use crate::autograd::{is_grad_enabled, BackwardFn};
+use crate::autograd::{BackwardFn, is_grad_enabled};
 use crate::element::{Bool8, Element, HostElement};
 use crate::error::{Result, TensorError};
-use crate::{dispatch_all, DType, Tensor};
+use crate::{DType, Tensor, dispatch_all};
 
 /// Write `src` (broadcast to dst's shape, any dtype) into `dst` (any non-overlapping layout).
 pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
@@ -68,7 +68,11 @@ pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) 
     if !dst.is_contiguous() && dst.shape().iter().zip(dst.strides()).any(|(&d, &s)| d > 1 && s == 0) {
         return Err(TensorError::invalid(
             op,
-            format!("unsupported operation: more than one element of the written-to tensor (shape {:?}, strides {:?}) refers to a single memory location; call .contiguous() before the in-place operation", dst.shape(), dst.strides()),
+            format!(
+                "unsupported operation: more than one element of the written-to tensor (shape {:?}, strides {:?}) refers to a single memory location; call .contiguous() before the in-place operation",
+                dst.shape(),
+                dst.strides()
+            ),
         ));
     }
     if !is_grad_enabled() {
@@ -78,10 +82,16 @@ pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) 
         if dst.is_leaf() {
             return Err(TensorError::InplaceOnLeaf { op });
         }
-        return Err(TensorError::invalid(op, "in-place operations on tensors that require grad are not recorded by autograd; use the out-of-place form"));
+        return Err(TensorError::invalid(
+            op,
+            "in-place operations on tensors that require grad are not recorded by autograd; use the out-of-place form",
+        ));
     }
     if others.iter().any(|t| t.requires_grad()) {
-        return Err(TensorError::invalid(op, "an in-place operation cannot take an operand that requires grad while grad mode is on; use the out-of-place form or no_grad()"));
+        return Err(TensorError::invalid(
+            op,
+            "an in-place operation cannot take an operand that requires grad while grad mode is on; use the out-of-place form or no_grad()",
+        ));
     }
     Ok(())
 }
@@ -134,7 +144,14 @@ impl Tensor {
     pub fn to_vec<T: HostElement>(&self) -> Result<Vec<T>> {
         let want = <T::Stored as Element>::DTYPE;
         if want != self.dtype() {
-            return Err(TensorError::DTypeMismatch { op: "to_vec", detail: format!("tensor has dtype {} but {} was requested; convert with to_dtype first", self.dtype(), want) });
+            return Err(TensorError::DTypeMismatch {
+                op: "to_vec",
+                detail: format!(
+                    "tensor has dtype {} but {} was requested; convert with to_dtype first",
+                    self.dtype(),
+                    want
+                ),
+            });
         }
         if self.is_meta() {
             return Err(TensorError::MetaHasNoData { op: "to_vec" });
@@ -161,7 +178,10 @@ impl Tensor {
     /// The single value of a one-element tensor as f64. A plain number: it carries no graph.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {
-            return Err(TensorError::invalid("item", format!("a Tensor with {} elements cannot be converted to a number", self.numel())));
+            return Err(TensorError::invalid(
+                "item",
+                format!("a Tensor with {} elements cannot be converted to a number", self.numel()),
+            ));
         }
         Ok(self.to_vec_f64()?[0])
     }

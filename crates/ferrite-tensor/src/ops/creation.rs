@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use ferrite_memory::{allocator, CachingAllocator, Device};
+use ferrite_memory::{CachingAllocator, Device, allocator};
 
-use crate::error::{Result, TensorError};
 use crate::backend::Distribution;
-use crate::random::{with_default_generator, Generator};
+use crate::error::{Result, TensorError};
+use crate::random::{Generator, with_default_generator};
 use crate::{DType, Tensor};
 
 /// Fill a fresh contiguous tensor with `value` (converted to its dtype).
@@ -62,7 +62,12 @@ impl Tensor {
             return Err(TensorError::invalid("arange", format!("invalid range start={start}, end={end}, step={step}")));
         }
         if (end - start) * step < 0.0 {
-            return Err(TensorError::invalid("arange", format!("upper bound and larger bound inconsistent with step sign (start={start}, end={end}, step={step})")));
+            return Err(TensorError::invalid(
+                "arange",
+                format!(
+                    "upper bound and larger bound inconsistent with step sign (start={start}, end={end}, step={step})"
+                ),
+            ));
         }
         let n = ((end - start) / step).ceil().max(0.0);
         if n > 1e12 {
@@ -95,7 +100,14 @@ impl Tensor {
 
     /// Uniform `[low, high)` from `generator` (used by initialisers).
     #[track_caller]
-    pub fn uniform_with(shape: &[usize], low: f64, high: f64, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
+    pub fn uniform_with(
+        shape: &[usize],
+        low: f64,
+        high: f64,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
         if !dtype.is_floating_point() {
             return Err(TensorError::UnsupportedDType { op: "rand", dtype });
         }
@@ -110,7 +122,14 @@ impl Tensor {
 
     /// Normal(mean, std) from `generator`.
     #[track_caller]
-    pub fn normal_with(shape: &[usize], mean: f64, std: f64, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
+    pub fn normal_with(
+        shape: &[usize],
+        mean: f64,
+        std: f64,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
         if !dtype.is_floating_point() {
             return Err(TensorError::UnsupportedDType { op: "randn", dtype });
         }
@@ -119,7 +138,13 @@ impl Tensor {
 
     /// Bernoulli(p) mask as 0/1 values of `dtype` (dropout), from `generator`.
     #[track_caller]
-    pub fn bernoulli_with(shape: &[usize], p: f64, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
+    pub fn bernoulli_with(
+        shape: &[usize],
+        p: f64,
+        dtype: DType,
+        device: &Device,
+        generator: &mut Generator,
+    ) -> Result<Tensor> {
         random_with(shape, Distribution::Bernoulli { p }, dtype, device, generator)
     }
 }
@@ -127,7 +152,13 @@ impl Tensor {
 /// A fresh tensor from `dist`, advancing `generator` past the words it consumed (on every
 /// device, meta included, so a planning run leaves the generator where a real run would).
 #[track_caller]
-fn random_with(shape: &[usize], dist: Distribution, dtype: DType, device: &Device, generator: &mut Generator) -> Result<Tensor> {
+fn random_with(
+    shape: &[usize],
+    dist: Distribution,
+    dtype: DType,
+    device: &Device,
+    generator: &mut Generator,
+) -> Result<Tensor> {
     let t = Tensor::empty(shape, dtype, device)?;
     if t.numel() > 0 {
         t.kernels().random(&t, dist, generator)?;

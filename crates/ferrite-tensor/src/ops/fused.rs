@@ -13,10 +13,10 @@
 //! given in f64 exactly as PyTorch computes them on the host; backends convert them to the
 //! compute type.
 
+use crate::Tensor;
 use crate::error::{Result, TensorError};
 use crate::ops::check_same_device;
 use crate::ops::copy::check_inplace;
-use crate::Tensor;
 
 /// Elements per chunk of the CPU backend's parallel passes (fixed, not derived from the thread
 /// count, so per-chunk partial results combine in the same order on every machine).
@@ -203,7 +203,10 @@ impl Tensor {
         let op = kernel.name();
         let (no, ni) = kernel.arity();
         if outputs.len() != no || inputs.len() != ni {
-            return Err(TensorError::invalid(op, format!("this kernel takes {no} outputs and {ni} inputs, got {} and {}", outputs.len(), inputs.len())));
+            return Err(TensorError::invalid(
+                op,
+                format!("this kernel takes {no} outputs and {ni} inputs, got {} and {}", outputs.len(), inputs.len()),
+            ));
         }
         let Some(first) = outputs.first().or(inputs.first()) else {
             return Err(TensorError::invalid(op, "a fused kernel needs at least one tensor"));
@@ -213,14 +216,27 @@ impl Tensor {
         }
         for t in outputs.iter().chain(inputs) {
             if t.dtype() != first.dtype() {
-                return Err(TensorError::DTypeMismatch { op, detail: format!("expected every operand to have dtype {} but one has {}", first.dtype(), t.dtype()) });
+                return Err(TensorError::DTypeMismatch {
+                    op,
+                    detail: format!("expected every operand to have dtype {} but one has {}", first.dtype(), t.dtype()),
+                });
             }
             if t.shape() != first.shape() {
-                return Err(TensorError::shape(op, format!("all operands must have the same shape; found {:?} and {:?}", first.shape(), t.shape())));
+                return Err(TensorError::shape(
+                    op,
+                    format!("all operands must have the same shape; found {:?} and {:?}", first.shape(), t.shape()),
+                ));
             }
             check_same_device(op, first, t)?;
             if !t.is_contiguous() {
-                return Err(TensorError::invalid(op, format!("operands must be contiguous (a tensor of shape {:?} has strides {:?}); call .contiguous() first", t.shape(), t.strides())));
+                return Err(TensorError::invalid(
+                    op,
+                    format!(
+                        "operands must be contiguous (a tensor of shape {:?} has strides {:?}); call .contiguous() first",
+                        t.shape(),
+                        t.strides()
+                    ),
+                ));
             }
         }
         for o in outputs {
@@ -229,11 +245,15 @@ impl Tensor {
         for (i, a) in outputs.iter().enumerate() {
             for b in outputs[i + 1..].iter().chain(inputs) {
                 if overlaps(a, b) {
-                    return Err(TensorError::invalid(op, "an output overlaps another operand in memory; fused updates need distinct buffers for every output"));
+                    return Err(TensorError::invalid(
+                        op,
+                        "an output overlaps another operand in memory; fused updates need distinct buffers for every output",
+                    ));
                 }
             }
         }
-        let result = if first.numel() == 0 { kernel.empty_result() } else { first.kernels().fused(kernel, outputs, inputs)? };
+        let result =
+            if first.numel() == 0 { kernel.empty_result() } else { first.kernels().fused(kernel, outputs, inputs)? };
         for o in outputs {
             o.storage().bump_version();
         }
@@ -253,7 +273,7 @@ fn overlaps(a: &Tensor, b: &Tensor) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{no_grad, DType, Device};
+    use crate::{DType, Device, no_grad};
 
     fn t(v: &[f32]) -> Tensor {
         Tensor::from_slice(v, &[v.len()], &Device::Cpu).unwrap()
@@ -264,7 +284,15 @@ mod tests {
         let p = t(&[1.0, 2.0, 3.0]);
         let g = t(&[0.5, 0.5, 1.0]);
         let v0 = p.storage().version();
-        let k = FusedKernel::Sgd { lr: 0.5, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, maximize: false, first_step: true };
+        let k = FusedKernel::Sgd {
+            lr: 0.5,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            maximize: false,
+            first_step: true,
+        };
         Tensor::fused(&k, &[&p], &[&g]).unwrap();
         assert_eq!(p.to_vec::<f32>().unwrap(), vec![0.75, 1.75, 2.5]);
         assert_eq!(p.storage().version(), v0 + 1);
@@ -285,7 +313,14 @@ mod tests {
     #[test]
     fn norm_kinds() {
         let x = [3.0f64, -4.0, 0.0];
-        for (p, want) in [(2.0, 5.0), (1.0, 7.0), (f64::INFINITY, 4.0), (f64::NEG_INFINITY, 0.0), (0.0, 2.0), (3.0, (27.0f64 + 64.0).powf(1.0 / 3.0))] {
+        for (p, want) in [
+            (2.0, 5.0),
+            (1.0, 7.0),
+            (f64::INFINITY, 4.0),
+            (f64::NEG_INFINITY, 0.0),
+            (0.0, 2.0),
+            (3.0, (27.0f64 + 64.0).powf(1.0 / 3.0)),
+        ] {
             let k = NormKind::of(p);
             let got = k.reduce_values(&x);
             assert!((got - want).abs() < 1e-12, "p={p}: {got} vs {want}");
@@ -297,7 +332,15 @@ mod tests {
     fn rejects_bad_operands() {
         let a = t(&[1.0, 2.0]);
         let b = t(&[1.0, 2.0, 3.0]);
-        let sgd = FusedKernel::Sgd { lr: 0.1, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, maximize: false, first_step: true };
+        let sgd = FusedKernel::Sgd {
+            lr: 0.1,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            maximize: false,
+            first_step: true,
+        };
         assert!(matches!(Tensor::fused(&sgd, &[&a], &[&b]), Err(TensorError::ShapeMismatch { .. })));
         let d = Tensor::from_slice(&[1.0f64, 2.0], &[2], &Device::Cpu).unwrap();
         assert!(matches!(Tensor::fused(&sgd, &[&a], &[&d]), Err(TensorError::DTypeMismatch { .. })));
@@ -313,7 +356,10 @@ mod tests {
         assert!(Tensor::fused(&sgd, &[&m2], &[&mt]).unwrap_err().to_string().contains("contiguous"));
         // Integer operands.
         let i = Tensor::from_slice(&[1i64, 2], &[2], &Device::Cpu).unwrap();
-        assert!(matches!(Tensor::fused(&FusedKernel::Scale { coef: 2.0 }, &[&i], &[]), Err(TensorError::UnsupportedDType { .. })));
+        assert!(matches!(
+            Tensor::fused(&FusedKernel::Scale { coef: 2.0 }, &[&i], &[]),
+            Err(TensorError::UnsupportedDType { .. })
+        ));
     }
 
     #[test]
@@ -321,7 +367,15 @@ mod tests {
         let m = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2], &Device::Cpu).unwrap();
         let r0 = m.select(0, 0).unwrap();
         let r1 = m.select(0, 1).unwrap();
-        let sgd = FusedKernel::Sgd { lr: 1.0, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, maximize: false, first_step: true };
+        let sgd = FusedKernel::Sgd {
+            lr: 1.0,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            maximize: false,
+            first_step: true,
+        };
         Tensor::fused(&sgd, &[&r0], &[&r1]).unwrap();
         assert_eq!(m.to_vec::<f32>().unwrap(), vec![-2.0, -2.0, 3.0, 4.0]);
     }

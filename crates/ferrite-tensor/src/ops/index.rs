@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
-use crate::layout::{broadcast_shapes, normalize_dim, Shape};
+use crate::layout::{Shape, broadcast_shapes, normalize_dim};
 use crate::ops::copy::{copy_into, materialize};
 use crate::ops::{check_same_device, promote_types};
 use crate::{DType, Tensor};
@@ -13,7 +13,10 @@ use crate::{DType, Tensor};
 pub(crate) fn check_index_dtype(index: &Tensor, op: &'static str) -> Result<()> {
     match index.dtype() {
         DType::I64 | DType::I32 | DType::U8 => Ok(()),
-        d => Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {d}") }),
+        d => Err(TensorError::DTypeMismatch {
+            op,
+            detail: format!("expected an index tensor of dtype int64 or int32, got {d}"),
+        }),
     }
 }
 
@@ -102,7 +105,8 @@ impl BackwardFn for WhereBackward {
 impl Tensor {
     /// Concatenate along `dim`. All tensors must agree on the other dims and the device.
     pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| TensorError::invalid("cat", "expected a non-empty list of tensors"))?;
+        let first =
+            tensors.first().ok_or_else(|| TensorError::invalid("cat", "expected a non-empty list of tensors"))?;
         let rank = first.rank();
         if rank == 0 {
             return Err(TensorError::invalid("cat", "zero-dimensional tensor cannot be concatenated"));
@@ -114,11 +118,27 @@ impl Tensor {
         for (i, t) in tensors.iter().enumerate() {
             check_same_device("cat", first, t)?;
             if t.rank() != rank {
-                return Err(TensorError::shape("cat", format!("tensors must have the same number of dimensions: got {} and {} (tensor {i})", rank, t.rank())));
+                return Err(TensorError::shape(
+                    "cat",
+                    format!(
+                        "tensors must have the same number of dimensions: got {} and {} (tensor {i})",
+                        rank,
+                        t.rank()
+                    ),
+                ));
             }
             for k in 0..rank {
                 if k != d && t.shape()[k] != first.shape()[k] {
-                    return Err(TensorError::shape("cat", format!("sizes of tensors must match except in dimension {d}: expected size {} but got size {} for tensor number {i} in the list (shapes {:?} and {:?})", first.shape()[k], t.shape()[k], first.shape(), t.shape())));
+                    return Err(TensorError::shape(
+                        "cat",
+                        format!(
+                            "sizes of tensors must match except in dimension {d}: expected size {} but got size {} for tensor number {i} in the list (shapes {:?} and {:?})",
+                            first.shape()[k],
+                            t.shape()[k],
+                            first.shape(),
+                            t.shape()
+                        ),
+                    ));
                 }
             }
             shape[d] += t.shape()[d];
@@ -143,11 +163,19 @@ impl Tensor {
 
     /// Stack along a new dimension `dim`.
     pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| TensorError::invalid("stack", "expected a non-empty list of tensors"))?;
+        let first =
+            tensors.first().ok_or_else(|| TensorError::invalid("stack", "expected a non-empty list of tensors"))?;
         let d = normalize_dim(dim, first.rank() + 1, "stack")?;
         for (i, t) in tensors.iter().enumerate() {
             if t.shape() != first.shape() {
-                return Err(TensorError::shape("stack", format!("stack expects each tensor to be equal size, but got {:?} at entry 0 and {:?} at entry {i}", first.shape(), t.shape())));
+                return Err(TensorError::shape(
+                    "stack",
+                    format!(
+                        "stack expects each tensor to be equal size, but got {:?} at entry 0 and {:?} at entry {i}",
+                        first.shape(),
+                        t.shape()
+                    ),
+                ));
             }
         }
         let u: Vec<Tensor> = tensors.iter().map(|t| t.unsqueeze(d as i64)).collect::<Result<_>>()?;
@@ -164,7 +192,10 @@ impl Tensor {
             return self.reshape_usize(&[1])?.index_select(0, index);
         }
         if index.rank() > 1 {
-            return Err(TensorError::shape("index_select", format!("index must be 0-D or 1-D, got shape {:?}", index.shape())));
+            return Err(TensorError::shape(
+                "index_select",
+                format!("index must be 0-D or 1-D, got shape {:?}", index.shape()),
+            ));
         }
         check_same_device("index_select", self, index)?;
         check_index_dtype(index, "index_select")?;
@@ -175,7 +206,11 @@ impl Tensor {
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self], IndexSelectBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self],
+            IndexSelectBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() },
+        ))
     }
 
     /// In place: `self.select(dim, index[i]) += src.select(dim, i)` (no autograd).
@@ -187,15 +222,32 @@ impl Tensor {
 
     fn check_gather_shapes(&self, dim: usize, index: &Tensor, op: &'static str) -> Result<()> {
         if index.rank() != self.rank() {
-            return Err(TensorError::shape(op, format!("index tensor must have the same number of dimensions as the input tensor ({} vs {})", index.rank(), self.rank())));
+            return Err(TensorError::shape(
+                op,
+                format!(
+                    "index tensor must have the same number of dimensions as the input tensor ({} vs {})",
+                    index.rank(),
+                    self.rank()
+                ),
+            ));
         }
         for k in 0..self.rank() {
             if k != dim && index.shape()[k] > self.shape()[k] {
-                return Err(TensorError::shape(op, format!("size does not match at dimension {k}: expected index {:?} to be no larger than self {:?} apart from dimension {dim}", index.shape(), self.shape())));
+                return Err(TensorError::shape(
+                    op,
+                    format!(
+                        "size does not match at dimension {k}: expected index {:?} to be no larger than self {:?} apart from dimension {dim}",
+                        index.shape(),
+                        self.shape()
+                    ),
+                ));
             }
         }
         if !matches!(index.dtype(), DType::I64 | DType::I32) {
-            return Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {}", index.dtype()) });
+            return Err(TensorError::DTypeMismatch {
+                op,
+                detail: format!("expected an index tensor of dtype int64 or int32, got {}", index.dtype()),
+            });
         }
         Ok(())
     }
@@ -217,7 +269,11 @@ impl Tensor {
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self], GatherBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self],
+            GatherBackward { dim: d, index: SavedTensor::new(index), in_shape: self.shape_vec() },
+        ))
     }
 
     /// Out of place: a copy of `self` with `src` added at `index` along `dim` (scatter_add, no
@@ -227,7 +283,14 @@ impl Tensor {
         check_same_device("scatter_add", self, index)?;
         check_same_device("scatter_add", self, src)?;
         if src.rank() != index.rank() || index.shape().iter().zip(src.shape()).any(|(i, s)| i > s) {
-            return Err(TensorError::shape("scatter_add", format!("index {:?} must be no larger than src {:?} in every dimension (and of the same rank)", index.shape(), src.shape())));
+            return Err(TensorError::shape(
+                "scatter_add",
+                format!(
+                    "index {:?} must be no larger than src {:?} in every dimension (and of the same rank)",
+                    index.shape(),
+                    src.shape()
+                ),
+            ));
         }
         if self.rank() == 0 {
             let one = |t: &Tensor| t.reshape_usize(&[1]);
@@ -286,7 +349,11 @@ impl Tensor {
         if !Tensor::needs_graph(&[a, b]) {
             return Ok(out);
         }
-        let f = WhereBackward { cond: SavedTensor::new(cond), a: (a.shape_vec(), a.dtype()), b: (b.shape_vec(), b.dtype()) };
+        let f = WhereBackward {
+            cond: SavedTensor::new(cond),
+            a: (a.shape_vec(), a.dtype()),
+            b: (b.shape_vec(), b.dtype()),
+        };
         Ok(Tensor::from_op1(out, &[a, b], f))
     }
 
@@ -295,7 +362,14 @@ impl Tensor {
         let v = crate::ops::creation::full_on(self.storage().allocator(), &[], self.dtype(), value)?;
         let out = Tensor::where_raw(mask, &v, self)?;
         if out.shape() != self.shape() {
-            return Err(TensorError::shape("masked_fill", format!("mask of shape {:?} cannot be broadcast to the tensor's shape {:?}", mask.shape(), self.shape())));
+            return Err(TensorError::shape(
+                "masked_fill",
+                format!(
+                    "mask of shape {:?} cannot be broadcast to the tensor's shape {:?}",
+                    mask.shape(),
+                    self.shape()
+                ),
+            ));
         }
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
@@ -327,4 +401,3 @@ impl Tensor {
         Ok(out)
     }
 }
-

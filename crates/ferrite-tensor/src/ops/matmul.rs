@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
-use crate::layout::{broadcast_shapes, Layout, Shape};
+use crate::layout::{Layout, Shape, broadcast_shapes};
 use crate::ops::check_same_device;
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
@@ -22,10 +22,20 @@ pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
     if k != k2 {
-        return Err(TensorError::shape("matmul", format!("mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n}); full shapes {:?} and {:?}", a.shape(), b.shape())));
+        return Err(TensorError::shape(
+            "matmul",
+            format!(
+                "mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n}); full shapes {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            ),
+        ));
     }
     if a.dtype() != b.dtype() {
-        return Err(TensorError::DTypeMismatch { op: "matmul", detail: format!("expected both operands to have the same dtype, but got {} and {}", a.dtype(), b.dtype()) });
+        return Err(TensorError::DTypeMismatch {
+            op: "matmul",
+            detail: format!("expected both operands to have the same dtype, but got {} and {}", a.dtype(), b.dtype()),
+        });
     }
     let dtype = a.dtype();
     if !dtype.is_floating_point() {
@@ -43,7 +53,11 @@ pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             return Ok(o.view_with_layout(Layout::contiguous(&out_shape)));
         }
     }
-    let (a32, b32) = if matches!(dtype, DType::F16 | DType::BF16) { (materialize(a, DType::F32)?, materialize(b, DType::F32)?) } else { (a.clone(), b.clone()) };
+    let (a32, b32) = if matches!(dtype, DType::F16 | DType::BF16) {
+        (materialize(a, DType::F32)?, materialize(b, DType::F32)?)
+    } else {
+        (a.clone(), b.clone())
+    };
     let compute = a32.dtype();
     let out = a.empty_like_shape(&out_shape, compute)?;
     out.kernels().matmul(&out, &a32, &b32, &batch)?;
@@ -106,7 +120,14 @@ impl Tensor {
     /// and batched products with broadcast batch dimensions.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         if self.rank() == 0 || other.rank() == 0 {
-            return Err(TensorError::shape("matmul", format!("both arguments to matmul need to be at least 1D, but they are {}D and {}D", self.rank(), other.rank())));
+            return Err(TensorError::shape(
+                "matmul",
+                format!(
+                    "both arguments to matmul need to be at least 1D, but they are {}D and {}D",
+                    self.rank(),
+                    other.rank()
+                ),
+            ));
         }
         let low = crate::autocast::lower(promote_float(self.dtype(), other.dtype()));
         let a = if self.dtype() != low { self.to_dtype(low)? } else { self.clone() };
@@ -115,7 +136,15 @@ impl Tensor {
         let b2 = if b.rank() == 1 { b.unsqueeze(-1)? } else { b.clone() };
         let out = matmul_raw(&a2, &b2)?;
         let out = if Tensor::needs_graph(&[&a2, &b2]) {
-            Tensor::from_op1(out, &[&a2, &b2], MatmulBackward { a: SavedTensor::new(&a2), b: SavedTensor::new(&b2), need: [a2.requires_grad(), b2.requires_grad()] })
+            Tensor::from_op1(
+                out,
+                &[&a2, &b2],
+                MatmulBackward {
+                    a: SavedTensor::new(&a2),
+                    b: SavedTensor::new(&b2),
+                    need: [a2.requires_grad(), b2.requires_grad()],
+                },
+            )
         } else {
             out
         };
@@ -127,7 +156,10 @@ impl Tensor {
     /// `self @ other^T + bias` with PyTorch's `linear` layout (weight is `[out, in]`).
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         if weight.rank() != 2 {
-            return Err(TensorError::shape("linear", format!("weight must be 2-D [out_features, in_features], got {:?}", weight.shape())));
+            return Err(TensorError::shape(
+                "linear",
+                format!("weight must be 2-D [out_features, in_features], got {:?}", weight.shape()),
+            ));
         }
         let y = self.matmul(&weight.t()?)?;
         match bias {

@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
-use crate::layout::{normalize_dim, Layout, Shape};
+use crate::layout::{Layout, Shape, normalize_dim};
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
 
@@ -111,7 +111,11 @@ impl BackwardFn for IndexReduceBackward {
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let Some(g) = &g[0] else { return Ok(vec![None]) };
         let idx = self.indices.get(self.name)?;
-        let (g, idx) = if self.keepdim { (g.clone(), idx.clone()) } else { (g.unsqueeze(self.dim as i64)?, idx.unsqueeze(self.dim as i64)?) };
+        let (g, idx) = if self.keepdim {
+            (g.clone(), idx.clone())
+        } else {
+            (g.unsqueeze(self.dim as i64)?, idx.unsqueeze(self.dim as i64)?)
+        };
         let z = crate::ops::creation::full_on(g.storage().allocator(), &self.in_shape, self.dtype, 0.0)?;
         let r = z.scatter_raw(self.dim, &idx, &g.to_dtype(self.dtype)?)?;
         Ok(vec![Some(r)])
@@ -151,7 +155,17 @@ impl Tensor {
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self], SumBackward { in_shape: self.shape_vec(), keep_shape: p.keep_shape, scale: 1.0, dtype: self.dtype(), name: "SumBackward1" }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self],
+            SumBackward {
+                in_shape: self.shape_vec(),
+                keep_shape: p.keep_shape,
+                scale: 1.0,
+                dtype: self.dtype(),
+                name: "SumBackward1",
+            },
+        ))
     }
 
     /// Mean of all elements (0-dim).
@@ -170,7 +184,17 @@ impl Tensor {
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(out, &[self], SumBackward { in_shape: self.shape_vec(), keep_shape: p.keep_shape, scale, dtype: self.dtype(), name: "MeanBackward1" }))
+        Ok(Tensor::from_op1(
+            out,
+            &[self],
+            SumBackward {
+                in_shape: self.shape_vec(),
+                keep_shape: p.keep_shape,
+                scale,
+                dtype: self.dtype(),
+                name: "MeanBackward1",
+            },
+        ))
     }
 
     /// Sum a (broadcast) gradient down to `shape`: sums leading dims and dims where `shape` is 1.
@@ -178,21 +202,33 @@ impl Tensor {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let lead = self.rank().checked_sub(shape.len()).ok_or_else(|| TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape)))?;
+        let lead = self.rank().checked_sub(shape.len()).ok_or_else(|| {
+            TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape))
+        })?;
         let mut dims: Vec<i64> = (0..lead as i64).collect();
         for (i, &d) in shape.iter().enumerate() {
             let s = self.shape()[lead + i];
             if d == 1 && s != 1 {
                 dims.push((lead + i) as i64);
             } else if d != s {
-                return Err(TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape)));
+                return Err(TensorError::shape(
+                    "sum_to_shape",
+                    format!("cannot sum {:?} to {:?}", self.shape(), shape),
+                ));
             }
         }
         let r = if dims.is_empty() { self.clone() } else { self.sum_dims(&dims, true)? };
         r.reshape_usize(shape)
     }
 
-    fn index_reduce(&self, dim: i64, keepdim: bool, is_max: bool, with_values: bool, op: &'static str) -> Result<(Option<Tensor>, Tensor)> {
+    fn index_reduce(
+        &self,
+        dim: i64,
+        keepdim: bool,
+        is_max: bool,
+        with_values: bool,
+        op: &'static str,
+    ) -> Result<(Option<Tensor>, Tensor)> {
         let d = normalize_dim(dim, self.rank(), op)?;
         if self.rank() > 0 && self.shape()[d] == 0 {
             return Err(TensorError::invalid(op, format!("cannot reduce over dimension {d} of size 0 (no identity)")));
@@ -228,7 +264,14 @@ impl Tensor {
             return Ok((vals, idx));
         }
         let d = normalize_dim(dim, self.rank(), op)?;
-        let f = IndexReduceBackward { indices: SavedTensor::new(&idx), in_shape: self.shape_vec(), dim: d, keepdim, dtype: self.dtype(), name: if is_max { "MaxBackward0" } else { "MinBackward0" } };
+        let f = IndexReduceBackward {
+            indices: SavedTensor::new(&idx),
+            in_shape: self.shape_vec(),
+            dim: d,
+            keepdim,
+            dtype: self.dtype(),
+            name: if is_max { "MaxBackward0" } else { "MinBackward0" },
+        };
         let vals = Tensor::from_op1(vals, &[self], f);
         Ok((vals, idx))
     }

@@ -2,11 +2,11 @@
 
 use std::borrow::Cow;
 
+use crate::Tensor;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::Result;
 use crate::layout::normalize_dim;
 use crate::ops::copy::materialize;
-use crate::Tensor;
 
 /// Move `dim` last and make contiguous; returns the prepared tensor and the permutation used.
 fn to_rows(x: &Tensor, dim: usize) -> Result<(Tensor, Option<Vec<usize>>)> {
@@ -90,4 +90,3 @@ impl Tensor {
         apply(self, dim, true)
     }
 }
-

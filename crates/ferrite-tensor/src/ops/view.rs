@@ -4,19 +4,29 @@ use std::borrow::Cow;
 
 use smallvec::SmallVec;
 
+use crate::Tensor;
 use crate::autograd::BackwardFn;
 use crate::error::{Result, TensorError};
-use crate::layout::{infer_shape, normalize_dim, Shape};
+use crate::layout::{Shape, infer_shape, normalize_dim};
 use crate::ops::copy::{copy_into, materialize};
-use crate::Tensor;
 
 enum ViewKind {
     Reshape(Shape),
     Permute(SmallVec<[usize; 6]>),
     Expand(Shape),
     /// The input's shape and the region (dim, start, len, step) this view selected.
-    Slice { in_shape: Shape, dim: usize, start: usize, len: usize, step: usize },
-    Select { in_shape: Shape, dim: usize, index: usize },
+    Slice {
+        in_shape: Shape,
+        dim: usize,
+        start: usize,
+        len: usize,
+        step: usize,
+    },
+    Select {
+        in_shape: Shape,
+        dim: usize,
+        index: usize,
+    },
 }
 
 struct ViewBackward {
@@ -109,7 +119,11 @@ impl Tensor {
         }
         let l = self.layout().narrow(d, start, len, "narrow")?;
         let out = self.view_with_layout(l);
-        Ok(self.record_view(out, ViewKind::Slice { in_shape: self.shape_vec(), dim: d, start, len, step: 1 }, "NarrowBackward0"))
+        Ok(self.record_view(
+            out,
+            ViewKind::Slice { in_shape: self.shape_vec(), dim: d, start, len, step: 1 },
+            "NarrowBackward0",
+        ))
     }
 
     /// Python-style slice `start..end` with `step` on `dim` (a view). Bounds are clamped like
@@ -127,7 +141,11 @@ impl Tensor {
         let (s, e) = (clamp(start), clamp(end));
         let len = if e > s { (e - s).div_ceil(step) } else { 0 };
         let out = self.slice_layout(d, s, len, step)?;
-        Ok(self.record_view(out, ViewKind::Slice { in_shape: self.shape_vec(), dim: d, start: s, len, step }, "SliceBackward0"))
+        Ok(self.record_view(
+            out,
+            ViewKind::Slice { in_shape: self.shape_vec(), dim: d, start: s, len, step },
+            "SliceBackward0",
+        ))
     }
 
     /// Raw strided slice view (no autograd).
@@ -135,7 +153,10 @@ impl Tensor {
         let mut l = self.layout().clone();
         let size = l.shape[dim];
         if len > 0 && (start >= size || start + (len - 1) * step >= size) {
-            return Err(TensorError::invalid("slice", format!("slice start {start} len {len} step {step} is out of range for dim {dim} of size {size}")));
+            return Err(TensorError::invalid(
+                "slice",
+                format!("slice start {start} len {len} step {step} is out of range for dim {dim} of size {size}"),
+            ));
         }
         if len > 0 {
             l.offset += start * l.strides[dim];
@@ -157,7 +178,11 @@ impl Tensor {
             return Err(TensorError::IndexOutOfRange { op: "select", index, dim: d, size });
         }
         let out = self.view_with_layout(self.layout().select(d, i as usize));
-        Ok(self.record_view(out, ViewKind::Select { in_shape: self.shape_vec(), dim: d, index: i as usize }, "SelectBackward0"))
+        Ok(self.record_view(
+            out,
+            ViewKind::Select { in_shape: self.shape_vec(), dim: d, index: i as usize },
+            "SelectBackward0",
+        ))
     }
 
     /// Broadcast to `shape` without copying (stride-0 dims).
@@ -207,7 +232,11 @@ impl Tensor {
             }
             None => Err(TensorError::invalid(
                 "view",
-                format!("view size {shape:?} is not compatible with input tensor's size {:?} and stride {:?} (at least one dimension spans across two contiguous subspaces); use reshape(...) instead", self.shape(), self.strides()),
+                format!(
+                    "view size {shape:?} is not compatible with input tensor's size {:?} and stride {:?} (at least one dimension spans across two contiguous subspaces); use reshape(...) instead",
+                    self.shape(),
+                    self.strides()
+                ),
             )),
         }
     }
@@ -224,7 +253,10 @@ impl Tensor {
             return Ok(self.clone());
         }
         if crate::layout::numel(shape) != self.numel() {
-            return Err(TensorError::shape("reshape", format!("shape {shape:?} is invalid for input of size {}", self.numel())));
+            return Err(TensorError::shape(
+                "reshape",
+                format!("shape {shape:?} is invalid for input of size {}", self.numel()),
+            ));
         }
         let out = match self.layout().view(shape) {
             Some(l) => self.view_with_layout(l),
@@ -285,10 +317,16 @@ impl Tensor {
     /// so a tensor that requires grad is refused while grad mode is on.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
         if shape.len() != strides.len() {
-            return Err(TensorError::invalid("as_strided", format!("shape {shape:?} and strides {strides:?} have different lengths")));
+            return Err(TensorError::invalid(
+                "as_strided",
+                format!("shape {shape:?} and strides {strides:?} have different lengths"),
+            ));
         }
         if Tensor::needs_graph(&[self]) {
-            return Err(TensorError::invalid("as_strided", "as_strided views are not recorded by autograd; call it on a detached tensor or under no_grad()"));
+            return Err(TensorError::invalid(
+                "as_strided",
+                "as_strided views are not recorded by autograd; call it on a detached tensor or under no_grad()",
+            ));
         }
         let available = (self.storage().nbytes() / self.dtype().size_in_bytes()) as u128;
         let needed = if shape.contains(&0) {
@@ -299,10 +337,16 @@ impl Tensor {
         if needed > available {
             return Err(TensorError::invalid(
                 "as_strided",
-                format!("shape {shape:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available}"),
+                format!(
+                    "shape {shape:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available}"
+                ),
             ));
         }
-        let layout = crate::layout::Layout { shape: SmallVec::from_slice(shape), strides: SmallVec::from_slice(strides), offset };
+        let layout = crate::layout::Layout {
+            shape: SmallVec::from_slice(shape),
+            strides: SmallVec::from_slice(strides),
+            offset,
+        };
         Ok(self.view_with_layout(layout))
     }
 }

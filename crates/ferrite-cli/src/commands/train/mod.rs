@@ -24,14 +24,14 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_data::{builtin_dataset, DataLoader, Dataset, DatasetKind, ImageClassification, ImageCollate, Tensors};
-use ferrite_memory::{allocator, format_size, MemoryScope};
-use ferrite_nn::{autocast, inference, CrossEntropyLoss, Module, RngHandle, StateDict};
-use ferrite_optim::{clip_grad_norm_, Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer};
+use ferrite_data::{DataLoader, Dataset, DatasetKind, ImageClassification, ImageCollate, Tensors, builtin_dataset};
+use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, StateDict, autocast, inference};
+use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer, clip_grad_norm_};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use self::model::{build_mlp, Mlp, MlpSpec};
+use self::model::{Mlp, MlpSpec, build_mlp};
 use self::resume::TrainingState;
 use super::CliResult;
 
@@ -169,9 +169,13 @@ impl TrainArgs {
 pub enum TrainError {
     #[error("invalid --{flag} {value}: {expected}")]
     InvalidArgument { flag: &'static str, value: String, expected: &'static str },
-    #[error("cannot train on `meta`: it has shapes but no data, so there is no loss to compute. Use a simulated GPU (`--device sim:t4-16gb`) to see memory use with real values")]
+    #[error(
+        "cannot train on `meta`: it has shapes but no data, so there is no loss to compute. Use a simulated GPU (`--device sim:t4-16gb`) to see memory use with real values"
+    )]
     MetaDevice,
-    #[error("cannot resume: the checkpoint was written with --{setting} {saved}, this run has --{setting} {given}. Resume with the same setting, or start a new run without --resume")]
+    #[error(
+        "cannot resume: the checkpoint was written with --{setting} {saved}, this run has --{setting} {given}. Resume with the same setting, or start a new run without --resume"
+    )]
     ResumeMismatch { setting: String, saved: String, given: String },
     #[error("{path} is not a `ferrite train` checkpoint ({found}); write one with --save-checkpoint")]
     NotATrainingCheckpoint { path: String, found: String },
@@ -259,7 +263,12 @@ trait During<T> {
 
 impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
     fn during(self, phase: &'static str, device: &Device) -> Result<T, TrainError> {
-        self.map_err(|e| TrainError::During { phase, device: device.to_string(), source: Box::new(e.into()), hint: String::new() })
+        self.map_err(|e| TrainError::During {
+            phase,
+            device: device.to_string(),
+            source: Box::new(e.into()),
+            hint: String::new(),
+        })
     }
 
     fn during_hint(self, phase: &'static str, device: &Device, hint: Hint) -> Result<T, TrainError> {
@@ -293,7 +302,12 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     check("layers", (1..=MAX_LAYERS).contains(&args.layers), args.layers, "must be between 1 and 10000")?;
     check("dropout", (0.0..1.0).contains(&args.dropout), args.dropout, "must be in [0, 1)")?;
     check("lr", args.lr.is_finite() && args.lr > 0.0, args.lr, "must be a positive number")?;
-    check("weight-decay", args.weight_decay.is_finite() && args.weight_decay >= 0.0, args.weight_decay, "must be a non-negative number")?;
+    check(
+        "weight-decay",
+        args.weight_decay.is_finite() && args.weight_decay >= 0.0,
+        args.weight_decay,
+        "must be a non-negative number",
+    )?;
     if let Some(c) = args.clip_grad_norm {
         check("clip-grad-norm", c.is_finite() && c > 0.0, c, "must be a positive number")?;
     }
@@ -332,9 +346,20 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     };
 
     // ---- model, optimizer, scaler
-    let spec = MlpSpec { inputs, hidden: args.hidden, layers: args.layers, classes, dropout: args.dropout, checkpoint_activations: args.checkpoint_activations };
+    let spec = MlpSpec {
+        inputs,
+        hidden: args.hidden,
+        layers: args.layers,
+        classes,
+        dropout: args.dropout,
+        checkpoint_activations: args.checkpoint_activations,
+    };
     let Some(num_parameters) = spec.num_parameters().filter(|n| n.checked_mul(16).is_some()) else {
-        return Err(TrainError::InvalidArgument { flag: "hidden", value: args.hidden.to_string(), expected: "too large: the model's size does not fit in 64 bits" });
+        return Err(TrainError::InvalidArgument {
+            flag: "hidden",
+            value: args.hidden.to_string(),
+            expected: "too large: the model's size does not fit in 64 bits",
+        });
     };
     let param_bytes = num_parameters * 4;
     // Weights, their gradients and AdamW's two moments, all f32 (autocast keeps master weights
@@ -369,9 +394,11 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         format_size(param_bytes),
         format_size(state_bytes)
     ));
-    let mut model = build_mlp(&spec, &device, &mut init, &dropout_rng).during_hint("building the model", &device, too_big)?;
+    let mut model =
+        build_mlp(&spec, &device, &mut init, &dropout_rng).during_hint("building the model", &device, too_big)?;
     let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
-    let mut scaler = GradScaler::new(GradScalerConfig { enabled: args.amp == Some(Amp::F16), ..GradScalerConfig::default() })?;
+    let mut scaler =
+        GradScaler::new(GradScalerConfig { enabled: args.amp == Some(Amp::F16), ..GradScalerConfig::default() })?;
     let mut acc = Accumulator::new(args.accum_steps)?;
     let loss_fn = CrossEntropyLoss::new();
 
@@ -516,7 +543,10 @@ fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
     Ok(hits.into_iter().filter(|h| *h).count())
 }
 
-fn evaluate(model: &mut Mlp, loader: &mut DataLoader<ImageClassification, Tensors<ImageCollate>>) -> Result<f64, TrainError> {
+fn evaluate(
+    model: &mut Mlp,
+    loader: &mut DataLoader<ImageClassification, Tensors<ImageCollate>>,
+) -> Result<f64, TrainError> {
     let (mut correct, mut seen) = (0usize, 0usize);
     for batch in loader {
         let (x, y) = batch?;
@@ -549,7 +579,10 @@ mod tests {
     use super::*;
 
     fn hinted(e: impl Into<TrainError>) -> String {
-        Err::<(), _>(e).during_hint("building the model", &Device::Cpu, Hint::OutOfMemory("\nTHE HINT".into())).unwrap_err().to_string()
+        Err::<(), _>(e)
+            .during_hint("building the model", &Device::Cpu, Hint::OutOfMemory("\nTHE HINT".into()))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]

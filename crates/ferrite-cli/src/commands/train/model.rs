@@ -8,8 +8,8 @@
 //! `layers`, exactly the names of PyTorch's `nn.Sequential(nn.Sequential(nn.Linear, nn.ReLU),
 //! …, nn.Linear)`, so weights move between the two modes and to PyTorch key for key.
 
-use ferrite_nn::{checkpoint_with_params, Dropout, Linear, Module, ReLU, RngHandle, Sequential};
-use ferrite_tensor::{is_grad_enabled, Device, Generator, Tensor};
+use ferrite_nn::{Dropout, Linear, Module, ReLU, RngHandle, Sequential, checkpoint_with_params};
+use ferrite_tensor::{Device, Generator, Tensor, is_grad_enabled};
 
 /// Shape of the MLP.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,11 +52,17 @@ impl Mlp {
 
 /// Builds the MLP on `device` with PyTorch's default initialisation drawn from `g`. Dropout
 /// layers (if any) all draw from `dropout_rng`, so a checkpoint saves one generator state.
-pub fn build_mlp(spec: &MlpSpec, device: &Device, g: &mut Generator, dropout_rng: &RngHandle) -> ferrite_nn::Result<Mlp> {
+pub fn build_mlp(
+    spec: &MlpSpec,
+    device: &Device,
+    g: &mut Generator,
+    dropout_rng: &RngHandle,
+) -> ferrite_nn::Result<Mlp> {
     let mut blocks = Vec::with_capacity(spec.layers);
     let mut width = spec.inputs;
     for _ in 0..spec.layers {
-        let mut block = Sequential::new().append(Linear::new_with(width, spec.hidden, true, device, g)?).append(ReLU::new());
+        let mut block =
+            Sequential::new().append(Linear::new_with(width, spec.hidden, true, device, g)?).append(ReLU::new());
         if spec.dropout > 0.0 {
             block = block.append(Dropout::with_rng(spec.dropout, dropout_rng.clone())?);
         }
@@ -98,14 +104,16 @@ impl Module for Mlp {
     }
 
     fn children(&self) -> Vec<(String, &dyn Module)> {
-        let mut c: Vec<(String, &dyn Module)> = self.blocks.iter().enumerate().map(|(i, b)| (i.to_string(), b as &dyn Module)).collect();
+        let mut c: Vec<(String, &dyn Module)> =
+            self.blocks.iter().enumerate().map(|(i, b)| (i.to_string(), b as &dyn Module)).collect();
         c.push((self.blocks.len().to_string(), &self.head));
         c
     }
 
     fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
         let n = self.blocks.len();
-        let mut c: Vec<(String, &mut dyn Module)> = self.blocks.iter_mut().enumerate().map(|(i, b)| (i.to_string(), b as &mut dyn Module)).collect();
+        let mut c: Vec<(String, &mut dyn Module)> =
+            self.blocks.iter_mut().enumerate().map(|(i, b)| (i.to_string(), b as &mut dyn Module)).collect();
         c.push((n.to_string(), &mut self.head));
         c
     }
@@ -130,10 +138,13 @@ mod tests {
 
     #[test]
     fn names_do_not_depend_on_checkpointing_and_count_matches() {
-        let spec = MlpSpec { inputs: 64, hidden: 16, layers: 2, classes: 10, dropout: 0.1, checkpoint_activations: false };
+        let spec =
+            MlpSpec { inputs: 64, hidden: 16, layers: 2, classes: 10, dropout: 0.1, checkpoint_activations: false };
         let rng = RngHandle::new(0);
         let plain = build_mlp(&spec, &Device::Cpu, &mut Generator::new(0), &rng).unwrap();
-        let ckpt = build_mlp(&MlpSpec { checkpoint_activations: true, ..spec }, &Device::Cpu, &mut Generator::new(0), &rng).unwrap();
+        let ckpt =
+            build_mlp(&MlpSpec { checkpoint_activations: true, ..spec }, &Device::Cpu, &mut Generator::new(0), &rng)
+                .unwrap();
         assert_eq!((plain.segment_len(), ckpt.segment_len()), (0, 2));
         let names = parameter_names(&plain);
         assert_eq!(names, vec!["0.0.weight", "0.0.bias", "1.0.weight", "1.0.bias", "2.weight", "2.bias"]);
@@ -145,15 +156,23 @@ mod tests {
     #[test]
     fn checkpointed_segments_lower_the_peak_and_keep_gradients_identical() {
         let dev = Device::parse("sim:1GiB").unwrap();
-        let spec = MlpSpec { inputs: 64, hidden: 256, layers: 8, classes: 10, dropout: 0.1, checkpoint_activations: false };
+        let spec =
+            MlpSpec { inputs: 64, hidden: 256, layers: 8, classes: 10, dropout: 0.1, checkpoint_activations: false };
         let x = Tensor::randn_with(&[256, 64], ferrite_tensor::DType::F32, &dev, &mut Generator::new(1)).unwrap();
         let run = |ckpt: bool| {
-            let m = build_mlp(&MlpSpec { checkpoint_activations: ckpt, ..spec }, &dev, &mut Generator::new(0), &RngHandle::new(3)).unwrap();
+            let m = build_mlp(
+                &MlpSpec { checkpoint_activations: ckpt, ..spec },
+                &dev,
+                &mut Generator::new(0),
+                &RngHandle::new(3),
+            )
+            .unwrap();
             let alloc = ferrite_memory::allocator(&dev);
             let scope = ferrite_memory::MemoryScope::with_allocator("step", alloc).quiet();
             m.forward(&x).unwrap().sum().unwrap().backward().unwrap();
             let peak = scope.finish().peak_above_entry();
-            let grads: Vec<Vec<f32>> = m.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();
+            let grads: Vec<Vec<f32>> =
+                m.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();
             (peak, grads)
         };
         let (plain_peak, plain_grads) = run(false);

@@ -123,21 +123,33 @@ fn optimizer_state(c: &Checkpoint) -> Result<OptimizerState, TrainError> {
             let key = match key {
                 Value::Str(s) => s.clone(),
                 Value::Int(i) => i.to_string(),
-                other => return Err(TrainError::corrupt_entry("optimizer/state", format!("a key is a {}", other.kind()))),
+                other => {
+                    return Err(TrainError::corrupt_entry("optimizer/state", format!("a key is a {}", other.kind())));
+                }
             };
-            let index: usize = key.parse().map_err(|_| TrainError::corrupt_entry("optimizer/state", format!("key `{key}` is not a parameter index")))?;
+            let index: usize = key.parse().map_err(|_| {
+                TrainError::corrupt_entry("optimizer/state", format!("key `{key}` is not a parameter index"))
+            })?;
             let base = format!("optimizer/state/{key}");
             let Some(Value::Dict(entries)) = c.get(&base) else {
                 return Err(TrainError::corrupt_entry(&base, "is not a dict"));
             };
             let mut values = Vec::new();
             for (name, v) in entries {
-                let name = name.as_str().ok_or_else(|| TrainError::corrupt_entry(&base, "an entry name is not a string"))?.to_string();
+                let name = name
+                    .as_str()
+                    .ok_or_else(|| TrainError::corrupt_entry(&base, "an entry name is not a string"))?
+                    .to_string();
                 let value = match v {
                     Value::Tensor(_) => StateValue::Tensor(c.tensor(&format!("{base}/{name}"), &cpu)?),
                     Value::Float(f) => StateValue::Float(*f),
                     Value::Int(i) => StateValue::Int(*i),
-                    other => return Err(TrainError::corrupt_entry(format!("{base}/{name}"), format!("is a {}", other.kind()))),
+                    other => {
+                        return Err(TrainError::corrupt_entry(
+                            format!("{base}/{name}"),
+                            format!("is a {}", other.kind()),
+                        ));
+                    }
                 };
                 values.push((name, value));
             }
@@ -145,7 +157,8 @@ fn optimizer_state(c: &Checkpoint) -> Result<OptimizerState, TrainError> {
         }
     }
     let groups = c.require("optimizer/param_groups")?;
-    let groups = groups.as_list().ok_or_else(|| TrainError::corrupt_entry("optimizer/param_groups", "is not a list"))?;
+    let groups =
+        groups.as_list().ok_or_else(|| TrainError::corrupt_entry("optimizer/param_groups", "is not a list"))?;
     let param_groups = groups.iter().map(group_from_value).collect::<Result<Vec<_>, _>>()?;
     Ok(OptimizerState { state, param_groups })
 }
@@ -167,8 +180,18 @@ fn hyper_from_value(path: &str, v: &Value) -> Result<HyperValue, TrainError> {
         Value::Int(i) => HyperValue::Int(*i),
         Value::Bool(b) => HyperValue::Bool(*b),
         Value::None => HyperValue::None,
-        Value::Tuple(items) => HyperValue::Floats(items.iter().map(|x| x.as_float().ok_or_else(|| TrainError::corrupt_entry(path, "a tuple holds a non-number"))).collect::<Result<_, _>>()?),
-        Value::List(items) => HyperValue::Ints(items.iter().map(|x| x.as_int().ok_or_else(|| TrainError::corrupt_entry(path, "a list holds a non-integer"))).collect::<Result<_, _>>()?),
+        Value::Tuple(items) => HyperValue::Floats(
+            items
+                .iter()
+                .map(|x| x.as_float().ok_or_else(|| TrainError::corrupt_entry(path, "a tuple holds a non-number")))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::List(items) => HyperValue::Ints(
+            items
+                .iter()
+                .map(|x| x.as_int().ok_or_else(|| TrainError::corrupt_entry(path, "a list holds a non-integer")))
+                .collect::<Result<_, _>>()?,
+        ),
         other => return Err(TrainError::corrupt_entry(path, format!("is a {}", other.kind()))),
     })
 }
@@ -190,7 +213,10 @@ fn group_to_value(g: &GroupState) -> Value {
 
 fn group_from_value(v: &Value) -> Result<GroupState, TrainError> {
     let path = "optimizer/param_groups";
-    let hyper_items = v.get("hyper").and_then(Value::as_dict).ok_or_else(|| TrainError::corrupt_entry(path, "a group has no `hyper` dict"))?;
+    let hyper_items = v
+        .get("hyper")
+        .and_then(Value::as_dict)
+        .ok_or_else(|| TrainError::corrupt_entry(path, "a group has no `hyper` dict"))?;
     let mut hyper = Vec::new();
     for (k, val) in hyper_items {
         let k = k.as_str().ok_or_else(|| TrainError::corrupt_entry(path, "a hyperparameter name is not a string"))?;
@@ -201,7 +227,11 @@ fn group_from_value(v: &Value) -> Result<GroupState, TrainError> {
         .and_then(Value::as_list)
         .ok_or_else(|| TrainError::corrupt_entry(path, "a group has no `params` list"))?
         .iter()
-        .map(|p| p.as_int().and_then(|i| usize::try_from(i).ok()).ok_or_else(|| TrainError::corrupt_entry(path, "a parameter index is not a non-negative integer")))
+        .map(|p| {
+            p.as_int()
+                .and_then(|i| usize::try_from(i).ok())
+                .ok_or_else(|| TrainError::corrupt_entry(path, "a parameter index is not a non-negative integer"))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let param_names = match v.get("param_names") {
         None => None,
@@ -209,10 +239,13 @@ fn group_from_value(v: &Value) -> Result<GroupState, TrainError> {
             list.as_list()
                 .ok_or_else(|| TrainError::corrupt_entry(path, "`param_names` is not a list"))?
                 .iter()
-                .map(|n| n.as_str().map(str::to_string).ok_or_else(|| TrainError::corrupt_entry(path, "a parameter name is not a string")))
+                .map(|n| {
+                    n.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| TrainError::corrupt_entry(path, "a parameter name is not a string"))
+                })
                 .collect::<Result<Vec<_>, _>>()?,
         ),
     };
     Ok(GroupState { hyper, params, param_names })
 }
-

@@ -10,9 +10,9 @@ use num_traits::Float as NumFloat;
 use crate::backend::{BinaryOp, CompareOp, LogicalOp, UnaryOp};
 use crate::element::{AccFloat, Bool8, Element, Float, Int};
 use crate::error::{Result, TensorError};
-use crate::kernels::map::{map1, map1_contig, map2, map3, update2, zip2_contig, In};
-use crate::kernels::strided::{par_ranges, SendPtr};
-use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+use crate::kernels::map::{In, map1, map1_contig, map2, map3, update2, zip2_contig};
+use crate::kernels::strided::{SendPtr, par_ranges};
+use crate::{DType, Tensor, dispatch_all, dispatch_bits};
 
 // ------------------------------------------------------------------------------ arithmetic
 
@@ -45,8 +45,28 @@ arith!(Sub, |x, y| x - y, |a, b| Some(a.wrapping_sub(b)));
 arith!(Mul, |x, y| x * y, |a, b| Some(a.wrapping_mul(b)));
 arith!(Div, |x, y| x / y, |_a, _b| None);
 arith!(Pow, |x, y| x.powf(y), |a, b| if b >= 0 { Some(a.wrapping_pow(b.min(u32::MAX as i64) as u32)) } else { None });
-arith!(Maximum, |x, y| if x.is_nan() || y.is_nan() { F::nan() } else if x > y { x } else { y }, |a, b| Some(a.max(b)));
-arith!(Minimum, |x, y| if x.is_nan() || y.is_nan() { F::nan() } else if x < y { x } else { y }, |a, b| Some(a.min(b)));
+arith!(
+    Maximum,
+    |x, y| if x.is_nan() || y.is_nan() {
+        F::nan()
+    } else if x > y {
+        x
+    } else {
+        y
+    },
+    |a, b| Some(a.max(b))
+);
+arith!(
+    Minimum,
+    |x, y| if x.is_nan() || y.is_nan() {
+        F::nan()
+    } else if x < y {
+        x
+    } else {
+        y
+    },
+    |a, b| Some(a.min(b))
+);
 arith!(RSub, |x, y| y - x, |a, b| Some(b.wrapping_sub(a)));
 arith!(RDiv, |x, y| y / x, |_a, _b| None);
 
@@ -54,15 +74,42 @@ arith!(RDiv, |x, y| y / x, |_a, _b| None);
 macro_rules! with_arith {
     ($op:expr, $O:ident => $body:expr) => {
         match $op {
-            BinaryOp::Add => { type $O = Add; $body }
-            BinaryOp::Sub => { type $O = Sub; $body }
-            BinaryOp::Mul => { type $O = Mul; $body }
-            BinaryOp::Div => { type $O = Div; $body }
-            BinaryOp::Pow => { type $O = Pow; $body }
-            BinaryOp::Maximum => { type $O = Maximum; $body }
-            BinaryOp::Minimum => { type $O = Minimum; $body }
-            BinaryOp::RSub => { type $O = RSub; $body }
-            BinaryOp::RDiv => { type $O = RDiv; $body }
+            BinaryOp::Add => {
+                type $O = Add;
+                $body
+            }
+            BinaryOp::Sub => {
+                type $O = Sub;
+                $body
+            }
+            BinaryOp::Mul => {
+                type $O = Mul;
+                $body
+            }
+            BinaryOp::Div => {
+                type $O = Div;
+                $body
+            }
+            BinaryOp::Pow => {
+                type $O = Pow;
+                $body
+            }
+            BinaryOp::Maximum => {
+                type $O = Maximum;
+                $body
+            }
+            BinaryOp::Minimum => {
+                type $O = Minimum;
+                $body
+            }
+            BinaryOp::RSub => {
+                type $O = RSub;
+                $body
+            }
+            BinaryOp::RDiv => {
+                type $O = RDiv;
+                $body
+            }
         }
     };
 }
@@ -192,23 +239,42 @@ unary!(Sqrt, |x, p| x.sqrt(), |y, p| c::<F>(0.5) / y);
 unary!(Rsqrt, |x, p| x.sqrt().recip(), |y, p| c::<F>(-0.5) * y * y * y);
 unary!(Tanh, |x, p| x.vtanh(), |y, p| F::one() - y * y);
 unary!(Sigmoid, |x, p| x.vsigmoid(), |y, p| y * (F::one() - y));
-unary!(Relu, |x, p| if x > F::zero() { x } else if x.is_nan() { x } else { F::zero() }, |y, p| if y > F::zero() { F::one() } else { F::zero() });
+unary!(
+    Relu,
+    |x, p| if x > F::zero() {
+        x
+    } else if x.is_nan() {
+        x
+    } else {
+        F::zero()
+    },
+    |y, p| if y > F::zero() { F::one() } else { F::zero() }
+);
 unary!(Neg, |x, p| -x, |x, p| -F::one());
-unary!(Abs, |x, p| x.abs(), |x, p| if x > F::zero() { F::one() } else if x < F::zero() { -F::one() } else { F::zero() });
+unary!(Abs, |x, p| x.abs(), |x, p| if x > F::zero() {
+    F::one()
+} else if x < F::zero() {
+    -F::one()
+} else {
+    F::zero()
+});
 unary!(Sin, |x, p| x.sin(), |x, p| x.cos());
 unary!(Cos, |x, p| x.cos(), |x, p| -x.sin());
 unary!(Log1p, |x, p| x.ln_1p(), |x, p| (F::one() + x).recip());
 unary!(Reciprocal, |x, p| x.recip(), |y, p| -(y * y));
 unary!(Square, |x, p| x * x, |x, p| c::<F>(2.0) * x);
-unary!(PowScalar, |x, p| powf_exact(x, p), |x, p| if p == F::zero() { F::zero() } else { p * powf_exact(x, p - F::one()) });
-unary!(Gelu,
-    |x, p| c::<F>(0.5) * x * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf()),
-    |x, p| {
-        let cdf = c::<F>(0.5) * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf());
-        let pdf = (c::<F>(-0.5) * x * x).vexp() * c::<F>(INV_SQRT_2PI);
-        cdf + x * pdf
-    });
-unary!(GeluTanh,
+unary!(PowScalar, |x, p| powf_exact(x, p), |x, p| if p == F::zero() {
+    F::zero()
+} else {
+    p * powf_exact(x, p - F::one())
+});
+unary!(Gelu, |x, p| c::<F>(0.5) * x * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf()), |x, p| {
+    let cdf = c::<F>(0.5) * (F::one() + (x * c::<F>(std::f64::consts::FRAC_1_SQRT_2)).erf());
+    let pdf = (c::<F>(-0.5) * x * x).vexp() * c::<F>(INV_SQRT_2PI);
+    cdf + x * pdf
+});
+unary!(
+    GeluTanh,
     |x, p| {
         let k = c::<F>(SQRT_2_OVER_PI);
         let inner = k * (x + c::<F>(0.044715) * x * x * x);
@@ -219,8 +285,10 @@ unary!(GeluTanh,
         let x2 = x * x;
         let inner = k * (x + c::<F>(0.044715) * x2 * x);
         let t = inner.vtanh();
-        c::<F>(0.5) * (F::one() + t) + c::<F>(0.5) * x * (F::one() - t * t) * k * (F::one() + c::<F>(3.0 * 0.044715) * x2)
-    });
+        c::<F>(0.5) * (F::one() + t)
+            + c::<F>(0.5) * x * (F::one() - t * t) * k * (F::one() + c::<F>(3.0 * 0.044715) * x2)
+    }
+);
 unary!(Silu, |x, p| x / (F::one() + (-x).vexp()), |x, p| {
     let s = x.vsigmoid();
     s * (F::one() + x * (F::one() - s))
@@ -250,25 +318,101 @@ fn powf_exact<F: AccFloat>(x: F, p: F) -> F {
 macro_rules! with_unary {
     ($op:expr, $U:ident, $p:ident => $body:expr) => {
         match $op {
-            UnaryOp::Exp => { type $U = Exp; let $p = 0.0; $body }
-            UnaryOp::Log => { type $U = Log; let $p = 0.0; $body }
-            UnaryOp::Sqrt => { type $U = Sqrt; let $p = 0.0; $body }
-            UnaryOp::Rsqrt => { type $U = Rsqrt; let $p = 0.0; $body }
-            UnaryOp::Tanh => { type $U = Tanh; let $p = 0.0; $body }
-            UnaryOp::Sigmoid => { type $U = Sigmoid; let $p = 0.0; $body }
-            UnaryOp::Relu => { type $U = Relu; let $p = 0.0; $body }
-            UnaryOp::Neg => { type $U = Neg; let $p = 0.0; $body }
-            UnaryOp::Abs => { type $U = Abs; let $p = 0.0; $body }
-            UnaryOp::Sin => { type $U = Sin; let $p = 0.0; $body }
-            UnaryOp::Cos => { type $U = Cos; let $p = 0.0; $body }
-            UnaryOp::Log1p => { type $U = Log1p; let $p = 0.0; $body }
-            UnaryOp::Reciprocal => { type $U = Reciprocal; let $p = 0.0; $body }
-            UnaryOp::Square => { type $U = Square; let $p = 0.0; $body }
-            UnaryOp::Pow(e) => { type $U = PowScalar; let $p = e; $body }
-            UnaryOp::Gelu => { type $U = Gelu; let $p = 0.0; $body }
-            UnaryOp::GeluTanh => { type $U = GeluTanh; let $p = 0.0; $body }
-            UnaryOp::Silu => { type $U = Silu; let $p = 0.0; $body }
-            UnaryOp::LeakyRelu(s) => { type $U = LeakyRelu; let $p = s; $body }
+            UnaryOp::Exp => {
+                type $U = Exp;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Log => {
+                type $U = Log;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Sqrt => {
+                type $U = Sqrt;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Rsqrt => {
+                type $U = Rsqrt;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Tanh => {
+                type $U = Tanh;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Sigmoid => {
+                type $U = Sigmoid;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Relu => {
+                type $U = Relu;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Neg => {
+                type $U = Neg;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Abs => {
+                type $U = Abs;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Sin => {
+                type $U = Sin;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Cos => {
+                type $U = Cos;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Log1p => {
+                type $U = Log1p;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Reciprocal => {
+                type $U = Reciprocal;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Square => {
+                type $U = Square;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Pow(e) => {
+                type $U = PowScalar;
+                let $p = e;
+                $body
+            }
+            UnaryOp::Gelu => {
+                type $U = Gelu;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::GeluTanh => {
+                type $U = GeluTanh;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::Silu => {
+                type $U = Silu;
+                let $p = 0.0;
+                $body
+            }
+            UnaryOp::LeakyRelu(s) => {
+                type $U = LeakyRelu;
+                let $p = s;
+                $body
+            }
         }
     };
 }
@@ -330,12 +474,30 @@ pub(super) fn clamp(out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> Result<()> {
 macro_rules! with_compare {
     ($op:expr, $t:ty, $f:ident => $body:expr) => {
         match $op {
-            CompareOp::Eq => { let $f = |x: $t, y: $t| x == y; $body }
-            CompareOp::Ne => { let $f = |x: $t, y: $t| x != y; $body }
-            CompareOp::Lt => { let $f = |x: $t, y: $t| x < y; $body }
-            CompareOp::Le => { let $f = |x: $t, y: $t| x <= y; $body }
-            CompareOp::Gt => { let $f = |x: $t, y: $t| x > y; $body }
-            CompareOp::Ge => { let $f = |x: $t, y: $t| x >= y; $body }
+            CompareOp::Eq => {
+                let $f = |x: $t, y: $t| x == y;
+                $body
+            }
+            CompareOp::Ne => {
+                let $f = |x: $t, y: $t| x != y;
+                $body
+            }
+            CompareOp::Lt => {
+                let $f = |x: $t, y: $t| x < y;
+                $body
+            }
+            CompareOp::Le => {
+                let $f = |x: $t, y: $t| x <= y;
+                $body
+            }
+            CompareOp::Gt => {
+                let $f = |x: $t, y: $t| x > y;
+                $body
+            }
+            CompareOp::Ge => {
+                let $f = |x: $t, y: $t| x >= y;
+                $body
+            }
         }
     };
 }

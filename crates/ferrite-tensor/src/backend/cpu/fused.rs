@@ -18,8 +18,8 @@ use smallvec::SmallVec;
 use crate::element::{AccFloat, Float};
 use crate::error::Result;
 use crate::kernels::simd::vectorize;
-use crate::ops::fused::{FusedKernel, NormKind, FUSED_CHUNK};
-use crate::{dispatch_float, Tensor};
+use crate::ops::fused::{FUSED_CHUNK, FusedKernel, NormKind};
+use crate::{Tensor, dispatch_float};
 
 /// Raw element pointer that may cross into rayon tasks.
 #[derive(Copy, Clone)]
@@ -33,10 +33,16 @@ unsafe impl<T> Sync for RawPtr<T> {}
 
 /// Run `f` over matching chunks of the (contiguous, same-length, non-overlapping) operands and
 /// return the per-chunk results in chunk order.
-fn chunks<T: Float, R: Send>(outputs: &[&Tensor], inputs: &[&Tensor], f: impl Fn(&mut [&mut [T]], &[&[T]]) -> R + Sync + Send) -> Result<Vec<R>> {
+fn chunks<T: Float, R: Send>(
+    outputs: &[&Tensor],
+    inputs: &[&Tensor],
+    f: impl Fn(&mut [&mut [T]], &[&[T]]) -> R + Sync + Send,
+) -> Result<Vec<R>> {
     let n = outputs.first().or(inputs.first()).map_or(0, |t| t.numel());
-    let outs: SmallVec<[RawPtr<T>; 4]> = outputs.iter().map(|t| t.ptr::<T>("fused").map(RawPtr)).collect::<Result<_>>()?;
-    let ins: SmallVec<[RawPtr<T>; 4]> = inputs.iter().map(|t| t.ptr::<T>("fused").map(RawPtr)).collect::<Result<_>>()?;
+    let outs: SmallVec<[RawPtr<T>; 4]> =
+        outputs.iter().map(|t| t.ptr::<T>("fused").map(RawPtr)).collect::<Result<_>>()?;
+    let ins: SmallVec<[RawPtr<T>; 4]> =
+        inputs.iter().map(|t| t.ptr::<T>("fused").map(RawPtr)).collect::<Result<_>>()?;
     let run = |c: usize| -> R {
         let start = c * FUSED_CHUNK;
         let len = FUSED_CHUNK.min(n - start);
@@ -44,13 +50,19 @@ fn chunks<T: Float, R: Send>(outputs: &[&Tensor], inputs: &[&Tensor], f: impl Fn
         // op layer), so [start, start+len) is in bounds. Chunks are disjoint, so no two tasks
         // build slices over the same output elements, and outputs overlap neither each other nor
         // any input (checked by the op layer), so the `&mut` slices alias nothing else we create.
-        let mut o: SmallVec<[&mut [T]; 4]> = outs.iter().map(|p| unsafe { std::slice::from_raw_parts_mut(p.0.add(start), len) }).collect();
+        let mut o: SmallVec<[&mut [T]; 4]> =
+            outs.iter().map(|p| unsafe { std::slice::from_raw_parts_mut(p.0.add(start), len) }).collect();
         // SAFETY: as above; inputs are only read.
-        let i: SmallVec<[&[T]; 4]> = ins.iter().map(|p| unsafe { std::slice::from_raw_parts(p.0.add(start), len) as &[T] }).collect();
+        let i: SmallVec<[&[T]; 4]> =
+            ins.iter().map(|p| unsafe { std::slice::from_raw_parts(p.0.add(start), len) as &[T] }).collect();
         f(&mut o, &i)
     };
     let count = n.div_ceil(FUSED_CHUNK);
-    Ok(if count <= 1 || rayon::current_num_threads() <= 1 { (0..count).map(run).collect() } else { (0..count).into_par_iter().map(run).collect() })
+    Ok(if count <= 1 || rayon::current_num_threads() <= 1 {
+        (0..count).map(run).collect()
+    } else {
+        (0..count).into_par_iter().map(run).collect()
+    })
 }
 
 pub(super) fn fused(kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
@@ -71,11 +83,19 @@ fn run<T: Float>(kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) 
                 neg_lr: a(-lr),
             };
             if momentum == 0.0 {
-                chunks::<T, ()>(outputs, inputs, |o, i| vectorize(#[inline(always)] || sgd_plain::<T>(&k, o[0], i[0])))?;
+                chunks::<T, ()>(outputs, inputs, |o, i| {
+                    vectorize(
+                        #[inline(always)]
+                        || sgd_plain::<T>(&k, o[0], i[0]),
+                    )
+                })?;
             } else {
                 chunks::<T, ()>(outputs, inputs, |o, i| {
                     let (po, bo) = o.split_at_mut(1);
-                    vectorize(#[inline(always)] || sgd_momentum::<T>(&k, first_step, po[0], bo[0], i[0]))
+                    vectorize(
+                        #[inline(always)]
+                        || sgd_momentum::<T>(&k, first_step, po[0], bo[0], i[0]),
+                    )
                 })?;
             }
             Ok(0.0)
@@ -98,33 +118,59 @@ fn run<T: Float>(kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) 
             if amsgrad {
                 chunks::<T, ()>(outputs, inputs, |o, i| {
                     let [po, mo, vo, xo] = o else { unreachable!("the op layer checked four outputs") };
-                    vectorize(#[inline(always)] || adam_amsgrad::<T>(&k, po, mo, vo, xo, i[0]))
+                    vectorize(
+                        #[inline(always)]
+                        || adam_amsgrad::<T>(&k, po, mo, vo, xo, i[0]),
+                    )
                 })?;
             } else {
                 chunks::<T, ()>(outputs, inputs, |o, i| {
                     let [po, mo, vo] = o else { unreachable!("the op layer checked three outputs") };
-                    vectorize(#[inline(always)] || adam::<T>(&k, po, mo, vo, i[0]))
+                    vectorize(
+                        #[inline(always)]
+                        || adam::<T>(&k, po, mo, vo, i[0]),
+                    )
                 })?;
             }
             Ok(0.0)
         }
         FusedKernel::Unscale { inv_scale } => {
             let inv = a(inv_scale);
-            let parts = chunks::<T, bool>(outputs, inputs, |o, _| vectorize(#[inline(always)] || unscale::<T>(o[0], inv)))?;
+            let parts = chunks::<T, bool>(outputs, inputs, |o, _| {
+                vectorize(
+                    #[inline(always)]
+                    || unscale::<T>(o[0], inv),
+                )
+            })?;
             Ok(if parts.into_iter().any(|b| b) { 1.0 } else { 0.0 })
         }
         FusedKernel::NormPartial { kind } => {
-            let parts = chunks::<T, f64>(outputs, inputs, |_, i| vectorize(#[inline(always)] || norm_partial::<T>(kind, i[0])))?;
+            let parts = chunks::<T, f64>(outputs, inputs, |_, i| {
+                vectorize(
+                    #[inline(always)]
+                    || norm_partial::<T>(kind, i[0]),
+                )
+            })?;
             Ok(parts.into_iter().fold(kind.identity(), |acc, p| kind.combine(acc, p)))
         }
         FusedKernel::ClampAbs { clip } => {
             let c = a(clip);
-            chunks::<T, ()>(outputs, inputs, |o, _| vectorize(#[inline(always)] || clamp_abs::<T>(o[0], c)))?;
+            chunks::<T, ()>(outputs, inputs, |o, _| {
+                vectorize(
+                    #[inline(always)]
+                    || clamp_abs::<T>(o[0], c),
+                )
+            })?;
             Ok(0.0)
         }
         FusedKernel::Scale { coef } => {
             let c = T::from_f64(coef).to_acc();
-            chunks::<T, ()>(outputs, inputs, |o, _| vectorize(#[inline(always)] || scale::<T>(o[0], c)))?;
+            chunks::<T, ()>(outputs, inputs, |o, _| {
+                vectorize(
+                    #[inline(always)]
+                    || scale::<T>(o[0], c),
+                )
+            })?;
             Ok(0.0)
         }
     }
@@ -264,7 +310,13 @@ fn adam_amsgrad<T: Float>(k: &AdamScalars<T::Acc>, p: &mut [T], m: &mut [T], v: 
         let (pa, ma, va) = adam_moments::<T>(k, *p, *m, *v, g);
         let old = vm.to_acc();
         // torch.maximum propagates NaN.
-        let mx = if old.is_nan() || va.is_nan() { T::acc_from_f64(f64::NAN) } else if va > old { va } else { old };
+        let mx = if old.is_nan() || va.is_nan() {
+            T::acc_from_f64(f64::NAN)
+        } else if va > old {
+            va
+        } else {
+            old
+        };
         *m = T::from_acc(ma);
         *v = T::from_acc(va);
         *vm = T::from_acc(mx);
@@ -395,7 +447,14 @@ mod tests {
     #[test]
     fn norm_partials_of_every_kind() {
         let x = [3.0f32, -4.0, 0.0];
-        for (p, want) in [(2.0, 5.0), (1.0, 7.0), (f64::INFINITY, 4.0), (f64::NEG_INFINITY, 0.0), (0.0, 2.0), (3.0, (27.0f64 + 64.0).powf(1.0 / 3.0))] {
+        for (p, want) in [
+            (2.0, 5.0),
+            (1.0, 7.0),
+            (f64::INFINITY, 4.0),
+            (f64::NEG_INFINITY, 0.0),
+            (0.0, 2.0),
+            (3.0, (27.0f64 + 64.0).powf(1.0 / 3.0)),
+        ] {
             let k = NormKind::of(p);
             let got = k.finish(norm_partial::<f32>(k, &x));
             assert!((got - want).abs() < 1e-12, "p={p}: {got} vs {want}");

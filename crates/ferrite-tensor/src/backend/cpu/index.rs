@@ -6,7 +6,7 @@ use crate::element::Element;
 use crate::error::{Result, TensorError};
 use crate::kernels::strided::{SendPtr, Walk};
 use crate::layout::Shape;
-use crate::{dispatch_all, dispatch_bits, DType, Tensor};
+use crate::{DType, Tensor, dispatch_all, dispatch_bits};
 
 /// Read an integer index tensor as i64s, negative indices wrapped, validated against `size`.
 pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static str) -> Result<Vec<i64>> {
@@ -14,7 +14,12 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
         DType::I64 => idx.to_vec::<i64>()?,
         DType::I32 => idx.to_vec::<i32>()?.into_iter().map(|x| x as i64).collect(),
         DType::U8 => idx.to_vec::<u8>()?.into_iter().map(|x| x as i64).collect(),
-        d => return Err(TensorError::DTypeMismatch { op, detail: format!("expected an index tensor of dtype int64 or int32, got {d}") }),
+        d => {
+            return Err(TensorError::DTypeMismatch {
+                op,
+                detail: format!("expected an index tensor of dtype int64 or int32, got {d}"),
+            });
+        }
     };
     let mut out = Vec::with_capacity(v.len());
     for i in v {
@@ -29,7 +34,8 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
 
 /// Error unless every index is in `[0, size)` or equals `ignore`.
 pub(super) fn check_range(idx: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()> {
-    let v: Vec<i64> = dispatch_all!(idx.dtype(), T => idx.to_vec::<T>()?.into_iter().map(|x| x.to_f64() as i64).collect());
+    let v: Vec<i64> =
+        dispatch_all!(idx.dtype(), T => idx.to_vec::<T>()?.into_iter().map(|x| x.to_f64() as i64).collect());
     match v.into_iter().find(|&i| Some(i) != ignore && (i < 0 || i as usize >= size)) {
         Some(bad) => Err(TensorError::IndexOutOfRange { op, index: bad, dim, size }),
         None => Ok(()),
@@ -123,7 +129,11 @@ pub(super) fn scatter_add(out: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) 
     let mut os: Shape = out.layout().strides.clone();
     let dim_stride = os[dim];
     os[dim] = 0;
-    let w = Walk::new(idx.shape(), [idx.strides(), src.strides(), os.as_slice()], [idx.storage_offset(), src.storage_offset(), 0]);
+    let w = Walk::new(
+        idx.shape(),
+        [idx.strides(), src.strides(), os.as_slice()],
+        [idx.storage_offset(), src.storage_offset(), 0],
+    );
     let [si, ss, so] = w.inner_strides();
     let ip = idx.storage_base_ptr::<i64>("scatter_add")?;
     let mut bad: Option<i64> = None;

@@ -22,11 +22,7 @@ const PAR_FLOPS: usize = 48 * 48 * 48;
 
 fn par_for(m: usize, n: usize, k: usize) -> Par {
     let threads = rayon::current_num_threads();
-    if m.saturating_mul(n).saturating_mul(k) < PAR_FLOPS || threads <= 1 {
-        Par::Seq
-    } else {
-        Par::rayon(threads)
-    }
+    if m.saturating_mul(n).saturating_mul(k) < PAR_FLOPS || threads <= 1 { Par::Seq } else { Par::rayon(threads) }
 }
 
 /// One `[m,k] x [k,n] -> [m,n]` product on raw strided buffers.
@@ -120,7 +116,11 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
             });
         }};
     }
-    if out.dtype() == DType::F32 && k > 0 && m.saturating_mul(n).saturating_mul(k) >= OWN_GEMM_FLOPS && gemm::available() {
+    if out.dtype() == DType::F32
+        && k > 0
+        && m.saturating_mul(n).saturating_mul(k) >= OWN_GEMM_FLOPS
+        && gemm::available()
+    {
         let ap = a.storage_base_ptr::<f32>("matmul")?;
         let bp = b.storage_base_ptr::<f32>("matmul")?;
         let cp = out.ptr::<f32>("matmul")?;
@@ -129,8 +129,10 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
             // SAFETY: offsets/strides come from layouts validated against their storages; the
             // output is a fresh contiguous buffer distinct from both inputs; AVX-512 checked.
             unsafe {
-                let am = gemm::MatPtr { ptr: ap.add(ao), rs: al.strides[nbd] as isize, cs: al.strides[nbd + 1] as isize };
-                let bm = gemm::MatPtr { ptr: bp.add(bo), rs: bl.strides[nbd] as isize, cs: bl.strides[nbd + 1] as isize };
+                let am =
+                    gemm::MatPtr { ptr: ap.add(ao), rs: al.strides[nbd] as isize, cs: al.strides[nbd + 1] as isize };
+                let bm =
+                    gemm::MatPtr { ptr: bp.add(bo), rs: bl.strides[nbd] as isize, cs: bl.strides[nbd + 1] as isize };
                 gemm::sgemm(m, n, k, am, bm, cp.add(bi * m * n), n, threads);
             }
         });
@@ -151,4 +153,3 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
     }
     Ok(())
 }
-

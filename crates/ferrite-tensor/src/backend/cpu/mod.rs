@@ -12,10 +12,10 @@ mod softmax;
 use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
 use crate::element::Element;
 use crate::error::{Result, TensorError};
-use crate::kernels::strided::{par_ranges, SendPtr};
+use crate::kernels::strided::{SendPtr, par_ranges};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
-use crate::{dispatch_all, Tensor};
+use crate::{Tensor, dispatch_all};
 
 /// Kernels over host memory.
 pub struct CpuBackend;
@@ -33,7 +33,10 @@ impl KernelBackend for CpuBackend {
     fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
         let n = dst.nbytes();
         if bytes.len() != n {
-            return Err(TensorError::invalid("write", format!("{} bytes given for a tensor of {n} bytes", bytes.len())));
+            return Err(TensorError::invalid(
+                "write",
+                format!("{} bytes given for a tensor of {n} bytes", bytes.len()),
+            ));
         }
         if n == 0 {
             return Ok(());
@@ -48,7 +51,10 @@ impl KernelBackend for CpuBackend {
     fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
         let n = src.nbytes();
         if bytes.len() != n {
-            return Err(TensorError::invalid("read", format!("a buffer of {} bytes given for a tensor of {n} bytes", bytes.len())));
+            return Err(TensorError::invalid(
+                "read",
+                format!("a buffer of {} bytes given for a tensor of {n} bytes", bytes.len()),
+            ));
         }
         if n == 0 {
             return Ok(());
@@ -75,9 +81,13 @@ impl KernelBackend for CpuBackend {
     fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
         let words = dist.words_per_element();
         match dist {
-            Distribution::Uniform { low, high } => generate(dst, generator, words, move |g| low + (high - low) * g.uniform_f64()),
+            Distribution::Uniform { low, high } => {
+                generate(dst, generator, words, move |g| low + (high - low) * g.uniform_f64())
+            }
             Distribution::Normal { mean, std } => generate(dst, generator, words, move |g| mean + std * g.normal_f64()),
-            Distribution::Bernoulli { p } => generate(dst, generator, words, move |g| if g.uniform_f64() < p { 1.0 } else { 0.0 }),
+            Distribution::Bernoulli { p } => {
+                generate(dst, generator, words, move |g| if g.uniform_f64() < p { 1.0 } else { 0.0 })
+            }
         }
     }
 
@@ -125,7 +135,14 @@ impl KernelBackend for CpuBackend {
         reduce::sum(out, x, plan, scale)
     }
 
-    fn arg_extreme(&self, x: &Tensor, plan: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()> {
+    fn arg_extreme(
+        &self,
+        x: &Tensor,
+        plan: &Plan,
+        values: Option<&Tensor>,
+        indices: &Tensor,
+        is_max: bool,
+    ) -> Result<()> {
         reduce::arg_extreme(x, plan, values, indices, is_max)
     }
 
@@ -141,7 +158,16 @@ impl KernelBackend for CpuBackend {
         softmax::softmax_backward(out, grad, y, log)
     }
 
-    fn layer_norm(&self, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<()> {
+    fn layer_norm(
+        &self,
+        y: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<()> {
         norm::layer_norm(y, mean, rstd, x, weight, bias, eps)
     }
 
@@ -149,7 +175,14 @@ impl KernelBackend for CpuBackend {
         matmul::matmul(out, a, b, batch)
     }
 
-    fn check_indices(&self, index: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()> {
+    fn check_indices(
+        &self,
+        index: &Tensor,
+        size: usize,
+        ignore: Option<i64>,
+        dim: usize,
+        op: &'static str,
+    ) -> Result<()> {
         index::check_range(index, size, ignore, dim, op)
     }
 
@@ -185,7 +218,12 @@ impl KernelBackend for CpuBackend {
 /// Fill `t` with `f(generator positioned at words_per_elem * i)`, in parallel chunks. Every `f`
 /// consumes exactly `words_per_elem` words, so a chunk can start at its own offset and the values
 /// never depend on how the range was split.
-fn generate(t: &Tensor, generator: &Generator, words_per_elem: u128, f: impl Fn(&mut Generator) -> f64 + Sync + Send) -> Result<()> {
+fn generate(
+    t: &Tensor,
+    generator: &Generator,
+    words_per_elem: u128,
+    f: impl Fn(&mut Generator) -> f64 + Sync + Send,
+) -> Result<()> {
     let n = t.numel();
     dispatch_all!(t.dtype(), T => {
         let p = SendPtr(t.ptr::<T>("rand")?);

@@ -1,17 +1,35 @@
 //! CPU layer normalisation: one pass per row for the statistics (in f64), one for the output.
 
-use crate::error::Result;
-use crate::kernels::strided::{par_ranges, SendPtr};
 use crate::Tensor;
+use crate::error::Result;
+use crate::kernels::strided::{SendPtr, par_ranges};
 
-pub(super) fn layer_norm(y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<()> {
+pub(super) fn layer_norm(
+    y: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    x: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    eps: f64,
+) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
     let rows = if cols == 0 { 0 } else { x.numel() / cols };
     crate::dispatch_float!(x.dtype(), "layer_norm", T => k::<T>(x, y, mean, rstd, w, b, rows, cols, eps))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn k<T: crate::element::Float>(x: &Tensor, y: &Tensor, mean: &Tensor, rstd: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, rows: usize, cols: usize, eps: f64) -> Result<()> {
+fn k<T: crate::element::Float>(
+    x: &Tensor,
+    y: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    rows: usize,
+    cols: usize,
+    eps: f64,
+) -> Result<()> {
     let xp = SendPtr(x.ptr::<T>("layer_norm")?);
     let yp = SendPtr(y.ptr::<T>("layer_norm")?);
     let mp = SendPtr(mean.ptr::<f32>("layer_norm")?);
@@ -22,7 +40,12 @@ fn k<T: crate::element::Float>(x: &Tensor, y: &Tensor, mean: &Tensor, rstd: &Ten
         let (xp, yp, mp, rp) = (xp, yp, mp, rp);
         for r in s..e {
             // SAFETY: row r of contiguous [rows, cols] buffers, rows disjoint per task.
-            let (xr, yr) = unsafe { (std::slice::from_raw_parts(xp.0.add(r * cols), cols), std::slice::from_raw_parts_mut(yp.0.add(r * cols), cols)) };
+            let (xr, yr) = unsafe {
+                (
+                    std::slice::from_raw_parts(xp.0.add(r * cols), cols),
+                    std::slice::from_raw_parts_mut(yp.0.add(r * cols), cols),
+                )
+            };
             let mut sum = 0f64;
             for &v in xr {
                 sum += T::acc_to_f64(v.to_acc());

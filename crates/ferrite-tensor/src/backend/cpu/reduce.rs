@@ -4,9 +4,9 @@
 use crate::element::{Element, Float};
 use crate::error::{Result, TensorError};
 use crate::kernels::simd::vectorize;
-use crate::kernels::strided::{par_ranges, SendPtr, Walk};
+use crate::kernels::strided::{SendPtr, Walk, par_ranges};
 use crate::ops::reduce::Plan;
-use crate::{dispatch_all, DType, Tensor};
+use crate::{DType, Tensor, dispatch_all};
 
 pub(super) fn sum(out: &Tensor, x: &Tensor, p: &Plan, scale: f64) -> Result<()> {
     match x.dtype() {
@@ -93,23 +93,28 @@ fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Resul
             // Accumulate in chunks of 256 columns in f64 on the stack, then round once.
             let mut acc = [0f64; 256];
             let mut c0 = s;
-            vectorize(#[inline(always)] || while c0 < e {
-                let c1 = (c0 + 256).min(e);
-                let a = &mut acc[..c1 - c0];
-                a.fill(0.0);
-                for r in 0..rn {
-                    // SAFETY: row r, columns [c0, c1) of a contiguous [rn, m] input.
-                    let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), c1 - c0) };
-                    for (a, &v) in a.iter_mut().zip(row) {
-                        *a += T::acc_to_f64(v.to_acc());
+            vectorize(
+                #[inline(always)]
+                || {
+                    while c0 < e {
+                        let c1 = (c0 + 256).min(e);
+                        let a = &mut acc[..c1 - c0];
+                        a.fill(0.0);
+                        for r in 0..rn {
+                            // SAFETY: row r, columns [c0, c1) of a contiguous [rn, m] input.
+                            let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), c1 - c0) };
+                            for (a, &v) in a.iter_mut().zip(row) {
+                                *a += T::acc_to_f64(v.to_acc());
+                            }
+                        }
+                        for (i, &a) in acc[..c1 - c0].iter().enumerate() {
+                            // SAFETY: this task owns output columns [s, e).
+                            unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
+                        }
+                        c0 = c1;
                     }
-                }
-                for (i, &a) in acc[..c1 - c0].iter().enumerate() {
-                    // SAFETY: this task owns output columns [s, e).
-                    unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
-                }
-                c0 = c1;
-            });
+                },
+            );
         });
         return Ok(());
     }
@@ -122,7 +127,14 @@ fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Resul
             unsafe {
                 if stride == 1 {
                     let s = std::slice::from_raw_parts(ptr, len);
-                    total += if len >= 64 { vectorize(#[inline(always)] || sum_f64_lanes(s)) } else { sum_f64_lanes(s) };
+                    total += if len >= 64 {
+                        vectorize(
+                            #[inline(always)]
+                            || sum_f64_lanes(s),
+                        )
+                    } else {
+                        sum_f64_lanes(s)
+                    };
                 } else {
                     for i in 0..len {
                         total += T::acc_to_f64((*ptr.add(i * stride)).to_acc());
@@ -180,7 +192,13 @@ fn argext_kernel<T: Element>(x: &Tensor, p: &Plan, vals: Option<&Tensor>, idx: &
                     } else {
                         let better = match best {
                             None => true,
-                            Some((b, _)) => if is_max { f > b } else { f < b },
+                            Some((b, _)) => {
+                                if is_max {
+                                    f > b
+                                } else {
+                                    f < b
+                                }
+                            }
                         };
                         if better {
                             best = Some((f, v));

@@ -6,8 +6,8 @@ use num_traits::{Float as _, One, Zero};
 use crate::element::{AccFloat, Float};
 use crate::error::Result;
 use crate::kernels::simd::vectorize;
-use crate::kernels::strided::{par_ranges, SendPtr};
-use crate::{dispatch_float, Tensor};
+use crate::kernels::strided::{SendPtr, par_ranges};
+use crate::{Tensor, dispatch_float};
 
 pub(super) fn softmax(out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
@@ -21,7 +21,12 @@ pub(super) fn softmax_backward(out: &Tensor, g: &Tensor, y: &Tensor, log: bool) 
 }
 
 /// Apply `f(row_in, row_out)` to every row of a contiguous `[rows, cols]` pair of buffers.
-fn rows_kernel<T: Float>(x: &Tensor, out: &Tensor, cols: usize, f: impl Fn(&[T], &mut [T]) + Sync + Send) -> Result<()> {
+fn rows_kernel<T: Float>(
+    x: &Tensor,
+    out: &Tensor,
+    cols: usize,
+    f: impl Fn(&[T], &mut [T]) + Sync + Send,
+) -> Result<()> {
     let rows = if cols == 0 { 0 } else { x.numel() / cols };
     let xp = SendPtr(x.ptr::<T>("softmax")?);
     let op = SendPtr(out.ptr::<T>("softmax")?);
@@ -32,7 +37,12 @@ fn rows_kernel<T: Float>(x: &Tensor, out: &Tensor, cols: usize, f: impl Fn(&[T],
             || {
                 for r in s..e {
                     // SAFETY: row r of two contiguous [rows, cols] buffers; rows are disjoint per task.
-                    let (xi, oi) = unsafe { (std::slice::from_raw_parts(xp.0.add(r * cols), cols), std::slice::from_raw_parts_mut(op.0.add(r * cols), cols)) };
+                    let (xi, oi) = unsafe {
+                        (
+                            std::slice::from_raw_parts(xp.0.add(r * cols), cols),
+                            std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
+                        )
+                    };
                     f(xi, oi);
                 }
             },
@@ -117,44 +127,56 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> T::Acc) -> T::Acc {
     s
 }
 
-fn backward_kernel<T: Float>(gc: &Tensor, yc: &Tensor, out: &Tensor, rows: usize, cols: usize, log: bool) -> Result<()> {
+fn backward_kernel<T: Float>(
+    gc: &Tensor,
+    yc: &Tensor,
+    out: &Tensor,
+    rows: usize,
+    cols: usize,
+    log: bool,
+) -> Result<()> {
     let gp = SendPtr(gc.ptr::<T>("softmax_backward")?);
     let yp = SendPtr(yc.ptr::<T>("softmax_backward")?);
     let op = SendPtr(out.ptr::<T>("softmax_backward")?);
     par_ranges(rows, cols * 4, |s, e| {
         let (gp, yp, op) = (gp, yp, op);
-        vectorize(#[inline(always)] || for r in s..e {
-            // SAFETY: row r of contiguous [rows, cols] buffers; disjoint rows per task.
-            let (g, y, o) = unsafe {
-                (
-                    std::slice::from_raw_parts(gp.0.add(r * cols), cols),
-                    std::slice::from_raw_parts(yp.0.add(r * cols), cols),
-                    std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
-                )
-            };
-            if log {
-                let s = lane_sum(g, |v| v.to_acc());
-                for i in 0..cols {
-                    o[i] = T::from_acc(g[i].to_acc() - y[i].to_acc().vexp() * s);
-                }
-            } else {
-                let mut lanes = [T::Acc::zero(); LANES];
-                let (gc, yc) = (g.chunks_exact(LANES), y.chunks_exact(LANES));
-                let (gr, yr) = (gc.remainder(), yc.remainder());
-                for (gch, ych) in gc.zip(yc) {
-                    for k in 0..LANES {
-                        lanes[k] += gch[k].to_acc() * ych[k].to_acc();
+        vectorize(
+            #[inline(always)]
+            || {
+                for r in s..e {
+                    // SAFETY: row r of contiguous [rows, cols] buffers; disjoint rows per task.
+                    let (g, y, o) = unsafe {
+                        (
+                            std::slice::from_raw_parts(gp.0.add(r * cols), cols),
+                            std::slice::from_raw_parts(yp.0.add(r * cols), cols),
+                            std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
+                        )
+                    };
+                    if log {
+                        let s = lane_sum(g, |v| v.to_acc());
+                        for i in 0..cols {
+                            o[i] = T::from_acc(g[i].to_acc() - y[i].to_acc().vexp() * s);
+                        }
+                    } else {
+                        let mut lanes = [T::Acc::zero(); LANES];
+                        let (gc, yc) = (g.chunks_exact(LANES), y.chunks_exact(LANES));
+                        let (gr, yr) = (gc.remainder(), yc.remainder());
+                        for (gch, ych) in gc.zip(yc) {
+                            for k in 0..LANES {
+                                lanes[k] += gch[k].to_acc() * ych[k].to_acc();
+                            }
+                        }
+                        let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
+                        for (gv, yv) in gr.iter().zip(yr) {
+                            s += gv.to_acc() * yv.to_acc();
+                        }
+                        for i in 0..cols {
+                            o[i] = T::from_acc(y[i].to_acc() * (g[i].to_acc() - s));
+                        }
                     }
                 }
-                let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
-                for (gv, yv) in gr.iter().zip(yr) {
-                    s += gv.to_acc() * yv.to_acc();
-                }
-                for i in 0..cols {
-                    o[i] = T::from_acc(y[i].to_acc() * (g[i].to_acc() - s));
-                }
-            }
-        });
+            },
+        );
     });
     Ok(())
 }

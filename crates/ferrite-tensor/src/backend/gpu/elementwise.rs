@@ -4,11 +4,11 @@
 
 use std::fmt::Write as _;
 
-use super::runtime::{read, write, Operand, Runtime};
+use super::runtime::{Operand, Runtime, read, write};
 use super::wgsl;
 use crate::backend::{BinaryOp, CompareOp, LogicalOp, UnaryOp};
 use crate::error::{Result, TensorError};
-use crate::layout::{contiguous_strides, Layout};
+use crate::layout::{Layout, contiguous_strides};
 use crate::{DType, Tensor};
 
 /// Compute class of a kernel: floats in f32, everything else in i32.
@@ -33,7 +33,15 @@ pub(super) struct Map<'a> {
 
 impl<'a> Map<'a> {
     pub fn new(op: &'static str, key: impl Into<String>) -> Map<'a> {
-        Map { op, key: key.into(), ops: Vec::new(), layouts: Vec::new(), scalars: Vec::new(), body: String::new(), helpers: "" }
+        Map {
+            op,
+            key: key.into(),
+            ops: Vec::new(),
+            layouts: Vec::new(),
+            scalars: Vec::new(),
+            body: String::new(),
+            helpers: "",
+        }
     }
 
     /// Add an operand seen through `layout` (already broadcast to the iteration shape).
@@ -71,12 +79,19 @@ impl<'a> Map<'a> {
             return Ok(());
         }
         if n > u32::MAX as usize {
-            return Err(TensorError::invalid(self.op, format!("{n} elements are more than a GPU kernel can index (2^32)")));
+            return Err(TensorError::invalid(
+                self.op,
+                format!("{n} elements are more than a GPU kernel can index (2^32)"),
+            ));
         }
         let rank = shape.len();
         let cont = contiguous_strides(&shape);
         let nops = self.ops.len();
-        let contiguous: Vec<bool> = self.layouts.iter().map(|l| shape.iter().zip(l.strides.iter().zip(&cont)).all(|(&d, (&s, &c))| d == 1 || s == c)).collect();
+        let contiguous: Vec<bool> = self
+            .layouts
+            .iter()
+            .map(|l| shape.iter().zip(l.strides.iter().zip(&cont)).all(|(&d, (&s, &c))| d == 1 || s == c))
+            .collect();
         let mut params: Vec<u32> = vec![n as u32, rank as u32];
         params.extend(shape.iter().map(|&d| d as u32));
         for l in &self.layouts {
@@ -227,9 +242,7 @@ fn derivative_expr(op: UnaryOp) -> &'static str {
         UnaryOp::Square => "2.0 * s",
         UnaryOp::Pow(_) => "select(p * powf(s, p - 1.0), 0.0, p == 0.0)",
         UnaryOp::Gelu => "0.5 * (1.0 + erf_f(s * 0.70710678118654752)) + s * exp(-0.5 * s * s) * 0.39894228040143268",
-        UnaryOp::GeluTanh => {
-            "gelu_tanh_d(s)"
-        }
+        UnaryOp::GeluTanh => "gelu_tanh_d(s)",
         UnaryOp::Silu => "silu_d(s)",
         UnaryOp::LeakyRelu(_) => "select(p, 1.0, s > 0.0)",
     }
@@ -246,10 +259,11 @@ fn unary_param(op: UnaryOp) -> f32 {
 
 fn unary_key(op: UnaryOp) -> String {
     // The parameter is a run-time scalar: one pipeline per function, not per value.
-    op.name().to_string() + match op {
-        UnaryOp::GeluTanh => "_tanh",
-        _ => "",
-    }
+    op.name().to_string()
+        + match op {
+            UnaryOp::GeluTanh => "_tanh",
+            _ => "",
+        }
 }
 
 pub(super) fn binary(rt: &Runtime, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -272,9 +286,17 @@ pub(super) fn binary_scalar(rt: &Runtime, op: BinaryOp, out: &Tensor, a: &Tensor
     let (body, bits) = if is_float(out.dtype()) {
         (format!("  stf0(e0, {});\n", float_binary_expr(op, "ldf1(e1)", "bitcast<f32>(sc(0u))")), (s as f32).to_bits())
     } else {
-        (format!("  sti0(e0, {});\n", int_binary_expr(op, "ldi1(e1)", "bitcast<i32>(sc(0u))")), (s as i64 as i32) as u32)
+        (
+            format!("  sti0(e0, {});\n", int_binary_expr(op, "ldi1(e1)", "bitcast<i32>(sc(0u))")),
+            (s as i64 as i32) as u32,
+        )
     };
-    Map::new(op.name(), format!("bins:{op:?}")).operand(write(out), out.layout().clone()).broadcast(read(a), &shape)?.scalar(bits).body(body).run(rt)
+    Map::new(op.name(), format!("bins:{op:?}"))
+        .operand(write(out), out.layout().clone())
+        .broadcast(read(a), &shape)?
+        .scalar(bits)
+        .body(body)
+        .run(rt)
 }
 
 pub(super) fn binary_inplace(rt: &Runtime, op: BinaryOp, dst: &Tensor, src: &Tensor) -> Result<()> {
@@ -284,7 +306,11 @@ pub(super) fn binary_inplace(rt: &Runtime, op: BinaryOp, dst: &Tensor, src: &Ten
     } else {
         format!("  sti0(e0, {});\n", int_binary_expr(op, "ldi0(e0)", "ldi1(e1)"))
     };
-    Map::new(op.name(), format!("bini:{op:?}")).operand(write(dst), dst.layout().clone()).broadcast(read(src), &shape)?.body(body).run(rt)
+    Map::new(op.name(), format!("bini:{op:?}"))
+        .operand(write(dst), dst.layout().clone())
+        .broadcast(read(src), &shape)?
+        .body(body)
+        .run(rt)
 }
 
 pub(super) fn unary(rt: &Runtime, op: UnaryOp, out: &Tensor, x: &Tensor) -> Result<()> {
@@ -300,7 +326,10 @@ pub(super) fn unary(rt: &Runtime, op: UnaryOp, out: &Tensor, x: &Tensor) -> Resu
 
 pub(super) fn unary_backward(rt: &Runtime, op: UnaryOp, out: &Tensor, g: &Tensor, saved: &Tensor) -> Result<()> {
     let shape = out.shape().to_vec();
-    let body = format!("  let s = ldf2(e2);\n  let p = bitcast<f32>(sc(0u));\n  stf0(e0, ldf1(e1) * ({}));\n", derivative_expr(op));
+    let body = format!(
+        "  let s = ldf2(e2);\n  let p = bitcast<f32>(sc(0u));\n  stf0(e0, ldf1(e1) * ({}));\n",
+        derivative_expr(op)
+    );
     let map = Map::new(op.backward_name(), format!("unb:{}", unary_key(op)))
         .operand(write(out), out.layout().clone())
         .broadcast(read(g), &shape)?
@@ -323,7 +352,13 @@ pub(super) fn clamp(rt: &Runtime, out: &Tensor, x: &Tensor, lo: f64, hi: f64) ->
     }
     let clip = |v: f64| v.clamp(i32::MIN as f64, i32::MAX as f64) as i32 as u32;
     let body = "  let v = ldi1(e1);\n  sti0(e0, clamp(v, bitcast<i32>(sc(0u)), bitcast<i32>(sc(1u))));\n";
-    Map::new("clamp", "clampi").operand(write(out), out.layout().clone()).broadcast(read(x), &shape)?.scalar(clip(lo.ceil())).scalar(clip(hi.floor())).body(body).run(rt)
+    Map::new("clamp", "clampi")
+        .operand(write(out), out.layout().clone())
+        .broadcast(read(x), &shape)?
+        .scalar(clip(lo.ceil()))
+        .scalar(clip(hi.floor()))
+        .body(body)
+        .run(rt)
 }
 
 fn compare_op(op: CompareOp) -> &'static str {
@@ -341,7 +376,12 @@ pub(super) fn compare(rt: &Runtime, op: CompareOp, out: &Tensor, a: &Tensor, b: 
     let shape = out.shape().to_vec();
     let (ld, cls) = if is_float(a.dtype()) { ("ldf", "f") } else { ("ldi", "i") };
     let body = format!("  sti0(e0, select(0, 1, {ld}1(e1) {} {ld}2(e2)));\n", compare_op(op));
-    Map::new(op.name(), format!("cmp:{op:?}{cls}")).operand(write(out), out.layout().clone()).broadcast(read(a), &shape)?.broadcast(read(b), &shape)?.body(body).run(rt)
+    Map::new(op.name(), format!("cmp:{op:?}{cls}"))
+        .operand(write(out), out.layout().clone())
+        .broadcast(read(a), &shape)?
+        .broadcast(read(b), &shape)?
+        .body(body)
+        .run(rt)
 }
 
 pub(super) fn compare_scalar(rt: &Runtime, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
@@ -366,7 +406,12 @@ pub(super) fn logical(rt: &Runtime, op: LogicalOp, out: &Tensor, a: &Tensor, b: 
     let shape = out.shape().to_vec();
     let o = if op == LogicalOp::And { "&&" } else { "||" };
     let body = format!("  sti0(e0, select(0, 1, (ldi1(e1) != 0) {o} (ldi2(e2) != 0)));\n");
-    Map::new("logical", format!("log:{op:?}")).operand(write(out), out.layout().clone()).broadcast(read(a), &shape)?.broadcast(read(b), &shape)?.body(body).run(rt)
+    Map::new("logical", format!("log:{op:?}"))
+        .operand(write(out), out.layout().clone())
+        .broadcast(read(a), &shape)?
+        .broadcast(read(b), &shape)?
+        .body(body)
+        .run(rt)
 }
 
 pub(super) fn where_cond(rt: &Runtime, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -390,7 +435,11 @@ pub(super) fn copy(rt: &Runtime, dst: &Tensor, src: &Tensor) -> Result<()> {
     } else {
         "  sti0(e0, ldi1(e1));\n"
     };
-    Map::new("copy_", format!("copy:{}", body.trim())).operand(write(dst), dst.layout().clone()).broadcast(read(src), &shape)?.body(body).run(rt)
+    Map::new("copy_", format!("copy:{}", body.trim()))
+        .operand(write(dst), dst.layout().clone())
+        .broadcast(read(src), &shape)?
+        .body(body)
+        .run(rt)
 }
 
 /// The exact bits of `value` stored as `dtype` (what `straw` writes).
@@ -412,5 +461,10 @@ fn value_bits(value: f64, dtype: DType) -> (u32, u32) {
 
 pub(super) fn fill(rt: &Runtime, dst: &Tensor, value: f64) -> Result<()> {
     let (lo, hi) = value_bits(value, dst.dtype());
-    Map::new("fill", "fill").operand(write(dst), dst.layout().clone()).scalar(lo).scalar(hi).body("  straw0(e0, vec2<u32>(sc(0u), sc(1u)));\n").run(rt)
+    Map::new("fill", "fill")
+        .operand(write(dst), dst.layout().clone())
+        .scalar(lo)
+        .scalar(hi)
+        .body("  straw0(e0, vec2<u32>(sc(0u), sc(1u)));\n")
+        .run(rt)
 }

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use super::elementwise::Map;
-use super::runtime::{read, write, Runtime};
+use super::runtime::{Runtime, read, write};
 use super::wgsl::{self, f32_lit, round_expr};
 use crate::error::{Result, TensorError};
 use crate::ops::fused::{FusedKernel, NormKind};
@@ -19,13 +19,18 @@ use crate::{DType, Tensor};
 const MAX_PARTIALS: usize = 1024;
 
 pub(super) fn fused(rt: &Runtime, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
-    let first = outputs.first().or(inputs.first()).copied().ok_or_else(|| TensorError::invalid(kernel.name(), "a fused kernel needs at least one tensor"))?;
+    let first = outputs
+        .first()
+        .or(inputs.first())
+        .copied()
+        .ok_or_else(|| TensorError::invalid(kernel.name(), "a fused kernel needs at least one tensor"))?;
     let dtype = first.dtype();
     if dtype == DType::F64 {
         return Err(TensorError::UnsupportedDType { op: kernel.name(), dtype });
     }
     match *kernel {
-        FusedKernel::Unscale { inv_scale } => partials(rt, kernel.name(), first, Partial::Unscale(inv_scale as f32)).map(|v| if v != 0.0 { 1.0 } else { 0.0 }),
+        FusedKernel::Unscale { inv_scale } => partials(rt, kernel.name(), first, Partial::Unscale(inv_scale as f32))
+            .map(|v| if v != 0.0 { 1.0 } else { 0.0 }),
         FusedKernel::NormPartial { kind } => partials(rt, kernel.name(), first, Partial::Norm(kind)),
         _ => {
             let body = elementwise_body(kernel, dtype);
@@ -49,8 +54,12 @@ pub(super) fn fused(rt: &Runtime, kernel: &FusedKernel, outputs: &[&Tensor], inp
 /// What selects the body's code (scalars are run-time parameters).
 fn variant_key(kernel: &FusedKernel) -> String {
     match *kernel {
-        FusedKernel::Sgd { momentum, nesterov, weight_decay, maximize, first_step, .. } => format!("sgd:{}:{nesterov}:{}:{maximize}:{first_step}", momentum != 0.0, weight_decay != 0.0),
-        FusedKernel::Adam { l2, decay, beta1, maximize, amsgrad, .. } => format!("adam:{}:{}:{}:{maximize}:{amsgrad}", l2.is_some(), decay.is_some(), (1.0 - beta1).abs() < 0.5),
+        FusedKernel::Sgd { momentum, nesterov, weight_decay, maximize, first_step, .. } => {
+            format!("sgd:{}:{nesterov}:{}:{maximize}:{first_step}", momentum != 0.0, weight_decay != 0.0)
+        }
+        FusedKernel::Adam { l2, decay, beta1, maximize, amsgrad, .. } => {
+            format!("adam:{}:{}:{}:{maximize}:{amsgrad}", l2.is_some(), decay.is_some(), (1.0 - beta1).abs() < 0.5)
+        }
         FusedKernel::ClampAbs { .. } => "clampabs".into(),
         FusedKernel::Scale { .. } => "scale".into(),
         FusedKernel::Unscale { .. } | FusedKernel::NormPartial { .. } => "reduce".into(),
@@ -61,10 +70,22 @@ fn variant_key(kernel: &FusedKernel) -> String {
 fn scalars(kernel: &FusedKernel) -> Vec<u32> {
     let b = |v: f64| (v as f32).to_bits();
     match *kernel {
-        FusedKernel::Sgd { lr, momentum, dampening, weight_decay, .. } => vec![b(-lr), b(momentum), b(1.0 - dampening), b(weight_decay)],
+        FusedKernel::Sgd { lr, momentum, dampening, weight_decay, .. } => {
+            vec![b(-lr), b(momentum), b(1.0 - dampening), b(weight_decay)]
+        }
         FusedKernel::Adam { l2, decay, beta1, beta2, eps, bias_correction2_sqrt, step_size, .. } => {
             let w1 = (1.0 - beta1) as f32;
-            vec![b(l2.unwrap_or(0.0)), b(decay.unwrap_or(1.0)), w1.to_bits(), (1.0 - w1).to_bits(), b(beta2), b(1.0 - beta2), b(bias_correction2_sqrt), b(eps), b(-step_size)]
+            vec![
+                b(l2.unwrap_or(0.0)),
+                b(decay.unwrap_or(1.0)),
+                w1.to_bits(),
+                (1.0 - w1).to_bits(),
+                b(beta2),
+                b(1.0 - beta2),
+                b(bias_correction2_sqrt),
+                b(eps),
+                b(-step_size),
+            ]
         }
         FusedKernel::ClampAbs { clip } => vec![b(clip)],
         // The coefficient is first rounded to the element type (a 0-dim tensor of the grad's dtype).
@@ -81,7 +102,10 @@ fn elementwise_body(kernel: &FusedKernel, dtype: DType) -> String {
         FusedKernel::Sgd { momentum, nesterov, weight_decay, maximize, first_step, .. } => {
             let has_m = momentum != 0.0;
             let g_at = if has_m { "ldf2(e2)" } else { "ldf1(e1)" };
-            let _ = writeln!(s, "  let neg_lr = k0; let mom = bitcast<f32>(sc(1u)); let omd = bitcast<f32>(sc(2u)); let wd = bitcast<f32>(sc(3u));");
+            let _ = writeln!(
+                s,
+                "  let neg_lr = k0; let mom = bitcast<f32>(sc(1u)); let omd = bitcast<f32>(sc(2u)); let wd = bitcast<f32>(sc(3u));"
+            );
             let _ = writeln!(s, "  let pa = ldf0(e0);\n  var g = {g_at};");
             if maximize {
                 s.push_str("  g = -g;\n");
@@ -175,7 +199,14 @@ fn partials(rt: &Runtime, op: &'static str, x: &Tensor, what: Partial) -> Result
     let groups = n.div_ceil(wgsl_wg()).clamp(1, MAX_PARTIALS);
     let parts = Tensor::empty_with(x.storage().allocator(), &[groups], DType::F32)?;
     let (elem, combine, identity, key, param, writes_x) = match what {
-        Partial::Unscale(inv) => ("select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u)", "max(a, b)", 0.0f32, "unscale".to_string(), inv, inv != 1.0),
+        Partial::Unscale(inv) => (
+            "select(0.0, 1.0, (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u)",
+            "max(a, b)",
+            0.0f32,
+            "unscale".to_string(),
+            inv,
+            inv != 1.0,
+        ),
         Partial::Norm(kind) => {
             let (e, c, id) = norm_code(kind);
             let p = if let NormKind::P(p) = kind { p as f32 } else { 0.0 };

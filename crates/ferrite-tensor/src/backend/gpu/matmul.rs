@@ -3,7 +3,7 @@
 //! Operands keep their strides (transposed views need no copy); the batch dimensions broadcast
 //! through per-operand batch strides, one batch entry per workgroup layer (`z`).
 
-use super::runtime::{read, write, Runtime};
+use super::runtime::{Runtime, read, write};
 use super::wgsl;
 use crate::error::{Result, TensorError};
 use crate::{DType, Tensor};
@@ -85,7 +85,12 @@ pub(super) fn matmul(rt: &Runtime, out: &Tensor, a: &Tensor, b: &Tensor, batch: 
     while start < nb {
         let layers = (nb - start).min(65535);
         let mut params: Vec<u32> = vec![m as u32, n as u32, k as u32];
-        params.extend([al.strides[nbd] as u32, al.strides[nbd + 1] as u32, bl.strides[nbd] as u32, bl.strides[nbd + 1] as u32]);
+        params.extend([
+            al.strides[nbd] as u32,
+            al.strides[nbd + 1] as u32,
+            bl.strides[nbd] as u32,
+            bl.strides[nbd + 1] as u32,
+        ]);
         params.push(nbd as u32);
         params.push(start as u32);
         params.extend([al.offset as u32, bl.offset as u32, out.storage_offset() as u32]);
@@ -94,7 +99,10 @@ pub(super) fn matmul(rt: &Runtime, out: &Tensor, a: &Tensor, b: &Tensor, batch: 
         params.extend(bl.strides[..nbd].iter().map(|&s| s as u32));
         let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, layers as u32];
         if groups[0] > 65535 || groups[1] > 65535 {
-            return Err(TensorError::invalid("matmul", format!("a {m}x{n} product has more output tiles than one GPU dispatch can cover; split the product")));
+            return Err(TensorError::invalid(
+                "matmul",
+                format!("a {m}x{n} product has more output tiles than one GPU dispatch can cover; split the product"),
+            ));
         }
         rt.launch("matmul", "matmul_f32", &[write(out), read(a), read(b)], false, &params, groups, |plan| {
             let mut s = wgsl::header(plan);

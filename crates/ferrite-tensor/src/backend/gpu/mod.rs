@@ -51,7 +51,11 @@ pub fn backend(index: usize) -> &'static WgpuBackend {
 
 impl WgpuBackend {
     fn rt(&self, op: &'static str) -> Result<&Runtime> {
-        self.runtime.as_ref().map_err(|reason| TensorError::Gpu { op, device: self.device.clone(), detail: reason.clone() })
+        self.runtime.as_ref().map_err(|reason| TensorError::Gpu {
+            op,
+            device: self.device.clone(),
+            detail: reason.clone(),
+        })
     }
 
     /// The runtime, after refusing f64 operands (no WGSL type).
@@ -70,7 +74,10 @@ impl KernelBackend for WgpuBackend {
 
     fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
         if bytes.len() != dst.nbytes() {
-            return Err(TensorError::invalid("write", format!("{} bytes given for a tensor of {} bytes", bytes.len(), dst.nbytes())));
+            return Err(TensorError::invalid(
+                "write",
+                format!("{} bytes given for a tensor of {} bytes", bytes.len(), dst.nbytes()),
+            ));
         }
         if bytes.is_empty() {
             return Ok(());
@@ -91,7 +98,10 @@ impl KernelBackend for WgpuBackend {
 
     fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
         if bytes.len() != src.nbytes() {
-            return Err(TensorError::invalid("read", format!("a buffer of {} bytes given for a tensor of {} bytes", bytes.len(), src.nbytes())));
+            return Err(TensorError::invalid(
+                "read",
+                format!("a buffer of {} bytes given for a tensor of {} bytes", bytes.len(), src.nbytes()),
+            ));
         }
         if bytes.is_empty() {
             return self.synchronize();
@@ -165,7 +175,14 @@ impl KernelBackend for WgpuBackend {
         reduce::sum(self.rt_for("sum", &[out, x])?, out, x, plan, scale)
     }
 
-    fn arg_extreme(&self, x: &Tensor, plan: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()> {
+    fn arg_extreme(
+        &self,
+        x: &Tensor,
+        plan: &Plan,
+        values: Option<&Tensor>,
+        indices: &Tensor,
+        is_max: bool,
+    ) -> Result<()> {
         let op = if is_max { "max" } else { "min" };
         reduce::arg_extreme(self.rt_for(op, &[x])?, x, plan, values, indices, is_max)
     }
@@ -182,7 +199,16 @@ impl KernelBackend for WgpuBackend {
         reduce::softmax_backward(self.rt_for("softmax_backward", &[out, grad, y])?, out, grad, y, log)
     }
 
-    fn layer_norm(&self, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<()> {
+    fn layer_norm(
+        &self,
+        y: &Tensor,
+        mean: &Tensor,
+        rstd: &Tensor,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<()> {
         reduce::layer_norm(self.rt_for("layer_norm", &[y, x])?, y, mean, rstd, x, weight, bias, eps)
     }
 
@@ -190,7 +216,14 @@ impl KernelBackend for WgpuBackend {
         matmul::matmul(self.rt_for("matmul", &[out, a, b])?, out, a, b, batch)
     }
 
-    fn check_indices(&self, index: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()> {
+    fn check_indices(
+        &self,
+        index: &Tensor,
+        size: usize,
+        ignore: Option<i64>,
+        dim: usize,
+        op: &'static str,
+    ) -> Result<()> {
         // Validation needs the values on the host (a synchronisation point, as `.item()` is);
         // the kernels check again on the device and raise the error flag.
         let host = Tensor::empty(index.shape(), index.dtype(), &Device::Cpu)?;

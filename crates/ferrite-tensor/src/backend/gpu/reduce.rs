@@ -5,11 +5,11 @@
 
 use std::fmt::Write as _;
 
-use super::runtime::{read, write, Runtime};
+use super::runtime::{Runtime, read, write};
 use super::wgsl;
+use crate::Tensor;
 use crate::error::Result;
 use crate::ops::reduce::Plan;
-use crate::Tensor;
 
 /// Parameters and index function of a plan: element of input pair (output `o`, reduced `r`) is
 /// `xel(o * rn + r)`. Layout after the word bases (`m` of them): n_out, rn, rank, shape[rank],
@@ -63,7 +63,14 @@ pub(super) fn sum(rt: &Runtime, out: &Tensor, x: &Tensor, p: &Plan, scale: f64) 
     })
 }
 
-pub(super) fn arg_extreme(rt: &Runtime, x: &Tensor, p: &Plan, values: Option<&Tensor>, indices: &Tensor, is_max: bool) -> Result<()> {
+pub(super) fn arg_extreme(
+    rt: &Runtime,
+    x: &Tensor,
+    p: &Plan,
+    values: Option<&Tensor>,
+    indices: &Tensor,
+    is_max: bool,
+) -> Result<()> {
     let n_out = indices.numel();
     if n_out == 0 {
         return Ok(());
@@ -149,7 +156,17 @@ const ROW_MAIN: &str = "  let row = wid.y * nwg.x + wid.x;\n  if (row >= P[M]) {
 
 const REDUCE_SUM: &str = "fn tree_sum(lid: u32) { for (var h = 128u; h > 0u; h = h >> 1u) { if (lid < h) { red[lid] = red[lid] + red[lid + h]; } workgroupBarrier(); } }\nfn tree_max(lid: u32) { for (var h = 128u; h > 0u; h = h >> 1u) { if (lid < h) { let a = red[lid]; let b = red[lid + h]; if (b > a || b != b) { red[lid] = b; } } workgroupBarrier(); } }\n";
 
-fn row_kernel(rt: &Runtime, op: &'static str, key: &str, ts: &[&Tensor], written: &[bool], rows: usize, cols: usize, extra: &[u32], body: &str) -> Result<()> {
+fn row_kernel(
+    rt: &Runtime,
+    op: &'static str,
+    key: &str,
+    ts: &[&Tensor],
+    written: &[bool],
+    rows: usize,
+    cols: usize,
+    extra: &[u32],
+    body: &str,
+) -> Result<()> {
     if rows == 0 || cols == 0 {
         return Ok(());
     }
@@ -185,7 +202,17 @@ pub(super) fn softmax(rt: &Runtime, out: &Tensor, x: &Tensor, log: bool) -> Resu
     let body = format!(
         "  var m = bitcast<f32>(0xff800000u);\n  for (var c = lid; c < cols; c = c + 256u) {{ let v = ldf1(at(1u, row, c)); if (v > m || v != v) {{ m = v; }} }}\n  red[lid] = m;\n  workgroupBarrier();\n  tree_max(lid);\n  var mx = red[0];\n  if (mx == bitcast<f32>(0xff800000u)) {{ mx = 0.0; }}\n  workgroupBarrier();\n  var acc = 0.0;\n  for (var c = lid; c < cols; c = c + 256u) {{ acc = acc + exp(ldf1(at(1u, row, c)) - mx); }}\n  red[lid] = acc;\n  workgroupBarrier();\n  tree_sum(lid);\n  let total = red[0];\n{finish}"
     );
-    row_kernel(rt, "softmax", if log { "logsoftmax" } else { "softmax" }, &[out, x], &[true, false], rows, cols, &[], &body)
+    row_kernel(
+        rt,
+        "softmax",
+        if log { "logsoftmax" } else { "softmax" },
+        &[out, x],
+        &[true, false],
+        rows,
+        cols,
+        &[],
+        &body,
+    )
 }
 
 pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tensor, log: bool) -> Result<()> {
@@ -196,10 +223,29 @@ pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tenso
     } else {
         "  var acc = 0.0;\n  for (var c = lid; c < cols; c = c + 256u) { acc = acc + ldf1(at(1u, row, c)) * ldf2(at(2u, row, c)); }\n  red[lid] = acc;\n  workgroupBarrier();\n  tree_sum(lid);\n  let t = red[0];\n  for (var c = lid; c < cols; c = c + 256u) { stf0(at(0u, row, c), ldf2(at(2u, row, c)) * (ldf1(at(1u, row, c)) - t)); }\n"
     };
-    row_kernel(rt, "softmax_backward", if log { "logsoftmax_bw" } else { "softmax_bw" }, &[out, g, y], &[true, false, false], rows, cols, &[], body)
+    row_kernel(
+        rt,
+        "softmax_backward",
+        if log { "logsoftmax_bw" } else { "softmax_bw" },
+        &[out, g, y],
+        &[true, false, false],
+        rows,
+        cols,
+        &[],
+        body,
+    )
 }
 
-pub(super) fn layer_norm(rt: &Runtime, y: &Tensor, mean: &Tensor, rstd: &Tensor, x: &Tensor, w: Option<&Tensor>, b: Option<&Tensor>, eps: f64) -> Result<()> {
+pub(super) fn layer_norm(
+    rt: &Runtime,
+    y: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    x: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    eps: f64,
+) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
     let rows = if cols == 0 { 0 } else { x.numel() / cols };
     // Operands: 0 y, 1 mean, 2 rstd, 3 x, then weight and bias (rows of them: row 0 only).

@@ -125,7 +125,13 @@ impl Runtime {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
         });
         let device_name = format!("gpu:{}", ctx.index());
-        Runtime { ctx, device_name, pipelines: Mutex::new(HashMap::new()), pending: Mutex::new(Pending::default()), error_flag }
+        Runtime {
+            ctx,
+            device_name,
+            pipelines: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            error_flag,
+        }
     }
 
     fn gpu_error(&self, op: &'static str, detail: impl Into<String>) -> TensorError {
@@ -146,7 +152,10 @@ impl Runtime {
     /// The (buffer, byte offset of the block, block size) of a tensor's storage.
     fn locate(&self, t: &Tensor, op: &'static str) -> Result<(wgpu::Buffer, u64, u64)> {
         let s = t.storage();
-        let (buffer, offset, _) = self.ctx.resolve(s.addr()).ok_or_else(|| self.gpu_error(op, "a tensor's memory is not a live buffer of this GPU (internal error)"))?;
+        let (buffer, offset, _) = self
+            .ctx
+            .resolve(s.addr())
+            .ok_or_else(|| self.gpu_error(op, "a tensor's memory is not a live buffer of this GPU (internal error)"))?;
         Ok((buffer, offset, s.block_size() as u64))
     }
 
@@ -186,12 +195,18 @@ impl Runtime {
             let lo = lo / align * align;
             let size = (hi - lo).next_multiple_of(4);
             if size > max_binding {
-                return Err(TensorError::BindingTooLarge { op, device: self.device_name.clone(), bytes: size, max: max_binding });
+                return Err(TensorError::BindingTooLarge {
+                    op,
+                    device: self.device_name.clone(),
+                    bytes: size,
+                    max: max_binding,
+                });
             }
             bound.push(Bound { buffer, offset: lo, size });
             slots.push((w, a));
         }
-        let word_bases = slot_of.iter().zip(&block_offsets).map(|(&s, &off)| ((off - bound[s].offset) / 4) as u32).collect();
+        let word_bases =
+            slot_of.iter().zip(&block_offsets).map(|(&s, &off)| ((off - bound[s].offset) / 4) as u32).collect();
         Ok((BindingPlan { slot_of, slots, error_flag }, bound, word_bases))
     }
 
@@ -202,7 +217,10 @@ impl Runtime {
         let src = source();
         let device = self.ctx.device();
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(key), source: wgpu::ShaderSource::Wgsl(src.as_str().into()) });
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(key),
+            source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
+        });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(key),
             layout: None,
@@ -243,24 +261,45 @@ impl Runtime {
         if words.is_empty() {
             words.push(0);
         }
-        let params_buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some("ferrite params"), contents: bytemuck::cast_slice(&words), usage: wgpu::BufferUsages::STORAGE });
+        let params_buf = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("ferrite params"),
+            contents: bytemuck::cast_slice(&words),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
         let mut entries: Vec<wgpu::BindGroupEntry> = bound
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &b.buffer, offset: b.offset, size: wgpu::BufferSize::new(b.size) }),
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buffer,
+                    offset: b.offset,
+                    size: wgpu::BufferSize::new(b.size),
+                }),
             })
             .collect();
         if error_flag {
-            entries.push(wgpu::BindGroupEntry { binding: plan.flag_binding() as u32, resource: self.error_flag.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: plan.flag_binding() as u32,
+                resource: self.error_flag.as_entire_binding(),
+            });
         }
-        entries.push(wgpu::BindGroupEntry { binding: plan.params_binding() as u32, resource: params_buf.as_entire_binding() });
-        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &pipeline.get_bind_group_layout(0), entries: &entries });
+        entries.push(wgpu::BindGroupEntry {
+            binding: plan.params_binding() as u32,
+            resource: params_buf.as_entire_binding(),
+        });
+        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
         let mut pending = self.pending.lock();
-        let encoder = pending.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") }));
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") })
+        });
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+            let mut pass =
+                encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
@@ -285,7 +324,10 @@ impl Runtime {
             let mut pending = self.pending.lock();
             self.submit(&mut pending);
         }
-        self.ctx.device().poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.gpu_error(op, format!("waiting for the GPU failed: {e}")))?;
+        self.ctx
+            .device()
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.gpu_error(op, format!("waiting for the GPU failed: {e}")))?;
         self.check_device(op)?;
         self.check_error_flag()
     }
@@ -306,9 +348,15 @@ impl Runtime {
         let mut data = bytes.to_vec();
         data.resize(padded as usize, 0);
         let device = self.ctx.device();
-        let staging = device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some("ferrite upload"), contents: &data, usage: wgpu::BufferUsages::COPY_SRC });
+        let staging = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("ferrite upload"),
+            contents: &data,
+            usage: wgpu::BufferUsages::COPY_SRC,
+        });
         let mut pending = self.pending.lock();
-        let encoder = pending.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") }));
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") })
+        });
         encoder.copy_buffer_to_buffer(&staging, 0, &buffer, start, padded);
         Ok(())
     }
@@ -321,10 +369,17 @@ impl Runtime {
         let span = hi - lo;
         let device = self.ctx.device();
         // Data, then the error flag, in one mapped buffer.
-        let staging = device.create_buffer(&wgpu::BufferDescriptor { label: Some("ferrite readback"), size: span + 32, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("ferrite readback"),
+            size: span + 32,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         {
             let mut pending = self.pending.lock();
-            let encoder = pending.encoder.get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") }));
+            let encoder = pending.encoder.get_or_insert_with(|| {
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("ferrite") })
+            });
             encoder.copy_buffer_to_buffer(&buffer, lo, &staging, 0, span);
             encoder.copy_buffer_to_buffer(&self.error_flag, 0, &staging, span, 32);
             self.submit(&mut pending);
@@ -334,7 +389,9 @@ impl Runtime {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.gpu_error("read", format!("waiting for the GPU failed: {e}")))?;
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.gpu_error("read", format!("waiting for the GPU failed: {e}")))?;
         self.check_device("read")?;
         match rx.recv() {
             Ok(Ok(())) => {}
@@ -343,7 +400,9 @@ impl Runtime {
         }
         let flag: [u32; 8];
         {
-            let view = slice.get_mapped_range().map_err(|e| self.gpu_error("read", format!("mapping the readback buffer failed: {e}")))?;
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| self.gpu_error("read", format!("mapping the readback buffer failed: {e}")))?;
             let skip = (start - lo) as usize;
             out.copy_from_slice(&view[skip..skip + len as usize]);
             flag = bytemuck::pod_read_unaligned(&view[span as usize..span as usize + 32]);
@@ -354,15 +413,24 @@ impl Runtime {
 
     fn check_error_flag(&self) -> Result<()> {
         let device = self.ctx.device();
-        let staging = device.create_buffer(&wgpu::BufferDescriptor { label: Some("ferrite flag"), size: 32, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("ferrite flag"),
+            size: 32,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&self.error_flag, 0, &staging, 0, 32);
         self.ctx.queue().submit([enc.finish()]);
         let slice = staging.slice(..);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| self.gpu_error("synchronize", format!("waiting for the GPU failed: {e}")))?;
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.gpu_error("synchronize", format!("waiting for the GPU failed: {e}")))?;
         let flag: [u32; 8] = {
-            let view = slice.get_mapped_range().map_err(|e| self.gpu_error("synchronize", format!("mapping the error flag failed: {e}")))?;
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| self.gpu_error("synchronize", format!("mapping the error flag failed: {e}")))?;
             bytemuck::pod_read_unaligned(&view[..32])
         };
         staging.unmap();

@@ -28,7 +28,10 @@ pub(super) fn header(plan: &BindingPlan) -> String {
             let _ = writeln!(s, "@group(0) @binding({i}) var<storage, read_write> b{i}: array<atomic<u32>>;");
             let _ = writeln!(s, "fn rd{i}(w: u32) -> u32 {{ return atomicLoad(&b{i}[w]); }}");
             let _ = writeln!(s, "fn wr{i}(w: u32, v: u32) {{ atomicStore(&b{i}[w], v); }}");
-            let _ = writeln!(s, "fn lane{i}(w: u32, shift: u32, mask: u32, v: u32) {{ atomicAnd(&b{i}[w], ~(mask << shift)); atomicOr(&b{i}[w], (v & mask) << shift); }}");
+            let _ = writeln!(
+                s,
+                "fn lane{i}(w: u32, shift: u32, mask: u32, v: u32) {{ atomicAnd(&b{i}[w], ~(mask << shift)); atomicOr(&b{i}[w], (v & mask) << shift); }}"
+            );
             // Float add by compare-and-swap (duplicate indices in scatter/index_add).
             let _ = writeln!(
                 s,
@@ -49,7 +52,11 @@ pub(super) fn header(plan: &BindingPlan) -> String {
         }
     }
     if plan.error_flag {
-        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read_write> flag: array<atomic<u32>>;", plan.flag_binding());
+        let _ = writeln!(
+            s,
+            "@group(0) @binding({}) var<storage, read_write> flag: array<atomic<u32>>;",
+            plan.flag_binding()
+        );
         // The first error wins and records (op code, index, dim, size).
         s.push_str(
             "fn raise(code: u32, index: i32, dim: u32, size: u32) { let r = atomicCompareExchangeWeak(&flag[0], 0u, code); if (r.exchanged) { atomicStore(&flag[1], bitcast<u32>(index)); atomicStore(&flag[2], select(0u, 0xffffffffu, index < 0)); atomicStore(&flag[3], dim); atomicStore(&flag[4], size); } }\n",
@@ -118,10 +125,22 @@ pub(super) fn operand(k: usize, dtype: DType, slot: usize, writable: bool) -> St
     let s = slot;
     let mut out = String::new();
     let (ldf, ldi, raw_ld) = match dtype {
-        DType::F32 => (format!("bitcast<f32>(rd{s}(P[{k}] + e))"), format!("i32(ldf{k}(e))"), format!("vec2<u32>(rd{s}(P[{k}] + e), 0u)")),
+        DType::F32 => (
+            format!("bitcast<f32>(rd{s}(P[{k}] + e))"),
+            format!("i32(ldf{k}(e))"),
+            format!("vec2<u32>(rd{s}(P[{k}] + e), 0u)"),
+        ),
         DType::F64 => ("0.0".to_string(), "0".to_string(), "vec2<u32>(0u, 0u)".to_string()),
-        DType::I32 => (format!("f32(ldi{k}(e))"), format!("bitcast<i32>(rd{s}(P[{k}] + e))"), format!("vec2<u32>(rd{s}(P[{k}] + e), 0u)")),
-        DType::I64 => (format!("f32(ldi{k}(e))"), format!("bitcast<i32>(rd{s}(P[{k}] + 2u * e))"), format!("vec2<u32>(rd{s}(P[{k}] + 2u * e), rd{s}(P[{k}] + 2u * e + 1u))")),
+        DType::I32 => (
+            format!("f32(ldi{k}(e))"),
+            format!("bitcast<i32>(rd{s}(P[{k}] + e))"),
+            format!("vec2<u32>(rd{s}(P[{k}] + e), 0u)"),
+        ),
+        DType::I64 => (
+            format!("f32(ldi{k}(e))"),
+            format!("bitcast<i32>(rd{s}(P[{k}] + 2u * e))"),
+            format!("vec2<u32>(rd{s}(P[{k}] + 2u * e), rd{s}(P[{k}] + 2u * e + 1u))"),
+        ),
         DType::F16 => (
             format!("unpack2x16float(rd{s}(P[{k}] + (e >> 1u)))[e & 1u]"),
             format!("i32(ldf{k}(e))"),
@@ -132,7 +151,11 @@ pub(super) fn operand(k: usize, dtype: DType, slot: usize, writable: bool) -> St
             format!("i32(ldf{k}(e))"),
             format!("vec2<u32>((rd{s}(P[{k}] + (e >> 1u)) >> ((e & 1u) * 16u)) & 0xffffu, 0u)"),
         ),
-        DType::U8 => (format!("f32(ldi{k}(e))"), format!("i32((rd{s}(P[{k}] + (e >> 2u)) >> ((e & 3u) * 8u)) & 0xffu)"), format!("vec2<u32>((rd{s}(P[{k}] + (e >> 2u)) >> ((e & 3u) * 8u)) & 0xffu, 0u)")),
+        DType::U8 => (
+            format!("f32(ldi{k}(e))"),
+            format!("i32((rd{s}(P[{k}] + (e >> 2u)) >> ((e & 3u) * 8u)) & 0xffu)"),
+            format!("vec2<u32>((rd{s}(P[{k}] + (e >> 2u)) >> ((e & 3u) * 8u)) & 0xffu, 0u)"),
+        ),
         DType::Bool => (
             format!("f32(ldi{k}(e))"),
             format!("select(0, 1, ((rd{s}(P[{k}] + (e >> 2u)) >> ((e & 3u) * 8u)) & 0xffu) != 0u)"),
@@ -144,18 +167,38 @@ pub(super) fn operand(k: usize, dtype: DType, slot: usize, writable: bool) -> St
     let _ = writeln!(out, "fn ldraw{k}(e: u32) -> vec2<u32> {{ return {raw_ld}; }}");
     if writable {
         let (stf, sti, raw_st) = match dtype {
-            DType::F32 => (format!("wr{s}(P[{k}] + e, bitcast<u32>(v));"), format!("stf{k}(e, f32(v));"), format!("wr{s}(P[{k}] + e, v.x);")),
+            DType::F32 => (
+                format!("wr{s}(P[{k}] + e, bitcast<u32>(v));"),
+                format!("stf{k}(e, f32(v));"),
+                format!("wr{s}(P[{k}] + e, v.x);"),
+            ),
             DType::F64 => (String::new(), String::new(), String::new()),
-            DType::I32 => (format!("sti{k}(e, i32(v));"), format!("wr{s}(P[{k}] + e, bitcast<u32>(v));"), format!("wr{s}(P[{k}] + e, v.x);")),
+            DType::I32 => (
+                format!("sti{k}(e, i32(v));"),
+                format!("wr{s}(P[{k}] + e, bitcast<u32>(v));"),
+                format!("wr{s}(P[{k}] + e, v.x);"),
+            ),
             DType::I64 => (
                 format!("sti{k}(e, i32(v));"),
-                format!("wr{s}(P[{k}] + 2u * e, bitcast<u32>(v)); wr{s}(P[{k}] + 2u * e + 1u, select(0u, 0xffffffffu, v < 0));"),
+                format!(
+                    "wr{s}(P[{k}] + 2u * e, bitcast<u32>(v)); wr{s}(P[{k}] + 2u * e + 1u, select(0u, 0xffffffffu, v < 0));"
+                ),
                 format!("wr{s}(P[{k}] + 2u * e, v.x); wr{s}(P[{k}] + 2u * e + 1u, v.y);"),
             ),
-            DType::F16 => (format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, f16_bits(v));"), format!("stf{k}(e, f32(v));"), format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, v.x);")),
-            DType::BF16 => (format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, bf16_bits(v));"), format!("stf{k}(e, f32(v));"), format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, v.x);")),
+            DType::F16 => (
+                format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, f16_bits(v));"),
+                format!("stf{k}(e, f32(v));"),
+                format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, v.x);"),
+            ),
+            DType::BF16 => (
+                format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, bf16_bits(v));"),
+                format!("stf{k}(e, f32(v));"),
+                format!("lane{s}(P[{k}] + (e >> 1u), (e & 1u) * 16u, 0xffffu, v.x);"),
+            ),
             DType::U8 => (
-                format!("if (v != v) {{ lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, 0u); }} else {{ lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, u32(clamp(v, 0.0, 255.0))); }}"),
+                format!(
+                    "if (v != v) {{ lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, 0u); }} else {{ lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, u32(clamp(v, 0.0, 255.0))); }}"
+                ),
                 format!("lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, bitcast<u32>(v));"),
                 format!("lane{s}(P[{k}] + (e >> 2u), (e & 3u) * 8u, 0xffu, v.x);"),
             ),
