@@ -71,7 +71,7 @@ impl ImageClassification {
         normalization: Normalization,
     ) -> Result<ImageClassification, DataError> {
         let per_image = height * width;
-        if per_image == 0 || images.len() % per_image != 0 {
+        if per_image == 0 || !images.len().is_multiple_of(per_image) {
             return Err(DataError::InvalidConfig(format!(
                 "{name}: {} pixel bytes do not divide into {height}x{width} images",
                 images.len()

@@ -433,10 +433,10 @@ impl<D: IterableDataset, C: Collate<D::Sample>> IterableEpoch<'_, D, C> {
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Some(t) = timeout {
-                        if start.elapsed() >= t {
-                            return Some(Err(DataError::Timeout { batch: w.yielded, waited: start.elapsed() }));
-                        }
+                    if let Some(t) = timeout
+                        && start.elapsed() >= t
+                    {
+                        return Some(Err(DataError::Timeout { batch: w.yielded, waited: start.elapsed() }));
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => {

@@ -112,10 +112,10 @@ impl<B: Send + 'static> WorkerPool<B> {
                     self.ready.insert(b, r);
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    if let Some(t) = timeout {
-                        if start.elapsed() >= t {
-                            return Err(DataError::Timeout { batch, waited: start.elapsed() });
-                        }
+                    if let Some(t) = timeout
+                        && start.elapsed() >= t
+                    {
+                        return Err(DataError::Timeout { batch, waited: start.elapsed() });
                     }
                     if let Some(worker) = self.handles.iter().position(|h| h.is_finished()) {
                         return Err(DataError::WorkerDied { worker, batch });

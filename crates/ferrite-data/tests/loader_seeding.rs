@@ -62,7 +62,7 @@ impl Dataset for Augmented {
 
     fn get(&self, index: usize, rng: &mut Generator) -> Result<(usize, Vec<u64>), BoxError> {
         // Uneven cost: batches finish out of order with several workers.
-        if index % 7 == 0 {
+        if index.is_multiple_of(7) {
             std::thread::sleep(Duration::from_micros(300));
         }
         let draws = 1 + index % 5;

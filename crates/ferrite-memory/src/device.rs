@@ -141,7 +141,7 @@ impl fmt::Display for Device {
 /// Canonical spelling of a capacity: the largest binary unit that divides it exactly.
 pub(crate) fn format_capacity(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

@@ -124,7 +124,7 @@ fn random_traffic_with_garbage_collection_and_a_fraction() {
     let mut r = Rng(42);
     let mut live = Vec::new();
     for _ in 0..50_000 {
-        if r.next() % 2 == 0 && live.len() < 64 {
+        if r.next().is_multiple_of(2) && live.len() < 64 {
             if let Ok(b) = a.allocate(random_size(&mut r)) {
                 live.push(b);
             }

@@ -292,11 +292,11 @@ fn map_tensors_memo(
     let _g = no_grad();
     for (_, slot) in slots {
         let key = (storage_key(slot), slot.storage_offset());
-        if let Some(done) = memo.get(&key) {
-            if done.shape() == slot.shape() {
-                *slot = done.clone();
-                continue;
-            }
+        if let Some(done) = memo.get(&key)
+            && done.shape() == slot.shape()
+        {
+            *slot = done.clone();
+            continue;
         }
         let requires = slot.requires_grad();
         let grad = slot.grad();

@@ -239,7 +239,7 @@ impl UpdateRule for AdamRule {
         let decay = c.weight_decay != 0.0;
         let kernel = FusedKernel::Adam {
             l2: (decay && !c.decoupled_weight_decay).then_some(c.weight_decay),
-            decay: (decay && c.decoupled_weight_decay).then(|| 1.0 - c.lr * c.weight_decay),
+            decay: (decay && c.decoupled_weight_decay).then_some(1.0 - c.lr * c.weight_decay),
             beta1,
             beta2,
             eps: c.eps,

@@ -182,10 +182,10 @@ impl<R: UpdateRule> Optim<R> {
         if group.params.is_empty() {
             return Err(OptimError::EmptyParameterList);
         }
-        if let Some(names) = &group.param_names {
-            if names.len() != group.params.len() {
-                return Err(OptimError::ParamNamesLength { group: gi, names: names.len(), params: group.params.len() });
-            }
+        if let Some(names) = &group.param_names
+            && names.len() != group.params.len()
+        {
+            return Err(OptimError::ParamNamesLength { group: gi, names: names.len(), params: group.params.len() });
         }
         for (i, p) in group.params.iter().enumerate() {
             if let Some(f) = p.grad_fn() {

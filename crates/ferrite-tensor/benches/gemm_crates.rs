@@ -28,7 +28,7 @@ fn thread_cpu_seconds() -> Option<f64> {
     // SAFETY: glibc's clock_gettime with a valid clock id and a pointer to a timespec-sized
     // struct (64-bit Linux layout).
     let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (r == 0).then(|| ts.sec as f64 + ts.nsec as f64 * 1e-9)
+    (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
 }
 
 #[cfg(not(target_os = "linux"))]

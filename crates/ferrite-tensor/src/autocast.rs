@@ -38,13 +38,13 @@ impl Drop for AutocastGuard {
 /// Turn autocast on (`Some(F16 | BF16)`) or off (`None`) until the guard drops. Other dtypes
 /// are rejected.
 pub fn set_autocast(dtype: Option<DType>) -> Result<AutocastGuard, crate::TensorError> {
-    if let Some(d) = dtype {
-        if !matches!(d, DType::F16 | DType::BF16) {
-            return Err(crate::TensorError::invalid(
-                "autocast",
-                format!("autocast dtype must be float16 or bfloat16, got {d}"),
-            ));
-        }
+    if let Some(d) = dtype
+        && !matches!(d, DType::F16 | DType::BF16)
+    {
+        return Err(crate::TensorError::invalid(
+            "autocast",
+            format!("autocast dtype must be float16 or bfloat16, got {d}"),
+        ));
     }
     let prev = AUTOCAST.with(|a| a.replace(dtype));
     Ok(AutocastGuard { prev, _not_send: std::marker::PhantomData })

@@ -41,7 +41,7 @@ impl BackwardFn for LayerNormBackward {
             None => None,
         };
         let cols = self.cols;
-        let rows = if cols == 0 { 0 } else { x.numel() / cols };
+        let rows = x.numel().checked_div(cols).unwrap_or(0);
         let g = materialize(g, x.dtype())?;
         let xc = if x.is_contiguous() { x.clone() } else { materialize(x, x.dtype())? };
         // xhat = (x - mean) * rstd, rows x cols
@@ -102,13 +102,13 @@ pub fn layer_norm(
         ));
     }
     for (name, p) in [("weight", weight), ("bias", bias)] {
-        if let Some(p) = p {
-            if p.shape() != normalized_shape {
-                return Err(TensorError::shape(
-                    "layer_norm",
-                    format!("{name} has shape {:?}, expected {normalized_shape:?}", p.shape()),
-                ));
-            }
+        if let Some(p) = p
+            && p.shape() != normalized_shape
+        {
+            return Err(TensorError::shape(
+                "layer_norm",
+                format!("{name} has shape {:?}, expected {normalized_shape:?}", p.shape()),
+            ));
         }
     }
     let dtype = crate::autocast::upper(x.dtype());
@@ -117,7 +117,7 @@ pub fn layer_norm(
         return Err(TensorError::UnsupportedDType { op: "layer_norm", dtype });
     }
     let cols: usize = normalized_shape.iter().product();
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let rows = x.numel().checked_div(cols).unwrap_or(0);
     let xc = if x.is_contiguous() { x.clone() } else { materialize(&x, dtype)? };
     let y = xc.empty_like_shape(x.shape(), dtype)?;
     let mean = xc.empty_like_shape(&[rows], DType::F32)?;
@@ -646,7 +646,7 @@ pub fn lstm(
             ),
         ));
     }
-    if w_ih.rank() != 2 || w_hh.rank() != 2 || w_ih.shape()[0] % 4 != 0 {
+    if w_ih.rank() != 2 || w_hh.rank() != 2 || !w_ih.shape()[0].is_multiple_of(4) {
         return Err(TensorError::shape(
             "lstm",
             format!(

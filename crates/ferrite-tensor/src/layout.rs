@@ -96,7 +96,7 @@ pub fn infer_shape(spec: &[i64], numel_in: usize, op: &'static str) -> Result<Sh
     }
     match infer {
         Some(i) => {
-            if known == 0 || numel_in % known != 0 {
+            if known == 0 || !numel_in.is_multiple_of(known) {
                 return Err(TensorError::shape(op, format!("shape {spec:?} is invalid for input of size {numel_in}")));
             }
             out[i] = numel_in / known;

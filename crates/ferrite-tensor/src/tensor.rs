@@ -52,10 +52,11 @@ impl std::fmt::Debug for Tensor {
         } else if self.requires_grad() {
             write!(f, ", requires_grad=true")?;
         }
-        if self.numel() <= 16 && !self.is_meta() {
-            if let Ok(v) = self.to_vec_f64() {
-                write!(f, ", values={v:?}")?;
-            }
+        if self.numel() <= 16
+            && !self.is_meta()
+            && let Ok(v) = self.to_vec_f64()
+        {
+            write!(f, ", values={v:?}")?;
         }
         write!(f, ")")
     }
@@ -312,13 +313,13 @@ impl Tensor {
 
     /// Replace the gradient (`None` frees it — PyTorch's `zero_grad(set_to_none=True)`).
     pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
-        if let Some(g) = &grad {
-            if g.shape() != self.shape() {
-                return Err(TensorError::shape(
-                    "set_grad",
-                    format!("assigned grad has shape {:?} but the tensor has shape {:?}", g.shape(), self.shape()),
-                ));
-            }
+        if let Some(g) = &grad
+            && g.shape() != self.shape()
+        {
+            return Err(TensorError::shape(
+                "set_grad",
+                format!("assigned grad has shape {:?} but the tensor has shape {:?}", g.shape(), self.shape()),
+            ));
         }
         if grad.is_none() && self.0.grad_slot.get().is_none() {
             return Ok(());

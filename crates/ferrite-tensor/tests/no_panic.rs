@@ -54,10 +54,11 @@ fn dtype_strategy() -> impl Strategy<Value = DType> {
 /// Run backward through whatever `r` produced, ignoring errors (only panics matter).
 fn touch(r: ferrite_tensor::Result<Tensor>) {
     if let Ok(t) = r {
-        if t.requires_grad() && t.dtype().is_floating_point() {
-            if let Ok(s) = t.sum() {
-                let _ = s.backward();
-            }
+        if t.requires_grad()
+            && t.dtype().is_floating_point()
+            && let Ok(s) = t.sum()
+        {
+            let _ = s.backward();
         }
         if !t.is_meta() {
             let _ = t.to_vec_f64();
@@ -121,11 +122,9 @@ proptest! {
                   a.reshape(&spec), a.flatten(d0, d1), a.sum_to_shape(&target), a.one_hot(len)] {
             touch(r);
         }
-        for r in [a.split(len, d0), a.chunk(len, d0)] {
-            if let Ok(v) = r {
-                for t in v {
-                    touch(Ok(t));
-                }
+        for v in [a.split(len, d0), a.chunk(len, d0)].into_iter().flatten() {
+            for t in v {
+                touch(Ok(t));
             }
         }
         let _ = a.size(d0);

@@ -7,7 +7,7 @@
 //! `cpu,gpu:0`), by default `cpu` and every GPU adapter this machine has (Mesa's lavapipe counts:
 //! CI runs the suite on it). Inputs are moved to the device, results read back.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ferrite_tensor::{Device, Tensor};
 
@@ -59,7 +59,7 @@ fn close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Resul
     for (i, (a, b)) in g.iter().zip(&w).enumerate() {
         let err = (a - b).abs();
         let tol = atol + rtol * b.abs();
-        if !(err <= tol) {
+        if err.is_nan() || err > tol {
             let excess = if err.is_nan() { f64::INFINITY } else { err / tol };
             if worst.is_none_or(|(_, e)| excess > e) {
                 worst = Some((i, excess));
@@ -181,7 +181,7 @@ fn devices() -> Vec<Device> {
     ferrite_memory::gpu::devices_under_test().unwrap_or_else(|e| panic!("FERRITE_TEST_DEVICES: {e}"))
 }
 
-fn run_case(dir: &PathBuf, case: &Case, device: &Device) -> Result<bool, String> {
+fn run_case(dir: &Path, case: &Case, device: &Device) -> Result<bool, String> {
     let fx = load(&dir.join("ops").join(format!("{}.safetensors", case.name)))?;
     let inputs: Vec<Tensor> = (0..case.inputs)
         .map(|i| {

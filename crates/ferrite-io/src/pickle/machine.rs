@@ -165,7 +165,7 @@ impl<'a> Machine<'a> {
     }
 
     fn fill_dict(&self, d: &mut DictObj, pairs: Vec<Obj>) -> Result<()> {
-        if pairs.len() % 2 != 0 {
+        if !pairs.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for a dict"));
         }
         let mut it = pairs.into_iter();

@@ -122,7 +122,7 @@ fn summary(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         driver: info.driver.clone(),
         driver_info: info.driver_info.clone(),
         max_buffer_size: l.max_buffer_size,
-        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
         min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
         shader_f16: a.features().contains(wgpu::Features::SHADER_F16),
         capacity,

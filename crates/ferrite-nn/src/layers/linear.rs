@@ -59,10 +59,10 @@ impl Linear {
                 format!("weight must be [out_features, in_features], got {s:?}"),
             ));
         }
-        if let Some(b) = &bias {
-            if b.shape() != [s[0]] {
-                return Err(crate::NnError::config("Linear", format!("bias must be [{}], got {:?}", s[0], b.shape())));
-            }
+        if let Some(b) = &bias
+            && b.shape() != [s[0]]
+        {
+            return Err(crate::NnError::config("Linear", format!("bias must be [{}], got {:?}", s[0], b.shape())));
         }
         Ok(Linear { in_features: s[1], out_features: s[0], weight, bias, training: true })
     }

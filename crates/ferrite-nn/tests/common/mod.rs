@@ -37,7 +37,7 @@ pub fn reference_or_skip(what: &str) -> Option<PathBuf> {
 pub fn load_safetensors(path: &PathBuf) -> StateDict {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut named: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+    let mut named: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
     named.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
     let mut sd = StateDict::new();
     for (name, view) in named {

@@ -48,7 +48,7 @@ mod tests {
         }
         #[target_feature(enable = "xsave")]
         unsafe fn xinuse() -> u64 {
-            // SAFETY (caller): XSAVE is enabled and XGETBV with ECX = 1 is supported.
+            // SAFETY: the caller checked that XSAVE is enabled and XGETBV with ECX = 1 is supported.
             unsafe { std::arch::x86_64::_xgetbv(1) }
         }
         // SAFETY: both conditions were checked above.

@@ -30,7 +30,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let p = p.mul_add(r, 8.333_452e-3);
     let p = p.mul_add(r, 4.166_579_6e-2);
     let p = p.mul_add(r, 1.666_666_5e-1);
-    let p = p.mul_add(r, 5.000_000_1e-1);
+    let p = p.mul_add(r, 5e-1);
     let p = p.mul_add(z, r) + 1.0;
     // 2^n in two factors so that n = 128 overflows to inf and n = -150 lands in the denormals
     // with a single rounding.
@@ -47,11 +47,9 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 pub(crate) fn tanh_f32(x: f32) -> f32 {
     let a = x.abs();
     let z = x * x;
-    let small = ((((-5.704_988_7e-3 * z + 2.063_908_9e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z
-        - 3.333_328_2e-1)
-        * z
-        * x
-        + x;
+    let small =
+        ((((-5.704_988_7e-3 * z + 2.063_909e-2) * z - 5.373_971_6e-2) * z + 1.333_144_2e-1) * z - 3.333_328e-1) * z * x
+            + x;
     let large = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
     let large = f32::from_bits(large.to_bits() | (x.to_bits() & 0x8000_0000));
     if a < 0.625 { small } else { large }

@@ -323,7 +323,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     match &args.alloc_conf {
         Some(spec) => alloc.set_alloc_conf(spec)?,
         // A bad FERRITE_ALLOC_CONF is reported now, not as the failure of the first allocation.
-        None => drop(ferrite_memory::env_alloc_config()?),
+        None => {
+            ferrite_memory::env_alloc_config()?;
+        }
     }
 
     // ---- data

@@ -241,13 +241,8 @@ unary!(Tanh, |x, p| x.vtanh(), |y, p| F::one() - y * y);
 unary!(Sigmoid, |x, p| x.vsigmoid(), |y, p| y * (F::one() - y));
 unary!(
     Relu,
-    |x, p| if x > F::zero() {
-        x
-    } else if x.is_nan() {
-        x
-    } else {
-        F::zero()
-    },
+    // NaN passes through, as in PyTorch.
+    |x, p| if x > F::zero() || x.is_nan() { x } else { F::zero() },
     |y, p| if y > F::zero() { F::one() } else { F::zero() }
 );
 unary!(Neg, |x, p| -x, |x, p| -F::one());

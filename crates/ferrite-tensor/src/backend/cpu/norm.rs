@@ -14,7 +14,7 @@ pub(super) fn layer_norm(
     eps: f64,
 ) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let rows = x.numel().checked_div(cols).unwrap_or(0);
     crate::dispatch_float!(x.dtype(), "layer_norm", T => k::<T>(x, y, mean, rstd, w, b, rows, cols, eps))
 }
 

@@ -16,7 +16,7 @@ pub(super) fn softmax(out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
 
 pub(super) fn softmax_backward(out: &Tensor, g: &Tensor, y: &Tensor, log: bool) -> Result<()> {
     let cols = g.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { g.numel() / cols };
+    let rows = g.numel().checked_div(cols).unwrap_or(0);
     dispatch_float!(g.dtype(), "softmax_backward", T => backward_kernel::<T>(g, y, out, rows, cols, log))
 }
 
@@ -27,7 +27,7 @@ fn rows_kernel<T: Float>(
     cols: usize,
     f: impl Fn(&[T], &mut [T]) + Sync + Send,
 ) -> Result<()> {
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let rows = x.numel().checked_div(cols).unwrap_or(0);
     let xp = SendPtr(x.ptr::<T>("softmax")?);
     let op = SendPtr(out.ptr::<T>("softmax")?);
     par_ranges(rows, cols * 8, |s, e| {

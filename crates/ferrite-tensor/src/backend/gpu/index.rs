@@ -50,7 +50,7 @@ fn launch_walk(
     rt: &Runtime,
     op: &'static str,
     key: &str,
-    ops: &[Operand],
+    ops: &[Operand<'_>],
     dtypes: &[DType],
     written: &[bool],
     params: Vec<u32>,

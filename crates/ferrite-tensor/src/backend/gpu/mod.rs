@@ -88,7 +88,7 @@ impl KernelBackend for WgpuBackend {
         // Buffer copies move whole 32-bit words: a range that does not start on a word, or ends
         // inside a word that other elements of the storage share, goes through a fresh tensor
         // and a lane-wise copy kernel.
-        if start % 4 == 0 && (end % 4 == 0 || end == dst.storage().nbytes()) {
+        if start.is_multiple_of(4) && (end.is_multiple_of(4) || end == dst.storage().nbytes()) {
             return rt.write(dst, bytes);
         }
         let staging = Tensor::empty_with(dst.storage().allocator(), dst.shape(), dst.dtype())?;

@@ -193,7 +193,7 @@ fn row_kernel(
 
 pub(super) fn softmax(rt: &Runtime, out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let rows = x.numel().checked_div(cols).unwrap_or(0);
     let finish = if log {
         "  let lse = log(total);\n  for (var c = lid; c < cols; c = c + 256u) { stf0(at(0u, row, c), ldf1(at(1u, row, c)) - mx - lse); }\n"
     } else {
@@ -217,7 +217,7 @@ pub(super) fn softmax(rt: &Runtime, out: &Tensor, x: &Tensor, log: bool) -> Resu
 
 pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tensor, log: bool) -> Result<()> {
     let cols = g.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { g.numel() / cols };
+    let rows = g.numel().checked_div(cols).unwrap_or(0);
     let body = if log {
         "  var acc = 0.0;\n  for (var c = lid; c < cols; c = c + 256u) { acc = acc + ldf1(at(1u, row, c)); }\n  red[lid] = acc;\n  workgroupBarrier();\n  tree_sum(lid);\n  let t = red[0];\n  for (var c = lid; c < cols; c = c + 256u) { stf0(at(0u, row, c), ldf1(at(1u, row, c)) - exp(ldf2(at(2u, row, c))) * t); }\n"
     } else {
@@ -247,7 +247,7 @@ pub(super) fn layer_norm(
     eps: f64,
 ) -> Result<()> {
     let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = if cols == 0 { 0 } else { x.numel() / cols };
+    let rows = x.numel().checked_div(cols).unwrap_or(0);
     // Operands: 0 y, 1 mean, 2 rstd, 3 x, then weight and bias (rows of them: row 0 only).
     let mut ts: Vec<&Tensor> = vec![y, mean, rstd, x];
     let mut written = vec![true, true, true, false];

@@ -161,9 +161,14 @@ impl Runtime {
 
     /// Group operands by buffer, decide slots, and compute each operand's word base inside its
     /// binding.
-    fn plan(&self, ops: &[Operand], error_flag: bool, op: &'static str) -> Result<(BindingPlan, Vec<Bound>, Vec<u32>)> {
+    fn plan(
+        &self,
+        ops: &[Operand<'_>],
+        error_flag: bool,
+        op: &'static str,
+    ) -> Result<(BindingPlan, Vec<Bound>, Vec<u32>)> {
         let align = self.ctx.limits().min_storage_buffer_offset_alignment.max(4) as u64;
-        let max_binding = self.ctx.limits().max_storage_buffer_binding_size as u64;
+        let max_binding = self.ctx.limits().max_storage_buffer_binding_size;
         let mut bases: Vec<u64> = Vec::new(); // segment base address per slot
         let mut groups: Vec<(wgpu::Buffer, u64, u64, bool, bool)> = Vec::new(); // buffer, lo, hi, written, atomic
         let mut slot_of = Vec::with_capacity(ops.len());
@@ -243,7 +248,7 @@ impl Runtime {
         &self,
         op: &'static str,
         key: &str,
-        ops: &[Operand],
+        ops: &[Operand<'_>],
         error_flag: bool,
         params: &[u32],
         workgroups: [u32; 3],
@@ -266,7 +271,7 @@ impl Runtime {
             contents: bytemuck::cast_slice(&words),
             usage: wgpu::BufferUsages::STORAGE,
         });
-        let mut entries: Vec<wgpu::BindGroupEntry> = bound
+        let mut entries: Vec<wgpu::BindGroupEntry<'_>> = bound
             .iter()
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
