@@ -8,5 +8,17 @@ cd "$(dirname "$0")/.."
 # only orders adapters, and the GPU tests enumerate every adapter themselves.
 export NODEVICE_SELECT=1
 
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
 echo "== cargo test --release --workspace"
 cargo test --release --workspace
+
+# Crates that parse user files and strings (checkpoints and pickles, allocator settings and traces,
+# dataset files, command lines) also run in the debug profile: its larger stack frames are where
+# recursion on hostile input shows first, and it is what `cargo test` gives a user.
+echo "== cargo test (debug) -p ferrite-io -p ferrite-memory -p ferrite-data -p ferrite-cli"
+cargo test -p ferrite-io -p ferrite-memory -p ferrite-data -p ferrite-cli
