@@ -63,10 +63,8 @@ pub(crate) fn arith_inplace_raw(op: BinaryOp, dst: &Tensor, src: &Tensor) -> Res
     check_same_device(name, dst, src)?;
     broadcast_shapes(dst.shape(), src.shape(), name).and_then(|s| {
         if s.as_slice() != dst.shape() {
-            Err(TensorError::shape(
-                name,
-                format!("output with shape {:?} doesn't match the broadcast shape {:?}", dst.shape(), s),
-            ))
+            // `src` broadcasts with `dst` but to a larger shape than `dst` can hold.
+            Err(TensorError::ExpandMismatch { op: name, shape: src.shape().to_vec(), target: dst.shape().to_vec() })
         } else {
             Ok(())
         }

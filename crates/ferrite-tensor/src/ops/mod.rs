@@ -27,7 +27,7 @@ pub(crate) fn check_same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Res
     if same_device(a.storage(), b.storage()) {
         Ok(())
     } else {
-        Err(TensorError::DeviceMismatch { op, a: a.device().to_string(), b: b.device().to_string() })
+        Err(TensorError::DeviceMismatch { op, lhs: Box::new(a.device().clone()), rhs: Box::new(b.device().clone()) })
     }
 }
 
