@@ -102,7 +102,7 @@ fn nll_core(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, op: &'st
     let valid = t.ne_scalar(opts.ignore_index as f64)?;
     t.kernels().check_indices(&t, c, Some(opts.ignore_index), 1, op)?;
     let zero_i = Tensor::zeros(&[], DType::I64, t.device())?;
-    let safe_t = Tensor::where_(&valid, &t, &zero_i)?;
+    let safe_t = Tensor::where_cond(&valid, &t, &zero_i)?;
     let picked = logp.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;
     let validf = valid.to_dtype(logp.dtype())?;
     let w_rows = match &opts.weight {

@@ -216,7 +216,7 @@ impl BackwardFn for MinMaxBackward {
         let b = self.b.get("MaximumBackward0")?;
         // Ties split the gradient in half, like PyTorch.
         let pick_a = if self.is_max { a.gt(b)? } else { a.lt(b)? };
-        let tie = a.eq_t(b)?;
+        let tie = a.eq(b)?;
         let wa = arith_raw(
             BinaryOp::Add,
             &pick_a.to_dtype(g.dtype())?,
@@ -343,8 +343,8 @@ impl Tensor {
         Ok(Tensor::from_op1(out, &[self, other], f))
     }
 
-    /// `self ** other` elementwise.
-    pub fn pow_t(&self, other: &Tensor) -> Result<Tensor> {
+    /// `self ** other` elementwise (see [`pow_scalar`](Self::pow_scalar) for a number).
+    pub fn pow(&self, other: &Tensor) -> Result<Tensor> {
         let out = arith_raw(BinaryOp::Pow, self, other)?;
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
@@ -500,10 +500,10 @@ impl Tensor {
         Ok(out)
     }
 
-    pub fn eq_t(&self, o: &Tensor) -> Result<Tensor> {
+    pub fn eq(&self, o: &Tensor) -> Result<Tensor> {
         self.compare(o, CompareOp::Eq)
     }
-    pub fn ne_t(&self, o: &Tensor) -> Result<Tensor> {
+    pub fn ne(&self, o: &Tensor) -> Result<Tensor> {
         self.compare(o, CompareOp::Ne)
     }
     pub fn lt(&self, o: &Tensor) -> Result<Tensor> {

@@ -320,8 +320,9 @@ impl Tensor {
         Ok(out)
     }
 
-    /// `cond ? a : b` elementwise with broadcasting (PyTorch's `torch.where`).
-    pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    /// `cond ? a : b` elementwise with broadcasting: PyTorch's `torch.where` (`where` is a Rust
+    /// keyword, and a trailing `_` means in place here).
+    pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let out = Tensor::where_raw(cond, a, b)?;
         if !Tensor::needs_graph(&[a, b]) {
             return Ok(out);

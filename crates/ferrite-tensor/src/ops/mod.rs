@@ -5,6 +5,13 @@
 //! arithmetic to the kernel backend of the output's device (`Tensor::kernels()`: CPU kernels for
 //! `cpu` and `sim`, nothing for `meta`, WGSL for `gpu`). Autograd sees only tensors, never which
 //! backend ran.
+//!
+//! Names follow PyTorch, in one pattern a new op keeps: a tensor operand takes PyTorch's name
+//! (`add`, `eq`, `pow`), a number the `_scalar` suffix (`add_scalar`, `eq_scalar`, `pow_scalar`);
+//! a trailing `_` means in place (`add_`, `fill_`); a reduction over every element takes the plain
+//! name (`sum`, `max`), one over chosen dimensions `_dims` (`sum_dims`) or, when it also returns
+//! indices, `_dim` (`max_dim`). Where PyTorch's name is a Rust keyword the op says what it does
+//! (`where_cond` for `torch.where`).
 
 pub mod binary;
 pub mod copy;

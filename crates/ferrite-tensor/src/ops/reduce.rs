@@ -275,13 +275,13 @@ impl Tensor {
     }
 
     /// Maximum of all elements (0-dim).
-    pub fn max_all(&self) -> Result<Tensor> {
+    pub fn max(&self) -> Result<Tensor> {
         let flat = self.reshape(&[-1])?;
         Ok(flat.max_dim(0, false)?.0)
     }
 
     /// Minimum of all elements (0-dim).
-    pub fn min_all(&self) -> Result<Tensor> {
+    pub fn min(&self) -> Result<Tensor> {
         let flat = self.reshape(&[-1])?;
         Ok(flat.min_dim(0, false)?.0)
     }

@@ -541,7 +541,7 @@ fn optimizer_step(opt: &mut Adam, scaler: &mut GradScaler, clip: Option<f64>) ->
 }
 
 fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
-    let hits = logits.argmax(1, false)?.eq_t(y)?.to_vec_bool()?;
+    let hits = logits.argmax(1, false)?.eq(y)?.to_vec_bool()?;
     Ok(hits.into_iter().filter(|h| *h).count())
 }
 
