@@ -23,7 +23,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod autocast;
 pub mod checkpoint;
 mod error;
 pub mod inference;
@@ -34,9 +33,11 @@ pub mod module;
 pub mod rng;
 pub mod state_dict;
 
-pub use autocast::{AutocastGuard, autocast, autocast_disabled};
 pub use checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
+/// Autocast lives in `ferrite-tensor` beside the ops that read it; re-exported for model code.
+pub use ferrite_tensor::autocast;
+pub use ferrite_tensor::autocast::{AutocastGuard, autocast, autocast_disabled};
 pub use inference::inference;
 pub use layers::activation::{GELU, GeluApproximation, ReLU, SiLU, Sigmoid, Tanh};
 pub use layers::attention::{AttentionBackend, AttentionConfig, MultiheadAttention, attention};
