@@ -23,6 +23,14 @@ fn main() -> Result<(), TensorError> {
     loss.backward()?;
     println!("loss {:.4}; dloss/db {:?}", loss.item()?, b.grad().map(|g| g.to_vec::<f32>()).transpose()?);
 
+    // Errors carry the values they are about (shapes, dtypes, devices); the message is built
+    // from them.
+    let square = Tensor::zeros(&[4, 4], DType::F32, &cpu)?;
+    match x.matmul(&square) {
+        Err(e @ TensorError::MatmulShapeMismatch { .. }) => println!("{e}"),
+        other => println!("unexpected: {other:?}"),
+    }
+
     // Modifying a tensor that backward still needs is an error naming the op, not a wrong gradient.
     let h = Tensor::randn_with(&[4], DType::F32, &cpu, &mut g)?.requires_grad_(true)?;
     let data = Tensor::randn_with(&[4], DType::F32, &cpu, &mut g)?;

@@ -1,8 +1,9 @@
 //! Shape, strides and offset: how a tensor's elements sit in its storage.
 //!
 //! Views (transpose, permute, narrow, expand, …) are new layouts over the same storage, so they
-//! cost no memory; only [`Layout::view`] can fail, when the strides cannot express the new shape
-//! without a copy (then `reshape` copies, like PyTorch).
+//! cost no memory. Besides arguments that are wrong on their own (a dim out of range, a size that
+//! does not broadcast), only [`Layout::view`] can refuse a view, when the strides cannot express
+//! the new shape without a copy (then `reshape` copies, like PyTorch).
 
 use smallvec::SmallVec;
 

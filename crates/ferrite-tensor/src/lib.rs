@@ -1,8 +1,14 @@
-//! Tensors, CPU kernels and the autograd engine of ferrite.
+//! Tensors, the ops on them, the kernel backends that compute them (CPU for `cpu` and `sim`,
+//! WGSL for `gpu`, none for `meta`) and the autograd engine of ferrite.
 //!
 //! Every tensor's bytes are a block from its device's caching allocator (`ferrite-memory`), so
 //! the allocator's statistics are the truth about what tensors hold, and a `meta` run (shapes
 //! only) makes exactly the allocations a real run would.
+//!
+//! Where things are: an op's shape and dtype rules, output allocation and backward in `ops/`
+//! (layer-level forms such as losses and attention in `functional/`); its arithmetic in
+//! `backend/` behind the `KernelBackend` seam; CPU kernel building blocks in `kernels/`; the
+//! graph in `autograd/`; errors, with the shapes and dtypes they concern, in `error/`.
 //!
 //! ```
 //! use ferrite_memory::Device;

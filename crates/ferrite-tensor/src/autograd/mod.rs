@@ -8,7 +8,7 @@
 //! holds the leaf tensor itself, so dropping a model frees its parameters.
 //!
 //! Crates above (nn layers with fused backward, activation checkpointing) plug in through the
-//! public [`BackwardFn`] trait and [`Tensor::from_op`]; see `custom_op` tests for an example.
+//! public [`BackwardFn`] trait and [`Tensor::from_op`]; see `tests/custom_function.rs` for an example.
 
 mod engine;
 mod grad_mode;

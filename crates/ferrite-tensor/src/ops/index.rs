@@ -1,4 +1,6 @@
-//! Joining and indexing: cat, stack, index_select, gather, scatter_add, where, masked_fill.
+//! Joining and indexing: cat, stack, index_select, gather, scatter_add, where_cond, masked_fill,
+//! one_hot. Index values are checked by the device's backend: the CPU as it reads them, the GPU
+//! through its error flag, reported at the next synchronisation.
 
 use std::borrow::Cow;
 

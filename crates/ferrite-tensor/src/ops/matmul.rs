@@ -1,6 +1,7 @@
 //! Matrix products with PyTorch's `matmul` semantics (1-D, 2-D, batched with broadcasting).
 //!
-//! f32/f64 run natively with arbitrary strides (transposed operands need no copy). f16/bf16
+//! f32 (and f64, on the CPU backend) run natively with arbitrary strides (transposed operands
+//! need no copy). f16/bf16
 //! inputs are widened to f32 scratch tensors from the device allocator, multiplied in f32 and
 //! rounded once — the documented "computes in f32 internally" contract. Under autocast, float32
 //! inputs are cast to the autocast dtype first. The product itself runs in the device's kernel

@@ -1,7 +1,9 @@
 //! Reductions over dimensions: sum, mean, max/min with indices, argmax/argmin, var.
 //!
-//! Floating-point sums accumulate in f64 and round once, so results match PyTorch's cascaded
-//! f32 sums within 1 ulp-ish tolerances regardless of how the work is split across threads.
+//! The op layer plans the reduction (which dims, the output shape) and the device's backend sums.
+//! On the CPU backend floating-point sums accumulate in f64 and round once, so results match
+//! PyTorch's cascaded f32 sums within 1 ulp-ish tolerances regardless of how the work is split
+//! across threads; the GPU backend accumulates in f32 (`backend/gpu/reduce.rs`).
 
 use std::borrow::Cow;
 
