@@ -205,44 +205,31 @@ impl Float for f64 {
         v
     }
 }
-impl Float for f16 {
-    type Acc = f32;
-    #[inline(always)]
-    fn to_acc(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn from_acc(v: f32) -> f16 {
-        f16::from_f32(v)
-    }
-    #[inline(always)]
-    fn acc_from_f64(v: f64) -> f32 {
-        v as f32
-    }
-    #[inline(always)]
-    fn acc_to_f64(v: f32) -> f64 {
-        v as f64
-    }
+/// The half-precision types compute in f32: loads widen exactly, stores round to nearest even.
+macro_rules! half_float {
+    ($($t:ty),*) => {$(
+        impl Float for $t {
+            type Acc = f32;
+            #[inline(always)]
+            fn to_acc(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn from_acc(v: f32) -> $t {
+                <$t>::from_f32(v)
+            }
+            #[inline(always)]
+            fn acc_from_f64(v: f64) -> f32 {
+                v as f32
+            }
+            #[inline(always)]
+            fn acc_to_f64(v: f32) -> f64 {
+                v as f64
+            }
+        }
+    )*};
 }
-impl Float for bf16 {
-    type Acc = f32;
-    #[inline(always)]
-    fn to_acc(self) -> f32 {
-        self.to_f32()
-    }
-    #[inline(always)]
-    fn from_acc(v: f32) -> bf16 {
-        bf16::from_f32(v)
-    }
-    #[inline(always)]
-    fn acc_from_f64(v: f64) -> f32 {
-        v as f32
-    }
-    #[inline(always)]
-    fn acc_to_f64(v: f32) -> f64 {
-        v as f64
-    }
-}
+half_float!(f16, bf16);
 
 /// Integer element types (arithmetic wraps like PyTorch's).
 pub trait Int: Element + Ord {

@@ -53,6 +53,14 @@ pub fn normalize_dim(dim: i64, rank: usize, op: &'static str) -> Result<usize> {
     Ok(d as usize)
 }
 
+/// Resolve a possibly negative index into a dimension of `size` (PyTorch's wrap-around); `None`
+/// when it is out of range. Inlined into the index kernels' inner loops.
+#[inline(always)]
+pub fn wrap_index(index: i64, size: usize) -> Option<usize> {
+    let i = if index < 0 { index + size as i64 } else { index };
+    (i >= 0 && (i as usize) < size).then_some(i as usize)
+}
+
 /// Broadcast two shapes (NumPy/PyTorch rules).
 pub fn broadcast_shapes(a: &[usize], b: &[usize], op: &'static str) -> Result<Shape> {
     let n = a.len().max(b.len());

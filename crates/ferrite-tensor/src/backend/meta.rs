@@ -3,7 +3,9 @@
 //! a planning run of a billion-parameter model takes milliseconds.
 
 use crate::Tensor;
-use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
+use crate::backend::{
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp,
+};
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
@@ -88,16 +90,7 @@ impl KernelBackend for MetaBackend {
     fn softmax_backward(&self, _out: &Tensor, _grad: &Tensor, _y: &Tensor, _log: bool) -> Result<()> {
         Ok(())
     }
-    fn layer_norm(
-        &self,
-        _y: &Tensor,
-        _mean: &Tensor,
-        _rstd: &Tensor,
-        _x: &Tensor,
-        _weight: Option<&Tensor>,
-        _bias: Option<&Tensor>,
-        _eps: f64,
-    ) -> Result<()> {
+    fn layer_norm(&self, _args: &LayerNormArgs<'_>) -> Result<()> {
         Ok(())
     }
     fn matmul(&self, _out: &Tensor, _a: &Tensor, _b: &Tensor, _batch: &[usize]) -> Result<()> {

@@ -305,18 +305,8 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn softmax(&self, out: &Tensor, x: &Tensor, log: bool) -> Result<()>;
     /// Backward of (log-)softmax over the last dim: contiguous `grad` and saved output `y`.
     fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()>;
-    /// Layer norm over the last dim of the contiguous `x` `[rows, cols]`: `y`, and the f32
-    /// statistics `mean`, `rstd` `[rows]`; optional `weight`/`bias` `[cols]` of `x`'s dtype.
-    fn layer_norm(
-        &self,
-        y: &Tensor,
-        mean: &Tensor,
-        rstd: &Tensor,
-        x: &Tensor,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> Result<()>;
+    /// Layer norm over the last dim (see [`LayerNormArgs`]).
+    fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()>;
 
     // ------------------------------------------------------------------ products
 
@@ -358,6 +348,21 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn synchronize(&self) -> Result<()>;
 }
 
+/// The operands of [`KernelBackend::layer_norm`], one value so that every backend's kernel (and
+/// the next normalisation op's) takes them the same way: normalise each row of the contiguous
+/// `x` `[rows, cols]` (see [`rows_cols`]) into `y`, writing the f32 statistics `mean` and `rstd`
+/// `[rows]`, scaled by `weight` and shifted by `bias` (`[cols]`, `x`'s dtype) when present.
+#[derive(Clone, Copy)]
+pub struct LayerNormArgs<'a> {
+    pub y: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub x: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub eps: f64,
+}
+
 /// Copy the contiguous `src` into the contiguous `dst` of the same shape and dtype on another
 /// device: through the backend of whichever side is not in host memory, else through a staging
 /// buffer on the host.
@@ -390,6 +395,14 @@ pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
             dst.kernels().write_from_host(dst, &staging)
         }
     }
+}
+
+/// The `[rows, cols]` a row kernel (softmax, layer norm) sees in its contiguous operand `t`:
+/// `cols` is the last dimension (1 for a 0-dim tensor), `rows` the product of the others. Every
+/// backend's row kernels take their bookkeeping from here.
+pub fn rows_cols(t: &Tensor) -> (usize, usize) {
+    let cols = t.shape().last().copied().unwrap_or(1);
+    (t.numel().checked_div(cols).unwrap_or(0), cols)
 }
 
 /// Error unless a host buffer of `len` bytes matches `t` byte for byte (the length check of

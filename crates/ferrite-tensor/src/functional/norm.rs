@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
+use crate::backend::LayerNormArgs;
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;
 use crate::ops::copy::materialize;
@@ -134,7 +135,10 @@ pub fn layer_norm(
         };
         let w2 = wt.as_ref().map(flat).transpose()?;
         let b2 = bt.as_ref().map(flat).transpose()?;
-        y.kernels().layer_norm(&rows_view(&y), &mean, &rstd, &rows_view(&xc), w2.as_ref(), b2.as_ref(), eps)?;
+        let (y2, x2) = (rows_view(&y), rows_view(&xc));
+        let args =
+            LayerNormArgs { y: &y2, mean: &mean, rstd: &rstd, x: &x2, weight: w2.as_ref(), bias: b2.as_ref(), eps };
+        y.kernels().layer_norm(&args)?;
     }
     let mut inputs: Vec<&Tensor> = vec![&x];
     if let Some(w) = &wt {

@@ -89,11 +89,27 @@ pub(crate) fn reduce_grad(g: &Tensor, shape: &[usize], dtype: DType) -> Result<T
     r.to_dtype(dtype)
 }
 
+/// One operand's gradient of a binary op, when that operand needs one: `grad()` summed over the
+/// dimensions it was broadcast along and cast to its dtype.
+fn operand_grad(need: bool, operand: &Tensor, grad: impl FnOnce() -> Result<Tensor>) -> Result<Option<Tensor>> {
+    if !need {
+        return Ok(None);
+    }
+    Ok(Some(reduce_grad(&grad()?, operand.shape(), operand.dtype())?))
+}
+
 struct AddBackward {
     a: (Vec<usize>, DType),
     b: (Vec<usize>, DType),
     alpha_b: f64,
     name: &'static str,
+}
+impl AddBackward {
+    /// `out = a + alpha_b * b`: gradients need only the operands' shapes and dtypes.
+    fn record(a: &Tensor, b: &Tensor, alpha_b: f64, name: &'static str, out: Tensor) -> Tensor {
+        let f = AddBackward { a: (a.shape().to_vec(), a.dtype()), b: (b.shape().to_vec(), b.dtype()), alpha_b, name };
+        Tensor::from_op1(out, &[a, b], f)
+    }
 }
 impl BackwardFn for AddBackward {
     fn name(&self) -> Cow<'static, str> {
@@ -108,94 +124,74 @@ impl BackwardFn for AddBackward {
     }
 }
 
-struct MulBackward {
+/// The binary ops whose gradients need the operands themselves.
+enum OperandRule {
+    Mul,
+    Div,
+    /// `a ** b`; the output is saved for `b`'s gradient (`out * ln a`).
+    Pow {
+        out: SavedTensor,
+    },
+}
+
+/// Backward of `mul`, `div` and `pow`: one saved pair of operands, one formula per rule.
+struct OperandsBackward {
+    rule: OperandRule,
     a: SavedTensor,
     b: SavedTensor,
     need: [bool; 2],
 }
-impl BackwardFn for MulBackward {
-    fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("MulBackward0")
-    }
-    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &g[0] else { return Ok(vec![None, None]) };
-        let a = self.a.get("MulBackward0")?;
-        let b = self.b.get("MulBackward0")?;
-        let ga = if self.need[0] {
-            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, b)?, a.shape(), a.dtype())?)
-        } else {
-            None
-        };
-        let gb = if self.need[1] {
-            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, a)?, b.shape(), b.dtype())?)
-        } else {
-            None
-        };
-        Ok(vec![ga, gb])
+
+impl OperandsBackward {
+    fn record(rule: OperandRule, a: &Tensor, b: &Tensor, out: Tensor) -> Tensor {
+        let f = OperandsBackward { rule, a: SavedTensor::new(a), b: SavedTensor::new(b), need: needs(a, b) };
+        Tensor::from_op1(out, &[a, b], f)
     }
 }
 
-struct DivBackward {
-    a: SavedTensor,
-    b: SavedTensor,
-    need: [bool; 2],
-}
-impl BackwardFn for DivBackward {
+impl BackwardFn for OperandsBackward {
     fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("DivBackward0")
+        Cow::Borrowed(match self.rule {
+            OperandRule::Mul => "MulBackward0",
+            OperandRule::Div => "DivBackward0",
+            OperandRule::Pow { .. } => "PowBackward1",
+        })
     }
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let Some(g) = &g[0] else { return Ok(vec![None, None]) };
-        let a = self.a.get("DivBackward0")?;
-        let b = self.b.get("DivBackward0")?;
-        let ga = if self.need[0] {
-            Some(reduce_grad(&arith_raw(BinaryOp::Div, g, b)?, a.shape(), a.dtype())?)
-        } else {
-            None
-        };
-        let gb = if self.need[1] {
-            // -g * a / b^2
-            let t = arith_raw(BinaryOp::Mul, g, a)?;
-            let t = arith_raw(BinaryOp::Div, &t, b)?;
-            let t = arith_raw(BinaryOp::Div, &t, b)?;
-            let t = arith_scalar_raw(BinaryOp::Mul, &t, -1.0)?;
-            Some(reduce_grad(&t, b.shape(), b.dtype())?)
-        } else {
-            None
-        };
-        Ok(vec![ga, gb])
-    }
-}
-
-struct PowBackward {
-    a: SavedTensor,
-    b: SavedTensor,
-    out: SavedTensor,
-    need: [bool; 2],
-}
-impl BackwardFn for PowBackward {
-    fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("PowBackward1")
-    }
-    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &g[0] else { return Ok(vec![None, None]) };
-        let a = self.a.get("PowBackward1")?;
-        let b = self.b.get("PowBackward1")?;
-        let ga = if self.need[0] {
-            // g * b * a^(b-1)
-            let bm1 = arith_scalar_raw(BinaryOp::Sub, b, 1.0)?;
-            let t = arith_raw(BinaryOp::Pow, a, &bm1)?;
-            let t = arith_raw(BinaryOp::Mul, &t, b)?;
-            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, &t)?, a.shape(), a.dtype())?)
-        } else {
-            None
-        };
-        let gb = if self.need[1] {
-            let out = self.out.get("PowBackward1")?;
-            let t = arith_raw(BinaryOp::Mul, out, &a.log()?)?;
-            Some(reduce_grad(&arith_raw(BinaryOp::Mul, g, &t)?, b.shape(), b.dtype())?)
-        } else {
-            None
+        let name = self.name();
+        let a = self.a.get(name.clone())?;
+        let b = self.b.get(name.clone())?;
+        let [need_a, need_b] = self.need;
+        let (ga, gb) = match &self.rule {
+            OperandRule::Mul => (
+                operand_grad(need_a, a, || arith_raw(BinaryOp::Mul, g, b))?,
+                operand_grad(need_b, b, || arith_raw(BinaryOp::Mul, g, a))?,
+            ),
+            OperandRule::Div => (
+                operand_grad(need_a, a, || arith_raw(BinaryOp::Div, g, b))?,
+                operand_grad(need_b, b, || {
+                    // -g * a / b^2
+                    let t = arith_raw(BinaryOp::Mul, g, a)?;
+                    let t = arith_raw(BinaryOp::Div, &t, b)?;
+                    let t = arith_raw(BinaryOp::Div, &t, b)?;
+                    arith_scalar_raw(BinaryOp::Mul, &t, -1.0)
+                })?,
+            ),
+            OperandRule::Pow { out } => (
+                operand_grad(need_a, a, || {
+                    // g * b * a^(b-1)
+                    let bm1 = arith_scalar_raw(BinaryOp::Sub, b, 1.0)?;
+                    let t = arith_raw(BinaryOp::Pow, a, &bm1)?;
+                    let t = arith_raw(BinaryOp::Mul, &t, b)?;
+                    arith_raw(BinaryOp::Mul, g, &t)
+                })?,
+                operand_grad(need_b, b, || {
+                    // g * out * ln(a)
+                    let t = arith_raw(BinaryOp::Mul, out.get(name.clone())?, &a.log()?)?;
+                    arith_raw(BinaryOp::Mul, g, &t)
+                })?,
+            ),
         };
         Ok(vec![ga, gb])
     }
@@ -274,16 +270,7 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(
-            out,
-            &[self, other],
-            AddBackward {
-                a: (self.shape().to_vec(), self.dtype()),
-                b: (other.shape().to_vec(), other.dtype()),
-                alpha_b: 1.0,
-                name: "AddBackward0",
-            },
-        ))
+        Ok(AddBackward::record(self, other, 1.0, "AddBackward0", out))
     }
 
     /// `self + alpha * other` (PyTorch's `add(other, alpha=)`).
@@ -293,16 +280,7 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(
-            out,
-            &[self, other],
-            AddBackward {
-                a: (self.shape().to_vec(), self.dtype()),
-                b: (other.shape().to_vec(), other.dtype()),
-                alpha_b: alpha,
-                name: "AddBackward0",
-            },
-        ))
+        Ok(AddBackward::record(self, other, alpha, "AddBackward0", out))
     }
 
     /// `self - other` with broadcasting.
@@ -311,16 +289,7 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        Ok(Tensor::from_op1(
-            out,
-            &[self, other],
-            AddBackward {
-                a: (self.shape().to_vec(), self.dtype()),
-                b: (other.shape().to_vec(), other.dtype()),
-                alpha_b: -1.0,
-                name: "SubBackward0",
-            },
-        ))
+        Ok(AddBackward::record(self, other, -1.0, "SubBackward0", out))
     }
 
     /// `self * other` with broadcasting.
@@ -329,8 +298,7 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        let f = MulBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), need: needs(self, other) };
-        Ok(Tensor::from_op1(out, &[self, other], f))
+        Ok(OperandsBackward::record(OperandRule::Mul, self, other, out))
     }
 
     /// `self / other` (true division; integers give float32).
@@ -339,8 +307,7 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        let f = DivBackward { a: SavedTensor::new(self), b: SavedTensor::new(other), need: needs(self, other) };
-        Ok(Tensor::from_op1(out, &[self, other], f))
+        Ok(OperandsBackward::record(OperandRule::Div, self, other, out))
     }
 
     /// `self ** other` elementwise (see [`pow_scalar`](Self::pow_scalar) for a number).
@@ -349,13 +316,8 @@ impl Tensor {
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
         }
-        let f = PowBackward {
-            a: SavedTensor::new(self),
-            b: SavedTensor::new(other),
-            out: SavedTensor::new(&out),
-            need: needs(self, other),
-        };
-        Ok(Tensor::from_op1(out, &[self, other], f))
+        let rule = OperandRule::Pow { out: SavedTensor::new(&out) };
+        Ok(OperandsBackward::record(rule, self, other, out))
     }
 
     /// Elementwise maximum (NaN propagates).

@@ -262,7 +262,7 @@ fn overlaps(a: &Tensor, b: &Tensor) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{DType, Device, no_grad};
 
@@ -301,17 +301,23 @@ mod tests {
         assert_eq!(inf, 2.0);
     }
 
-    #[test]
-    fn norm_kinds() {
-        let x = [3.0f64, -4.0, 0.0];
-        for (p, want) in [
+    /// `(p, ‖[3, -4, 0]‖_p)` for every kind of norm: the cases the op layer's and each backend's
+    /// norm tests share.
+    pub(crate) fn norm_cases() -> [(f64, f64); 6] {
+        [
             (2.0, 5.0),
             (1.0, 7.0),
             (f64::INFINITY, 4.0),
             (f64::NEG_INFINITY, 0.0),
             (0.0, 2.0),
             (3.0, (27.0f64 + 64.0).powf(1.0 / 3.0)),
-        ] {
+        ]
+    }
+
+    #[test]
+    fn norm_kinds() {
+        let x = [3.0f64, -4.0, 0.0];
+        for (p, want) in norm_cases() {
             let k = NormKind::of(p);
             let got = k.reduce_values(&x);
             assert!((got - want).abs() < 1e-12, "p={p}: {got} vs {want}");

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use crate::Tensor;
 use crate::autograd::BackwardFn;
 use crate::error::{ExpectedShape, Result, TensorError};
-use crate::layout::{Shape, infer_shape, normalize_dim};
+use crate::layout::{Shape, infer_shape, normalize_dim, wrap_index};
 use crate::ops::copy::{copy_into, materialize};
 
 enum ViewKind {
@@ -190,16 +190,9 @@ impl Tensor {
             });
         }
         let size = self.shape()[d];
-        let i = if index < 0 { index + size as i64 } else { index };
-        if i < 0 || i as usize >= size {
-            return Err(TensorError::IndexOutOfRange { op: "select", index, dim: d, size });
-        }
-        let out = self.view_with_layout(self.layout().select(d, i as usize));
-        Ok(self.record_view(
-            out,
-            ViewKind::Select { in_shape: self.shape_vec(), dim: d, index: i as usize },
-            "SelectBackward0",
-        ))
+        let i = wrap_index(index, size).ok_or(TensorError::IndexOutOfRange { op: "select", index, dim: d, size })?;
+        let out = self.view_with_layout(self.layout().select(d, i));
+        Ok(self.record_view(out, ViewKind::Select { in_shape: self.shape_vec(), dim: d, index: i }, "SelectBackward0"))
     }
 
     /// Broadcast to `shape` without copying (stride-0 dims).

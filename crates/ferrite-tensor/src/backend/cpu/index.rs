@@ -5,7 +5,7 @@
 use crate::element::Element;
 use crate::error::{Result, TensorError};
 use crate::kernels::strided::{SendPtr, Walk};
-use crate::layout::Shape;
+use crate::layout::{Shape, wrap_index};
 use crate::{DType, Tensor, dispatch_all, dispatch_bits};
 
 /// Read an integer index tensor as i64s, negative indices wrapped, validated against `size`.
@@ -23,15 +23,12 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
             });
         }
     };
-    let mut out = Vec::with_capacity(v.len());
-    for i in v {
-        let j = if i < 0 { i + size as i64 } else { i };
-        if j < 0 || j as usize >= size {
-            return Err(TensorError::IndexOutOfRange { op, index: i, dim, size });
-        }
-        out.push(j);
-    }
-    Ok(out)
+    v.into_iter()
+        .map(|i| match wrap_index(i, size) {
+            Some(j) => Ok(j as i64),
+            None => Err(TensorError::IndexOutOfRange { op, index: i, dim, size }),
+        })
+        .collect()
 }
 
 /// Error unless every index is in `[0, size)` or equals `ignore`.
@@ -110,12 +107,11 @@ pub(super) fn gather(out: &Tensor, x: &Tensor, d: usize, idx: &Tensor) -> Result
                 // SAFETY: offsets from validated layouts; j checked against `size`.
                 unsafe {
                     let j = *ip.add(oi + k * si);
-                    let jj = if j < 0 { j + size as i64 } else { j };
-                    if jj < 0 || jj as usize >= size {
+                    let Some(jj) = wrap_index(j, size) else {
                         bad.get_or_insert(j);
                         continue;
-                    }
-                    *op.add(lin + k) = *xp.add(ox + k * sx + jj as usize * dim_stride);
+                    };
+                    *op.add(lin + k) = *xp.add(ox + k * sx + jj * dim_stride);
                 }
             }
         });
@@ -147,12 +143,11 @@ pub(super) fn scatter_add(out: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) 
                 // SAFETY: offsets from validated layouts; j checked against `size`.
                 unsafe {
                     let j = *ip.add(oi + k * si);
-                    let jj = if j < 0 { j + size as i64 } else { j };
-                    if jj < 0 || jj as usize >= size {
+                    let Some(jj) = wrap_index(j, size) else {
                         bad.get_or_insert(j);
                         continue;
-                    }
-                    let p = op.0.add(oo + k * so + jj as usize * dim_stride);
+                    };
+                    let p = op.0.add(oo + k * so + jj * dim_stride);
                     *p = T::from_f64((*p).to_f64() + (*sp.add(os_ + k * ss)).to_f64());
                 }
             }

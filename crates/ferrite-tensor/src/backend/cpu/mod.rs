@@ -10,7 +10,7 @@ mod reduce;
 mod softmax;
 
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp, check_host_len,
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp, check_host_len,
 };
 use crate::element::Element;
 use crate::error::Result;
@@ -150,17 +150,8 @@ impl KernelBackend for CpuBackend {
         softmax::softmax_backward(out, grad, y, log)
     }
 
-    fn layer_norm(
-        &self,
-        y: &Tensor,
-        mean: &Tensor,
-        rstd: &Tensor,
-        x: &Tensor,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> Result<()> {
-        norm::layer_norm(y, mean, rstd, x, weight, bias, eps)
+    fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()> {
+        norm::layer_norm(args)
     }
 
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {

@@ -1,35 +1,16 @@
 //! CPU layer normalisation: one pass per row for the statistics (in f64), one for the output.
 
-use crate::Tensor;
+use crate::backend::{LayerNormArgs, rows_cols};
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
 
-pub(super) fn layer_norm(
-    y: &Tensor,
-    mean: &Tensor,
-    rstd: &Tensor,
-    x: &Tensor,
-    w: Option<&Tensor>,
-    b: Option<&Tensor>,
-    eps: f64,
-) -> Result<()> {
-    let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = x.numel().checked_div(cols).unwrap_or(0);
-    crate::dispatch_float!(x.dtype(), "layer_norm", T => k::<T>(x, y, mean, rstd, w, b, rows, cols, eps))
+pub(super) fn layer_norm(args: &LayerNormArgs<'_>) -> Result<()> {
+    crate::dispatch_float!(args.x.dtype(), "layer_norm", T => k::<T>(args))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn k<T: crate::element::Float>(
-    x: &Tensor,
-    y: &Tensor,
-    mean: &Tensor,
-    rstd: &Tensor,
-    w: Option<&Tensor>,
-    b: Option<&Tensor>,
-    rows: usize,
-    cols: usize,
-    eps: f64,
-) -> Result<()> {
+fn k<T: crate::element::Float>(args: &LayerNormArgs<'_>) -> Result<()> {
+    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, eps } = *args;
+    let (rows, cols) = rows_cols(x);
     let xp = SendPtr(x.ptr::<T>("layer_norm")?);
     let yp = SendPtr(y.ptr::<T>("layer_norm")?);
     let mp = SendPtr(mean.ptr::<f32>("layer_norm")?);

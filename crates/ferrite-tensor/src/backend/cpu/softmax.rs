@@ -3,6 +3,7 @@
 
 use num_traits::{Float as _, One, Zero};
 
+use crate::backend::rows_cols;
 use crate::element::{AccFloat, Float};
 use crate::error::Result;
 use crate::kernels::simd::vectorize;
@@ -10,13 +11,12 @@ use crate::kernels::strided::{SendPtr, par_ranges};
 use crate::{Tensor, dispatch_float};
 
 pub(super) fn softmax(out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
-    let cols = x.shape().last().copied().unwrap_or(1);
-    dispatch_float!(x.dtype(), "softmax", T => rows_kernel::<T>(x, out, cols, #[inline(always)] move |a, b| softmax_row::<T>(a, b, log)))
+    let (rows, cols) = rows_cols(x);
+    dispatch_float!(x.dtype(), "softmax", T => rows_kernel::<T>(x, out, rows, cols, #[inline(always)] move |a, b| softmax_row::<T>(a, b, log)))
 }
 
 pub(super) fn softmax_backward(out: &Tensor, g: &Tensor, y: &Tensor, log: bool) -> Result<()> {
-    let cols = g.shape().last().copied().unwrap_or(1);
-    let rows = g.numel().checked_div(cols).unwrap_or(0);
+    let (rows, cols) = rows_cols(g);
     dispatch_float!(g.dtype(), "softmax_backward", T => backward_kernel::<T>(g, y, out, rows, cols, log))
 }
 
@@ -24,10 +24,10 @@ pub(super) fn softmax_backward(out: &Tensor, g: &Tensor, y: &Tensor, log: bool) 
 fn rows_kernel<T: Float>(
     x: &Tensor,
     out: &Tensor,
+    rows: usize,
     cols: usize,
     f: impl Fn(&[T], &mut [T]) + Sync + Send,
 ) -> Result<()> {
-    let rows = x.numel().checked_div(cols).unwrap_or(0);
     let xp = SendPtr(x.ptr::<T>("softmax")?);
     let op = SendPtr(out.ptr::<T>("softmax")?);
     par_ranges(rows, cols * 8, |s, e| {

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use self::runtime::Runtime;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp, check_host_len,
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp, check_host_len,
 };
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
@@ -191,17 +191,8 @@ impl KernelBackend for WgpuBackend {
         reduce::softmax_backward(self.rt_for("softmax_backward", &[out, grad, y])?, out, grad, y, log)
     }
 
-    fn layer_norm(
-        &self,
-        y: &Tensor,
-        mean: &Tensor,
-        rstd: &Tensor,
-        x: &Tensor,
-        weight: Option<&Tensor>,
-        bias: Option<&Tensor>,
-        eps: f64,
-    ) -> Result<()> {
-        reduce::layer_norm(self.rt_for("layer_norm", &[y, x])?, y, mean, rstd, x, weight, bias, eps)
+    fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()> {
+        reduce::layer_norm(self.rt_for("layer_norm", &[args.y, args.x])?, args)
     }
 
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use super::runtime::{Runtime, read, write};
 use super::wgsl;
 use crate::Tensor;
+use crate::backend::{LayerNormArgs, rows_cols};
 use crate::error::Result;
 use crate::ops::reduce::Plan;
 
@@ -192,8 +193,7 @@ fn row_kernel(
 }
 
 pub(super) fn softmax(rt: &Runtime, out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
-    let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = x.numel().checked_div(cols).unwrap_or(0);
+    let (rows, cols) = rows_cols(x);
     let finish = if log {
         "  let lse = log(total);\n  for (var c = lid; c < cols; c = c + 256u) { stf0(at(0u, row, c), ldf1(at(1u, row, c)) - mx - lse); }\n"
     } else {
@@ -216,8 +216,7 @@ pub(super) fn softmax(rt: &Runtime, out: &Tensor, x: &Tensor, log: bool) -> Resu
 }
 
 pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tensor, log: bool) -> Result<()> {
-    let cols = g.shape().last().copied().unwrap_or(1);
-    let rows = g.numel().checked_div(cols).unwrap_or(0);
+    let (rows, cols) = rows_cols(g);
     let body = if log {
         "  var acc = 0.0;\n  for (var c = lid; c < cols; c = c + 256u) { acc = acc + ldf1(at(1u, row, c)); }\n  red[lid] = acc;\n  workgroupBarrier();\n  tree_sum(lid);\n  let t = red[0];\n  for (var c = lid; c < cols; c = c + 256u) { stf0(at(0u, row, c), ldf1(at(1u, row, c)) - exp(ldf2(at(2u, row, c))) * t); }\n"
     } else {
@@ -236,18 +235,9 @@ pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tenso
     )
 }
 
-pub(super) fn layer_norm(
-    rt: &Runtime,
-    y: &Tensor,
-    mean: &Tensor,
-    rstd: &Tensor,
-    x: &Tensor,
-    w: Option<&Tensor>,
-    b: Option<&Tensor>,
-    eps: f64,
-) -> Result<()> {
-    let cols = x.shape().last().copied().unwrap_or(1);
-    let rows = x.numel().checked_div(cols).unwrap_or(0);
+pub(super) fn layer_norm(rt: &Runtime, args: &LayerNormArgs<'_>) -> Result<()> {
+    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, eps } = *args;
+    let (rows, cols) = rows_cols(x);
     // Operands: 0 y, 1 mean, 2 rstd, 3 x, then weight and bias (rows of them: row 0 only).
     let mut ts: Vec<&Tensor> = vec![y, mean, rstd, x];
     let mut written = vec![true, true, true, false];
