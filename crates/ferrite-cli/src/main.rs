@@ -2,6 +2,7 @@
 //! defaults), so `cargo run --release` from the repository root is the main job.
 
 mod commands;
+mod observe;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ enum Command {
     Convert(commands::convert::ConvertArgs),
     /// List the devices ferrite can compute on: cpu, meta, and every GPU adapter with its limits.
     Devices(commands::devices::DevicesArgs),
+    /// Watch a running `ferrite train --metrics-addr`: memory per device, loss, throughput.
+    Monitor(commands::monitor::MonitorArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +41,7 @@ fn main() -> ExitCode {
         Some(Command::Inspect(a)) => commands::inspect::run(a),
         Some(Command::Convert(a)) => commands::convert::run(a),
         Some(Command::Devices(a)) => commands::devices::run(a),
+        Some(Command::Monitor(a)) => commands::monitor::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

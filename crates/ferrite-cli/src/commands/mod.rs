@@ -4,6 +4,7 @@ pub mod convert;
 pub mod devices;
 pub mod inspect;
 pub mod memory;
+pub mod monitor;
 pub mod train;
 
 /// Errors reach `main` as displayable values; `main` prints them and exits non-zero.
