@@ -29,6 +29,8 @@ enum Command {
     Devices(commands::devices::DevicesArgs),
     /// Watch a running `ferrite train --metrics-addr`: memory per device, loss, throughput.
     Monitor(commands::monitor::MonitorArgs),
+    /// Check this installation: CPU, memory, container limits, devices, datasets, environment.
+    Doctor(commands::doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Some(Command::Convert(a)) => commands::convert::run(a),
         Some(Command::Devices(a)) => commands::devices::run(a),
         Some(Command::Monitor(a)) => commands::monitor::run(a),
+        Some(Command::Doctor(a)) => commands::doctor::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

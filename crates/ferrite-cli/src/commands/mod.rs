@@ -2,6 +2,7 @@
 
 pub mod convert;
 pub mod devices;
+pub mod doctor;
 pub mod inspect;
 pub mod memory;
 pub mod monitor;

@@ -173,21 +173,21 @@ impl Dashboard {
         );
         spark(
             format!(" loss {} ", float_or_dash(t.loss, 4)),
-            tail_scaled(&self.history.loss, width(loss_area), 1e4),
+            tail_scaled(&self.history.loss, width(loss_area)),
             Color::Cyan,
             loss_area,
             f,
         );
         spark(
             format!(" samples/s {:.0} ", t.samples_per_second),
-            tail_scaled(&self.history.samples_per_second, width(sps_area), 1.0),
+            tail_scaled(&self.history.samples_per_second, width(sps_area)),
             Color::Magenta,
             sps_area,
             f,
         );
         spark(
             format!(" loader wait {:.1}% ", 100.0 * t.loader_wait_ratio),
-            tail_scaled(&self.history.loader_wait_ratio, width(wait_area), 1e4),
+            tail_scaled(&self.history.loader_wait_ratio, width(wait_area)),
             Color::Red,
             wait_area,
             f,

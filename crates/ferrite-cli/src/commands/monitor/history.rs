@@ -42,12 +42,16 @@ impl History {
     }
 }
 
-/// The last `n` values of `q`, scaled to integers for a sparkline (`scale` per unit).
-pub fn tail_scaled(q: &VecDeque<f64>, n: usize, scale: f64) -> Vec<u64> {
-    q.iter()
-        .skip(q.len().saturating_sub(n))
-        .map(|v| if v.is_finite() && *v > 0.0 { (v * scale) as u64 } else { 0 })
-        .collect()
+/// Integer heights of a sparkline: the last `n` values of `q` as thousandths of their largest
+/// (so a loss falling from 2.3 to 0.001 stays visible); non-finite and negative values are 0.
+pub fn tail_scaled(q: &VecDeque<f64>, n: usize) -> Vec<u64> {
+    let shown: Vec<f64> =
+        q.iter().skip(q.len().saturating_sub(n)).map(|v| if v.is_finite() { v.max(0.0) } else { 0.0 }).collect();
+    let max = shown.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
+        return vec![0; shown.len()];
+    }
+    shown.iter().map(|v| (v / max * 1000.0).round() as u64).collect()
 }
 
 /// The last `n` values of `q`.
@@ -68,6 +72,8 @@ mod tests {
         assert_eq!(q.len(), KEEP);
         assert_eq!(tail(&q, 3), [KEEP as u64 + 2, KEEP as u64 + 3, KEEP as u64 + 4]);
         let f: VecDeque<f64> = [0.5, f64::NAN, -1.0, 2.0].into_iter().collect();
-        assert_eq!(tail_scaled(&f, 10, 100.0), [50, 0, 0, 200]);
+        assert_eq!(tail_scaled(&f, 10), [250, 0, 0, 1000]);
+        assert_eq!(tail_scaled(&f, 1), [1000]);
+        assert_eq!(tail_scaled(&[0.0, f64::NAN].into_iter().collect(), 5), [0, 0]);
     }
 }
