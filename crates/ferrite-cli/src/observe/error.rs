@@ -23,8 +23,8 @@ pub enum ObserveError {
     PermissionDenied { addr: String },
     #[error("cannot serve metrics on {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
-    #[error("cannot open the metrics file `{path}`: {source}. Give a writable path to --metrics-file")]
-    MetricsFile { path: PathBuf, source: std::io::Error },
+    #[error("cannot open the metrics file `{}`: {reason}. Give a writable path to --metrics-file", path.display())]
+    MetricsFile { path: PathBuf, reason: String },
     #[error("cannot start the metrics thread: {0}")]
     Thread(std::io::Error),
     #[error("no metrics at {url}: {reason}")]

@@ -40,14 +40,18 @@ impl MetricsFile {
         if path.is_dir() {
             return Err(ObserveError::MetricsFile {
                 path: path.to_path_buf(),
-                source: std::io::Error::other("it is a directory, not a file"),
+                reason: "it is a directory, not a file".into(),
             });
         }
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(|source| ObserveError::MetricsFile { path: path.to_path_buf(), source })?;
+        let file = OpenOptions::new().create(true).append(true).open(path).map_err(|e| ObserveError::MetricsFile {
+            path: path.to_path_buf(),
+            reason: match e.kind() {
+                std::io::ErrorKind::NotFound => "its directory does not exist".to_string(),
+                std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+                std::io::ErrorKind::NotADirectory => "a part of the path is a file, not a directory".to_string(),
+                _ => e.to_string(),
+            },
+        })?;
         let mut writer = LineWriter { file, path: path.to_path_buf(), failed: false };
         writer.write(&metrics.record("start"));
         let (tx, rx) = crossbeam_channel::unbounded();

@@ -1,0 +1,105 @@
+//! A real Prometheus server (Debian's `prometheus` package) scrapes a running `ferrite train`,
+//! and its query API shows the series arrived with sane values. Skips loudly without the package,
+//! fails without it when `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI installs it in `.ci/run`).
+//!
+//! Everything stays on loopback: Prometheus listens on 127.0.0.1 and scrapes 127.0.0.1.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{require_or_skip, start_live_run, try_http_get, wait_for};
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The first result of an instant query, as (labels, value).
+fn query(api: &str, promql: &str) -> Option<(serde_json::Value, f64)> {
+    let url = format!("{api}/api/v1/query?query={}", encode(promql));
+    let (status, body) = try_http_get(&url).ok()?;
+    if status != 200 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let first = v["data"]["result"].as_array()?.first()?.clone();
+    let value = first["value"][1].as_str()?.parse().ok()?;
+    Some((first["metric"].clone(), value))
+}
+
+/// Percent-encoding for a query string.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'-' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_scrapes_a_training_run() {
+    if !require_or_skip("prometheus", "prometheus") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let run = start_live_run(dir.path(), &["--device", "sim:a100-40gb"]);
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: ferrite\n    static_configs:\n      - targets: ['{}']\n",
+        run.addr
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let _prometheus = Prometheus(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let api = format!("http://127.0.0.1:{port}");
+    // Prometheus needs a few seconds to start and scrape twice.
+    let steps =
+        wait_for(Duration::from_secs(90), || query(&api, "ferrite_train_steps_total").filter(|(_, v)| *v > 0.0))
+            .expect("Prometheus has ferrite_train_steps_total from the run within 90 s");
+    assert_eq!(steps.0["job"], "ferrite");
+
+    let (up, v) = query(&api, "up{job=\"ferrite\"}").unwrap();
+    assert_eq!(v, 1.0, "{up}");
+    let (info, _) = query(&api, "ferrite_run_info").unwrap();
+    assert_eq!((info["dataset"].as_str(), info["device"].as_str()), (Some("digits"), Some("sim:a100-40gb:0")));
+    let gpu = "{device=\"sim:a100-40gb:0\"}";
+    let allocated = query(&api, &format!("ferrite_memory_allocated_bytes{gpu}")).unwrap().1;
+    let reserved = query(&api, &format!("ferrite_memory_reserved_bytes{gpu}")).unwrap().1;
+    let capacity = query(&api, &format!("ferrite_memory_capacity_bytes{gpu}")).unwrap().1;
+    assert!(allocated > 400.0 * 1024.0 && reserved >= allocated && capacity > 39.0 * (1u64 << 30) as f64);
+    assert_eq!(query(&api, &format!("ferrite_memory_ooms_total{gpu}")).unwrap().1, 0.0);
+    let loss = query(&api, "ferrite_train_loss").unwrap().1;
+    assert!(loss.is_finite() && (0.0..5.0).contains(&loss), "loss {loss}");
+    // PromQL over the histogram: the mean batch time is positive and below a second.
+    let mean = wait_for(Duration::from_secs(30), || {
+        query(
+            &api,
+            "rate(ferrite_train_batch_duration_seconds_sum[10s]) / rate(ferrite_train_batch_duration_seconds_count[10s])",
+        )
+        .filter(|(_, v)| v.is_finite())
+    })
+    .expect("two scrapes of the histogram")
+    .1;
+    assert!(mean > 0.0 && mean < 1.0, "mean batch time {mean} s");
+    let wait = query(&api, "ferrite_train_loader_wait_ratio").unwrap().1;
+    assert!((0.0..=1.0).contains(&wait), "{wait}");
+}
