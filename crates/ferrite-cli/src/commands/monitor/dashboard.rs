@@ -233,14 +233,14 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
         ]),
         bar,
         Line::from(format!(
-            " {:<16}peak {}  cached free {}  largest free block {}  segments {}  OOMs {}  retries {}",
+            " {:<16}OOMs {}  retries {}  segments {}  peak {}  cached free {}  largest free block {}",
             "",
+            d.ooms_total,
+            d.alloc_retries_total,
+            d.segments,
             format_size(d.peak_allocated_bytes),
             format_size(d.reserved_unallocated_bytes),
             format_size(d.largest_free_block_bytes),
-            d.segments,
-            d.ooms_total,
-            d.alloc_retries_total,
         )),
     ]
 }
@@ -318,13 +318,13 @@ mod tests {
         for _ in 0..5 {
             dash.history.record(&dash.view.clone());
         }
-        let s = screen(&dash, 100, 30);
+        let s = screen(&dash, 120, 30);
         for needle in [
             "ferrite monitor · http://127.0.0.1:9400/metrics",
             "epoch 2/20  steps 12  loss 0.7500  lr 1.0e-3  9000 samples/s  loader wait 50.0%",
             "allocated 10.00 GiB  reserved 20.00 GiB  capacity 40.00 GiB  (50.0% reserved)",
             "capacity unknown",
-            "OOMs 1  retries 2",
+            "OOMs 1  retries 2  segments 3  peak 10.00 GiB",
             "q quit",
         ] {
             assert!(s.contains(needle), "missing `{needle}` in\n{s}");

@@ -76,8 +76,9 @@ pub fn run(args: MonitorArgs) -> CliResult {
 
 /// The line printed when a watched run stops answering.
 fn gone_line(url: &str, last: &RunView, e: &ObserveError) -> String {
+    // The short form of the reason: "nothing is listening there", not its explanation.
     let reason = match e {
-        ObserveError::Unreachable { reason, .. } => reason.clone(),
+        ObserveError::Unreachable { reason, .. } => reason.split(" (").next().unwrap_or(reason).to_string(),
         other => other.to_string(),
     };
     format!(
