@@ -15,6 +15,8 @@ struct Cli {
     command: Option<Command>,
 }
 
+// The train command's flags make its variant large; the value is parsed once per process.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (default: an MLP on the built-in digits dataset).

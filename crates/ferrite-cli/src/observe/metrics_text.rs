@@ -142,8 +142,11 @@ fn parse_sample(line: &str) -> Result<Sample, String> {
     Ok(Sample { name: name.to_string(), labels, value })
 }
 
+/// Label names and unescaped values, in the order written.
+type Labels = Vec<(String, String)>;
+
 /// Labels after `{`; returns them and the text after `}`.
-fn parse_labels(mut s: &str) -> Result<(Vec<(String, String)>, &str), String> {
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), String> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start_matches([' ', '\t']);

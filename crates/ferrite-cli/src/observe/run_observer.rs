@@ -243,10 +243,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let run = observer(dir.path());
         run.epoch_started(1, 3);
-        let slow = (0..3).map(|k| {
-            std::thread::sleep(Duration::from_millis(20));
-            k
-        });
+        let slow = (0..3).inspect(|_| std::thread::sleep(Duration::from_millis(20)));
         for _ in run.time_loader(slow) {
             run.batch(BatchReport { samples: 8, loss: 0.5 });
             run.step(StepReport { applied: true, learning_rate: 1e-3, grad_scale: None });
