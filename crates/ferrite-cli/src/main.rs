@@ -2,7 +2,9 @@
 //! defaults), so `cargo run --release` from the repository root is the main job.
 
 mod commands;
-mod observe;
+
+// `crate::observe` in the subcommands is the library's module.
+use ferrite_cli::observe;
 
 use std::process::ExitCode;
 
