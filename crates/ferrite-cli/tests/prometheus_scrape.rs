@@ -2,6 +2,10 @@
 //! and its query API shows the series arrived with sane values. Skips loudly without the package,
 //! fails without it when `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI installs it in `.ci/run`).
 //!
+//! The server runs the repository's own scrape configuration (`deploy/prometheus.yml`, checked
+//! with `promtool`), pointed at the run, and evaluates every query of the Grafana dashboard
+//! (`deploy/grafana-dashboard.json`) against the scraped series.
+//!
 //! Everything stays on loopback: Prometheus listens on 127.0.0.1 and scrapes 127.0.0.1.
 
 mod common;
@@ -19,6 +23,25 @@ impl Drop for Prometheus {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The result of an instant query: every series as (labels, value); `Err` with Prometheus's
+/// message when the query is refused.
+fn query_all(api: &str, promql: &str) -> Result<Vec<(serde_json::Value, f64)>, String> {
+    let url = format!("{api}/api/v1/query?query={}", encode(promql));
+    let (status, body) = try_http_get(&url).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    if status != 200 || v["status"] != "success" {
+        return Err(format!("HTTP {status}: {body}"));
+    }
+    let series = v["data"]["result"].as_array().cloned().unwrap_or_default();
+    Ok(series
+        .into_iter()
+        .map(|s| {
+            let value = s["value"][1].as_str().and_then(|x| x.parse().ok()).unwrap_or(f64::NAN);
+            (s["metric"].clone(), value)
+        })
+        .collect())
 }
 
 /// The first result of an instant query, as (labels, value).
@@ -49,16 +72,25 @@ fn prometheus_scrapes_a_training_run() {
     if !require_or_skip("prometheus", "prometheus") {
         return;
     }
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let shipped = std::fs::read_to_string(repo.join("deploy/prometheus.yml")).unwrap();
+    if require_or_skip("promtool", "prometheus") {
+        let o = Command::new("promtool").arg("check").arg("config").arg(repo.join("deploy/prometheus.yml")).output().unwrap();
+        assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    }
     let dir = tempfile::tempdir().unwrap();
-    let run = start_live_run(dir.path(), &["--device", "sim:a100-40gb"]);
+    // f16 autocast, so the GradScaler's series exist too.
+    let run = start_live_run(dir.path(), &["--device", "sim:a100-40gb", "--amp", "f16"]);
     let port = {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: ferrite\n    static_configs:\n      - targets: ['{}']\n",
-        run.addr
-    );
+    // The shipped configuration, pointed at this run and scraping every second to keep the test short.
+    assert!(shipped.contains("'127.0.0.1:9400'") && shipped.contains("scrape_interval: 5s"), "{shipped}");
+    let config = shipped
+        .replace("'127.0.0.1:9400'", &format!("'{}'", run.addr))
+        .replace("scrape_interval: 5s", "scrape_interval: 1s")
+        .replace("scrape_timeout: 4s", "scrape_timeout: 1s");
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     let _prometheus = Prometheus(
         Command::new("prometheus")
@@ -102,4 +134,23 @@ fn prometheus_scrapes_a_training_run() {
     assert!(mean > 0.0 && mean < 1.0, "mean batch time {mean} s");
     let wait = query(&api, "ferrite_train_loader_wait_ratio").unwrap().1;
     assert!((0.0..=1.0).contains(&wait), "{wait}");
+    let scale = query(&api, "ferrite_train_grad_scale").unwrap().1;
+    assert!(scale >= 1.0 && scale.log2().fract() == 0.0, "loss scale {scale}");
+
+    // Every query of the Grafana dashboard is valid PromQL and finds series of this run.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(repo.join("deploy/grafana-dashboard.json")).unwrap()).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter().map(|t| t["expr"].as_str().unwrap().to_string()))
+        .collect();
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    for expr in exprs {
+        let promql = expr.replace("$job", "ferrite").replace("$__rate_interval", "10s");
+        let series = wait_for(Duration::from_secs(30), || query_all(&api, &promql).ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| panic!("the dashboard query `{promql}` found nothing: {:?}", query_all(&api, &promql)));
+        assert!(series.iter().any(|(_, v)| v.is_finite()), "`{promql}`: {series:?}");
+    }
 }
