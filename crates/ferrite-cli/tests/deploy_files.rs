@@ -24,8 +24,7 @@ fn the_dashboard_queries_name_exported_series() {
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
             for (i, _) in expr.match_indices("ferrite_") {
-                let name: String =
-                    expr[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let name: String = expr[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
                 assert!(
                     exported.samples.iter().any(|s| s.name == name),
                     "panel `{}` queries `{name}`, which ferrite does not export",

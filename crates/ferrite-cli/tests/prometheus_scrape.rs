@@ -75,7 +75,12 @@ fn prometheus_scrapes_a_training_run() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let shipped = std::fs::read_to_string(repo.join("deploy/prometheus.yml")).unwrap();
     if require_or_skip("promtool", "prometheus") {
-        let o = Command::new("promtool").arg("check").arg("config").arg(repo.join("deploy/prometheus.yml")).output().unwrap();
+        let o = Command::new("promtool")
+            .arg("check")
+            .arg("config")
+            .arg(repo.join("deploy/prometheus.yml"))
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     }
     let dir = tempfile::tempdir().unwrap();

@@ -20,7 +20,7 @@ use crate::observe::ObserveError;
 use crate::observe::run_figures::DeviceFigures;
 
 use super::history::{History, tail, tail_scaled};
-use super::plain::{clock, float_or_dash, lr_text};
+use super::plain::{clock, loss_text, lr_text};
 use super::run_view::RunView;
 use super::scrape::Scraper;
 
@@ -100,7 +100,7 @@ impl Dashboard {
         let v = &self.view;
         let memory_height = 2 + 3 * v.devices.len() as u16;
         let [header, memory, row1, row2, footer] = Layout::vertical([
-            Constraint::Length(4),
+            Constraint::Length(5),
             Constraint::Length(memory_height),
             Constraint::Min(4),
             Constraint::Min(4),
@@ -116,12 +116,15 @@ impl Dashboard {
                 Span::raw(format!("on {} · device {} · ferrite {}", v.info.dataset, v.info.device, v.info.version)),
             ]),
             Line::from(format!(
-                "epoch {}/{}  steps {}  loss {}  lr {}  {:.0} samples/s  loader wait {:.1}%  grad scale {}  skipped {}",
+                "epoch {}/{}  steps {}  loss {}  lr {}",
                 t.epoch,
                 t.epochs,
                 t.steps_total,
-                float_or_dash(t.loss, 4),
+                loss_text(t.loss),
                 lr_text(t.learning_rate),
+            )),
+            Line::from(format!(
+                "{:.0} samples/s  loader wait {:.1}%  grad scale {}  skipped steps {}",
                 t.samples_per_second,
                 100.0 * t.loader_wait_ratio,
                 t.grad_scale.map_or("-".into(), |g| format!("{g}")),
@@ -172,7 +175,7 @@ impl Dashboard {
             f,
         );
         spark(
-            format!(" loss {} ", float_or_dash(t.loss, 4)),
+            format!(" loss {} ", loss_text(t.loss)),
             tail_scaled(&self.history.loss, width(loss_area)),
             Color::Cyan,
             loss_area,
@@ -209,7 +212,8 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
     let capacity = d.capacity_bytes.unwrap_or(0);
     // Without a known capacity the bar spans the peak reservation.
     let full = capacity.max(d.peak_reserved_bytes).max(d.reserved_bytes).max(1);
-    let cells = |b: u64| ((b as f64 / full as f64) * width as f64).round() as usize;
+    // Rounded up: memory in use always shows at least one cell.
+    let cells = |b: u64| ((b as f64 / full as f64) * width as f64).ceil() as usize;
     let a = cells(d.allocated_bytes).min(width);
     let r = cells(d.reserved_bytes).clamp(a, width);
     let bar = Line::from(vec![
@@ -227,18 +231,24 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
     vec![
         Line::from(vec![
             Span::styled(format!(" {:<16}", d.device), Style::default().add_modifier(Modifier::BOLD)),
-            Span::styled(format!("allocated {}  ", format_size(d.allocated_bytes)), Style::default().fg(ALLOCATED)),
+            Span::styled(
+                format!(
+                    "allocated {} (peak {})  ",
+                    format_size(d.allocated_bytes),
+                    format_size(d.peak_allocated_bytes)
+                ),
+                Style::default().fg(ALLOCATED),
+            ),
             Span::styled(format!("reserved {}  ", format_size(d.reserved_bytes)), Style::default().fg(RESERVED)),
             Span::raw(capacity_text),
         ]),
         bar,
         Line::from(format!(
-            " {:<16}OOMs {}  retries {}  segments {}  peak {}  cached free {}  largest free block {}",
+            " {:<16}OOMs {}  retries {}  segments {}  cached free {}  largest free block {}",
             "",
             d.ooms_total,
             d.alloc_retries_total,
             d.segments,
-            format_size(d.peak_allocated_bytes),
             format_size(d.reserved_unallocated_bytes),
             format_size(d.largest_free_block_bytes),
         )),
@@ -318,13 +328,14 @@ mod tests {
         for _ in 0..5 {
             dash.history.record(&dash.view.clone());
         }
-        let s = screen(&dash, 120, 30);
+        let s = screen(&dash, 120, 32);
         for needle in [
             "ferrite monitor · http://127.0.0.1:9400/metrics",
-            "epoch 2/20  steps 12  loss 0.7500  lr 1.0e-3  9000 samples/s  loader wait 50.0%",
-            "allocated 10.00 GiB  reserved 20.00 GiB  capacity 40.00 GiB  (50.0% reserved)",
+            "epoch 2/20  steps 12  loss 0.7500  lr 1.0e-3",
+            "9000 samples/s  loader wait 50.0%  grad scale -  skipped steps 0",
+            "allocated 10.00 GiB (peak 10.00 GiB)  reserved 20.00 GiB  capacity 40.00 GiB  (50.0% reserved)",
             "capacity unknown",
-            "OOMs 1  retries 2  segments 3  peak 10.00 GiB",
+            "OOMs 1  retries 2  segments 3  cached free 10.00 GiB",
             "q quit",
         ] {
             assert!(s.contains(needle), "missing `{needle}` in\n{s}");

@@ -13,6 +13,15 @@ pub fn float_or_dash(v: Option<f64>, digits: usize) -> String {
     }
 }
 
+/// A loss: four decimals, or three significant digits once it is below 0.01 (a loss of
+/// `0.0000` says nothing).
+pub fn loss_text(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x != 0.0 && x.abs() < 0.01 => format!("{x:.2e}"),
+        other => float_or_dash(other, 4),
+    }
+}
+
 pub fn lr_text(v: Option<f64>) -> String {
     v.map_or("-".into(), |x| format!("{x:.1e}"))
 }
@@ -29,7 +38,7 @@ pub fn snapshot(url: &str, v: &RunView) -> String {
         t.epoch,
         t.epochs,
         t.steps_total,
-        float_or_dash(t.loss, 4),
+        loss_text(t.loss),
         lr_text(t.learning_rate),
         t.samples_per_second,
         100.0 * t.loader_wait_ratio,
@@ -103,7 +112,7 @@ pub fn dmon_lines(clock: &str, v: &RunView) -> String {
             d.device,
             t.epoch,
             t.steps_total,
-            float_or_dash(t.loss, 4),
+            loss_text(t.loss),
             t.samples_per_second,
             100.0 * t.loader_wait_ratio,
             mib(d.allocated_bytes),
@@ -186,6 +195,14 @@ mod tests {
         assert!(s.starts_with("ferrite run at http://127.0.0.1:9400/metrics: mlp 64-10 on digits, device cpu"), "{s}");
         assert!(s.contains("epoch 3/20") && s.contains("loss 0.4123") && s.contains("lr 1.0e-3"), "{s}");
         assert!(s.contains("308.00 KiB") && s.contains("2.00 MiB"), "{s}");
+    }
+
+    #[test]
+    fn small_losses_keep_their_digits() {
+        assert_eq!(loss_text(Some(0.41234)), "0.4123");
+        assert_eq!(loss_text(Some(0.000123)), "1.23e-4");
+        assert_eq!(loss_text(Some(0.0)), "0.0000");
+        assert_eq!(loss_text(None), "-");
     }
 
     #[test]
