@@ -147,7 +147,7 @@ fn the_live_view_in_a_real_terminal() {
         "mlp 64-128-128-10 on digits · device sim:a100-40gb:0".to_string(),
         "memory: █ allocated ▒ reserved ░ capacity".to_string(),
         "sim:a100-40gb:0 allocated".to_string(),
-        "capacity 39.59 GiB".to_string(),
+        "reserved 2.00 MiB of 39.59 GiB".to_string(),
         "loader wait".to_string(),
         "samples/s".to_string(),
         "q quit".to_string(),

@@ -222,11 +222,14 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
         Span::styled("▒".repeat(r - a), Style::default().fg(RESERVED)),
         Span::raw("░".repeat(width - r)),
     ]);
-    let capacity_text = match d.capacity_bytes {
-        Some(c) => {
-            format!("capacity {}  ({:.1}% reserved)", format_size(c), 100.0 * d.reserved_bytes as f64 / c.max(1) as f64)
-        }
-        None => "capacity unknown (bar: peak reserved)".to_string(),
+    let reserved_text = match d.capacity_bytes {
+        Some(c) => format!(
+            "reserved {} of {} ({:.1}%)",
+            format_size(d.reserved_bytes),
+            format_size(c),
+            100.0 * d.reserved_bytes as f64 / c.max(1) as f64
+        ),
+        None => format!("reserved {}, capacity unknown (bar: peak reserved)", format_size(d.reserved_bytes)),
     };
     vec![
         Line::from(vec![
@@ -239,8 +242,7 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
                 ),
                 Style::default().fg(ALLOCATED),
             ),
-            Span::styled(format!("reserved {}  ", format_size(d.reserved_bytes)), Style::default().fg(RESERVED)),
-            Span::raw(capacity_text),
+            Span::styled(reserved_text, Style::default().fg(RESERVED)),
         ]),
         bar,
         Line::from(format!(
@@ -333,7 +335,7 @@ mod tests {
             "ferrite monitor · http://127.0.0.1:9400/metrics",
             "epoch 2/20  steps 12  loss 0.7500  lr 1.0e-3",
             "9000 samples/s  loader wait 50.0%  grad scale -  skipped steps 0",
-            "allocated 10.00 GiB (peak 10.00 GiB)  reserved 20.00 GiB  capacity 40.00 GiB  (50.0% reserved)",
+            "allocated 10.00 GiB (peak 10.00 GiB)  reserved 20.00 GiB of 40.00 GiB (50.0%)",
             "capacity unknown",
             "OOMs 1  retries 2  segments 3  cached free 10.00 GiB",
             "q quit",
