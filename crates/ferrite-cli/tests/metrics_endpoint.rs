@@ -164,3 +164,23 @@ fn outputs_that_cannot_start_stop_the_run_before_any_work() {
     }
     drop(taken);
 }
+
+#[test]
+fn a_metrics_file_that_stops_taking_writes_does_not_stop_training() {
+    // /dev/full opens for appending and refuses every write with "no space left on device".
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("SKIPPED: no /dev/full on this system");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--epochs", "2", "--no-progress", "--metrics-file", "/dev/full"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("test accuracy") && dir.path().join("ferrite-digits-mlp.safetensors").exists(), "{out}");
+    assert_eq!(err.matches("warning: writing the metrics file `/dev/full` failed").count(), 1, "reported once: {err}");
+    assert!(err.contains("training goes on without it"), "{err}");
+}
