@@ -49,6 +49,11 @@ fn once_and_dmon_print_the_run() {
         .map(|l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
         .collect();
     assert!(steps.windows(2).all(|w| w[0] <= w[1]) && steps.len() == 3, "{out}");
+
+    // The live view needs a terminal; a pipe gets a sentence naming the text modes.
+    let (code, out, err) = ferrite(&["monitor", &run.addr]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("not a terminal") && err.contains("--once or --dmon"), "{err}");
 }
 
 #[test]
