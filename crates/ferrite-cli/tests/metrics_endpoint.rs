@@ -47,8 +47,10 @@ fn a_running_train_serves_memory_and_training_metrics() {
         t4("ferrite_memory_reserved_bytes"),
         t4("ferrite_memory_capacity_bytes"),
     );
-    // The model's weights, gradients and AdamW moments are at least 400 KiB; the T4 has ~14.76 GiB.
-    assert!(allocated >= 400.0 * 1024.0 && reserved >= allocated && capacity > 14.0 * (1u64 << 30) as f64, "{body}");
+    // After the first step the 26,122 f32 weights and AdamW's two moments are always allocated
+    // (gradients come and go); the T4 has ~14.76 GiB.
+    let floor = (3 * 26_122 * 4) as f64;
+    assert!(allocated >= floor && reserved >= allocated && capacity > 14.0 * (1u64 << 30) as f64, "{body}");
     assert_eq!(t4("ferrite_memory_reserved_unallocated_bytes"), reserved - allocated);
     assert_eq!(t4("ferrite_memory_ooms_total"), 0.0);
     // The host holds the batches before they are staged to the simulated GPU.

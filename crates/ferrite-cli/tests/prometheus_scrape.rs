@@ -122,7 +122,8 @@ fn prometheus_scrapes_a_training_run() {
     let allocated = query(&api, &format!("ferrite_memory_allocated_bytes{gpu}")).unwrap().1;
     let reserved = query(&api, &format!("ferrite_memory_reserved_bytes{gpu}")).unwrap().1;
     let capacity = query(&api, &format!("ferrite_memory_capacity_bytes{gpu}")).unwrap().1;
-    assert!(allocated > 400.0 * 1024.0 && reserved >= allocated && capacity > 39.0 * (1u64 << 30) as f64);
+    // Weights and AdamW's two moments (26,122 f32 each) stay allocated after the first step.
+    assert!(allocated >= (3 * 26_122 * 4) as f64 && reserved >= allocated && capacity > 39.0 * (1u64 << 30) as f64);
     assert_eq!(query(&api, &format!("ferrite_memory_ooms_total{gpu}")).unwrap().1, 0.0);
     let loss = query(&api, "ferrite_train_loss").unwrap().1;
     assert!(loss.is_finite() && (0.0..5.0).contains(&loss), "loss {loss}");
