@@ -9,14 +9,16 @@ use crate::error::{IoError, Result};
 use crate::raw_tensor::RawTensor;
 use crate::value::{Value, key_to_string};
 
-/// Parameter and buffer names → tensors, in the order they were saved.
-pub type StateDict = Vec<(String, RawTensor)>;
+/// Parameter and buffer names → tensors as a file holds them (bytes, dtype, layout; on no device),
+/// in the order they were saved. Not to be confused with [`TensorStateDict`](crate::TensorStateDict)
+/// (the same names → ferrite `Tensor`s on devices) or `ferrite_nn::StateDict` (a module's own map).
+pub type RawStateDict = Vec<(String, RawTensor)>;
 
 /// Interprets `v` as a state_dict: a dict whose values are all tensors.
 ///
 /// A nested training checkpoint is refused with the list of its entries that hold tensors, so the
 /// caller can pick one (`v.get("model")`).
-pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
+pub fn state_dict_from_value(v: &Value) -> Result<RawStateDict> {
     let Value::Dict(items) = v else {
         return Err(IoError::structure(
             "",
@@ -54,7 +56,7 @@ pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
 
 /// Removes `prefix` from every key that starts with it (PyTorch's
 /// `consume_prefix_in_state_dict_if_present`); other keys are kept as they are.
-pub fn strip_prefix(sd: StateDict, prefix: &str) -> StateDict {
+pub fn strip_prefix(sd: RawStateDict, prefix: &str) -> RawStateDict {
     sd.into_iter().map(|(k, t)| (k.strip_prefix(prefix).map(str::to_string).unwrap_or(k), t)).collect()
 }
 
@@ -148,7 +150,7 @@ mod tests {
         assert!(msg.contains("start with `module.`") && msg.contains("--strip-prefix module."), "{msg}");
 
         let t = RawTensor::from_values(vec![1], &[0.0f32]).unwrap();
-        let sd: StateDict = saved.iter().map(|k| (k.to_string(), t.clone())).collect();
+        let sd: RawStateDict = saved.iter().map(|k| (k.to_string(), t.clone())).collect();
         let stripped = strip_prefix(sd, "module.");
         let keys: Vec<&str> = stripped.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(check_keys(&expected, &keys, true).unwrap(), IncompatibleKeys::default());

@@ -24,7 +24,7 @@
 //! ```
 
 pub mod autocast;
-pub mod checkpoint;
+pub mod activation_checkpoint;
 mod error;
 pub mod inference;
 pub mod init;
@@ -35,7 +35,7 @@ pub mod rng;
 pub mod state_dict;
 
 pub use autocast::{AutocastGuard, autocast, autocast_disabled};
-pub use checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
+pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
 pub use inference::inference;
 pub use layers::activation::{GELU, GeluApproximation, ReLU, SiLU, Sigmoid, Tanh};
