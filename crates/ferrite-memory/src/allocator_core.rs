@@ -78,7 +78,7 @@ pub(crate) struct AllocatorCore {
     allowed_max: Option<u64>,
     fraction: Option<f64>,
     history: Option<HistoryRing>,
-    /// Why the last segment reservation failed.
+    /// Why the last segment reservation of the current `malloc` failed.
     last_raw_error: Option<RawAllocError>,
     /// Live expandable segments (the fast best-fit path is taken while there are none).
     expandable_live: usize,
@@ -263,14 +263,16 @@ impl AllocatorCore {
         let mut found = self.get_free_block(small, stream, size);
         let alloc_size = allocation_size(size);
         if found.is_none() {
+            self.last_raw_error = None;
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks();
             }
             found = self.alloc_block(small, stream, size, alloc_size, false, loc);
-            if found.is_none() && self.release_available_cached_blocks(small, stream, size) {
+            // The OOM ladder, for refusals that freeing cached segments can cure.
+            if found.is_none() && self.may_retry() && self.release_available_cached_blocks(small, stream, size) {
                 found = self.alloc_block(small, stream, size, alloc_size, false, loc);
             }
-            if found.is_none() {
+            if found.is_none() && self.may_retry() {
                 self.release_cached_blocks();
                 found = self.alloc_block(small, stream, size, alloc_size, true, loc);
             }
@@ -304,6 +306,12 @@ impl AllocatorCore {
             }
         })?;
         Some(key.idx)
+    }
+
+    /// Whether the last refusal could go away by returning cached segments (not a buffer over the
+    /// device's limit, a lost device or a missing feature).
+    fn may_retry(&self) -> bool {
+        self.last_raw_error.as_ref().is_none_or(RawAllocError::is_retryable)
     }
 
     #[inline]
@@ -751,9 +759,20 @@ impl AllocatorCore {
     // ---------------------------------------------------------------- OOM
 
     fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64, stream: u32) -> MemoryError {
-        if let Some(RawAllocError::TooLarge { max }) = self.last_raw_error {
-            self.stats.num_ooms += 1;
-            return MemoryError::BufferTooLarge { device: self.device.to_string(), requested: orig, max };
+        match &self.last_raw_error {
+            Some(RawAllocError::TooLarge { max }) => {
+                self.stats.num_ooms += 1;
+                return MemoryError::BufferTooLarge { device: self.device.to_string(), requested: orig, max: *max };
+            }
+            Some(RawAllocError::DeviceLost { reason }) => {
+                return MemoryError::GpuUnavailable {
+                    device: self.device.to_string(),
+                    reason: format!(
+                        "the device was lost ({reason}); its memory and every tensor on it are gone. Restart the run (resume from the last checkpoint)"
+                    ),
+                };
+            }
+            _ => {}
         }
         let device_free = self.raw.device_free();
         self.trace(TraceAction::Oom, device_free.unwrap_or(0), size, stream, None);
@@ -786,7 +805,8 @@ impl AllocatorCore {
             driver_refused,
             expandable_segments: self.config.expandable_segments,
         };
-        MemoryError::OutOfMemory { report: Box::new(OutOfMemoryReport::diagnose(facts)) }
+        let report = Box::new(OutOfMemoryReport::diagnose(facts));
+        if driver_refused { MemoryError::DriverRefused { report } } else { MemoryError::OutOfMemory { report } }
     }
 
     pub fn largest_free_block(&self) -> u64 {
