@@ -47,12 +47,13 @@ pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{
     SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to,
 };
-pub use state_dict::{
-    IncompatibleKeys, RawStateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree,
-};
+pub use state_dict::{RawStateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};
 pub use tensor_loader::TensorLoader;
 pub use tensor_state_dict::{
     TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors,
 };
 pub use training_checkpoint::Checkpoint;
 pub use value::Value;
+
+/// What a non-strict key check found: the one type for it, shared with `Module::load_state_dict`.
+pub use ferrite_nn::IncompatibleKeys;
