@@ -23,8 +23,8 @@
 //! # Ok(()) }
 //! ```
 
-pub mod autocast;
 pub mod activation_checkpoint;
+pub mod autocast;
 mod error;
 pub mod inference;
 pub mod init;
@@ -34,8 +34,8 @@ pub mod module;
 pub mod rng;
 pub mod state_dict;
 
-pub use autocast::{AutocastGuard, autocast, autocast_disabled};
 pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
+pub use autocast::{AutocastGuard, autocast, autocast_disabled};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
 pub use inference::inference;
 pub use layers::activation::{GELU, GeluApproximation, ReLU, SiLU, Sigmoid, Tanh};
