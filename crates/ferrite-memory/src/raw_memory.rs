@@ -304,22 +304,37 @@ impl RawMemory for HostMemory {
         host_va::reserve(size)
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
-        if let Some(l) = self.limit
-            && self.reserved.saturating_add(len) > l
-        {
-            return Err(RawAllocError::CapacityExceeded);
-        }
-        host_va::map(range, offset, len)?;
-        self.reserved += len;
-        Ok(())
+        map_counted(range, offset, len, self.limit, &mut self.reserved)
     }
     fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
-        host_va::unmap(range, offset, len);
-        self.reserved -= len;
+        unmap_counted(range, offset, len, &mut self.reserved)
     }
     fn release_address_space(&mut self, range: RawSegment) {
         host_va::release(range);
     }
+}
+
+/// Commit `len` bytes at `offset` of a reserved host range (an expandable segment's pages),
+/// counted in `reserved` and refused past `limit` — the `map` of every host-backed backend.
+fn map_counted(
+    range: &RawSegment,
+    offset: u64,
+    len: u64,
+    limit: Option<u64>,
+    reserved: &mut u64,
+) -> Result<(), RawAllocError> {
+    if limit.is_some_and(|l| reserved.saturating_add(len) > l) {
+        return Err(RawAllocError::CapacityExceeded);
+    }
+    host_va::map(range, offset, len)?;
+    *reserved += len;
+    Ok(())
+}
+
+/// Give back pages committed by [`map_counted`].
+fn unmap_counted(range: &RawSegment, offset: u64, len: u64, reserved: &mut u64) {
+    host_va::unmap(range, offset, len);
+    *reserved -= len;
 }
 
 /// A simulated GPU: refuses a segment exactly where the real card would run out
@@ -381,16 +396,10 @@ impl RawMemory for SimMemory {
         }
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
-        if self.reserved.saturating_add(len) > self.usable {
-            return Err(RawAllocError::CapacityExceeded);
-        }
-        host_va::map(range, offset, len)?;
-        self.reserved += len;
-        Ok(())
+        map_counted(range, offset, len, Some(self.usable), &mut self.reserved)
     }
     fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
-        host_va::unmap(range, offset, len);
-        self.reserved -= len;
+        unmap_counted(range, offset, len, &mut self.reserved)
     }
     fn release_address_space(&mut self, range: RawSegment) {
         host_va::release(range);
