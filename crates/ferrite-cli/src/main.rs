@@ -3,6 +3,9 @@
 
 mod commands;
 
+// `crate::observe` in the subcommands is the library's module.
+use ferrite_cli::observe;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +17,8 @@ struct Cli {
     command: Option<Command>,
 }
 
+// The train command's flags make its variant large; the value is parsed once per process.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Train a model (default: an MLP on the built-in digits dataset).
@@ -26,6 +31,10 @@ enum Command {
     Convert(commands::convert::ConvertArgs),
     /// List the devices ferrite can compute on: cpu, meta, and every GPU adapter with its limits.
     Devices(commands::devices::DevicesArgs),
+    /// Watch a running `ferrite train --metrics-addr`: memory per device, loss, throughput.
+    Monitor(commands::monitor::MonitorArgs),
+    /// Check this installation: CPU, memory, container limits, devices, datasets, environment.
+    Doctor(commands::doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +47,8 @@ fn main() -> ExitCode {
         Some(Command::Inspect(a)) => commands::inspect::run(a),
         Some(Command::Convert(a)) => commands::convert::run(a),
         Some(Command::Devices(a)) => commands::devices::run(a),
+        Some(Command::Monitor(a)) => commands::monitor::run(a),
+        Some(Command::Doctor(a)) => commands::doctor::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -54,6 +54,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn accuracy(x: &Tensor, y: &Tensor, p: &[&Tensor; 4]) -> Result<f64, Box<dyn std::error::Error>> {
     let _g = ferrite_tensor::no_grad();
     let pred = x.linear(p[0], Some(p[1]))?.tanh()?.linear(p[2], Some(p[3]))?.argmax(1, false)?;
-    let hits = pred.eq_t(y)?.to_vec_bool()?.iter().filter(|b| **b).count();
+    let hits = pred.eq(y)?.to_vec_bool()?.iter().filter(|b| **b).count();
     Ok(100.0 * hits as f64 / y.numel() as f64)
 }

@@ -41,10 +41,12 @@ pub fn set_autocast(dtype: Option<DType>) -> Result<AutocastGuard, crate::Tensor
     if let Some(d) = dtype
         && !matches!(d, DType::F16 | DType::BF16)
     {
-        return Err(crate::TensorError::invalid(
-            "autocast",
-            format!("autocast dtype must be float16 or bfloat16, got {d}"),
-        ));
+        return Err(crate::TensorError::InvalidDType {
+            op: "autocast",
+            arg: "dtype",
+            dtype: d,
+            expected: &[DType::F16, DType::BF16],
+        });
     }
     let prev = AUTOCAST.with(|a| a.replace(dtype));
     Ok(AutocastGuard { prev, _not_send: std::marker::PhantomData })

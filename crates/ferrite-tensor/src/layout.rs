@@ -64,15 +64,20 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], op: &'static str) -> Result<Sh
         } else if da == 1 {
             db
         } else {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "shapes {a:?} and {b:?} cannot be broadcast: the size of dimension {i} ({da}) must match ({db}) or one of them must be 1"
-                ),
-            ));
+            return Err(TensorError::BroadcastMismatch { op, lhs: a.to_vec(), rhs: b.to_vec() });
         };
     }
     Ok(out)
+}
+
+/// How many elements of storage a strided layout reaches (one past its last element; 0 when
+/// it has no elements), saturating at `u128::MAX` for layouts no storage could hold.
+pub fn strided_extent(shape: &[usize], strides: &[usize], offset: usize) -> u128 {
+    if shape.contains(&0) {
+        return 0;
+    }
+    let last = shape.iter().zip(strides).fold(0u128, |a, (&d, &s)| a.saturating_add((d as u128 - 1) * s as u128));
+    last.saturating_add(offset as u128 + 1)
 }
 
 /// Resolve a shape with at most one `-1` against an element count.
@@ -83,27 +88,31 @@ pub fn infer_shape(spec: &[i64], numel_in: usize, op: &'static str) -> Result<Sh
     for (i, &d) in spec.iter().enumerate() {
         if d == -1 {
             if infer.is_some() {
-                return Err(TensorError::invalid(op, "only one dimension can be inferred (-1)"));
+                return Err(TensorError::InvalidReshape { op, spec: spec.to_vec(), numel: numel_in });
             }
             infer = Some(i);
             out.push(1);
         } else if d < 0 {
-            return Err(TensorError::invalid(op, format!("invalid shape dimension {d}")));
+            return Err(TensorError::InvalidReshape { op, spec: spec.to_vec(), numel: numel_in });
         } else {
-            known = known.checked_mul(d as usize).ok_or_else(|| TensorError::invalid(op, "shape overflows"))?;
+            known = known.checked_mul(d as usize).ok_or_else(|| TensorError::InvalidReshape {
+                op,
+                spec: spec.to_vec(),
+                numel: numel_in,
+            })?;
             out.push(d as usize);
         }
     }
     match infer {
         Some(i) => {
             if known == 0 || !numel_in.is_multiple_of(known) {
-                return Err(TensorError::shape(op, format!("shape {spec:?} is invalid for input of size {numel_in}")));
+                return Err(TensorError::InvalidReshape { op, spec: spec.to_vec(), numel: numel_in });
             }
             out[i] = numel_in / known;
         }
         None => {
             if known != numel_in {
-                return Err(TensorError::shape(op, format!("shape {spec:?} is invalid for input of size {numel_in}")));
+                return Err(TensorError::InvalidReshape { op, spec: spec.to_vec(), numel: numel_in });
             }
         }
     }
@@ -157,16 +166,13 @@ impl Layout {
     pub fn permute(&self, dims: &[usize], op: &'static str) -> Result<Layout> {
         let r = self.rank();
         if dims.len() != r {
-            return Err(TensorError::shape(
-                op,
-                format!("number of dims don't match in permute: got {} for a tensor of rank {r}", dims.len()),
-            ));
+            return Err(TensorError::InvalidPermutation { op, dims: dims.to_vec(), rank: r });
         }
         let mut seen: SmallVec<[bool; 6]> = SmallVec::from_elem(false, r);
         let mut l = Layout { shape: SmallVec::new(), strides: SmallVec::new(), offset: self.offset };
         for &d in dims {
             if d >= r || seen[d] {
-                return Err(TensorError::invalid(op, format!("permutation {dims:?} is not a permutation of 0..{r}")));
+                return Err(TensorError::InvalidPermutation { op, dims: dims.to_vec(), rank: r });
             }
             seen[d] = true;
             l.shape.push(self.shape[d]);
@@ -178,10 +184,7 @@ impl Layout {
     pub fn narrow(&self, dim: usize, start: usize, len: usize, op: &'static str) -> Result<Layout> {
         let size = self.shape[dim];
         if start > size || len > size - start {
-            return Err(TensorError::invalid(
-                op,
-                format!("start ({start}) + length ({len}) exceeds dimension size ({size}) of dim {dim}"),
-            ));
+            return Err(TensorError::RangeOutOfBounds { op, dim, start, len, step: 1, size });
         }
         let mut l = self.clone();
         if len > 0 {
@@ -212,7 +215,7 @@ impl Layout {
     pub fn broadcast_to(&self, shape: &[usize], op: &'static str) -> Result<Layout> {
         let n = shape.len();
         if self.rank() > n {
-            return Err(TensorError::shape(op, format!("cannot expand shape {:?} to {shape:?}", self.shape)));
+            return Err(TensorError::ExpandMismatch { op, shape: self.shape.to_vec(), target: shape.to_vec() });
         }
         let mut l =
             Layout { shape: SmallVec::from_slice(shape), strides: SmallVec::from_elem(0, n), offset: self.offset };
@@ -225,14 +228,7 @@ impl Layout {
             } else if d == 1 {
                 l.strides[lead + i] = 0;
             } else {
-                return Err(TensorError::shape(
-                    op,
-                    format!(
-                        "the expanded size of the tensor ({t}) must match the existing size ({d}) at non-singleton dimension {}; target sizes {shape:?}, tensor sizes {:?}",
-                        lead + i,
-                        self.shape
-                    ),
-                ));
+                return Err(TensorError::ExpandMismatch { op, shape: self.shape.to_vec(), target: shape.to_vec() });
             }
         }
         Ok(l)

@@ -34,7 +34,7 @@ mod tensor;
 pub use autograd::{BackwardFn, SavedTensor, enable_grad, is_grad_enabled, no_grad};
 pub use dtype::DType;
 pub use element::{Bool8, Element, HostElement};
-pub use error::{Result, TensorError};
+pub use error::{ExpectedShape, Result, TensorError};
 pub use ferrite_memory::Device;
 pub use kernels::simd::simd_level;
 pub use random::{Generator, GeneratorState, manual_seed};

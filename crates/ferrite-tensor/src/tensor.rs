@@ -100,11 +100,11 @@ impl Tensor {
         shape: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
-        let n = checked_numel(shape)
-            .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} has too many elements")))?;
+        let n =
+            checked_numel(shape).ok_or_else(|| TensorError::ShapeTooLarge { op: "empty", shape: shape.to_vec() })?;
         let nbytes = n
             .checked_mul(dtype.size_in_bytes())
-            .ok_or_else(|| TensorError::invalid("empty", format!("shape {shape:?} is too large")))?;
+            .ok_or_else(|| TensorError::ShapeTooLarge { op: "empty", shape: shape.to_vec() })?;
         let storage = Storage::new(alloc, nbytes)?;
         Ok(Tensor::from_parts(storage, Layout::contiguous(shape), dtype))
     }
@@ -134,7 +134,7 @@ impl Tensor {
     #[track_caller]
     pub fn from_slice<T: HostElement>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
         let n = checked_numel(shape)
-            .ok_or_else(|| TensorError::invalid("from_slice", format!("shape {shape:?} has too many elements")))?;
+            .ok_or_else(|| TensorError::ShapeTooLarge { op: "from_slice", shape: shape.to_vec() })?;
         if n != data.len() {
             return Err(TensorError::DataLength { op: "from_slice", len: data.len(), shape: shape.to_vec(), numel: n });
         }
@@ -316,10 +316,11 @@ impl Tensor {
         if let Some(g) = &grad
             && g.shape() != self.shape()
         {
-            return Err(TensorError::shape(
-                "set_grad",
-                format!("assigned grad has shape {:?} but the tensor has shape {:?}", g.shape(), self.shape()),
-            ));
+            return Err(TensorError::ShapeMismatch {
+                op: "set_grad",
+                lhs: g.shape().to_vec(),
+                rhs: self.shape().to_vec(),
+            });
         }
         if grad.is_none() && self.0.grad_slot.get().is_none() {
             return Ok(());

@@ -79,14 +79,14 @@ proptest! {
         let a = make(&sa, da, &dev, seed, true);
         let b = make(&sb, db, &dev, seed ^ 1, true);
         for r in [a.exp(), a.log(), a.sqrt(), a.rsqrt(), a.tanh(), a.sigmoid(), a.relu(), a.neg(), a.abs(), a.sin(), a.cos(),
-                  a.log1p(), a.reciprocal(), a.square(), a.pow(s), a.gelu(), a.gelu_tanh(), a.silu(), a.leaky_relu(s),
+                  a.log1p(), a.reciprocal(), a.square(), a.pow_scalar(s), a.gelu(), a.gelu_tanh(), a.silu(), a.leaky_relu(s),
                   a.clamp(Some(-s.abs()), Some(s.abs())), a.clamp(None, Some(s)), a.to_dtype(db), a.contiguous(), a.deep_clone()] {
             touch(r);
         }
-        for r in [a.add(&b), a.sub(&b), a.mul(&b), a.div(&b), a.pow_t(&b), a.maximum(&b), a.minimum(&b), a.add_scaled(&b, s),
-                  a.eq_t(&b), a.ne_t(&b), a.lt(&b), a.le(&b), a.gt(&b), a.ge(&b), a.logical_and(&b), a.logical_or(&b),
+        for r in [a.add(&b), a.sub(&b), a.mul(&b), a.div(&b), a.pow(&b), a.maximum(&b), a.minimum(&b), a.add_scaled(&b, s),
+                  a.eq(&b), a.ne(&b), a.lt(&b), a.le(&b), a.gt(&b), a.ge(&b), a.logical_and(&b), a.logical_or(&b),
                   a.add_scalar(s), a.sub_scalar(s), a.rsub_scalar(s), a.mul_scalar(s), a.div_scalar(s), a.rdiv_scalar(s),
-                  a.eq_scalar(s), a.lt_scalar(s), a.logical_not(), Tensor::where_(&a.gt_scalar(0.0).unwrap(), &a, &b),
+                  a.eq_scalar(s), a.lt_scalar(s), a.logical_not(), Tensor::where_cond(&a.gt_scalar(0.0).unwrap(), &a, &b),
                   a.masked_fill(&b.gt_scalar(0.0).unwrap(), s), a.matmul(&b)] {
             touch(r);
         }
@@ -116,7 +116,7 @@ proptest! {
         let st = start.max(0) as usize;
         for r in [a.sum(), a.sum_dims(&dims, keep), a.mean(), a.mean_dims(&dims, keep), a.var_dims(&dims, 1, keep),
                   a.var_dims(&dims, 0, keep), a.max_dim(d0, keep).map(|x| x.0), a.min_dim(d0, keep).map(|x| x.1),
-                  a.argmax(d0, keep), a.argmin(d0, keep), a.max_all(), a.min_all(), a.softmax(d0), a.log_softmax(d0),
+                  a.argmax(d0, keep), a.argmin(d0, keep), a.max(), a.min(), a.softmax(d0), a.log_softmax(d0),
                   a.transpose(d0, d1), a.t(), a.permute(&dims), a.narrow(d0, st, len), a.slice(d0, start, start + len as i64, step),
                   a.select(d0, start), a.expand(&target), a.unsqueeze(d0), a.squeeze(d0), a.squeeze_all(), a.view(&spec),
                   a.reshape(&spec), a.flatten(d0, d1), a.sum_to_shape(&target), a.one_hot(len)] {

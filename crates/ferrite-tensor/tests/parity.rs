@@ -94,7 +94,7 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
         "exp" => e(x[0].exp()),
         "log" => e(x[0].log()),
         "sqrt" => e(x[0].sqrt()),
-        "pow" => e(x[0].pow(a["exponent"].as_f64().ok_or("exponent")?)),
+        "pow" => e(x[0].pow_scalar(a["exponent"].as_f64().ok_or("exponent")?)),
         "relu" => e(x[0].relu()),
         "sigmoid" => e(x[0].sigmoid()),
         "tanh" => e(x[0].tanh()),

@@ -2,8 +2,10 @@
 
 pub mod convert;
 pub mod devices;
+pub mod doctor;
 pub mod inspect;
 pub mod memory;
+pub mod monitor;
 pub mod train;
 
 /// Errors reach `main` as displayable values; `main` prints them and exits non-zero.

@@ -67,9 +67,11 @@ impl Module for Embedding {
     }
     fn forward(&self, indices: &Tensor) -> Result<Tensor> {
         if indices.dtype().is_floating_point() {
-            return Err(NnError::Tensor(TensorError::DTypeMismatch {
+            return Err(NnError::Tensor(TensorError::InvalidDType {
                 op: "embedding",
-                detail: format!("indices must be an integer tensor (int64/int32), got {}", indices.dtype()),
+                arg: "indices",
+                dtype: indices.dtype(),
+                expected: &[DType::I64, DType::I32],
             }));
         }
         match self.padding_idx {

@@ -392,6 +392,13 @@ pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
     }
 }
 
+/// Error unless a host buffer of `len` bytes matches `t` byte for byte (the length check of
+/// every backend's `write_from_host`/`read_to_host`).
+pub(crate) fn check_host_len(op: &'static str, len: usize, t: &Tensor) -> Result<()> {
+    let nbytes = t.nbytes();
+    if len == nbytes { Ok(()) } else { Err(TensorError::ByteLength { op, len, nbytes }) }
+}
+
 /// The kernels that compute on `device`'s memory.
 pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
     match device {

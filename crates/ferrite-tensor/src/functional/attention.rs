@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor, no_grad};
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::{DType, Tensor};
 
 /// Scaled dot-product attention `softmax(q kᵀ · scale + mask) v` (PyTorch's
@@ -65,29 +65,22 @@ fn attn_prep(
     is_causal: bool,
     scale: Option<f64>,
 ) -> Result<(f64, Option<Mask>)> {
-    if q.rank() < 2 || k.rank() < 2 || v.rank() < 2 {
-        return Err(TensorError::shape(
-            "scaled_dot_product_attention",
-            "q, k and v must have at least 2 dimensions [.., seq, dim]",
-        ));
+    const OP: &str = "scaled_dot_product_attention";
+    let invalid =
+        |arg, t: &Tensor, expected| TensorError::InvalidShape { op: OP, arg, shape: t.shape().to_vec(), expected };
+    for (arg, t) in [("query", q), ("key", k), ("value", v)] {
+        if t.rank() < 2 {
+            return Err(invalid(arg, t, ExpectedShape::MinRank(2)));
+        }
     }
+    // The key's embedding size is the query's; the value's sequence length is the key's.
     let e = q.shape()[q.rank() - 1];
     if k.shape()[k.rank() - 1] != e {
-        return Err(TensorError::shape(
-            "scaled_dot_product_attention",
-            format!(
-                "query dim {e} and key dim {} differ (q {:?}, k {:?})",
-                k.shape()[k.rank() - 1],
-                q.shape(),
-                k.shape()
-            ),
-        ));
+        return Err(invalid("key", k, ExpectedShape::SizeAt { dim: k.rank() - 1, size: e }));
     }
-    if k.shape()[k.rank() - 2] != v.shape()[v.rank() - 2] {
-        return Err(TensorError::shape(
-            "scaled_dot_product_attention",
-            format!("key and value sequence lengths differ (k {:?}, v {:?})", k.shape(), v.shape()),
-        ));
+    let s = k.shape()[k.rank() - 2];
+    if v.shape()[v.rank() - 2] != s {
+        return Err(invalid("value", v, ExpectedShape::SizeAt { dim: v.rank() - 2, size: s }));
     }
     if is_causal && attn_mask.is_some() {
         return Err(TensorError::invalid(
@@ -96,7 +89,7 @@ fn attn_prep(
         ));
     }
     let scale = scale.unwrap_or(1.0 / (e as f64).sqrt());
-    let (l, s) = (q.shape()[q.rank() - 2], k.shape()[k.rank() - 2]);
+    let l = q.shape()[q.rank() - 2];
     let mask = if is_causal {
         // PyTorch: tril(ones(L, S)) — query i attends to keys 0..=i.
         let rows = Tensor::arange(0.0, l as f64, 1.0, DType::I64, q.device())?.unsqueeze(1)?;

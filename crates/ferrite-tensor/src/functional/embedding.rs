@@ -2,16 +2,18 @@
 //! exactly the picked rows through `index_select`'s backward, with no embedding-specific kernel.
 
 use crate::Tensor;
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 
 /// Rows of `weight` `[num_embeddings, dim]` picked by integer `indices` (any shape); output
 /// `[*indices.shape, dim]`. Gradients accumulate into the picked rows.
 pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
     if weight.rank() != 2 {
-        return Err(TensorError::shape(
-            "embedding",
-            format!("weight must be 2-D [num_embeddings, embedding_dim], got {:?}", weight.shape()),
-        ));
+        return Err(TensorError::InvalidShape {
+            op: "embedding",
+            arg: "weight",
+            shape: weight.shape().to_vec(),
+            expected: ExpectedShape::Named(&["num_embeddings", "embedding_dim"]),
+        });
     }
     let flat = indices.reshape_usize(&[indices.numel()])?;
     let rows = weight.index_select(0, &flat)?;

@@ -2,7 +2,7 @@
 //! class weights), negative log-likelihood and mean squared error. They share one [`Reduction`]
 //! and one options type, so `ferrite-nn`'s loss modules are thin wrappers over them.
 
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::{DType, Tensor};
 
 /// How a loss reduces over the batch.
@@ -53,10 +53,12 @@ pub fn nll_loss(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions) -> R
 
 fn move_class_last(x: &Tensor) -> Result<Tensor> {
     if x.rank() < 2 {
-        return Err(TensorError::shape(
-            "cross_entropy",
-            format!("expected input of shape [N, C] or [N, C, d1, ...], got {:?}", x.shape()),
-        ));
+        return Err(TensorError::InvalidShape {
+            op: "cross_entropy",
+            arg: "input",
+            shape: x.shape().to_vec(),
+            expected: ExpectedShape::MinRank(2),
+        });
     }
     let c = x.shape()[1];
     if x.rank() == 2 {
@@ -74,41 +76,44 @@ fn logits_to_logp(logits: &Tensor) -> Result<Tensor> {
     x.log_softmax(1)
 }
 
+/// The dtypes class-index targets may have.
+const CLASS_INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32, DType::U8];
+
 fn nll_core(logp: &Tensor, target: &Tensor, opts: &CrossEntropyOptions, op: &'static str) -> Result<Tensor> {
     let n = logp.shape()[0];
     let c = logp.shape()[1];
     if target.numel() != n {
-        return Err(TensorError::shape(
+        return Err(TensorError::InvalidShape {
             op,
-            format!(
-                "expected target with {n} elements (one class index per row of input), got shape {:?}",
-                target.shape()
-            ),
-        ));
+            arg: "target",
+            shape: target.shape().to_vec(),
+            expected: ExpectedShape::Numel(n),
+        });
     }
-    if !matches!(target.dtype(), DType::I64 | DType::I32 | DType::U8) {
-        return Err(TensorError::DTypeMismatch {
+    if !CLASS_INDEX_DTYPES.contains(&target.dtype()) {
+        return Err(TensorError::InvalidDType {
             op,
-            detail: format!(
-                "target must hold class indices (int64), got {}; for probabilities use a soft-target loss",
-                target.dtype()
-            ),
+            arg: "target (class indices)",
+            dtype: target.dtype(),
+            expected: CLASS_INDEX_DTYPES,
         });
     }
     let t = target.reshape_usize(&[n])?.to_dtype(DType::I64)?;
     let valid = t.ne_scalar(opts.ignore_index as f64)?;
     t.kernels().check_indices(&t, c, Some(opts.ignore_index), 1, op)?;
     let zero_i = Tensor::zeros(&[], DType::I64, t.device())?;
-    let safe_t = Tensor::where_(&valid, &t, &zero_i)?;
+    let safe_t = Tensor::where_cond(&valid, &t, &zero_i)?;
     let picked = logp.gather(1, &safe_t.unsqueeze(1)?)?.squeeze(1)?;
     let validf = valid.to_dtype(logp.dtype())?;
     let w_rows = match &opts.weight {
         Some(w) => {
             if w.shape() != [c] {
-                return Err(TensorError::shape(
+                return Err(TensorError::InvalidShape {
                     op,
-                    format!("weight should be a 1D tensor with one entry per class ({c}), got {:?}", w.shape()),
-                ));
+                    arg: "weight",
+                    shape: w.shape().to_vec(),
+                    expected: ExpectedShape::Exact(vec![c]),
+                });
             }
             w.to_dtype(logp.dtype())?.index_select(0, &safe_t)?.mul(&validf)?
         }
@@ -139,10 +144,11 @@ pub fn mse_loss(input: &Tensor, target: &Tensor) -> Result<Tensor> {
 /// Mean squared error with an explicit reduction.
 pub fn mse_loss_with(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
     if input.shape() != target.shape() {
-        return Err(TensorError::shape(
-            "mse_loss",
-            format!("input {:?} and target {:?} must have the same shape", input.shape(), target.shape()),
-        ));
+        return Err(TensorError::ShapeMismatch {
+            op: "mse_loss",
+            lhs: input.shape().to_vec(),
+            rhs: target.shape().to_vec(),
+        });
     }
     let up = crate::autocast::upper(input.dtype());
     let d = input.to_dtype(up)?.sub(&target.to_dtype(up)?)?;

@@ -1,11 +1,11 @@
 //! Normalisation layers' functional forms. Layer norm runs as one kernel of the device's backend
-//! (`Kernels::layer_norm`) that also writes the per-row mean and rstd, which the backward saves
+//! (`KernelBackend::layer_norm`) that also writes the per-row mean and rstd, which the backward saves
 //! instead of recomputing them; a composition of ops would keep `[rows, cols]` temporaries alive.
 
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
@@ -83,26 +83,33 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let r = x.rank();
-    let k = normalized_shape.len();
-    if k == 0 || k > r || &x.shape()[r - k..] != normalized_shape {
-        return Err(TensorError::shape(
-            "layer_norm",
-            format!(
-                "given normalized_shape={normalized_shape:?}, expected input with shape [*, {}], but got input of size {:?}",
-                normalized_shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
-                x.shape()
-            ),
-        ));
+    if normalized_shape.is_empty() {
+        return Err(TensorError::InvalidShape {
+            op: "layer_norm",
+            arg: "normalized_shape",
+            shape: Vec::new(),
+            expected: ExpectedShape::MinRank(1),
+        });
     }
-    for (name, p) in [("weight", weight), ("bias", bias)] {
+    let trailing = ExpectedShape::Trailing(normalized_shape.to_vec());
+    if !trailing.admits(x.shape()) {
+        return Err(TensorError::InvalidShape {
+            op: "layer_norm",
+            arg: "input",
+            shape: x.shape().to_vec(),
+            expected: trailing,
+        });
+    }
+    for (arg, p) in [("weight", weight), ("bias", bias)] {
         if let Some(p) = p
             && p.shape() != normalized_shape
         {
-            return Err(TensorError::shape(
-                "layer_norm",
-                format!("{name} has shape {:?}, expected {normalized_shape:?}", p.shape()),
-            ));
+            return Err(TensorError::InvalidShape {
+                op: "layer_norm",
+                arg,
+                shape: p.shape().to_vec(),
+                expected: ExpectedShape::Exact(normalized_shape.to_vec()),
+            });
         }
     }
     let dtype = crate::autocast::upper(x.dtype());

@@ -3,7 +3,7 @@
 //! RNN) go here beside the LSTM.
 
 use crate::Tensor;
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 
 /// A single-layer unidirectional LSTM over a whole sequence, composed of differentiable tensor
 /// ops (PyTorch's `nn.LSTM` maths, gate order i, f, g, o):
@@ -20,56 +20,33 @@ pub fn lstm(
     state: Option<(&Tensor, &Tensor)>,
     batch_first: bool,
 ) -> Result<(Tensor, (Tensor, Tensor))> {
-    if x.rank() != 3 {
-        return Err(TensorError::shape(
-            "lstm",
-            format!(
-                "expected a 3-D input [batch, seq, features] (batch_first) or [seq, batch, features], got {:?}",
-                x.shape()
-            ),
-        ));
-    }
-    if w_ih.rank() != 2 || w_hh.rank() != 2 || !w_ih.shape()[0].is_multiple_of(4) {
-        return Err(TensorError::shape(
-            "lstm",
-            format!(
-                "expected w_ih [4*hidden, in] and w_hh [4*hidden, hidden], got {:?} and {:?}",
-                w_ih.shape(),
-                w_hh.shape()
-            ),
-        ));
-    }
+    let check = |arg, t: &Tensor, expected: ExpectedShape| {
+        if expected.admits(t.shape()) {
+            Ok(())
+        } else {
+            Err(TensorError::InvalidShape { op: "lstm", arg, shape: t.shape().to_vec(), expected })
+        }
+    };
+    let x_dims: &'static [&'static str] =
+        if batch_first { &["batch", "seq", "features"] } else { &["seq", "batch", "features"] };
+    check("input", x, ExpectedShape::Named(x_dims))?;
+    check("w_ih", w_ih, ExpectedShape::Named(&["4*hidden_size", "input_size"]))?;
+    // Four gates (i, f, g, o) of `hidden_size` rows each.
+    check("w_ih", w_ih, ExpectedShape::MultipleAt { dim: 0, factor: 4 })?;
     let h = w_ih.shape()[0] / 4;
     let xb = if batch_first { x.clone() } else { x.transpose(0, 1)? };
     let (batch, seq, features) = (xb.shape()[0], xb.shape()[1], xb.shape()[2]);
-    if w_ih.shape()[1] != features || w_hh.shape() != [4 * h, h] {
-        return Err(TensorError::shape(
-            "lstm",
-            format!(
-                "input has {features} features and hidden size is {h}: expected w_ih [{}, {features}] and w_hh [{}, {h}], got {:?} and {:?}",
-                4 * h,
-                4 * h,
-                w_ih.shape(),
-                w_hh.shape()
-            ),
-        ));
-    }
-    for b in [b_ih, b_hh].into_iter().flatten() {
-        if b.shape() != [4 * h] {
-            return Err(TensorError::shape(
-                "lstm",
-                format!("expected biases of shape [{}], got {:?}", 4 * h, b.shape()),
-            ));
+    check("w_ih", w_ih, ExpectedShape::Exact(vec![4 * h, features]))?;
+    check("w_hh", w_hh, ExpectedShape::Exact(vec![4 * h, h]))?;
+    for (arg, b) in [("b_ih", b_ih), ("b_hh", b_hh)] {
+        if let Some(b) = b {
+            check(arg, b, ExpectedShape::Exact(vec![4 * h]))?;
         }
     }
     let (mut hs, mut cs) = match state {
         Some((h0, c0)) => {
-            if h0.shape() != [batch, h] || c0.shape() != [batch, h] {
-                return Err(TensorError::shape(
-                    "lstm",
-                    format!("expected h0 and c0 of shape [{batch}, {h}], got {:?} and {:?}", h0.shape(), c0.shape()),
-                ));
-            }
+            check("h0", h0, ExpectedShape::Exact(vec![batch, h]))?;
+            check("c0", c0, ExpectedShape::Exact(vec![batch, h]))?;
             (h0.clone(), c0.clone())
         }
         None => {

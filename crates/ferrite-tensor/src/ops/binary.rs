@@ -63,10 +63,8 @@ pub(crate) fn arith_inplace_raw(op: BinaryOp, dst: &Tensor, src: &Tensor) -> Res
     check_same_device(name, dst, src)?;
     broadcast_shapes(dst.shape(), src.shape(), name).and_then(|s| {
         if s.as_slice() != dst.shape() {
-            Err(TensorError::shape(
-                name,
-                format!("output with shape {:?} doesn't match the broadcast shape {:?}", dst.shape(), s),
-            ))
+            // `src` broadcasts with `dst` but to a larger shape than `dst` can hold.
+            Err(TensorError::ExpandMismatch { op: name, shape: src.shape().to_vec(), target: dst.shape().to_vec() })
         } else {
             Ok(())
         }
@@ -218,7 +216,7 @@ impl BackwardFn for MinMaxBackward {
         let b = self.b.get("MaximumBackward0")?;
         // Ties split the gradient in half, like PyTorch.
         let pick_a = if self.is_max { a.gt(b)? } else { a.lt(b)? };
-        let tie = a.eq_t(b)?;
+        let tie = a.eq(b)?;
         let wa = arith_raw(
             BinaryOp::Add,
             &pick_a.to_dtype(g.dtype())?,
@@ -345,8 +343,8 @@ impl Tensor {
         Ok(Tensor::from_op1(out, &[self, other], f))
     }
 
-    /// `self ** other` elementwise.
-    pub fn pow_t(&self, other: &Tensor) -> Result<Tensor> {
+    /// `self ** other` elementwise (see [`pow_scalar`](Self::pow_scalar) for a number).
+    pub fn pow(&self, other: &Tensor) -> Result<Tensor> {
         let out = arith_raw(BinaryOp::Pow, self, other)?;
         if !Tensor::needs_graph(&[self, other]) {
             return Ok(out);
@@ -502,10 +500,10 @@ impl Tensor {
         Ok(out)
     }
 
-    pub fn eq_t(&self, o: &Tensor) -> Result<Tensor> {
+    pub fn eq(&self, o: &Tensor) -> Result<Tensor> {
         self.compare(o, CompareOp::Eq)
     }
-    pub fn ne_t(&self, o: &Tensor) -> Result<Tensor> {
+    pub fn ne(&self, o: &Tensor) -> Result<Tensor> {
         self.compare(o, CompareOp::Ne)
     }
     pub fn lt(&self, o: &Tensor) -> Result<Tensor> {

@@ -6,7 +6,7 @@ use ferrite_memory::{Device, allocator};
 
 use crate::autograd::{BackwardFn, is_grad_enabled};
 use crate::element::{Bool8, Element, HostElement};
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::{DType, Tensor, dispatch_all};
 
 /// Write `src` (broadcast to dst's shape, any dtype) into `dst` (any non-overlapping layout).
@@ -66,14 +66,7 @@ impl BackwardFn for ToDeviceBackward {
 /// Refuse in-place writes that autograd cannot track.
 pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) -> Result<()> {
     if !dst.is_contiguous() && dst.shape().iter().zip(dst.strides()).any(|(&d, &s)| d > 1 && s == 0) {
-        return Err(TensorError::invalid(
-            op,
-            format!(
-                "unsupported operation: more than one element of the written-to tensor (shape {:?}, strides {:?}) refers to a single memory location; call .contiguous() before the in-place operation",
-                dst.shape(),
-                dst.strides()
-            ),
-        ));
+        return Err(TensorError::OverlappingWrite { op, shape: dst.shape().to_vec(), strides: dst.strides().to_vec() });
     }
     if !is_grad_enabled() {
         return Ok(());
@@ -144,14 +137,7 @@ impl Tensor {
     pub fn to_vec<T: HostElement>(&self) -> Result<Vec<T>> {
         let want = <T::Stored as Element>::DTYPE;
         if want != self.dtype() {
-            return Err(TensorError::DTypeMismatch {
-                op: "to_vec",
-                detail: format!(
-                    "tensor has dtype {} but {} was requested; convert with to_dtype first",
-                    self.dtype(),
-                    want
-                ),
-            });
+            return Err(TensorError::DTypeMismatch { op: "to_vec", lhs: self.dtype(), rhs: want });
         }
         if self.is_meta() {
             return Err(TensorError::MetaHasNoData { op: "to_vec" });
@@ -178,10 +164,12 @@ impl Tensor {
     /// The single value of a one-element tensor as f64. A plain number: it carries no graph.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {
-            return Err(TensorError::invalid(
-                "item",
-                format!("a Tensor with {} elements cannot be converted to a number", self.numel()),
-            ));
+            return Err(TensorError::InvalidShape {
+                op: "item",
+                arg: "self",
+                shape: self.shape().to_vec(),
+                expected: ExpectedShape::Numel(1),
+            });
         }
         Ok(self.to_vec_f64()?[0])
     }

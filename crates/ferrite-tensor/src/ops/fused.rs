@@ -216,27 +216,18 @@ impl Tensor {
         }
         for t in outputs.iter().chain(inputs) {
             if t.dtype() != first.dtype() {
-                return Err(TensorError::DTypeMismatch {
-                    op,
-                    detail: format!("expected every operand to have dtype {} but one has {}", first.dtype(), t.dtype()),
-                });
+                return Err(TensorError::DTypeMismatch { op, lhs: first.dtype(), rhs: t.dtype() });
             }
             if t.shape() != first.shape() {
-                return Err(TensorError::shape(
-                    op,
-                    format!("all operands must have the same shape; found {:?} and {:?}", first.shape(), t.shape()),
-                ));
+                return Err(TensorError::ShapeMismatch { op, lhs: first.shape().to_vec(), rhs: t.shape().to_vec() });
             }
             check_same_device(op, first, t)?;
             if !t.is_contiguous() {
-                return Err(TensorError::invalid(
+                return Err(TensorError::NotContiguous {
                     op,
-                    format!(
-                        "operands must be contiguous (a tensor of shape {:?} has strides {:?}); call .contiguous() first",
-                        t.shape(),
-                        t.strides()
-                    ),
-                ));
+                    shape: t.shape().to_vec(),
+                    strides: t.strides().to_vec(),
+                });
             }
         }
         for o in outputs {

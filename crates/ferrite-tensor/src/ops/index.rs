@@ -3,20 +3,23 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::{Shape, broadcast_shapes, normalize_dim};
 use crate::ops::copy::{copy_into, materialize};
 use crate::ops::{check_same_device, promote_types};
 use crate::{DType, Tensor};
 
+/// The dtypes an index tensor of `index_select`/`index_add` may have.
+pub(crate) const INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32, DType::U8];
+/// The dtypes an index tensor of `gather`/`scatter_add` may have (PyTorch's: no uint8).
+const GATHER_INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32];
+
 /// Error unless `index` holds integers a kernel can index with.
 pub(crate) fn check_index_dtype(index: &Tensor, op: &'static str) -> Result<()> {
-    match index.dtype() {
-        DType::I64 | DType::I32 | DType::U8 => Ok(()),
-        d => Err(TensorError::DTypeMismatch {
-            op,
-            detail: format!("expected an index tensor of dtype int64 or int32, got {d}"),
-        }),
+    if INDEX_DTYPES.contains(&index.dtype()) {
+        Ok(())
+    } else {
+        Err(TensorError::InvalidDType { op, arg: "index", dtype: index.dtype(), expected: INDEX_DTYPES })
     }
 }
 
@@ -109,7 +112,12 @@ impl Tensor {
             tensors.first().ok_or_else(|| TensorError::invalid("cat", "expected a non-empty list of tensors"))?;
         let rank = first.rank();
         if rank == 0 {
-            return Err(TensorError::invalid("cat", "zero-dimensional tensor cannot be concatenated"));
+            return Err(TensorError::InvalidShape {
+                op: "cat",
+                arg: "tensors[0]",
+                shape: Vec::new(),
+                expected: ExpectedShape::MinRank(1),
+            });
         }
         let d = normalize_dim(dim, rank, "cat")?;
         let mut dtype = first.dtype();
@@ -117,29 +125,14 @@ impl Tensor {
         shape[d] = 0;
         for (i, t) in tensors.iter().enumerate() {
             check_same_device("cat", first, t)?;
-            if t.rank() != rank {
-                return Err(TensorError::shape(
-                    "cat",
-                    format!(
-                        "tensors must have the same number of dimensions: got {} and {} (tensor {i})",
-                        rank,
-                        t.rank()
-                    ),
-                ));
-            }
-            for k in 0..rank {
-                if k != d && t.shape()[k] != first.shape()[k] {
-                    return Err(TensorError::shape(
-                        "cat",
-                        format!(
-                            "sizes of tensors must match except in dimension {d}: expected size {} but got size {} for tensor number {i} in the list (shapes {:?} and {:?})",
-                            first.shape()[k],
-                            t.shape()[k],
-                            first.shape(),
-                            t.shape()
-                        ),
-                    ));
-                }
+            if t.rank() != rank || (0..rank).any(|k| k != d && t.shape()[k] != first.shape()[k]) {
+                return Err(TensorError::CatShapeMismatch {
+                    op: "cat",
+                    dim: Some(d),
+                    first: first.shape().to_vec(),
+                    index: i,
+                    shape: t.shape().to_vec(),
+                });
             }
             shape[d] += t.shape()[d];
             dtype = promote_types(dtype, t.dtype());
@@ -168,14 +161,13 @@ impl Tensor {
         let d = normalize_dim(dim, first.rank() + 1, "stack")?;
         for (i, t) in tensors.iter().enumerate() {
             if t.shape() != first.shape() {
-                return Err(TensorError::shape(
-                    "stack",
-                    format!(
-                        "stack expects each tensor to be equal size, but got {:?} at entry 0 and {:?} at entry {i}",
-                        first.shape(),
-                        t.shape()
-                    ),
-                ));
+                return Err(TensorError::CatShapeMismatch {
+                    op: "stack",
+                    dim: None,
+                    first: first.shape().to_vec(),
+                    index: i,
+                    shape: t.shape().to_vec(),
+                });
             }
         }
         let u: Vec<Tensor> = tensors.iter().map(|t| t.unsqueeze(d as i64)).collect::<Result<_>>()?;
@@ -192,10 +184,12 @@ impl Tensor {
             return self.reshape_usize(&[1])?.index_select(0, index);
         }
         if index.rank() > 1 {
-            return Err(TensorError::shape(
-                "index_select",
-                format!("index must be 0-D or 1-D, got shape {:?}", index.shape()),
-            ));
+            return Err(TensorError::InvalidShape {
+                op: "index_select",
+                arg: "index",
+                shape: index.shape().to_vec(),
+                expected: ExpectedShape::MaxRank(1),
+            });
         }
         check_same_device("index_select", self, index)?;
         check_index_dtype(index, "index_select")?;
@@ -221,32 +215,16 @@ impl Tensor {
     }
 
     fn check_gather_shapes(&self, dim: usize, index: &Tensor, op: &'static str) -> Result<()> {
-        if index.rank() != self.rank() {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "index tensor must have the same number of dimensions as the input tensor ({} vs {})",
-                    index.rank(),
-                    self.rank()
-                ),
-            ));
+        let expected = ExpectedShape::NoLargerThan { shape: self.shape().to_vec(), except_dim: Some(dim) };
+        if !expected.admits(index.shape()) {
+            return Err(TensorError::InvalidShape { op, arg: "index", shape: index.shape().to_vec(), expected });
         }
-        for k in 0..self.rank() {
-            if k != dim && index.shape()[k] > self.shape()[k] {
-                return Err(TensorError::shape(
-                    op,
-                    format!(
-                        "size does not match at dimension {k}: expected index {:?} to be no larger than self {:?} apart from dimension {dim}",
-                        index.shape(),
-                        self.shape()
-                    ),
-                ));
-            }
-        }
-        if !matches!(index.dtype(), DType::I64 | DType::I32) {
-            return Err(TensorError::DTypeMismatch {
+        if !GATHER_INDEX_DTYPES.contains(&index.dtype()) {
+            return Err(TensorError::InvalidDType {
                 op,
-                detail: format!("expected an index tensor of dtype int64 or int32, got {}", index.dtype()),
+                arg: "index",
+                dtype: index.dtype(),
+                expected: GATHER_INDEX_DTYPES,
             });
         }
         Ok(())
@@ -282,15 +260,14 @@ impl Tensor {
         self.check_gather_shapes(dim, index, "scatter_add")?;
         check_same_device("scatter_add", self, index)?;
         check_same_device("scatter_add", self, src)?;
-        if src.rank() != index.rank() || index.shape().iter().zip(src.shape()).any(|(i, s)| i > s) {
-            return Err(TensorError::shape(
-                "scatter_add",
-                format!(
-                    "index {:?} must be no larger than src {:?} in every dimension (and of the same rank)",
-                    index.shape(),
-                    src.shape()
-                ),
-            ));
+        let expected = ExpectedShape::NoLargerThan { shape: src.shape().to_vec(), except_dim: None };
+        if !expected.admits(index.shape()) {
+            return Err(TensorError::InvalidShape {
+                op: "scatter_add",
+                arg: "index",
+                shape: index.shape().to_vec(),
+                expected,
+            });
         }
         if self.rank() == 0 {
             let one = |t: &Tensor| t.reshape_usize(&[1]);
@@ -343,8 +320,9 @@ impl Tensor {
         Ok(out)
     }
 
-    /// `cond ? a : b` elementwise with broadcasting (PyTorch's `torch.where`).
-    pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    /// `cond ? a : b` elementwise with broadcasting: PyTorch's `torch.where` (`where` is a Rust
+    /// keyword, and a trailing `_` means in place here).
+    pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let out = Tensor::where_raw(cond, a, b)?;
         if !Tensor::needs_graph(&[a, b]) {
             return Ok(out);
@@ -362,14 +340,11 @@ impl Tensor {
         let v = crate::ops::creation::full_on(self.storage().allocator(), &[], self.dtype(), value)?;
         let out = Tensor::where_raw(mask, &v, self)?;
         if out.shape() != self.shape() {
-            return Err(TensorError::shape(
-                "masked_fill",
-                format!(
-                    "mask of shape {:?} cannot be broadcast to the tensor's shape {:?}",
-                    mask.shape(),
-                    self.shape()
-                ),
-            ));
+            return Err(TensorError::ExpandMismatch {
+                op: "masked_fill",
+                shape: mask.shape().to_vec(),
+                target: self.shape().to_vec(),
+            });
         }
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);

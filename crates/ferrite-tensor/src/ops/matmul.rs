@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::{Layout, Shape, broadcast_shapes};
 use crate::ops::check_same_device;
 use crate::ops::copy::materialize;
@@ -22,20 +22,14 @@ pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
     let (k2, n) = (b.shape()[rb - 2], b.shape()[rb - 1]);
     if k != k2 {
-        return Err(TensorError::shape(
-            "matmul",
-            format!(
-                "mat1 and mat2 shapes cannot be multiplied ({m}x{k} and {k2}x{n}); full shapes {:?} and {:?}",
-                a.shape(),
-                b.shape()
-            ),
-        ));
+        return Err(TensorError::MatmulShapeMismatch {
+            op: "matmul",
+            lhs: a.shape().to_vec(),
+            rhs: b.shape().to_vec(),
+        });
     }
     if a.dtype() != b.dtype() {
-        return Err(TensorError::DTypeMismatch {
-            op: "matmul",
-            detail: format!("expected both operands to have the same dtype, but got {} and {}", a.dtype(), b.dtype()),
-        });
+        return Err(TensorError::DTypeMismatch { op: "matmul", lhs: a.dtype(), rhs: b.dtype() });
     }
     let dtype = a.dtype();
     if !dtype.is_floating_point() {
@@ -119,15 +113,15 @@ impl Tensor {
     /// Matrix product with PyTorch's `matmul` semantics: 1-D·1-D dot, 2-D·2-D, matrix-vector,
     /// and batched products with broadcast batch dimensions.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        if self.rank() == 0 || other.rank() == 0 {
-            return Err(TensorError::shape(
-                "matmul",
-                format!(
-                    "both arguments to matmul need to be at least 1D, but they are {}D and {}D",
-                    self.rank(),
-                    other.rank()
-                ),
-            ));
+        for (arg, t) in [("self", self), ("other", other)] {
+            if t.rank() == 0 {
+                return Err(TensorError::InvalidShape {
+                    op: "matmul",
+                    arg,
+                    shape: Vec::new(),
+                    expected: ExpectedShape::MinRank(1),
+                });
+            }
         }
         let low = crate::autocast::lower(promote_float(self.dtype(), other.dtype()));
         let a = if self.dtype() != low { self.to_dtype(low)? } else { self.clone() };
@@ -156,10 +150,12 @@ impl Tensor {
     /// `self @ other^T + bias` with PyTorch's `linear` layout (weight is `[out, in]`).
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         if weight.rank() != 2 {
-            return Err(TensorError::shape(
-                "linear",
-                format!("weight must be 2-D [out_features, in_features], got {:?}", weight.shape()),
-            ));
+            return Err(TensorError::InvalidShape {
+                op: "linear",
+                arg: "weight",
+                shape: weight.shape().to_vec(),
+                expected: ExpectedShape::Named(&["out_features", "in_features"]),
+            });
         }
         let y = self.matmul(&weight.t()?)?;
         match bias {

@@ -5,6 +5,13 @@
 //! arithmetic to the kernel backend of the output's device (`Tensor::kernels()`: CPU kernels for
 //! `cpu` and `sim`, nothing for `meta`, WGSL for `gpu`). Autograd sees only tensors, never which
 //! backend ran.
+//!
+//! Names follow PyTorch, in one pattern a new op keeps: a tensor operand takes PyTorch's name
+//! (`add`, `eq`, `pow`), a number the `_scalar` suffix (`add_scalar`, `eq_scalar`, `pow_scalar`);
+//! a trailing `_` means in place (`add_`, `fill_`); a reduction over every element takes the plain
+//! name (`sum`, `max`), one over chosen dimensions `_dims` (`sum_dims`) or, when it also returns
+//! indices, `_dim` (`max_dim`). Where PyTorch's name is a Rust keyword the op says what it does
+//! (`where_cond` for `torch.where`).
 
 pub mod binary;
 pub mod copy;
@@ -27,7 +34,7 @@ pub(crate) fn check_same_device(op: &'static str, a: &Tensor, b: &Tensor) -> Res
     if same_device(a.storage(), b.storage()) {
         Ok(())
     } else {
-        Err(TensorError::DeviceMismatch { op, a: a.device().to_string(), b: b.device().to_string() })
+        Err(TensorError::DeviceMismatch { op, lhs: Box::new(a.device().clone()), rhs: Box::new(b.device().clone()) })
     }
 }
 

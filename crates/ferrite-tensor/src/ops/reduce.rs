@@ -202,19 +202,17 @@ impl Tensor {
         if self.shape() == shape {
             return Ok(self.clone());
         }
-        let lead = self.rank().checked_sub(shape.len()).ok_or_else(|| {
-            TensorError::shape("sum_to_shape", format!("cannot sum {:?} to {:?}", self.shape(), shape))
-        })?;
+        // Summing to `shape` undoes broadcasting `shape` to ours, so the error is the expand's.
+        let not_summable =
+            || TensorError::ExpandMismatch { op: "sum_to_shape", shape: shape.to_vec(), target: self.shape().to_vec() };
+        let lead = self.rank().checked_sub(shape.len()).ok_or_else(not_summable)?;
         let mut dims: Vec<i64> = (0..lead as i64).collect();
         for (i, &d) in shape.iter().enumerate() {
             let s = self.shape()[lead + i];
             if d == 1 && s != 1 {
                 dims.push((lead + i) as i64);
             } else if d != s {
-                return Err(TensorError::shape(
-                    "sum_to_shape",
-                    format!("cannot sum {:?} to {:?}", self.shape(), shape),
-                ));
+                return Err(not_summable());
             }
         }
         let r = if dims.is_empty() { self.clone() } else { self.sum_dims(&dims, true)? };
@@ -231,7 +229,7 @@ impl Tensor {
     ) -> Result<(Option<Tensor>, Tensor)> {
         let d = normalize_dim(dim, self.rank(), op)?;
         if self.rank() > 0 && self.shape()[d] == 0 {
-            return Err(TensorError::invalid(op, format!("cannot reduce over dimension {d} of size 0 (no identity)")));
+            return Err(TensorError::EmptyReduction { op, dim: d, shape: self.shape().to_vec() });
         }
         let p = plan(self, &[dim], keepdim, op)?;
         let idx = self.empty_like_shape(&p.out_shape, DType::I64)?;
@@ -277,13 +275,13 @@ impl Tensor {
     }
 
     /// Maximum of all elements (0-dim).
-    pub fn max_all(&self) -> Result<Tensor> {
+    pub fn max(&self) -> Result<Tensor> {
         let flat = self.reshape(&[-1])?;
         Ok(flat.max_dim(0, false)?.0)
     }
 
     /// Minimum of all elements (0-dim).
-    pub fn min_all(&self) -> Result<Tensor> {
+    pub fn min(&self) -> Result<Tensor> {
         let flat = self.reshape(&[-1])?;
         Ok(flat.min_dim(0, false)?.0)
     }

@@ -120,8 +120,8 @@ impl Tensor {
     pub fn square(&self) -> Result<Tensor> {
         apply(UnaryOp::Square, self)
     }
-    /// `self ** exponent` for a scalar exponent.
-    pub fn pow(&self, exponent: f64) -> Result<Tensor> {
+    /// `self ** exponent` for a scalar exponent (PyTorch's `pow` with a number).
+    pub fn pow_scalar(&self, exponent: f64) -> Result<Tensor> {
         apply(UnaryOp::Pow(exponent), self)
     }
     /// GELU with the exact erf formulation (PyTorch's default `approximate='none'`).

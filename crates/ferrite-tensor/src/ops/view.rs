@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use crate::Tensor;
 use crate::autograd::BackwardFn;
-use crate::error::{Result, TensorError};
+use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::{Shape, infer_shape, normalize_dim};
 use crate::ops::copy::{copy_into, materialize};
 
@@ -94,7 +94,12 @@ impl Tensor {
         match self.rank() {
             0 | 1 => Ok(self.clone()),
             2 => self.transpose(0, 1),
-            r => Err(TensorError::invalid("t", format!("t() expects a tensor with <= 2 dimensions, but self is {r}D"))),
+            _ => Err(TensorError::InvalidShape {
+                op: "t",
+                arg: "self",
+                shape: self.shape().to_vec(),
+                expected: ExpectedShape::MaxRank(2),
+            }),
         }
     }
 
@@ -115,7 +120,12 @@ impl Tensor {
     pub fn narrow(&self, dim: i64, start: usize, len: usize) -> Result<Tensor> {
         let d = normalize_dim(dim, self.rank(), "narrow")?;
         if self.rank() == 0 {
-            return Err(TensorError::invalid("narrow", "cannot narrow a 0-dim tensor"));
+            return Err(TensorError::InvalidShape {
+                op: "narrow",
+                arg: "self",
+                shape: Vec::new(),
+                expected: ExpectedShape::MinRank(1),
+            });
         }
         let l = self.layout().narrow(d, start, len, "narrow")?;
         let out = self.view_with_layout(l);
@@ -134,7 +144,12 @@ impl Tensor {
         }
         let d = normalize_dim(dim, self.rank(), "slice")?;
         if self.rank() == 0 {
-            return Err(TensorError::invalid("slice", "cannot slice a 0-dim tensor"));
+            return Err(TensorError::InvalidShape {
+                op: "slice",
+                arg: "self",
+                shape: Vec::new(),
+                expected: ExpectedShape::MinRank(1),
+            });
         }
         let size = self.shape()[d] as i64;
         let clamp = |v: i64| -> usize { (if v < 0 { v + size } else { v }).clamp(0, size) as usize };
@@ -153,10 +168,7 @@ impl Tensor {
         let mut l = self.layout().clone();
         let size = l.shape[dim];
         if len > 0 && (start >= size || start + (len - 1) * step >= size) {
-            return Err(TensorError::invalid(
-                "slice",
-                format!("slice start {start} len {len} step {step} is out of range for dim {dim} of size {size}"),
-            ));
+            return Err(TensorError::RangeOutOfBounds { op: "slice", dim, start, len, step, size });
         }
         if len > 0 {
             l.offset += start * l.strides[dim];
@@ -170,7 +182,12 @@ impl Tensor {
     pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
         let d = normalize_dim(dim, self.rank(), "select")?;
         if self.rank() == 0 {
-            return Err(TensorError::invalid("select", "cannot select on a 0-dim tensor"));
+            return Err(TensorError::InvalidShape {
+                op: "select",
+                arg: "self",
+                shape: Vec::new(),
+                expected: ExpectedShape::MinRank(1),
+            });
         }
         let size = self.shape()[d];
         let i = if index < 0 { index + size as i64 } else { index };
@@ -230,14 +247,12 @@ impl Tensor {
                 let out = self.view_with_layout(l);
                 Ok(self.record_view(out, ViewKind::Reshape(self.shape_vec()), "ViewBackward0"))
             }
-            None => Err(TensorError::invalid(
-                "view",
-                format!(
-                    "view size {shape:?} is not compatible with input tensor's size {:?} and stride {:?} (at least one dimension spans across two contiguous subspaces); use reshape(...) instead",
-                    self.shape(),
-                    self.strides()
-                ),
-            )),
+            None => Err(TensorError::NotViewable {
+                op: "view",
+                shape: s.to_vec(),
+                input: self.shape().to_vec(),
+                strides: self.strides().to_vec(),
+            }),
         }
     }
 
@@ -253,10 +268,11 @@ impl Tensor {
             return Ok(self.clone());
         }
         if crate::layout::numel(shape) != self.numel() {
-            return Err(TensorError::shape(
-                "reshape",
-                format!("shape {shape:?} is invalid for input of size {}", self.numel()),
-            ));
+            return Err(TensorError::InvalidReshape {
+                op: "reshape",
+                spec: shape.iter().map(|&d| i64::try_from(d).unwrap_or(i64::MAX)).collect(),
+                numel: self.numel(),
+            });
         }
         let out = match self.layout().view(shape) {
             Some(l) => self.view_with_layout(l),
@@ -316,11 +332,16 @@ impl Tensor {
     /// storage. The layout must stay inside the storage. Such views are not recorded by autograd,
     /// so a tensor that requires grad is refused while grad mode is on.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
+        let available = self.storage().nbytes() / self.dtype().size_in_bytes();
+        let invalid = || TensorError::InvalidStrides {
+            op: "as_strided",
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+            storage_elems: available,
+        };
         if shape.len() != strides.len() {
-            return Err(TensorError::invalid(
-                "as_strided",
-                format!("shape {shape:?} and strides {strides:?} have different lengths"),
-            ));
+            return Err(invalid());
         }
         if Tensor::needs_graph(&[self]) {
             return Err(TensorError::invalid(
@@ -328,19 +349,8 @@ impl Tensor {
                 "as_strided views are not recorded by autograd; call it on a detached tensor or under no_grad()",
             ));
         }
-        let available = (self.storage().nbytes() / self.dtype().size_in_bytes()) as u128;
-        let needed = if shape.contains(&0) {
-            0
-        } else {
-            shape.iter().zip(strides).map(|(&d, &s)| (d as u128 - 1) * s as u128).sum::<u128>() + offset as u128 + 1
-        };
-        if needed > available {
-            return Err(TensorError::invalid(
-                "as_strided",
-                format!(
-                    "shape {shape:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {available}"
-                ),
-            ));
+        if crate::layout::strided_extent(shape, strides, offset) > available as u128 {
+            return Err(invalid());
         }
         let layout = crate::layout::Layout {
             shape: SmallVec::from_slice(shape),

@@ -34,6 +34,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use self::model::{Mlp, MlpSpec, build_mlp};
 use self::resume::TrainingState;
 use super::CliResult;
+use crate::observe::{BatchReport, ObserveArgs, RunInfo, RunObserver, StepReport};
 
 /// More hidden layers than any MLP worth training; bounds the work done before the first
 /// allocation.
@@ -132,6 +133,8 @@ pub struct TrainArgs {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 }
 
 impl TrainArgs {
@@ -159,6 +162,7 @@ impl TrainArgs {
             resume: None,
             alloc_conf: None,
             no_progress: false,
+            observe: ObserveArgs::default(),
         }
     }
 }
@@ -195,6 +199,8 @@ pub enum TrainError {
     Memory(#[from] ferrite_memory::MemoryError),
     #[error(transparent)]
     Io(#[from] ferrite_io::IoError),
+    #[error(transparent)]
+    Observe(#[from] crate::observe::ObserveError),
 }
 
 impl TrainError {
@@ -389,6 +395,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         args.seed,
         args.workers,
     );
+    // Outputs for watching the run (metrics endpoint, JSON lines) start before the model is
+    // built, so a port in use or an unwritable file fails the run before any real work.
+    let run = start_observer(args, kind, &spec, &device)?;
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
     let too_big = Hint::OutOfMemory(format!(
@@ -425,6 +434,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         }
     }
 
+    run.set_steps(steps);
+
     // ---- training
     let show_progress = !args.no_progress && std::io::stderr().is_terminal();
     let start = Instant::now();
@@ -435,7 +446,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         let bar = progress_bar(show_progress, train_loader.len() as u64, epoch + 1, epochs);
         let (mut loss_sum, mut batches, mut correct, mut seen) = (0.0f64, 0usize, 0usize, 0usize);
         let mut pass_peak = 0u64;
-        for batch in train_loader.epoch() {
+        run.epoch_started(epoch + 1, epochs);
+        for batch in run.time_loader(train_loader.epoch()) {
             let (x, y) = batch?;
             let x = x.flatten(1, -1)?;
             let pass = MemoryScope::new("forward+backward", &device).quiet();
@@ -447,7 +459,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             scaler.scale(&acc.scale_loss(&loss)?)?.backward().during("backward pass", &device)?;
             pass_peak = pass_peak.max(pass.finish().peak_allocated);
             if acc.micro_step() {
-                optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
+                let applied =
+                    optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
+                run.step(step_report(applied, &opt, &scaler));
                 steps += 1;
             }
             let l = loss.item()?;
@@ -457,12 +471,16 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             seen += y.numel();
             bar.inc(1);
             bar.set_message(format!("loss {l:.4}"));
+            run.batch(BatchReport { samples: y.numel(), loss: l });
         }
         if acc.pending() > 0 {
-            optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
+            let applied =
+                optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
+            run.step(step_report(applied, &opt, &scaler));
             acc.reset();
             steps += 1;
         }
+        run.epoch_finished();
         bar.finish_and_clear();
         // The memory figures are the training pass's; evaluation (no graph, batch 500) follows.
         let mem = scope.finish();
@@ -509,7 +527,47 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         weights.display()
     );
     println!("{}", alloc.memory_summary(true));
+    run.finish();
     Ok(())
+}
+
+/// The run's metrics outputs (`--metrics-addr`, `--metrics-file`), announced on stdout.
+fn start_observer(
+    args: &TrainArgs,
+    kind: DatasetKind,
+    spec: &MlpSpec,
+    device: &Device,
+) -> Result<RunObserver, TrainError> {
+    let model =
+        format!("mlp {}-{}-{}", spec.inputs, vec![spec.hidden.to_string(); spec.layers].join("-"), spec.classes);
+    let info = RunInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        model,
+        dataset: kind.name().to_string(),
+        device: device.to_string(),
+    };
+    // Batches are collated on the host before they are staged to the device: report both.
+    let mut devices = vec![device.clone()];
+    if *device != Device::Cpu {
+        devices.push(Device::Cpu);
+    }
+    let run = RunObserver::start(&args.observe, info, devices)?;
+    if let Some(url) = run.metrics_url() {
+        println!("  metrics: serving {url}");
+    }
+    if let Some(path) = &args.observe.metrics_file {
+        println!("  metrics: appending JSON lines to {}", path.display());
+    }
+    Ok(run)
+}
+
+/// What the optimizer step just did, for the run's metrics.
+fn step_report(applied: bool, opt: &Adam, scaler: &GradScaler) -> StepReport {
+    StepReport {
+        applied,
+        learning_rate: opt.lrs().first().copied().unwrap_or(f64::NAN),
+        grad_scale: scaler.is_enabled().then(|| scaler.get_scale()),
+    }
 }
 
 /// The settings a resume must not change.
@@ -529,19 +587,20 @@ fn run_settings(args: &TrainArgs, kind: DatasetKind) -> Vec<(String, String)> {
     ]
 }
 
-fn optimizer_step(opt: &mut Adam, scaler: &mut GradScaler, clip: Option<f64>) -> Result<(), TrainError> {
+/// One optimizer step; false when the GradScaler skipped it (inf/NaN gradients).
+fn optimizer_step(opt: &mut Adam, scaler: &mut GradScaler, clip: Option<f64>) -> Result<bool, TrainError> {
     if let Some(max_norm) = clip {
         scaler.unscale_(opt)?;
         clip_grad_norm_(&opt.params(), max_norm)?;
     }
-    scaler.step(opt)?;
+    let applied = scaler.step(opt)?;
     scaler.update()?;
     opt.zero_grad()?;
-    Ok(())
+    Ok(applied)
 }
 
 fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
-    let hits = logits.argmax(1, false)?.eq_t(y)?.to_vec_bool()?;
+    let hits = logits.argmax(1, false)?.eq(y)?.to_vec_bool()?;
     Ok(hits.into_iter().filter(|h| *h).count())
 }
 

@@ -15,9 +15,11 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
         DType::I32 => idx.to_vec::<i32>()?.into_iter().map(|x| x as i64).collect(),
         DType::U8 => idx.to_vec::<u8>()?.into_iter().map(|x| x as i64).collect(),
         d => {
-            return Err(TensorError::DTypeMismatch {
+            return Err(TensorError::InvalidDType {
                 op,
-                detail: format!("expected an index tensor of dtype int64 or int32, got {d}"),
+                arg: "index",
+                dtype: d,
+                expected: crate::ops::index::INDEX_DTYPES,
             });
         }
     };

@@ -9,9 +9,11 @@ mod norm;
 mod reduce;
 mod softmax;
 
-use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
+use crate::backend::{
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp, check_host_len,
+};
 use crate::element::Element;
-use crate::error::{Result, TensorError};
+use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
@@ -31,13 +33,8 @@ impl KernelBackend for CpuBackend {
     }
 
     fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        check_host_len("write", bytes.len(), dst)?;
         let n = dst.nbytes();
-        if bytes.len() != n {
-            return Err(TensorError::invalid(
-                "write",
-                format!("{} bytes given for a tensor of {n} bytes", bytes.len()),
-            ));
-        }
         if n == 0 {
             return Ok(());
         }
@@ -49,13 +46,8 @@ impl KernelBackend for CpuBackend {
     }
 
     fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
+        check_host_len("read", bytes.len(), src)?;
         let n = src.nbytes();
-        if bytes.len() != n {
-            return Err(TensorError::invalid(
-                "read",
-                format!("a buffer of {} bytes given for a tensor of {n} bytes", bytes.len()),
-            ));
-        }
         if n == 0 {
             return Ok(());
         }

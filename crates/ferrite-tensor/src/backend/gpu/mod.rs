@@ -25,7 +25,9 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 
 use self::runtime::Runtime;
-use crate::backend::{BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp};
+use crate::backend::{
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LogicalOp, UnaryOp, check_host_len,
+};
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
@@ -73,12 +75,7 @@ impl KernelBackend for WgpuBackend {
     }
 
     fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
-        if bytes.len() != dst.nbytes() {
-            return Err(TensorError::invalid(
-                "write",
-                format!("{} bytes given for a tensor of {} bytes", bytes.len(), dst.nbytes()),
-            ));
-        }
+        check_host_len("write", bytes.len(), dst)?;
         if bytes.is_empty() {
             return Ok(());
         }
@@ -97,12 +94,7 @@ impl KernelBackend for WgpuBackend {
     }
 
     fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
-        if bytes.len() != src.nbytes() {
-            return Err(TensorError::invalid(
-                "read",
-                format!("a buffer of {} bytes given for a tensor of {} bytes", bytes.len(), src.nbytes()),
-            ));
-        }
+        check_host_len("read", bytes.len(), src)?;
         if bytes.is_empty() {
             return self.synchronize();
         }

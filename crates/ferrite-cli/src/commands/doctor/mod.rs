@@ -1,0 +1,149 @@
+//! `ferrite doctor`: what is wrong with this setup? One report of ferrite's build, the CPU and
+//! its vector extensions, memory, container limits (cgroups), devices (GPU adapters through the
+//! same code as `ferrite devices`), datasets and the environment variables that change
+//! behaviour, each line with a verdict and, when it is not ok, the fix. `--json` gives the same
+//! for bug reports.
+//!
+//! Nothing here can fail the command except printing: a file that cannot be read is itself a
+//! finding. The exit status is 1 when a finding is an `error` (something that makes ferrite
+//! fail, such as an invalid `FERRITE_ALLOC_CONF`), else 0.
+
+mod cgroup;
+mod check;
+mod cpu;
+mod datasets;
+mod devices;
+mod environment;
+mod host_memory;
+
+use serde::Serialize;
+
+use self::check::{Check, Verdict};
+use super::CliResult;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DoctorArgs {
+    /// Print one JSON object (`{"ferrite": ..., "checks": [...], "summary": ...}`) for bug reports.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub ferrite: BuildInfo,
+    pub checks: Vec<Check>,
+    pub summary: Summary,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BuildInfo {
+    pub version: &'static str,
+    pub profile: &'static str,
+    pub target: String,
+    pub features: Vec<&'static str>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    pub ok: usize,
+    pub warning: usize,
+    pub error: usize,
+}
+
+/// The doctor found problems that make ferrite fail.
+#[derive(Debug, thiserror::Error)]
+#[error("ferrite doctor found {0} problem(s) that make ferrite fail (the lines marked `error`)")]
+pub struct DoctorFoundErrors(pub usize);
+
+pub fn run(args: DoctorArgs) -> CliResult {
+    let report = collect();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", text(&report));
+    }
+    if report.summary.error > 0 {
+        return Err(DoctorFoundErrors(report.summary.error).into());
+    }
+    Ok(())
+}
+
+fn build_info() -> BuildInfo {
+    BuildInfo {
+        version: env!("CARGO_PKG_VERSION"),
+        profile: if cfg!(debug_assertions) { "debug" } else { "release" },
+        target: format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+        features: vec!["cpu", "sim", "meta", "gpu (wgpu)", "metrics (Prometheus)"],
+    }
+}
+
+/// Run every check on this machine.
+pub fn collect() -> Report {
+    let ferrite = build_info();
+    let mut checks = vec![Check::ok(
+        "ferrite",
+        "build",
+        format!(
+            "ferrite {} ({} build, {}), devices and features: {}",
+            ferrite.version,
+            ferrite.profile,
+            ferrite.target,
+            ferrite.features.join(", ")
+        ),
+    )];
+    if ferrite.profile == "debug" {
+        checks.push(Check::warning(
+            "ferrite",
+            "profile",
+            "debug build",
+            "kernels are many times slower without optimisation: build with `cargo build --release`",
+        ));
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok();
+    checks.extend(cpu::checks(cpuinfo.as_deref()));
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    checks.extend(host_memory::checks(meminfo.as_deref()));
+    let physical = meminfo.as_deref().and_then(|m| host_memory::meminfo_bytes(m, "MemTotal"));
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    checks.extend(cgroup::checks(&cgroup::CgroupFs::system(), physical, threads));
+    checks.extend(devices::checks(&ferrite_memory::gpu::list_adapters()));
+    checks.extend(datasets::checks());
+    let mut vars: Vec<(String, Option<String>)> =
+        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()))).collect();
+    vars.sort();
+    checks.extend(environment::checks(&vars, threads));
+    let mut summary = Summary::default();
+    for c in &checks {
+        match c.verdict {
+            Verdict::Ok => summary.ok += 1,
+            Verdict::Warning => summary.warning += 1,
+            Verdict::Error => summary.error += 1,
+        }
+    }
+    Report { ferrite, checks, summary }
+}
+
+/// The human-readable report: sections, one line per check, the fix indented below.
+pub fn text(r: &Report) -> String {
+    let mut s = format!("ferrite doctor — ferrite {}\n", r.ferrite.version);
+    let mut section = "";
+    for c in &r.checks {
+        if c.section != section {
+            section = c.section;
+            s.push_str(&format!("\n{section}\n"));
+        }
+        s.push_str(&format!("  {:<8} {:<24} {}\n", c.verdict.word(), c.name, c.found));
+        if let Some(fix) = &c.fix {
+            s.push_str(&format!("  {:<8} {:<24} fix: {fix}\n", "", ""));
+        }
+    }
+    let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
+    s.push_str(&format!(
+        "\nsummary: {} ok, {}, {}\n",
+        r.summary.ok,
+        plural(r.summary.warning, "warning"),
+        plural(r.summary.error, "error")
+    ));
+    s
+}
