@@ -248,13 +248,13 @@ fn a_bad_allocator_setting_gets_no_memory_advice() {
 
 #[test]
 fn fashion_mnist_subset_trains() {
-    if !Path::new("/usr/share/datasets/fashion-mnist").exists()
-        && std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_none()
-    {
-        if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-            panic!("Fashion-MNIST is missing: install the Debian package dataset-fashion-mnist (bash .ci/run does)");
-        }
-        println!("SKIPPED: Fashion-MNIST missing; run bash .ci/run or install dataset-fashion-mnist");
+    let present = Path::new("/usr/share/datasets/fashion-mnist").exists()
+        || std::env::var_os("FERRITE_FASHION_MNIST_DIR").is_some();
+    if !ferrite_test_support::present_or_skip(
+        present,
+        "Fashion-MNIST is missing",
+        "run bash .ci/run or install the Debian package dataset-fashion-mnist",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -285,13 +285,7 @@ fn fashion_mnist_subset_trains() {
 /// that is not there is named with the ones that are. Skips loudly without an adapter.
 #[test]
 fn gpu_devices_train_like_the_cpu_and_fail_like_a_card() {
-    if ferrite_memory::gpu::list_adapters().is_empty() {
-        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
-        assert_ne!(
-            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
-            Ok("1"),
-            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
-        );
+    if !ferrite_test_support::gpu_adapter_or_skip() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

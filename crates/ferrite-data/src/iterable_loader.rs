@@ -18,16 +18,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use ferrite_memory::Device;
-use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Generator, GeneratorState};
 
 use crate::collate::{Collate, VecCollate};
 use crate::dataset::{IterableDataset, WorkerInfo, set_worker_info};
 use crate::error::{BoxError, DataError, Origin, panic_message};
 use crate::fetch::collate_and_stage;
-use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, MAX_WORKERS, Stream};
-use crate::staging::{Stager, ToDevice, stager_to};
+use crate::loader_builder::{LoaderBuilder, LoaderSource, generator_or_default};
+use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, Stream};
+use crate::staging::Stager;
 use crate::worker_pool::LIVENESS_POLL;
 
 /// Batches from an [`IterableDataset`]. Build with [`IterableLoader::builder`].
@@ -47,133 +46,45 @@ struct Shared<D: IterableDataset, C: Collate<D::Sample>> {
     drop_last: bool,
 }
 
-/// Options of an [`IterableLoader`].
-pub struct IterableLoaderBuilder<D: IterableDataset, C: Collate<D::Sample> = VecCollate> {
-    dataset: D,
-    collate: C,
-    stage: Option<Stager<C::Batch>>,
-    batch_size: usize,
-    drop_last: bool,
-    generator: Option<Generator>,
-    num_workers: usize,
-    prefetch: usize,
-    timeout: Option<Duration>,
-    config_error: Option<String>,
+/// Options of an [`IterableLoader`] (see [`LoaderBuilder`] for the ones every loader has).
+pub type IterableLoaderBuilder<D, C = VecCollate> = LoaderBuilder<IterableSource<D>, C>;
+
+/// What an [`IterableLoader`] reads: an iterable dataset (each worker reads its own shard).
+pub struct IterableSource<D>(D);
+
+impl<D: IterableDataset> LoaderSource for IterableSource<D> {
+    type Sample = D::Sample;
 }
 
 impl<D: IterableDataset> IterableLoader<D, VecCollate> {
     pub fn builder(dataset: D) -> IterableLoaderBuilder<D, VecCollate> {
-        IterableLoaderBuilder {
-            dataset,
-            collate: VecCollate,
-            stage: None,
-            batch_size: 1,
-            drop_last: false,
-            generator: None,
-            num_workers: 0,
-            prefetch: 2,
-            timeout: None,
-            config_error: None,
-        }
+        LoaderBuilder::new(IterableSource(dataset), VecCollate)
     }
 }
 
-impl<D: IterableDataset, C: Collate<D::Sample>> IterableLoaderBuilder<D, C> {
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
-
-    /// Drop each worker's last batch if it is short (as PyTorch does for iterable datasets).
-    pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
-        self
-    }
-
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.generator = Some(Generator::new(seed));
-        self
-    }
-
-    pub fn generator(mut self, generator: Generator) -> Self {
-        self.generator = Some(generator);
-        self
-    }
-
-    pub fn num_workers(mut self, num_workers: usize) -> Self {
-        self.num_workers = num_workers;
-        self
-    }
-
+impl<D: IterableDataset, C: Collate<D::Sample>> LoaderBuilder<IterableSource<D>, C> {
     /// Batches each worker may have finished ahead of the iterator (default 2, at least 1).
     pub fn prefetch_per_worker(mut self, batches: usize) -> Self {
-        self.prefetch = batches;
+        self.prefetch = Some(batches);
         self
     }
 
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// Collate samples with `collate` (must be set before `stage_to`/`stage_with`).
-    pub fn collate<C2: Collate<D::Sample>>(self, collate: C2) -> IterableLoaderBuilder<D, C2> {
-        let config_error = self.config_error.or_else(|| {
-            self.stage.is_some().then(|| "call `collate(..)` before `stage_to(..)`/`stage_with(..)`: staging applies to the collated batch type".to_string())
-        });
-        IterableLoaderBuilder {
-            dataset: self.dataset,
-            collate,
-            stage: None,
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
-            generator: self.generator,
-            num_workers: self.num_workers,
-            prefetch: self.prefetch,
-            timeout: self.timeout,
-            config_error,
-        }
-    }
-
-    pub fn stage_to(mut self, device: Device) -> Self
-    where
-        C::Batch: ToDevice,
-    {
-        self.stage = Some(stager_to(device));
-        self
-    }
-
-    pub fn stage_with(mut self, f: impl Fn(C::Batch) -> Result<C::Batch, BoxError> + Send + Sync + 'static) -> Self {
-        self.stage = Some(Arc::new(f));
-        self
-    }
-
-    pub fn build(self) -> Result<IterableLoader<D, C>, DataError> {
-        if let Some(e) = self.config_error {
-            return Err(DataError::InvalidConfig(e));
-        }
+    pub fn build(mut self) -> Result<IterableLoader<D, C>, DataError> {
+        self.check_shared_options()?;
         if self.batch_size == 0 {
             return Err(DataError::InvalidConfig("batch_size must be at least 1".into()));
         }
-        if self.num_workers as u64 >= MAX_WORKERS {
-            return Err(DataError::InvalidConfig(format!(
-                "num_workers = {} exceeds the limit of {}",
-                self.num_workers,
-                MAX_WORKERS - 1
-            )));
-        }
-        let generator = self.generator.unwrap_or_else(|| Generator::new(with_default_generator(|g| g.next_u64())));
         Ok(IterableLoader {
             shared: Arc::new(Shared {
-                dataset: self.dataset,
+                dataset: self.source.0,
                 collate: self.collate,
                 stage: self.stage,
                 batch_size: self.batch_size,
                 drop_last: self.drop_last,
             }),
-            generator,
+            generator: generator_or_default(self.generator),
             num_workers: self.num_workers,
-            prefetch: self.prefetch.max(1),
+            prefetch: self.prefetch.unwrap_or(2).max(1),
             timeout: self.timeout,
         })
     }

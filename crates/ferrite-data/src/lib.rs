@@ -15,7 +15,7 @@
 //!
 //! Modules: [`dataset`] (traits, `Subset`, `map`), [`sampler`], [`collate`], [`batch_collate`]
 //! and [`tensor_collate`] (contiguous buffers and tensors), [`loader`] (map-style
-//! [`DataLoader`]), [`iterable_loader`], [`staging`] (moving batches to the training device in
+//! [`DataLoader`]), [`iterable_loader`], [`loader_builder`] (the options both loaders share), [`staging`] (moving batches to the training device in
 //! the background), [`seeding`], and the built-in datasets [`digits`], [`fashion_mnist`]
 //! (read with [`idx`]), [`char_text`], with [`builtin`] as the entry point for the CLI.
 
@@ -33,6 +33,7 @@ pub mod idx;
 pub mod image_classification;
 pub mod iterable_loader;
 pub mod loader;
+pub mod loader_builder;
 pub mod sampler;
 pub mod seeding;
 pub mod staging;
@@ -46,8 +47,9 @@ pub use collate::{Collate, VecCollate, collate_fn};
 pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo, worker_info};
 pub use error::{BoxError, DataError, Origin};
 pub use image_classification::{ImageClassification, ImageExample, Normalization, Split};
-pub use iterable_loader::{IterableEpoch, IterableLoader};
+pub use iterable_loader::{IterableEpoch, IterableLoader, IterableLoaderBuilder};
 pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
+pub use loader_builder::LoaderBuilder;
 pub use sampler::{
     BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };

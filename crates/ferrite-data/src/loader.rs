@@ -29,17 +29,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrite_memory::Device;
-use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Generator, GeneratorState};
 
 use crate::collate::{Collate, VecCollate};
 use crate::dataset::Dataset;
 use crate::error::{DataError, Origin};
 use crate::fetch::{Pipeline, Task};
+use crate::loader_builder::{LoaderBuilder, LoaderSource, generator_or_default};
 use crate::sampler::{BatchSampler, Batching, RandomSampler, Sampler, SequentialSampler};
-use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, MAX_SAMPLES_PER_EPOCH, MAX_WORKERS, Stream};
-use crate::staging::{Stager, ToDevice, stager_to};
+use crate::seeding::{EpochSeed, MAX_BATCHES_PER_EPOCH, MAX_SAMPLES_PER_EPOCH, Stream};
 use crate::worker_pool::WorkerPool;
 
 /// Batches from a map-style dataset, one epoch per iteration. Build with [`DataLoader::builder`].
@@ -53,93 +51,47 @@ pub struct DataLoader<D: Dataset, C: Collate<D::Sample> = VecCollate> {
     epochs_started: u64,
 }
 
-/// Options of a [`DataLoader`]; defaults follow PyTorch (batch size 1, no shuffle, no workers,
-/// two batches prefetched per worker).
-pub struct DataLoaderBuilder<D: Dataset, C: Collate<D::Sample> = VecCollate> {
+/// Options of a [`DataLoader`] (see [`LoaderBuilder`] for the ones every loader has); defaults
+/// follow PyTorch (batch size 1, no shuffle, no workers, two batches prefetched per worker).
+pub type DataLoaderBuilder<D, C = VecCollate> = LoaderBuilder<MapStyleSource<D>, C>;
+
+/// What a [`DataLoader`] reads: a map-style dataset, and how to sample it.
+pub struct MapStyleSource<D> {
     dataset: D,
-    collate: C,
-    batch_size: usize,
     shuffle: bool,
-    drop_last: bool,
     sampler: Option<Box<dyn Sampler>>,
     batch_sampler: Option<Box<dyn BatchSampler>>,
-    generator: Option<Generator>,
-    num_workers: usize,
-    prefetch: Option<usize>,
-    timeout: Option<Duration>,
-    stage: Option<Stager<C::Batch>>,
-    config_error: Option<String>,
+}
+
+impl<D: Dataset> LoaderSource for MapStyleSource<D> {
+    type Sample = D::Sample;
 }
 
 impl<D: Dataset> DataLoader<D, VecCollate> {
     /// Start configuring a loader over `dataset` (pass an `Arc<D>` to keep sharing it).
     pub fn builder(dataset: D) -> DataLoaderBuilder<D, VecCollate> {
-        DataLoaderBuilder {
-            dataset,
-            collate: VecCollate,
-            batch_size: 1,
-            shuffle: false,
-            drop_last: false,
-            sampler: None,
-            batch_sampler: None,
-            generator: None,
-            num_workers: 0,
-            prefetch: None,
-            timeout: None,
-            stage: None,
-            config_error: None,
-        }
+        let source = MapStyleSource { dataset, shuffle: false, sampler: None, batch_sampler: None };
+        LoaderBuilder::new(source, VecCollate)
     }
 }
 
-impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
-
+impl<D: Dataset, C: Collate<D::Sample>> LoaderBuilder<MapStyleSource<D>, C> {
     /// Visit the dataset in a fresh random order every epoch (seeded by the loader's generator).
     pub fn shuffle(mut self, shuffle: bool) -> Self {
-        self.shuffle = shuffle;
-        self
-    }
-
-    /// Drop the last batch of an epoch if it is smaller than `batch_size`.
-    pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.drop_last = drop_last;
+        self.source.shuffle = shuffle;
         self
     }
 
     /// Use a custom sampler (incompatible with `shuffle(true)` and with `batch_sampler`).
     pub fn sampler(mut self, sampler: impl Sampler + 'static) -> Self {
-        self.sampler = Some(Box::new(sampler));
+        self.source.sampler = Some(Box::new(sampler));
         self
     }
 
     /// Use a custom batch sampler; `batch_size`, `shuffle`, `sampler` and `drop_last` must then
     /// be left at their defaults.
     pub fn batch_sampler(mut self, batch_sampler: impl BatchSampler + 'static) -> Self {
-        self.batch_sampler = Some(Box::new(batch_sampler));
-        self
-    }
-
-    /// Seed the loader's generator (shorthand for `generator(Generator::new(seed))`).
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.generator = Some(Generator::new(seed));
-        self
-    }
-
-    /// The generator every epoch's base seed is drawn from. Without one, the loader's generator
-    /// is seeded with one draw from the process-wide default generator when it is built (so
-    /// `ferrite_tensor::manual_seed` makes it reproducible).
-    pub fn generator(mut self, generator: Generator) -> Self {
-        self.generator = Some(generator);
-        self
-    }
-
-    /// Number of background worker threads; 0 loads batches on the iterating thread.
-    pub fn num_workers(mut self, num_workers: usize) -> Self {
-        self.num_workers = num_workers;
+        self.source.batch_sampler = Some(Box::new(batch_sampler));
         self
     }
 
@@ -150,67 +102,12 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
         self
     }
 
-    /// Fail with [`DataError::Timeout`] when the next batch takes longer than this.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
-    }
-
-    /// Collate samples with `collate` (must be set before `stage_to`/`stage_with`).
-    pub fn collate<C2: Collate<D::Sample>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
-        let config_error = self.config_error.or_else(|| {
-            self.stage.is_some().then(|| "call `collate(..)` before `stage_to(..)`/`stage_with(..)`: staging applies to the collated batch type".to_string())
-        });
-        DataLoaderBuilder {
-            dataset: self.dataset,
-            collate,
-            batch_size: self.batch_size,
-            shuffle: self.shuffle,
-            drop_last: self.drop_last,
-            sampler: self.sampler,
-            batch_sampler: self.batch_sampler,
-            generator: self.generator,
-            num_workers: self.num_workers,
-            prefetch: self.prefetch,
-            timeout: self.timeout,
-            stage: None,
-            config_error,
-        }
-    }
-
-    /// Move every batch to `device` in the workers, right after collation (the `pin_memory` +
-    /// `non_blocking` pattern; see [`staging`](crate::staging)).
-    pub fn stage_to(mut self, device: Device) -> Self
-    where
-        C::Batch: ToDevice,
-    {
-        self.stage = Some(stager_to(device));
-        self
-    }
-
-    /// Run `f` on every collated batch in the workers (a custom staging step).
-    pub fn stage_with(
-        mut self,
-        f: impl Fn(C::Batch) -> Result<C::Batch, crate::BoxError> + Send + Sync + 'static,
-    ) -> Self {
-        self.stage = Some(Arc::new(f));
-        self
-    }
-
-    pub fn build(self) -> Result<DataLoader<D, C>, DataError> {
-        if let Some(e) = self.config_error {
-            return Err(DataError::InvalidConfig(e));
-        }
-        if self.num_workers as u64 >= MAX_WORKERS {
-            return Err(DataError::InvalidConfig(format!(
-                "num_workers = {} exceeds the limit of {}",
-                self.num_workers,
-                MAX_WORKERS - 1
-            )));
-        }
-        let batch_sampler: Box<dyn BatchSampler> = match self.batch_sampler {
+    pub fn build(mut self) -> Result<DataLoader<D, C>, DataError> {
+        self.check_shared_options()?;
+        let MapStyleSource { dataset, shuffle, sampler, batch_sampler } = self.source;
+        let batch_sampler: Box<dyn BatchSampler> = match batch_sampler {
             Some(bs) => {
-                if self.batch_size != 1 || self.shuffle || self.sampler.is_some() || self.drop_last {
+                if self.batch_size != 1 || shuffle || sampler.is_some() || self.drop_last {
                     return Err(DataError::InvalidConfig(
                         "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and drop_last".into(),
                     ));
@@ -218,7 +115,7 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
                 bs
             }
             None => {
-                let sampler: Box<dyn Sampler> = match (self.sampler, self.shuffle) {
+                let sampler: Box<dyn Sampler> = match (sampler, shuffle) {
                     (Some(_), true) => {
                         return Err(DataError::InvalidConfig(
                             "sampler is mutually exclusive with shuffle(true); shuffle inside the sampler".into(),
@@ -232,9 +129,9 @@ impl<D: Dataset, C: Collate<D::Sample>> DataLoaderBuilder<D, C> {
             }
         };
         let prefetch = self.prefetch.unwrap_or(2 * self.num_workers).max(self.num_workers).max(1);
-        let generator = self.generator.unwrap_or_else(|| Generator::new(with_default_generator(|g| g.next_u64())));
+        let generator = generator_or_default(self.generator);
         Ok(DataLoader {
-            pipeline: Arc::new(Pipeline { dataset: self.dataset, collate: self.collate, stage: self.stage }),
+            pipeline: Arc::new(Pipeline { dataset, collate: self.collate, stage: self.stage }),
             batch_sampler,
             generator,
             num_workers: self.num_workers,

@@ -11,14 +11,11 @@ use ferrite_data::{CharText, DataError, DataLoader, Dataset, Split, Subset, fash
 
 /// True if the dependency is present; otherwise skip (or fail under FERRITE_REQUIRE_SYSTEM_DEPS=1).
 fn have(present: bool, what: &str, package: &str) -> bool {
-    if present {
-        return true;
-    }
-    if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-        panic!("{what} is missing and FERRITE_REQUIRE_SYSTEM_DEPS=1; run bash .ci/run or install {package}");
-    }
-    eprintln!("SKIPPED: {what} is missing; run bash .ci/run or install {package}");
-    false
+    ferrite_test_support::present_or_skip(
+        present,
+        &format!("{what} is missing"),
+        &format!("run bash .ci/run or install {package}"),
+    )
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

@@ -2,33 +2,13 @@
 //! on the training device, identical for every worker count, and staged batches are accounted by
 //! the device's allocator.
 
+mod common;
+
 use ferrite_data::{DataLoader, Dataset, DatasetKind, InMemory, StackCollate, Tensor, builtin_dataset};
 use ferrite_memory::Device;
 
 fn digits_epoch(workers: usize, device: &Device) -> Vec<(Vec<f32>, Vec<i64>)> {
-    let splits = builtin_dataset(DatasetKind::Digits).unwrap();
-    let train = ferrite_data::Subset::first(splits.train, 300);
-    let shape = [1, 8, 8];
-    let mut loader = DataLoader::builder(train)
-        .batch_size(64)
-        .shuffle(true)
-        .seed(11)
-        .num_workers(workers)
-        .collate(ferrite_data::Tensors(ferrite_data::ImageCollate::new(shape)))
-        .stage_to(device.clone())
-        .build()
-        .unwrap();
-    loader
-        .epoch()
-        .map(|b| {
-            let (x, y) = b.unwrap();
-            assert_eq!(x.device(), device);
-            assert_eq!(y.device(), device);
-            assert_eq!(&x.shape()[1..], &[1, 8, 8]);
-            assert_eq!(x.shape()[0], y.shape()[0]);
-            (x.to_vec::<f32>().unwrap(), y.to_vec::<i64>().unwrap())
-        })
-        .collect()
+    common::staged_digits_epoch(300, 64, 11, workers, device)
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //!   training checkpoint a trainer saves and resumes from (tensors, scalars, generator states).
 
 mod atomic_file;
-mod checkpoint;
+mod checkpoint_format;
 mod error;
 mod format;
 mod load_options;
@@ -36,23 +36,24 @@ mod training_checkpoint;
 mod value;
 
 pub use atomic_file::{AtomicFile, write_atomically};
-pub use checkpoint::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint, write_checkpoint_to};
+pub use checkpoint_format::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint, write_checkpoint_to};
 pub use error::{IoError, Result};
 pub use format::{FileFormat, detect_format};
 pub use load_options::LoadOptions;
 pub use map_location::MapLocation;
 pub use mapped_file::{map_file, require_file};
-pub use raw_tensor::{Element, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
+pub use raw_tensor::{FileElement, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{
     SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to,
 };
-pub use state_dict::{
-    IncompatibleKeys, StateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree,
-};
+pub use state_dict::{RawStateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};
 pub use tensor_loader::TensorLoader;
 pub use tensor_state_dict::{
     TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors,
 };
 pub use training_checkpoint::Checkpoint;
 pub use value::Value;
+
+/// What a non-strict key check found: the one type for it, shared with `Module::load_state_dict`.
+pub use ferrite_nn::IncompatibleKeys;

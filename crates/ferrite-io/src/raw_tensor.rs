@@ -115,7 +115,7 @@ impl RawTensor {
     }
 
     /// A contiguous tensor holding `values` (row-major).
-    pub fn from_values<T: Element>(shape: Vec<usize>, values: &[T]) -> Result<RawTensor> {
+    pub fn from_values<T: FileElement>(shape: Vec<usize>, values: &[T]) -> Result<RawTensor> {
         let mut bytes = Vec::with_capacity(std::mem::size_of_val(values));
         for v in values {
             v.write_le(&mut bytes);
@@ -229,7 +229,7 @@ impl RawTensor {
     }
 
     /// The elements as `T`, row-major. Fails if `T` is not this tensor's dtype.
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+    pub fn to_vec<T: FileElement>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {
             return Err(IoError::structure(
                 "",
@@ -357,8 +357,10 @@ fn encode_f64(dtype: DType, v: f64, out: &mut Vec<u8>) {
     }
 }
 
-/// A Rust element type with a ferrite [`DType`] and a little-endian byte encoding.
-pub trait Element: Copy {
+/// A Rust element type with a ferrite [`DType`] and a little-endian byte encoding: how a value is
+/// written into and read out of a file's bytes. (`ferrite_tensor::Element` is the other side: how
+/// a value lives in device memory and takes part in kernels.)
+pub trait FileElement: Copy {
     const DTYPE: DType;
     fn write_le(&self, out: &mut Vec<u8>);
     /// `bytes` has exactly `DTYPE.size_in_bytes()` bytes.
@@ -367,7 +369,7 @@ pub trait Element: Copy {
 
 macro_rules! element {
     ($t:ty, $d:expr, $n:expr) => {
-        impl Element for $t {
+        impl FileElement for $t {
             const DTYPE: DType = $d;
             fn write_le(&self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
@@ -388,7 +390,7 @@ element!(i64, DType::I64, 8);
 element!(i32, DType::I32, 4);
 element!(u8, DType::U8, 1);
 
-impl Element for bool {
+impl FileElement for bool {
     const DTYPE: DType = DType::Bool;
     fn write_le(&self, out: &mut Vec<u8>) {
         out.push(*self as u8);

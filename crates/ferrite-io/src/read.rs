@@ -8,7 +8,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 
-use crate::checkpoint;
+use crate::checkpoint_format;
 use crate::error::Result;
 use crate::format::{FileFormat, detect_format};
 use crate::mapped_file::map_file;
@@ -47,7 +47,7 @@ fn read_bytes_named(bytes: &Bytes, path: &Path) -> Result<Value> {
             let file = read_safetensors_bytes(bytes)?;
             let plain: Vec<(Value, Value)> =
                 file.tensors.iter().map(|(n, t)| (Value::Str(n.clone()), Value::Tensor(t.clone()))).collect();
-            Ok(checkpoint::decode(file)?.unwrap_or(Value::Dict(plain)))
+            Ok(checkpoint_format::decode(file)?.unwrap_or(Value::Dict(plain)))
         }
     }
 }

@@ -5,18 +5,22 @@
 //! prefix; loading one that has it is an explicit option ([`strip_prefix`]), and a strict key check
 //! whose unexpected keys all carry one common prefix says so and names the option.
 
+use ferrite_nn::IncompatibleKeys;
+
 use crate::error::{IoError, Result};
 use crate::raw_tensor::RawTensor;
 use crate::value::{Value, key_to_string};
 
-/// Parameter and buffer names → tensors, in the order they were saved.
-pub type StateDict = Vec<(String, RawTensor)>;
+/// Parameter and buffer names → tensors as a file holds them (bytes, dtype, layout; on no device),
+/// in the order they were saved. Not to be confused with [`TensorStateDict`](crate::TensorStateDict)
+/// (the same names → ferrite `Tensor`s on devices) or `ferrite_nn::StateDict` (a module's own map).
+pub type RawStateDict = Vec<(String, RawTensor)>;
 
 /// Interprets `v` as a state_dict: a dict whose values are all tensors.
 ///
 /// A nested training checkpoint is refused with the list of its entries that hold tensors, so the
 /// caller can pick one (`v.get("model")`).
-pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
+pub fn state_dict_from_value(v: &Value) -> Result<RawStateDict> {
     let Value::Dict(items) = v else {
         return Err(IoError::structure(
             "",
@@ -54,7 +58,7 @@ pub fn state_dict_from_value(v: &Value) -> Result<StateDict> {
 
 /// Removes `prefix` from every key that starts with it (PyTorch's
 /// `consume_prefix_in_state_dict_if_present`); other keys are kept as they are.
-pub fn strip_prefix(sd: StateDict, prefix: &str) -> StateDict {
+pub fn strip_prefix(sd: RawStateDict, prefix: &str) -> RawStateDict {
     sd.into_iter().map(|(k, t)| (k.strip_prefix(prefix).map(str::to_string).unwrap_or(k), t)).collect()
 }
 
@@ -81,17 +85,12 @@ pub fn strip_prefix_in_tree(tree: &mut Value, prefix: &str) -> usize {
     n
 }
 
-/// Keys a model expects but the state_dict lacks, and keys it has that the model does not.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IncompatibleKeys {
-    pub missing: Vec<String>,
-    pub unexpected: Vec<String>,
-}
-
 /// Compares a model's expected keys with a state_dict's keys, like `load_state_dict`. With
 /// `strict`, any difference is an [`IoError::IncompatibleKeys`] in PyTorch's wording; when all
 /// unexpected keys share a prefix whose removal would make them expected keys (`module.` from
 /// DataParallel, `_orig_mod.` from `torch.compile`), the error says so and names the option.
+/// Without `strict` the differences come back as the [`IncompatibleKeys`] that
+/// `ferrite_nn::Module::load_state_dict` returns.
 pub fn check_keys<E: AsRef<str>, P: AsRef<str>>(
     expected: &[E],
     provided: &[P],
@@ -99,16 +98,16 @@ pub fn check_keys<E: AsRef<str>, P: AsRef<str>>(
 ) -> Result<IncompatibleKeys> {
     let exp: std::collections::HashSet<&str> = expected.iter().map(AsRef::as_ref).collect();
     let prov: std::collections::HashSet<&str> = provided.iter().map(AsRef::as_ref).collect();
-    let missing: Vec<String> =
+    let missing_keys: Vec<String> =
         expected.iter().map(AsRef::as_ref).filter(|k| !prov.contains(k)).map(str::to_string).collect();
-    let unexpected: Vec<String> =
+    let unexpected_keys: Vec<String> =
         provided.iter().map(AsRef::as_ref).filter(|k| !exp.contains(k)).map(str::to_string).collect();
-    let report = IncompatibleKeys { missing, unexpected };
-    if !strict || (report.missing.is_empty() && report.unexpected.is_empty()) {
+    let report = IncompatibleKeys { missing_keys, unexpected_keys };
+    if !strict || report.is_empty() {
         return Ok(report);
     }
-    let hint = prefix_hint(&report.unexpected, &exp);
-    Err(IoError::IncompatibleKeys { missing: report.missing, unexpected: report.unexpected, hint })
+    let hint = prefix_hint(&report.unexpected_keys, &exp);
+    Err(IoError::IncompatibleKeys { missing: report.missing_keys, unexpected: report.unexpected_keys, hint })
 }
 
 fn prefix_hint(unexpected: &[String], expected: &std::collections::HashSet<&str>) -> Option<String> {
@@ -148,7 +147,7 @@ mod tests {
         assert!(msg.contains("start with `module.`") && msg.contains("--strip-prefix module."), "{msg}");
 
         let t = RawTensor::from_values(vec![1], &[0.0f32]).unwrap();
-        let sd: StateDict = saved.iter().map(|k| (k.to_string(), t.clone())).collect();
+        let sd: RawStateDict = saved.iter().map(|k| (k.to_string(), t.clone())).collect();
         let stripped = strip_prefix(sd, "module.");
         let keys: Vec<&str> = stripped.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(check_keys(&expected, &keys, true).unwrap(), IncompatibleKeys::default());
@@ -172,8 +171,8 @@ mod tests {
         let err = check_keys(&["a.w"], &["b.w", "module.c"], true).unwrap_err();
         assert!(!err.to_string().contains("start with"), "{err}");
         let r = check_keys(&["a.w"], &["b.w"], false).unwrap();
-        assert_eq!(r.missing, vec!["a.w"]);
-        assert_eq!(r.unexpected, vec!["b.w"]);
+        assert_eq!(r.missing_keys, vec!["a.w"]);
+        assert_eq!(r.unexpected_keys, vec!["b.w"]);
     }
 
     #[test]

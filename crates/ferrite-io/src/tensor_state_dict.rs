@@ -20,7 +20,8 @@ use crate::tensor_data::check_has_data;
 use crate::tensor_loader::TensorLoader;
 use crate::value::Value;
 
-/// Parameter and buffer names → device tensors, in file order.
+/// Parameter and buffer names → device tensors, in file order (the [`RawStateDict`](crate::RawStateDict)
+/// of a file, placed on devices).
 pub type TensorStateDict = Vec<(String, Tensor)>;
 
 /// Loads the state_dict in `path` (the root, or the entry [`LoadOptions::key`] names) onto devices.

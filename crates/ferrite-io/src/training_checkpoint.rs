@@ -14,7 +14,7 @@ use std::path::Path;
 
 use ferrite_tensor::{Generator, GeneratorState, Tensor};
 
-use crate::checkpoint::save_checkpoint;
+use crate::checkpoint_format::save_checkpoint;
 use crate::error::{IoError, Result};
 use crate::load_options::LoadOptions;
 use crate::raw_tensor::RawTensor;

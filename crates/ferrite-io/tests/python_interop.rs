@@ -66,16 +66,11 @@ fn bits(t: &RawTensor) -> Vec<u64> {
 
 /// Whether the test can run; panics in CI (FERRITE_REQUIRE_SYSTEM_DEPS=1) when python is missing.
 fn require_python() -> bool {
-    if python_ready() {
-        return true;
-    }
-    if common::may_skip() {
-        eprintln!(
-            "SKIPPED: python3 with safetensors+numpy missing; run bash .ci/run or install python3 -m pip install safetensors numpy"
-        );
-        return false;
-    }
-    panic!("python3 with safetensors+numpy is required (FERRITE_REQUIRE_SYSTEM_DEPS=1)");
+    ferrite_test_support::present_or_skip(
+        python_ready(),
+        "python3 with safetensors+numpy missing",
+        "run bash .ci/run or install python3 -m pip install safetensors numpy",
+    )
 }
 
 /// What Python's safetensors sees in `path` (see SCRIPT).

@@ -159,7 +159,7 @@ fn dataparallel_prefix_is_diagnosed_then_stripped_on_request() {
         .into_iter()
         .map(|(k, _)| k)
         .collect();
-    assert!(check_keys(&model_keys, &stripped, true).unwrap().missing.is_empty());
+    assert!(check_keys(&model_keys, &stripped, true).unwrap().missing_keys.is_empty());
 }
 
 /// A state_dict whose storages were saved on `cuda:1` (the location tag torch.save writes into

@@ -6,17 +6,23 @@
 //! `(stream, size, addr)`-ordered free set, split and merge within a segment, the oversize rules of
 //! `max_split_size`, the OOM recovery ladder (garbage collection, release oversize blocks, release
 //! everything cached and retry) and the statistics updates in the same places.
+//!
+//! Two parts live in modules of their own, as `impl AllocatorCore` blocks over the same fields:
+//! [`expandable_segments`] (PyTorch's `expandable_segments:True` path: address space reserved
+//! once, pages mapped and unmapped on demand) and [`inspection`] (the memory snapshot and the
+//! consistency check that recomputes every statistic from the blocks).
+
+mod expandable_segments;
+mod inspection;
+
 use std::panic::Location;
 use std::ptr::NonNull;
 
 use crate::block_pool::{Arena, BlockRec, FreeKey, FreePool, NIL};
-use crate::history::{Frame, HistoryRing, TraceAction};
+use crate::history::{HistoryRing, TraceAction};
 use crate::oom::{OomFacts, OutOfMemoryReport};
 use crate::raw_memory::{RawAllocError, RawMemory, RawSegment};
-use crate::size_rules::{
-    LARGE_BUFFER, MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE, allocation_size, is_small, round_size,
-};
-use crate::snapshot::{AllocatorSettings, BlockSnapshot, BlockState, MemorySnapshot, SegmentSnapshot};
+use crate::size_rules::{MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, is_small, round_size};
 use crate::stats::MemoryStats;
 use crate::{AllocatorConfig, Device, MemoryError};
 
@@ -72,7 +78,7 @@ pub(crate) struct AllocatorCore {
     allowed_max: Option<u64>,
     fraction: Option<f64>,
     history: Option<HistoryRing>,
-    /// Why the last segment reservation failed.
+    /// Why the last segment reservation of the current `malloc` failed.
     last_raw_error: Option<RawAllocError>,
     /// Live expandable segments (the fast best-fit path is taken while there are none).
     expandable_live: usize,
@@ -257,14 +263,16 @@ impl AllocatorCore {
         let mut found = self.get_free_block(small, stream, size);
         let alloc_size = allocation_size(size);
         if found.is_none() {
+            self.last_raw_error = None;
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks();
             }
             found = self.alloc_block(small, stream, size, alloc_size, false, loc);
-            if found.is_none() && self.release_available_cached_blocks(small, stream, size) {
+            // The OOM ladder, for refusals that freeing cached segments can cure.
+            if found.is_none() && self.may_retry() && self.release_available_cached_blocks(small, stream, size) {
                 found = self.alloc_block(small, stream, size, alloc_size, false, loc);
             }
-            if found.is_none() {
+            if found.is_none() && self.may_retry() {
                 self.release_cached_blocks();
                 found = self.alloc_block(small, stream, size, alloc_size, true, loc);
             }
@@ -300,48 +308,10 @@ impl AllocatorCore {
         Some(key.idx)
     }
 
-    /// Best fit while expandable segments exist: PyTorch's variant that, with expandable segments
-    /// on, prefers among equal candidates the one with less unmapped space behind it (so growing
-    /// segments stay compact), and with them off skips expandable blocks.
-    fn get_free_block_expandable(&mut self, small: bool, stream: u32, size: u64) -> Option<u32> {
-        let gc = self.gc_enabled();
-        let max_split = self.config.max_split_size;
-        let rounding = self.config.max_non_split_rounding;
-        let on = self.config.expandable_segments;
-        let arena = &self.arena;
-        let pool = if small { &mut self.small } else { &mut self.large };
-        if gc {
-            pool.call_count += 1;
-        }
-        let expandable_size = |k: &FreeKey| {
-            let n = arena[k.idx].next;
-            k.size + if n != NIL && !arena[n].mapped { arena[n].size } else { 0 }
-        };
-        let key = {
-            let mut it = pool.set.iter_from(stream, size).peekable();
-            let mut key = it.next()?;
-            if arena[key.idx].expandable {
-                if on {
-                    while arena[key.idx].expandable {
-                        match it.peek() {
-                            Some(n) if expandable_size(n) < expandable_size(&key) => key = it.next()?,
-                            _ => break,
-                        }
-                    }
-                } else {
-                    key = it.find(|k| !arena[k.idx].expandable)?;
-                }
-            }
-            key
-        };
-        if size < max_split && key.size >= max_split {
-            return None;
-        }
-        if size >= max_split && key.size >= size.saturating_add(rounding) {
-            return None;
-        }
-        pool.set.remove(&key);
-        Some(key.idx)
+    /// Whether the last refusal could go away by returning cached segments (not a buffer over the
+    /// device's limit, a lost device or a missing feature).
+    fn may_retry(&self) -> bool {
+        self.last_raw_error.as_ref().is_none_or(RawAllocError::is_retryable)
     }
 
     #[inline]
@@ -387,32 +357,8 @@ impl AllocatorCore {
         };
         self.total_reserved += size;
         let addr = raw.addr;
-        let seg = match self.vacant_segments.pop() {
-            Some(s) => s,
-            None => {
-                self.segments.push(None);
-                (self.segments.len() - 1) as u32
-            }
-        };
-        let idx = self.arena.insert(BlockRec {
-            addr,
-            size,
-            requested: 0,
-            prev: NIL,
-            next: NIL,
-            segment: seg,
-            stream,
-            allocated: false,
-            small,
-            oversize: false,
-            mapped: true,
-            expandable: false,
-            gc_base: 0,
-            location: None,
-        });
         let oversize = size >= self.config.max_split_size;
-        self.segments[seg as usize] =
-            Some(SegmentRec { raw, head: idx, small, stream, oversize, expandable: false, location: Some(loc) });
+        let idx = self.install_segment(raw, small, stream, false, oversize, loc);
         self.stats.segment.increase(small, 1);
         self.stats.reserved_bytes.increase(small, size);
         self.bump_watermarks();
@@ -422,6 +368,45 @@ impl AllocatorCore {
         self.stats.num_device_alloc += 1;
         self.trace(TraceAction::SegmentAlloc, addr, size, stream, Some(loc));
         Some(idx)
+    }
+
+    /// Put `raw` into a free segment slot as one free block spanning all of it (mapped unless the
+    /// segment is expandable) and return that block; the caller accounts for it and pools it.
+    fn install_segment(
+        &mut self,
+        raw: RawSegment,
+        small: bool,
+        stream: u32,
+        expandable: bool,
+        oversize: bool,
+        loc: &'static Location<'static>,
+    ) -> u32 {
+        let seg = match self.vacant_segments.pop() {
+            Some(s) => s,
+            None => {
+                self.segments.push(None);
+                (self.segments.len() - 1) as u32
+            }
+        };
+        let idx = self.arena.insert(BlockRec {
+            addr: raw.addr,
+            size: raw.size,
+            requested: 0,
+            prev: NIL,
+            next: NIL,
+            segment: seg,
+            stream,
+            allocated: false,
+            small,
+            oversize: false,
+            mapped: !expandable,
+            expandable,
+            gc_base: 0,
+            location: None,
+        });
+        self.segments[seg as usize] =
+            Some(SegmentRec { raw, head: idx, small, stream, oversize, expandable, location: Some(loc) });
+        idx
     }
 
     #[inline]
@@ -760,275 +745,34 @@ impl AllocatorCore {
         }
     }
 
-    // ---------------------------------------------------------------- expandable segments
-
-    /// Page size of expandable segments: 2 MiB in the small pool, 20 MiB in the large one.
-    fn page_size(small: bool) -> u64 {
-        if small { SMALL_BUFFER } else { LARGE_BUFFER }
-    }
-
-    /// The lowest-address run of free (mapped or unmapped) blocks of `stream` with room for
-    /// `size` bytes, or a new expandable segment (address space only) if none has room.
-    fn find_expandable_block(
-        &mut self,
-        small: bool,
-        stream: u32,
-        size: u64,
-        loc: &'static Location<'static>,
-    ) -> Option<u32> {
-        let pool = if small { &self.small } else { &self.large };
-        let candidates: Vec<u32> =
-            pool.unmapped.range((stream, 0, 0)..=(stream, u64::MAX, u32::MAX)).map(|k| k.2).collect();
-        let free = |b: u32| b != NIL && !self.arena[b].allocated;
-        for c in candidates {
-            let p = self.arena[c].prev;
-            let start = if free(p) { p } else { c };
-            let (mut bytes, mut b) = (0, start);
-            while bytes < size && free(b) {
-                bytes += self.arena[b].size;
-                b = self.arena[b].next;
-            }
-            if bytes >= size {
-                return Some(start);
-            }
-        }
-        // Address space for 9/8 of the device, as PyTorch (room to remap pages elsewhere).
-        let page = Self::page_size(small);
-        let span = match self.raw.total_capacity() {
-            Some(t) => t.saturating_add(t / 8),
-            None => 1 << 44,
-        }
-        .max(size)
-        .div_ceil(page)
-            * page;
-        let range = match self.raw.reserve_address_space(span) {
-            Ok(r) => r,
-            Err(e) => {
-                self.last_raw_error = Some(e);
-                return None;
-            }
-        };
-        let seg = match self.vacant_segments.pop() {
-            Some(s) => s,
-            None => {
-                self.segments.push(None);
-                (self.segments.len() - 1) as u32
-            }
-        };
-        let idx = self.arena.insert(BlockRec {
-            addr: range.addr,
-            size: span,
-            requested: 0,
-            prev: NIL,
-            next: NIL,
-            segment: seg,
-            stream,
-            allocated: false,
-            small,
-            oversize: false,
-            mapped: false,
-            expandable: true,
-            gc_base: 0,
-            location: None,
-        });
-        let pool = if small { &mut self.small } else { &mut self.large };
-        pool.unmapped.insert((stream, range.addr, idx));
-        self.segments[seg as usize] = Some(SegmentRec {
-            raw: range,
-            head: idx,
-            small,
-            stream,
-            oversize: false,
-            expandable: true,
-            location: Some(loc),
-        });
-        self.expandable_live += 1;
-        Some(idx)
-    }
-
-    /// Map the first `size` bytes (rounded up to pages) of unmapped block `to_map`; the mapped
-    /// part joins its free mapped neighbours and is cached. Returns the merged block.
-    fn map_block(&mut self, to_map: u32, size: u64, loc: Option<&'static Location<'static>>) -> Option<u32> {
-        let b = self.arena[to_map].clone();
-        debug_assert!(!b.mapped && size <= b.size);
-        let page = Self::page_size(b.small);
-        let len = size.div_ceil(page).saturating_mul(page).min(b.size);
-        let seg = self.segments[b.segment as usize].as_ref()?;
-        let offset = b.addr - seg.raw.addr;
-        if let Err(e) = self.raw.map(&seg.raw, offset, len) {
-            self.last_raw_error = Some(e);
-            return None;
-        }
-        let pool = if b.small { &mut self.small } else { &mut self.large };
-        pool.unmapped.remove(&(b.stream, b.addr, to_map));
-        self.arena[to_map].mapped = true;
-        if len < b.size {
-            let rest = self.arena.insert(BlockRec {
-                addr: b.addr + len,
-                size: b.size - len,
-                prev: to_map,
-                mapped: false,
-                ..b.clone()
-            });
-            if b.next != NIL {
-                self.arena[b.next].prev = rest;
-            }
-            self.arena[to_map].next = rest;
-            self.arena[to_map].size = len;
-            let pool = if b.small { &mut self.small } else { &mut self.large };
-            pool.unmapped.insert((b.stream, b.addr + len, rest));
-        }
-        let (prev, next) = (self.arena[to_map].prev, self.arena[to_map].next);
-        self.try_merge(to_map, prev);
-        self.try_merge(to_map, next);
-        let pool = if b.small { &mut self.small } else { &mut self.large };
-        self.arena[to_map].gc_base = pool.call_count;
-        pool.set.insert(FreeKey::of(to_map, &self.arena[to_map]));
-        self.total_reserved += len;
-        self.stats.reserved_bytes.increase(b.small, len);
-        self.bump_watermarks();
-        self.stats.num_device_alloc += 1;
-        self.trace(TraceAction::SegmentMap, b.addr, len, b.stream, loc);
-        Some(to_map)
-    }
-
-    /// PyTorch's `try_allocate_expandable_block`: map pages at the lowest address with room and
-    /// hand out the resulting free block (uncached).
-    fn try_allocate_expandable_block(
-        &mut self,
-        small: bool,
-        stream: u32,
-        size: u64,
-        loc: &'static Location<'static>,
-    ) -> Option<u32> {
-        let mut c = self.find_expandable_block(small, stream, size, loc)?;
-        if !self.arena[c].mapped {
-            let want = self.arena[c].size.min(size);
-            c = self.map_block(c, want, Some(loc))?;
-        }
-        while self.arena[c].size < size {
-            let remaining = size - self.arena[c].size;
-            let n = self.arena[c].next;
-            debug_assert!(n != NIL && !self.arena[n].mapped);
-            let want = remaining.min(self.arena[n].size);
-            c = self.map_block(n, want, Some(loc))?;
-        }
-        let pool = if small { &mut self.small } else { &mut self.large };
-        let removed = pool.set.remove(&FreeKey::of(c, &self.arena[c]));
-        debug_assert!(removed);
-        Some(c)
-    }
-
-    /// Unmap the whole free pages inside cached block `idx` of an expandable segment; partial
-    /// pages at either end stay mapped as free blocks. Returns the (possibly merged) block.
-    fn unmap_block(&mut self, idx: u32) -> u32 {
-        let b = self.arena[idx].clone();
-        let Some(seg) = self.segments[b.segment as usize].as_ref() else { return idx };
-        let base = seg.raw.addr;
-        let page = Self::page_size(b.small);
-        let offset = b.addr - base;
-        let start = offset.div_ceil(page) * page;
-        let end = (offset + b.size) / page * page;
-        if end <= start {
-            return idx;
-        }
-        let pool = if b.small { &mut self.small } else { &mut self.large };
-        pool.set.remove(&FreeKey::of(idx, &b));
-        if start > offset {
-            let before = self.arena.insert(BlockRec { size: start - offset, next: idx, ..b.clone() });
-            if b.prev != NIL {
-                self.arena[b.prev].next = before;
-            } else if let Some(s) = self.segments[b.segment as usize].as_mut() {
-                s.head = before;
-            }
-            self.arena[idx].prev = before;
-            let pool = if b.small { &mut self.small } else { &mut self.large };
-            self.arena[before].gc_base = pool.call_count;
-            pool.set.insert(FreeKey::of(before, &self.arena[before]));
-        }
-        if offset + b.size > end {
-            let after =
-                self.arena.insert(BlockRec { addr: base + end, size: offset + b.size - end, prev: idx, ..b.clone() });
-            if b.next != NIL {
-                self.arena[b.next].prev = after;
-            }
-            self.arena[idx].next = after;
-            let pool = if b.small { &mut self.small } else { &mut self.large };
-            self.arena[after].gc_base = pool.call_count;
-            pool.set.insert(FreeKey::of(after, &self.arena[after]));
-        }
-        let len = end - start;
-        {
-            let r = &mut self.arena[idx];
-            r.addr = base + start;
-            r.size = len;
-            r.mapped = false;
-        }
-        if let Some(seg) = self.segments[b.segment as usize].as_ref() {
-            self.raw.unmap(&seg.raw, start, len);
-        }
-        let (prev, next) = (self.arena[idx].prev, self.arena[idx].next);
-        self.try_merge(idx, prev);
-        self.try_merge(idx, next);
-        let r = &self.arena[idx];
-        let key = (r.stream, r.addr, idx);
-        let pool = if b.small { &mut self.small } else { &mut self.large };
-        pool.unmapped.insert(key);
-        self.total_reserved -= len;
-        self.stats.reserved_bytes.decrease(b.small, len);
-        self.stats.num_device_free += 1;
-        let loc = self.segments[b.segment as usize].as_ref().and_then(|s| s.location);
-        self.trace(TraceAction::SegmentUnmap, base + start, len, b.stream, loc);
-        idx
-    }
-
-    /// Return the address space of an expandable segment with no mapped page.
-    fn release_expandable_segment(&mut self, idx: u32) {
-        let b = self.arena[idx].clone();
-        debug_assert!(!b.mapped && !b.is_split());
-        let pool = if b.small { &mut self.small } else { &mut self.large };
-        pool.unmapped.remove(&(b.stream, b.addr, idx));
-        self.arena.remove(idx);
-        if let Some(seg) = self.segments[b.segment as usize].take() {
-            self.vacant_segments.push(b.segment);
-            self.raw.release_address_space(seg.raw);
-        }
-        self.expandable_live -= 1;
-    }
-
     /// Give every segment back to the backend (the allocator is going away; no block is live).
     fn release_everything(&mut self) {
         for si in 0..self.segments.len() {
-            let Some(seg) = self.segments[si].take() else { continue };
-            if !seg.expandable {
-                self.raw.free(seg.raw);
-                continue;
+            match self.segments[si].take() {
+                Some(seg) if seg.expandable => self.unmap_and_release(seg),
+                Some(seg) => self.raw.free(seg.raw),
+                None => {}
             }
-            // Unmap each contiguous mapped run (runs start and end on page boundaries).
-            let mut i = seg.head;
-            while i != NIL {
-                if !self.arena[i].mapped {
-                    i = self.arena[i].next;
-                    continue;
-                }
-                let start = self.arena[i].addr;
-                let mut len = 0;
-                while i != NIL && self.arena[i].mapped {
-                    len += self.arena[i].size;
-                    i = self.arena[i].next;
-                }
-                self.raw.unmap(&seg.raw, start - seg.raw.addr, len);
-            }
-            self.raw.release_address_space(seg.raw);
         }
     }
 
     // ---------------------------------------------------------------- OOM
 
     fn out_of_memory(&mut self, orig: u64, size: u64, alloc_size: u64, stream: u32) -> MemoryError {
-        if let Some(RawAllocError::TooLarge { max }) = self.last_raw_error {
-            self.stats.num_ooms += 1;
-            return MemoryError::BufferTooLarge { device: self.device.to_string(), requested: orig, max };
+        match &self.last_raw_error {
+            Some(RawAllocError::TooLarge { max }) => {
+                self.stats.num_ooms += 1;
+                return MemoryError::BufferTooLarge { device: self.device.to_string(), requested: orig, max: *max };
+            }
+            Some(RawAllocError::DeviceLost { reason }) => {
+                return MemoryError::GpuUnavailable {
+                    device: self.device.to_string(),
+                    reason: format!(
+                        "the device was lost ({reason}); its memory and every tensor on it are gone. Restart the run (resume from the last checkpoint)"
+                    ),
+                };
+            }
+            _ => {}
         }
         let device_free = self.raw.device_free();
         self.trace(TraceAction::Oom, device_free.unwrap_or(0), size, stream, None);
@@ -1061,197 +805,12 @@ impl AllocatorCore {
             driver_refused,
             expandable_segments: self.config.expandable_segments,
         };
-        MemoryError::OutOfMemory { report: Box::new(OutOfMemoryReport::diagnose(facts)) }
+        let report = Box::new(OutOfMemoryReport::diagnose(facts));
+        if driver_refused { MemoryError::DriverRefused { report } } else { MemoryError::OutOfMemory { report } }
     }
 
     pub fn largest_free_block(&self) -> u64 {
         self.small.largest().max(self.large.largest())
-    }
-
-    // ---------------------------------------------------------------- inspection
-
-    pub fn snapshot(&self) -> MemorySnapshot {
-        let mut segments = Vec::new();
-        for seg in self.segments.iter().flatten() {
-            // One snapshot segment per contiguous mapped range (the whole segment unless expandable).
-            let mut i = seg.head;
-            while i != NIL {
-                while i != NIL && !self.arena[i].mapped {
-                    i = self.arena[i].next;
-                }
-                if i == NIL {
-                    break;
-                }
-                let address = self.arena[i].addr;
-                let mut blocks = Vec::new();
-                let (mut total, mut allocated, mut requested) = (0, 0, 0);
-                while i != NIL && self.arena[i].mapped {
-                    let b = &self.arena[i];
-                    total += b.size;
-                    if b.allocated {
-                        allocated += b.size;
-                        requested += b.requested;
-                    }
-                    blocks.push(BlockSnapshot {
-                        address: b.addr,
-                        size: b.size,
-                        requested_size: b.requested,
-                        state: if b.allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
-                        frames: b.location.map(Frame::from_location).into_iter().collect(),
-                    });
-                    i = b.next;
-                }
-                segments.push(SegmentSnapshot {
-                    device: self.device.index(),
-                    address,
-                    total_size: total,
-                    allocated_size: allocated,
-                    active_size: allocated,
-                    requested_size: requested,
-                    stream: seg.stream,
-                    segment_type: if seg.small { "small" } else { "large" }.to_string(),
-                    segment_pool_id: (0, 0),
-                    is_expandable: seg.expandable,
-                    frames: seg.location.map(Frame::from_location).into_iter().collect(),
-                    blocks,
-                });
-            }
-        }
-        segments.sort_by_key(|s| s.address);
-        let divisions = self
-            .config
-            .roundup_power2_divisions
-            .iter()
-            .enumerate()
-            .map(|(i, d)| ((1u64 << i).to_string(), *d))
-            .collect();
-        MemorySnapshot {
-            segments,
-            device_traces: vec![self.history()],
-            allocator_settings: AllocatorSettings {
-                alloc_conf: self.config.to_string(),
-                max_split_size: self.stats.max_split_size,
-                garbage_collection_threshold: self.config.garbage_collection_threshold,
-                expandable_segments: self.config.expandable_segments,
-                roundup_power2_divisions: divisions,
-            },
-        }
-    }
-
-    /// Recompute every current statistic from the segments and blocks and compare.
-    pub fn check_consistency(&self) -> Result<(), String> {
-        let mut exp = MemoryStats::new(self.config.max_split_size);
-        let mut cached = 0usize;
-        let mut unmapped = 0usize;
-        let mut expandable = 0usize;
-        for (si, seg) in self.segments.iter().enumerate() {
-            let Some(seg) = seg else { continue };
-            if seg.expandable {
-                expandable += 1;
-            } else {
-                exp.segment.increase(seg.small, 1);
-                exp.reserved_bytes.increase(seg.small, seg.raw.size);
-            }
-            if seg.oversize {
-                exp.oversize_segments.increase(1);
-            }
-            let mut i = seg.head;
-            let mut expected_addr = seg.raw.addr;
-            let mut prev = NIL;
-            let mut total = 0;
-            let single = self.arena[seg.head].next == NIL;
-            while i != NIL {
-                let b = &self.arena[i];
-                if b.segment as usize != si
-                    || b.prev != prev
-                    || b.addr != expected_addr
-                    || b.small != seg.small
-                    || b.expandable != seg.expandable
-                {
-                    return Err(format!("segment {si}: broken block chain at block {i}"));
-                }
-                if prev != NIL && !b.allocated && !self.arena[prev].allocated && b.mapped == self.arena[prev].mapped {
-                    return Err(format!("segment {si}: two adjacent free blocks were not merged"));
-                }
-                if seg.expandable && b.mapped {
-                    exp.reserved_bytes.increase(seg.small, b.size);
-                }
-                if b.allocated {
-                    exp.allocation.increase(b.small, 1);
-                    exp.allocated_bytes.increase(b.small, b.size);
-                    exp.active.increase(b.small, 1);
-                    exp.active_bytes.increase(b.small, b.size);
-                    exp.requested_bytes.increase(b.small, b.requested);
-                    if b.oversize {
-                        exp.oversize_allocations.increase(1);
-                    }
-                } else if !b.mapped {
-                    unmapped += 1;
-                    let pool = if b.small { &self.small } else { &self.large };
-                    if !pool.unmapped.contains(&(b.stream, b.addr, i)) {
-                        return Err(format!("segment {si}: unmapped block {i} is not in its pool"));
-                    }
-                } else {
-                    cached += 1;
-                    let pool = if b.small { &self.small } else { &self.large };
-                    if !pool.set.contains(&FreeKey::of(i, b)) {
-                        return Err(format!("segment {si}: free block {i} is not in its pool"));
-                    }
-                    if !single && !b.expandable {
-                        exp.inactive_split.increase(b.small, 1);
-                        exp.inactive_split_bytes.increase(b.small, b.size);
-                    }
-                }
-                expected_addr += b.size;
-                total += b.size;
-                prev = i;
-                i = b.next;
-            }
-            if total != seg.raw.size {
-                return Err(format!("segment {si}: blocks cover {total} of {} bytes", seg.raw.size));
-            }
-        }
-        if cached != self.small.set.len() + self.large.set.len()
-            || unmapped != self.small.unmapped.len() + self.large.unmapped.len()
-        {
-            return Err("the free pools hold blocks that belong to no segment".into());
-        }
-        if expandable != self.expandable_live {
-            return Err("expandable segment count is off".into());
-        }
-        if self.total_reserved != exp.reserved_bytes.all.current as u64 || self.raw.reserved() != self.total_reserved {
-            return Err("reserved byte counters disagree with the segments".into());
-        }
-        let (have, want) = (&self.stats, &exp);
-        let pairs = [
-            ("allocation", &have.allocation, &want.allocation),
-            ("segment", &have.segment, &want.segment),
-            ("active", &have.active, &want.active),
-            ("inactive_split", &have.inactive_split, &want.inactive_split),
-            ("allocated_bytes", &have.allocated_bytes, &want.allocated_bytes),
-            ("reserved_bytes", &have.reserved_bytes, &want.reserved_bytes),
-            ("active_bytes", &have.active_bytes, &want.active_bytes),
-            ("inactive_split_bytes", &have.inactive_split_bytes, &want.inactive_split_bytes),
-            ("requested_bytes", &have.requested_bytes, &want.requested_bytes),
-        ];
-        for (name, h, w) in pairs {
-            for t in crate::StatType::ALL {
-                if h.get(t).current != w.get(t).current {
-                    return Err(format!(
-                        "{name}.{}.current is {} but the blocks say {}",
-                        t.key(),
-                        h.get(t).current,
-                        w.get(t).current
-                    ));
-                }
-            }
-        }
-        if have.oversize_allocations.current != want.oversize_allocations.current
-            || have.oversize_segments.current != want.oversize_segments.current
-        {
-            return Err("oversize counters disagree with the blocks".into());
-        }
-        Ok(())
     }
 }
 

@@ -9,10 +9,20 @@ pub enum MemoryError {
     /// A device string that does not name a device.
     #[error("invalid device `{spec}`: {reason}")]
     InvalidDevice { spec: String, reason: String },
-    /// An allocation the device cannot satisfy, with the full picture and a diagnosis
-    /// (see [`OutOfMemoryReport`]; its `Display` starts like PyTorch's OOM message).
+    /// An allocation the device cannot satisfy — its capacity, as ferrite accounts for it, or the
+    /// memory fraction would be exceeded, or the host cannot back it — with the full picture and
+    /// a diagnosis (see [`OutOfMemoryReport`]; its `Display` starts like PyTorch's OOM message).
+    /// Not retryable: the allocator has already released its cache and tried again, so the same
+    /// request fails until live tensors are freed or the workload shrinks.
     #[error("{report}")]
     OutOfMemory { report: Box<OutOfMemoryReport> },
+    /// A GPU driver refused a new buffer where ferrite's accounting had room (or the capacity is
+    /// unknown): the card's memory is used up by other processes, or buffers freed a moment ago
+    /// are not yet back with the driver. The allocator has released its cache and retried once;
+    /// the memory may come back, so this is [retryable](MemoryError::is_retryable). The report
+    /// (`driver_refused` set) carries the same picture and suggestions as an out-of-memory error.
+    #[error("{report}")]
+    DriverRefused { report: Box<OutOfMemoryReport> },
     /// An allocator option (`FERRITE_ALLOC_CONF` / [`crate::AllocatorConfig`]) that is unknown or
     /// has a bad value.
     #[error("invalid allocator option `{key}`{}: {reason}", if value.is_empty() { String::new() } else { format!(" = `{value}`") })]
@@ -35,11 +45,18 @@ pub enum MemoryError {
 }
 
 impl MemoryError {
-    /// The OOM report, if this is an out-of-memory error.
+    /// The OOM report, if this is an out-of-memory error (capacity exceeded or driver refusal).
     pub fn oom_report(&self) -> Option<&OutOfMemoryReport> {
         match self {
-            MemoryError::OutOfMemory { report } => Some(report),
+            MemoryError::OutOfMemory { report } | MemoryError::DriverRefused { report } => Some(report),
             _ => None,
         }
+    }
+
+    /// Whether the same request may succeed later without the caller freeing anything: only a
+    /// driver's refusal ([`MemoryError::DriverRefused`]), whose memory other processes or the
+    /// driver may give back.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, MemoryError::DriverRefused { .. })
     }
 }

@@ -1,8 +1,8 @@
 //! Device memory for ferrite.
 //!
 //! Every byte a tensor holds comes from one [`CachingAllocator`] per [`Device`]; the allocator's
-//! statistics are therefore the truth about what tensors hold. See `../shared/DESIGN.md`,
-//! "The memory spine".
+//! statistics are therefore the truth about what tensors hold. See `docs/architecture.md` in the
+//! repository, "The memory spine".
 //!
 //! - [`raw_memory`]: backends that obtain segments — host memory, a simulated GPU with a real
 //!   card's capacity ([`GPU_CATALOGUE`]), address-only `meta` memory, and real GPUs' buffers

@@ -30,20 +30,35 @@ pub struct RawSegment {
 // its lock) reads or frees; the pointer is never dereferenced through this type.
 unsafe impl Send for RawSegment {}
 
-/// Why a backend refused a segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why a backend refused a segment. The allocator frees its cached segments and asks again only
+/// for a [retryable](RawAllocError::is_retryable) refusal.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RawAllocError {
-    /// The device's capacity would be exceeded.
+    /// The device's capacity (as ferrite accounts for it) would be exceeded.
     CapacityExceeded,
     /// The host could not provide the memory.
     HostRefused,
-    /// A GPU driver refused the buffer (out of device memory): retryable after freeing cached
-    /// segments.
+    /// A GPU driver refused the buffer (out of device memory), whatever ferrite's accounting
+    /// says: the card may be shared with other processes, or its capacity unknown.
     DriverRefused,
     /// Larger than any single buffer the device can create: no amount of freeing helps.
     TooLarge { max: u64 },
     /// The backend cannot reserve address space for expandable segments.
     Unsupported,
+    /// The GPU is gone (driver reset, hang, removal): nothing can be allocated on it any more.
+    DeviceLost { reason: String },
+}
+
+impl RawAllocError {
+    /// Whether returning cached segments to the backend can make the same request succeed:
+    /// true for the refusals that mean "not enough memory right now", false for a request that
+    /// no memory can serve (too large, unsupported, device lost).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RawAllocError::CapacityExceeded | RawAllocError::HostRefused | RawAllocError::DriverRefused => true,
+            RawAllocError::TooLarge { .. } | RawAllocError::Unsupported | RawAllocError::DeviceLost { .. } => false,
+        }
+    }
 }
 
 /// A source of segments. Implementations need not be thread-safe beyond `Send`: the caching
@@ -289,22 +304,37 @@ impl RawMemory for HostMemory {
         host_va::reserve(size)
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
-        if let Some(l) = self.limit
-            && self.reserved.saturating_add(len) > l
-        {
-            return Err(RawAllocError::CapacityExceeded);
-        }
-        host_va::map(range, offset, len)?;
-        self.reserved += len;
-        Ok(())
+        map_counted(range, offset, len, self.limit, &mut self.reserved)
     }
     fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
-        host_va::unmap(range, offset, len);
-        self.reserved -= len;
+        unmap_counted(range, offset, len, &mut self.reserved)
     }
     fn release_address_space(&mut self, range: RawSegment) {
         host_va::release(range);
     }
+}
+
+/// Commit `len` bytes at `offset` of a reserved host range (an expandable segment's pages),
+/// counted in `reserved` and refused past `limit` — the `map` of every host-backed backend.
+fn map_counted(
+    range: &RawSegment,
+    offset: u64,
+    len: u64,
+    limit: Option<u64>,
+    reserved: &mut u64,
+) -> Result<(), RawAllocError> {
+    if limit.is_some_and(|l| reserved.saturating_add(len) > l) {
+        return Err(RawAllocError::CapacityExceeded);
+    }
+    host_va::map(range, offset, len)?;
+    *reserved += len;
+    Ok(())
+}
+
+/// Give back pages committed by [`map_counted`].
+fn unmap_counted(range: &RawSegment, offset: u64, len: u64, reserved: &mut u64) {
+    host_va::unmap(range, offset, len);
+    *reserved -= len;
 }
 
 /// A simulated GPU: refuses a segment exactly where the real card would run out
@@ -366,16 +396,10 @@ impl RawMemory for SimMemory {
         }
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
-        if self.reserved.saturating_add(len) > self.usable {
-            return Err(RawAllocError::CapacityExceeded);
-        }
-        host_va::map(range, offset, len)?;
-        self.reserved += len;
-        Ok(())
+        map_counted(range, offset, len, Some(self.usable), &mut self.reserved)
     }
     fn unmap(&mut self, range: &RawSegment, offset: u64, len: u64) {
-        host_va::unmap(range, offset, len);
-        self.reserved -= len;
+        unmap_counted(range, offset, len, &mut self.reserved)
     }
     fn release_address_space(&mut self, range: RawSegment) {
         host_va::release(range);

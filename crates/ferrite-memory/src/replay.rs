@@ -118,7 +118,7 @@ pub fn replay(trace: &Trace, device: Device, config: AllocatorConfig) -> Result<
                         failed.remove(&id);
                         live.insert(id, b);
                     }
-                    Err(MemoryError::OutOfMemory { report }) => {
+                    Err(MemoryError::OutOfMemory { report } | MemoryError::DriverRefused { report }) => {
                         failed.insert(id);
                         ooms.push(ReplayOom {
                             event_index: i,

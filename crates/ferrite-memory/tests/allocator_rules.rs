@@ -1,16 +1,12 @@
 //! Every allocator rule with exact byte figures, seen from outside.
-use ferrite_memory::{AllocatorConfig, CachingAllocator, Device, MemoryError, OomDiagnosis};
+use ferrite_memory::{CachingAllocator, Device, MemoryError, OomDiagnosis};
 
 const KIB: usize = 1024;
 const MIB: usize = 1 << 20;
 
-fn sim(spec: &str, conf: &str) -> CachingAllocator {
-    CachingAllocator::unbacked(Device::parse(spec).unwrap(), AllocatorConfig::parse(conf).unwrap())
-}
+mod common;
 
-fn stat(a: &CachingAllocator, key: &str) -> i64 {
-    a.memory_stats_flat()[key]
-}
+use common::{sim, stat};
 
 #[test]
 fn small_request_reserves_one_2mib_segment() {

@@ -2,19 +2,13 @@
 //! `expandable_segments.rs` as a cross-check: exact byte figures for both pools, the statistics
 //! PyTorch keeps (`segment` untouched, no `inactive_split`), the OOM ladder with `max_split_size`,
 //! turning the option off and on at run time, and random traffic checked after every operation.
-use ferrite_memory::{
-    AllocatorConfig, CachingAllocator, Device, MemoryError, OomDiagnosis, SuggestionKind, TraceAction,
-};
+use ferrite_memory::{CachingAllocator, MemoryError, OomDiagnosis, SuggestionKind, TraceAction};
 
 const MIB: usize = 1 << 20;
 
-fn sim(spec: &str, conf: &str) -> CachingAllocator {
-    CachingAllocator::unbacked(Device::parse(spec).unwrap(), AllocatorConfig::parse(conf).unwrap())
-}
+mod common;
 
-fn stat(a: &CachingAllocator, key: &str) -> i64 {
-    a.memory_stats_flat()[key]
-}
+use common::{sim, stat};
 
 #[test]
 fn segments_grow_in_pages_and_blocks_tile_them() {

@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-pub mod checkpoint;
+pub mod activation_checkpoint;
 mod error;
 pub mod inference;
 pub mod init;
@@ -33,7 +33,7 @@ pub mod module;
 pub mod rng;
 pub mod state_dict;
 
-pub use checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
+pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
 /// Autocast lives in `ferrite-tensor` beside the ops that read it; re-exported for model code.
 pub use ferrite_tensor::autocast;

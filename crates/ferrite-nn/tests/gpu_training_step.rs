@@ -24,18 +24,8 @@ fn step(device: &Device) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
 
 #[test]
 fn transformer_step_on_gpu_matches_cpu() {
-    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
-        .expect("FERRITE_TEST_DEVICES")
-        .into_iter()
-        .filter(|d| matches!(d, Device::Gpu { .. }))
-        .collect();
+    let gpus = ferrite_test_support::gpus_or_skip();
     if gpus.is_empty() {
-        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1)");
-        assert_ne!(
-            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
-            Ok("1"),
-            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
-        );
         return;
     }
     let (want_y, want_g) = step(&Device::Cpu);

@@ -20,7 +20,7 @@ struct Case {
 }
 
 fn case(name: &str) -> Option<Case> {
-    let dir = reference_or_skip(name)?;
+    let dir = reference_or_skip()?;
     let m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("ops/manifest.json")).unwrap()).unwrap();
     let c = m["cases"]

@@ -116,7 +116,7 @@ fn transformer_and_attention_names_equal_pytorchs() {
 /// Key order, shapes and dtypes of `pytorch/plain_state_dict.pt` as recorded in expected.json.
 #[test]
 fn names_match_a_pytorch_written_state_dict() {
-    let Some(dir) = reference_or_skip("plain_state_dict names") else { return };
+    let Some(dir) = reference_or_skip() else { return };
     let text = std::fs::read_to_string(dir.join("pytorch/expected.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     let entries = v["plain_state_dict"].as_object().unwrap();
@@ -182,7 +182,7 @@ fn names_match_a_pytorch_written_state_dict() {
 /// with PyTorch's names; loading `init.*` strictly and computing the first loss must match.
 #[test]
 fn loads_pytorch_sequential_weights_and_reproduces_its_first_loss() {
-    let Some(dir) = reference_or_skip("train fixture load") else { return };
+    let Some(dir) = reference_or_skip() else { return };
     let fx = load_safetensors(&dir.join("train/sgd_momentum.safetensors"));
     let mut init: StateDict =
         fx.iter().filter(|(k, _)| k.starts_with("init.")).map(|(k, t)| (k.to_string(), t.clone())).collect();

@@ -21,7 +21,9 @@ use ferrite_tensor::{Device, Tensor};
 
 use crate::error::{OptimError, Result, bad_hyper};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{GroupState, HyperValue, StateValue, entry, hyper_bool, hyper_f64, load_tensor};
+use crate::state_dict::{
+    GroupState, HyperValue, StateValue, entry, load_hyper_bool, load_hyper_f64, load_optional_tensor, load_tensor,
+};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// Adam/AdamW hyperparameters of one parameter group.
@@ -124,9 +126,7 @@ impl GroupConfig for AdamConfig {
         ]
     }
     fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
-        if let Some(v) = hyper_f64(g, "lr", group)? {
-            self.lr = v;
-        }
+        load_hyper_f64(g, "lr", group, &mut self.lr)?;
         match g.get("betas") {
             None => {}
             Some(HyperValue::Floats(b)) if b.len() == 2 => self.betas = (b[0], b[1]),
@@ -136,22 +136,11 @@ impl GroupConfig for AdamConfig {
                 )));
             }
         }
-        if let Some(v) = hyper_f64(g, "eps", group)? {
-            self.eps = v;
-        }
-        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
-            self.weight_decay = v;
-        }
-        if let Some(v) = hyper_bool(g, "amsgrad", group)? {
-            self.amsgrad = v;
-        }
-        if let Some(v) = hyper_bool(g, "maximize", group)? {
-            self.maximize = v;
-        }
-        if let Some(v) = hyper_bool(g, "decoupled_weight_decay", group)? {
-            self.decoupled_weight_decay = v;
-        }
-        Ok(())
+        load_hyper_f64(g, "eps", group, &mut self.eps)?;
+        load_hyper_f64(g, "weight_decay", group, &mut self.weight_decay)?;
+        load_hyper_bool(g, "amsgrad", group, &mut self.amsgrad)?;
+        load_hyper_bool(g, "maximize", group, &mut self.maximize)?;
+        load_hyper_bool(g, "decoupled_weight_decay", group, &mut self.decoupled_weight_decay)
     }
 }
 
@@ -184,12 +173,11 @@ impl ParamState for AdamState {
                 "`step` of parameter {index} must be a non-negative whole number, found {step}"
             )));
         }
-        let has_max = entries.iter().any(|(k, _)| k == "max_exp_avg_sq");
         Ok(AdamState {
             step: step as f32,
             exp_avg: load_tensor(entries, "exp_avg", index, param)?,
             exp_avg_sq: load_tensor(entries, "exp_avg_sq", index, param)?,
-            max_exp_avg_sq: if has_max { Some(load_tensor(entries, "max_exp_avg_sq", index, param)?) } else { None },
+            max_exp_avg_sq: load_optional_tensor(entries, "max_exp_avg_sq", index, param)?,
         })
     }
 }

@@ -15,7 +15,7 @@ use ferrite_tensor::backend::FusedKernel;
 
 use crate::error::{OptimError, Result, bad_hyper};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{GroupState, HyperValue, StateValue, hyper_bool, hyper_f64, load_tensor};
+use crate::state_dict::{GroupState, HyperValue, StateValue, load_hyper_bool, load_hyper_f64, load_optional_tensor};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// SGD hyperparameters of one parameter group (PyTorch's defaults).
@@ -101,25 +101,12 @@ impl GroupConfig for SgdConfig {
         ]
     }
     fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
-        if let Some(v) = hyper_f64(g, "lr", group)? {
-            self.lr = v;
-        }
-        if let Some(v) = hyper_f64(g, "momentum", group)? {
-            self.momentum = v;
-        }
-        if let Some(v) = hyper_f64(g, "dampening", group)? {
-            self.dampening = v;
-        }
-        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
-            self.weight_decay = v;
-        }
-        if let Some(v) = hyper_bool(g, "nesterov", group)? {
-            self.nesterov = v;
-        }
-        if let Some(v) = hyper_bool(g, "maximize", group)? {
-            self.maximize = v;
-        }
-        Ok(())
+        load_hyper_f64(g, "lr", group, &mut self.lr)?;
+        load_hyper_f64(g, "momentum", group, &mut self.momentum)?;
+        load_hyper_f64(g, "dampening", group, &mut self.dampening)?;
+        load_hyper_f64(g, "weight_decay", group, &mut self.weight_decay)?;
+        load_hyper_bool(g, "nesterov", group, &mut self.nesterov)?;
+        load_hyper_bool(g, "maximize", group, &mut self.maximize)
     }
 }
 
@@ -138,10 +125,7 @@ impl ParamState for SgdState {
             .collect())
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
-        let has = entries.iter().any(|(k, _)| k == "momentum_buffer");
-        Ok(SgdState {
-            momentum_buffer: if has { Some(load_tensor(entries, "momentum_buffer", index, param)?) } else { None },
-        })
+        Ok(SgdState { momentum_buffer: load_optional_tensor(entries, "momentum_buffer", index, param)? })
     }
 }
 

@@ -155,6 +155,33 @@ pub(crate) fn load_tensor(entries: &[(String, StateValue)], key: &str, index: us
     Ok(out)
 }
 
+/// A saved state tensor that a parameter may or may not have (`momentum_buffer`,
+/// `max_exp_avg_sq`), loaded as [`load_tensor`] does when it is there.
+pub(crate) fn load_optional_tensor(
+    entries: &[(String, StateValue)],
+    key: &str,
+    index: usize,
+    param: &Tensor,
+) -> Result<Option<Tensor>> {
+    if entries.iter().any(|(k, _)| k == key) { load_tensor(entries, key, index, param).map(Some) } else { Ok(None) }
+}
+
+/// Overwrite `field` with the saved float hyperparameter `key`, if the group has one.
+pub(crate) fn load_hyper_f64(g: &GroupState, key: &str, group: usize, field: &mut f64) -> Result<()> {
+    if let Some(v) = hyper_f64(g, key, group)? {
+        *field = v;
+    }
+    Ok(())
+}
+
+/// Overwrite `field` with the saved bool hyperparameter `key`, if the group has one.
+pub(crate) fn load_hyper_bool(g: &GroupState, key: &str, group: usize, field: &mut bool) -> Result<()> {
+    if let Some(v) = hyper_bool(g, key, group)? {
+        *field = v;
+    }
+    Ok(())
+}
+
 /// Read a float hyperparameter if present.
 pub(crate) fn hyper_f64(g: &GroupState, key: &str, group: usize) -> Result<Option<f64>> {
     match g.get(key) {

@@ -100,27 +100,13 @@ fn convert_floats(v: &mut Value, dtype: DType) {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Option<PathBuf> {
-        let dir = match std::env::var_os("FERRITE_PYTORCH_REFERENCE") {
-            Some(d) => PathBuf::from(d),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference"),
-        };
-        let p = dir.join("pytorch").join(name);
-        if p.exists() {
-            Some(p)
-        } else {
-            eprintln!("SKIPPED: PyTorch reference fixtures not found at {}", dir.display());
-            None
-        }
-    }
-
     fn args(input: PathBuf, output: PathBuf) -> ConvertArgs {
         ConvertArgs { input, output, strip_prefix: None, key: None, dtype: None }
     }
 
     #[test]
     fn dataparallel_state_dict_converts_with_prefix_stripped() {
-        let Some(input) = fixture("dataparallel_state_dict.pt") else { return };
+        let Some(input) = ferrite_test_support::pytorch_file_or_skip("dataparallel_state_dict.pt") else { return };
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("model.safetensors");
         run(ConvertArgs { strip_prefix: Some("module.".into()), ..args(input.clone(), out.clone()) }).unwrap();
@@ -137,7 +123,7 @@ mod tests {
 
     #[test]
     fn nested_checkpoints_keep_their_tree_or_give_one_entry() {
-        let Some(input) = fixture("training_checkpoint.pt") else { return };
+        let Some(input) = ferrite_test_support::pytorch_file_or_skip("training_checkpoint.pt") else { return };
         let dir = tempfile::tempdir().unwrap();
         let whole = dir.path().join("ckpt.safetensors");
         run(args(input.clone(), whole.clone())).unwrap();
@@ -154,13 +140,13 @@ mod tests {
 
     #[test]
     fn refused_inputs_and_bad_options_are_errors() {
-        let Some(input) = fixture("malicious_reduce.pt") else { return };
+        let Some(input) = ferrite_test_support::pytorch_file_or_skip("malicious_reduce.pt") else { return };
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("x.safetensors");
         let err = run(args(input, out.clone())).unwrap_err().to_string();
         assert!(err.contains("posix.system"), "{err}");
         assert!(!out.exists());
-        let plain = fixture("plain_state_dict.pt").unwrap();
+        let plain = ferrite_test_support::pytorch_file_or_skip("plain_state_dict.pt").unwrap();
         assert!(run(ConvertArgs { dtype: Some("int64".into()), ..args(plain.clone(), out.clone()) }).is_err());
         assert!(run(ConvertArgs { key: Some("nope".into()), ..args(plain, out) }).is_err());
     }

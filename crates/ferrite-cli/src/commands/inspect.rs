@@ -154,24 +154,10 @@ fn scalar_json(v: &Value) -> serde_json::Value {
 mod tests {
     use super::*;
 
-    fn fixture(name: &str) -> Option<PathBuf> {
-        let dir = match std::env::var_os("FERRITE_PYTORCH_REFERENCE") {
-            Some(d) => PathBuf::from(d),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference"),
-        };
-        let p = dir.join("pytorch").join(name);
-        if p.exists() {
-            Some(p)
-        } else {
-            eprintln!("SKIPPED: PyTorch reference fixtures not found at {}", dir.display());
-            None
-        }
-    }
-
     #[test]
     fn json_lists_every_tensor_with_dtype_shape_and_sum() {
         // Every figure is compared with PyTorch's own listing of the file (expected.json `files`).
-        let Some(file) = fixture("training_checkpoint.pt") else { return };
+        let Some(file) = ferrite_test_support::pytorch_file_or_skip("training_checkpoint.pt") else { return };
         let listing: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(file.with_file_name("expected.json")).unwrap()).unwrap();
         let listing = &listing["files"]["training_checkpoint.pt"];
@@ -211,12 +197,15 @@ mod tests {
 
     #[test]
     fn table_and_refusals() {
-        let Some(file) = fixture("bf16_state_dict.pt") else { return };
+        let Some(file) = ferrite_test_support::pytorch_file_or_skip("bf16_state_dict.pt") else { return };
         let out = render(&InspectArgs { file, json: false }).unwrap();
         assert!(out.contains("7 tensors") && out.contains("bfloat16") && out.contains("[11, 6]"), "{out}");
         assert!(!out.contains("device"), "no device column when everything was saved on the CPU: {out}");
         for bad in ["malicious_reduce.pt", "full_model_pickle.pt"] {
-            let err = render(&InspectArgs { file: fixture(bad).unwrap(), json: false }).unwrap_err().to_string();
+            let err =
+                render(&InspectArgs { file: ferrite_test_support::pytorch_file_or_skip(bad).unwrap(), json: false })
+                    .unwrap_err()
+                    .to_string();
             assert!(err.contains("refused to load"), "{err}");
         }
     }

@@ -89,14 +89,11 @@ pub fn require_or_skip(program: &str, package: &str) -> bool {
         .output()
         .map(|o| o.status.success())
         .unwrap_or(false);
-    if found {
-        return true;
-    }
-    if std::env::var_os("FERRITE_REQUIRE_SYSTEM_DEPS").is_some_and(|v| v == "1") {
-        panic!("`{program}` is not installed and FERRITE_REQUIRE_SYSTEM_DEPS=1: `apt-get install {package}`");
-    }
-    eprintln!("SKIPPED: `{program}` is not installed (`apt-get install {package}`); this test needs it");
-    false
+    ferrite_test_support::present_or_skip(
+        found,
+        &format!("`{program}` is not installed"),
+        &format!("`apt-get install {package}`"),
+    )
 }
 
 /// Poll `f` every 200 ms until it returns `Some`, for at most `timeout`.

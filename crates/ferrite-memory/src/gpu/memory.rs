@@ -4,9 +4,12 @@
 //! kernel, and as the source and destination of copies) at a fake, never reused device address;
 //! a block is the range `[addr, addr + size)` of it, which the kernel backend resolves to
 //! (buffer, offset) through [`GpuContext::resolve`](super::GpuContext::resolve). Buffers are
-//! created inside an out-of-memory error scope, so a driver refusal becomes a typed, retryable
-//! error (the allocator frees its cached segments and retries once, as PyTorch does) instead of a
-//! panic. Expandable segments need virtual-memory mapping, which wgpu does not offer.
+//! created inside an out-of-memory error scope, so a driver refusal becomes
+//! [`RawAllocError::DriverRefused`] instead of a panic: the allocator frees its cached segments
+//! and retries once, as PyTorch does, and reports a refusal that persists as the retryable
+//! `MemoryError::DriverRefused`, apart from `OutOfMemory` (ferrite's own capacity accounting) and
+//! `BufferTooLarge` (no freeing helps). Expandable segments need virtual-memory mapping, which
+//! wgpu does not offer.
 
 use std::sync::Arc;
 
@@ -48,8 +51,8 @@ impl RawMemory for WgpuMemory {
         if size > self.ctx.limits().max_buffer_size {
             return Err(RawAllocError::TooLarge { max: self.ctx.limits().max_buffer_size });
         }
-        if self.ctx.lost().is_some() {
-            return Err(RawAllocError::DriverRefused);
+        if let Some(reason) = self.ctx.lost() {
+            return Err(RawAllocError::DeviceLost { reason });
         }
         if let Some(cap) = self.ctx.capacity()
             && self.reserved.saturating_add(size) > cap

@@ -7,30 +7,10 @@ use std::path::PathBuf;
 use ferrite_nn::StateDict;
 use ferrite_tensor::{Device, Tensor};
 
-/// `$FERRITE_PYTORCH_REFERENCE`, else `../shared/fixtures/pytorch-reference` from the workspace root.
-pub fn reference_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
-}
-
-/// The reference folder, or `None` after printing a loud SKIPPED line (a failure when
-/// `FERRITE_REQUIRE_SYSTEM_DEPS=1`).
-pub fn reference_or_skip(what: &str) -> Option<PathBuf> {
-    let d = reference_dir();
-    if d.join("ops/manifest.json").is_file() {
-        return Some(d);
-    }
-    let msg = format!(
-        "SKIPPED {what}: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE",
-        d.display()
-    );
-    if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-        panic!("{msg}");
-    }
-    eprintln!("{msg}");
-    None
+/// The reference folder, or `None` after the shared skip-or-fail rule
+/// (`ferrite_test_support::reference_or_skip`).
+pub fn reference_or_skip() -> Option<PathBuf> {
+    ferrite_test_support::reference_or_skip("ops/manifest.json")
 }
 
 /// Every tensor of a safetensors file (F32 and I64), in file order.

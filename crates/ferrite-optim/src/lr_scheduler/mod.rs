@@ -45,16 +45,7 @@ pub trait LrScheduler: Send + std::fmt::Debug {
 
     /// Checkpoint state (PyTorch's keys, e.g. `last_epoch`, `_step_count`, `base_lrs`).
     fn state_dict(&self) -> SchedulerState {
-        let c = self.core();
-        SchedulerState {
-            kind: self.kind().to_string(),
-            last_epoch: c.last_epoch,
-            step_count: c.step_count,
-            base_lrs: c.base_lrs.clone(),
-            last_lr: c.last_lr.clone(),
-            params: self.params(),
-            children: Vec::new(),
-        }
+        SchedulerState::of(self.kind(), self.core(), self.params())
     }
 
     /// Restore a state saved by `state_dict` from a schedule of the same kind.
@@ -150,6 +141,22 @@ pub struct SchedulerState {
     pub params: Vec<(String, HyperValue)>,
     /// Child schedules (PyTorch's `_schedulers`).
     pub children: Vec<SchedulerState>,
+}
+
+impl SchedulerState {
+    /// The state of a schedule without children: its kind, counters and learning rates from
+    /// `core`, and its own settings.
+    fn of(kind: &str, core: &SchedulerCore, params: Vec<(String, HyperValue)>) -> SchedulerState {
+        SchedulerState {
+            kind: kind.to_string(),
+            last_epoch: core.last_epoch,
+            step_count: core.step_count,
+            base_lrs: core.base_lrs.clone(),
+            last_lr: core.last_lr.clone(),
+            params,
+            children: Vec::new(),
+        }
+    }
 }
 
 /// The state PyTorch's `LRScheduler` base class keeps.

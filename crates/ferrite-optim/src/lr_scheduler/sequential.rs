@@ -116,15 +116,9 @@ impl LrScheduler for SequentialLr {
     }
 
     fn state_dict(&self) -> SchedulerState {
-        let c = &self.core;
         SchedulerState {
-            kind: self.kind().to_string(),
-            last_epoch: c.last_epoch,
-            step_count: c.step_count,
-            base_lrs: c.base_lrs.clone(),
-            last_lr: c.last_lr.clone(),
-            params: self.params(),
             children: self.schedulers.iter().map(|s| s.state_dict()).collect(),
+            ..SchedulerState::of(self.kind(), &self.core, self.params())
         }
     }
 

@@ -13,11 +13,16 @@ pub struct StepLr {
     gamma: f64,
 }
 
+fn validate(step_size: i64) -> Result<()> {
+    if step_size < 1 {
+        return Err(OptimError::Scheduler(format!("StepLR step_size must be at least 1, got {step_size}")));
+    }
+    Ok(())
+}
+
 impl StepLr {
     pub fn new(opt: &mut dyn Optimizer, step_size: i64, gamma: f64) -> Result<StepLr> {
-        if step_size < 1 {
-            return Err(OptimError::Scheduler(format!("StepLR step_size must be at least 1, got {step_size}")));
-        }
+        validate(step_size)?;
         let mut s = StepLr { core: SchedulerCore::attach(opt)?, step_size, gamma };
         s.initial_step(opt)?;
         Ok(s)
@@ -50,9 +55,7 @@ impl LrScheduler for StepLr {
     }
     fn load_params(&mut self, p: &[(String, HyperValue)]) -> Result<()> {
         let step_size = param_i64(p, "step_size")?;
-        if step_size < 1 {
-            return Err(OptimError::Scheduler(format!("StepLR step_size must be at least 1, got {step_size}")));
-        }
+        validate(step_size)?;
         self.step_size = step_size;
         self.gamma = param_f64(p, "gamma")?;
         Ok(())

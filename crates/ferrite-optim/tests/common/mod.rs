@@ -8,28 +8,10 @@ use std::path::PathBuf;
 use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Tensor};
 
-/// `$FERRITE_PYTORCH_REFERENCE`, else `../shared/fixtures/pytorch-reference` from the workspace root.
-pub fn reference_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
-}
-
-/// The fixture folder's `train/` subfolder, or `None` (after a loud SKIPPED line) when absent.
-/// With `FERRITE_REQUIRE_SYSTEM_DEPS=1` a missing folder fails the test instead.
+/// The fixture folder's `train/` subfolder, or `None` after the shared skip-or-fail rule
+/// (`ferrite_test_support::reference_or_skip`).
 pub fn train_dir() -> Option<PathBuf> {
-    let d = reference_dir().join("train");
-    if d.join("manifest.json").is_file() {
-        return Some(d);
-    }
-    let msg =
-        format!("SKIPPED: PyTorch reference fixtures not found at {}; set FERRITE_PYTORCH_REFERENCE", d.display());
-    if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-        panic!("{msg}");
-    }
-    eprintln!("{msg}");
-    None
+    ferrite_test_support::reference_or_skip("train/manifest.json").map(|d| d.join("train"))
 }
 
 /// Every tensor of a safetensors file as a ferrite tensor on `device`.

@@ -1,4 +1,5 @@
-//! ferrite's training checkpoints: a whole [`Value`] tree in one safetensors file, written atomically.
+//! The file format of ferrite's checkpoints: a whole [`Value`] tree in one safetensors file, written
+//! atomically. (What a training checkpoint holds, and why, is [`Checkpoint`](crate::Checkpoint)'s concern.)
 //!
 //! A training run has to resume from model weights, optimizer moments, loss-scaler state, RNG
 //! states and counters together, or not at all. Rather than a pickle (code execution on load) or a

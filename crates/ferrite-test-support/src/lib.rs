@@ -1,0 +1,99 @@
+//! What the test suites of several ferrite crates share, so that each rule lives in one place:
+//! where the PyTorch reference fixtures are, and what a test does when the machine lacks
+//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module).
+//!
+//! The rule: without the dependency a test prints a loud `SKIPPED` line naming what is missing and
+//! how to get it, and returns early; with `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI sets it, after
+//! `.ci/run` installed everything) a missing dependency fails the test instead, so CI never passes
+//! by skipping. This crate is a dev-dependency only; nothing in it ships with ferrite.
+
+use std::path::PathBuf;
+
+use ferrite_memory::Device;
+
+/// Environment variable naming the PyTorch reference fixture folder (its layout is described in
+/// that folder's README); tests read every expected value from it.
+pub const REFERENCE_ENV: &str = "FERRITE_PYTORCH_REFERENCE";
+
+/// Environment variable that turns a missing system dependency from a skip into a failure.
+pub const REQUIRE_SYSTEM_DEPS_ENV: &str = "FERRITE_REQUIRE_SYSTEM_DEPS";
+
+/// The fixture folder: `$FERRITE_PYTORCH_REFERENCE`, else `shared/fixtures/pytorch-reference`
+/// beside the repository checkout. (It may not exist; see [`reference_or_skip`].)
+pub fn reference_dir() -> PathBuf {
+    match std::env::var_os(REFERENCE_ENV) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference"),
+    }
+}
+
+/// Whether missing system dependencies fail tests (`FERRITE_REQUIRE_SYSTEM_DEPS=1`).
+pub fn system_deps_required() -> bool {
+    std::env::var(REQUIRE_SYSTEM_DEPS_ENV).as_deref() == Ok("1")
+}
+
+/// `true` when `present`; otherwise prints `SKIPPED: {missing}; {remedy}` and returns `false` (the
+/// test returns early), or panics with the same words under `FERRITE_REQUIRE_SYSTEM_DEPS=1`.
+pub fn present_or_skip(present: bool, missing: &str, remedy: &str) -> bool {
+    if present {
+        return true;
+    }
+    assert!(!system_deps_required(), "{missing} but {REQUIRE_SYSTEM_DEPS_ENV}=1; {remedy}");
+    eprintln!("SKIPPED: {missing}; {remedy}");
+    false
+}
+
+/// The fixture folder if `marker` (a path inside it, e.g. `ops/manifest.json`) exists; otherwise
+/// `None` after [`present_or_skip`]'s message.
+pub fn reference_or_skip(marker: &str) -> Option<PathBuf> {
+    let dir = reference_dir();
+    let present = dir.join(marker).exists();
+    let missing = format!("PyTorch reference fixtures not found at {} (no {marker})", dir.display());
+    present_or_skip(present, &missing, &format!("set {REFERENCE_ENV} to the fixture folder")).then_some(dir)
+}
+
+/// A file of the fixtures' `pytorch/` folder (files saved by PyTorch, with `expected.json`), or
+/// `None` after [`present_or_skip`]'s message when the folder is missing.
+pub fn pytorch_file_or_skip(name: &str) -> Option<PathBuf> {
+    reference_or_skip("pytorch").map(|d| d.join("pytorch").join(name))
+}
+
+/// What to install for a GPU adapter on Debian (Mesa's software Vulkan is enough).
+const GPU_REMEDY: &str = "install mesa-vulkan-drivers and libvulkan1 (bash .ci/run does)";
+
+/// The GPUs among the devices under test (`FERRITE_TEST_DEVICES`, else every adapter of this
+/// machine); empty after [`present_or_skip`]'s message when there is none.
+pub fn gpus_or_skip() -> Vec<Device> {
+    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
+        .unwrap_or_else(|e| panic!("{}: {e}", ferrite_memory::gpu::TEST_DEVICES_ENV))
+        .into_iter()
+        .filter(|d| matches!(d, Device::Gpu { .. }))
+        .collect();
+    present_or_skip(!gpus.is_empty(), "no GPU adapter", GPU_REMEDY);
+    gpus
+}
+
+/// Whether this machine has a GPU adapter at all (for tests that drive `gpu:0` themselves);
+/// `false` after [`present_or_skip`]'s message.
+pub fn gpu_adapter_or_skip() -> bool {
+    present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_present_dependency_runs_the_test() {
+        assert!(present_or_skip(true, "nothing", "nothing to do"));
+    }
+
+    #[test]
+    fn a_missing_dependency_skips_or_fails_as_the_environment_says() {
+        let outcome = std::panic::catch_unwind(|| present_or_skip(false, "a test fixture", "make one"));
+        match outcome {
+            Ok(ran) => assert!(!ran && !system_deps_required()),
+            Err(_) => assert!(system_deps_required()),
+        }
+    }
+}
