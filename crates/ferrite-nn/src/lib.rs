@@ -48,7 +48,10 @@ pub use layers::linear::Linear;
 pub use layers::lstm::{LSTM, LstmLayer};
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
-pub use loss::{CrossEntropyLoss, MSELoss, NLLLoss, Reduction};
+pub use loss::{
+    BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, KlDivReduction, MSELoss, NLLLoss, Reduction,
+    SmoothL1Loss,
+};
 pub use module::Module;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};

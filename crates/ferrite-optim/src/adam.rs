@@ -92,6 +92,13 @@ impl GroupConfig for AdamConfig {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+    fn momentum(&self) -> Option<f64> {
+        Some(self.betas.0)
+    }
+    fn set_momentum(&mut self, beta1: f64) -> bool {
+        self.betas.0 = beta1;
+        true
+    }
     fn validate(&self) -> Result<()> {
         if !(self.lr >= 0.0) {
             return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));

@@ -59,6 +59,12 @@ pub enum OptimError {
     /// A learning-rate schedule that cannot be built or resumed.
     #[error("{0}")]
     Scheduler(String),
+
+    /// A schedule with a fixed length (OneCycleLR) stepped past its end; nothing was changed.
+    #[error(
+        "Tried to step {steps} times. The specified number of total steps is {total_steps}; build the schedule with total_steps (or epochs × steps_per_epoch) covering every optimizer step of the run"
+    )]
+    ScheduleFinished { steps: i64, total_steps: i64 },
 }
 
 pub type Result<T, E = OptimError> = std::result::Result<T, E>;

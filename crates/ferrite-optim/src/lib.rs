@@ -2,11 +2,13 @@
 //! accumulation for ferrite — with PyTorch's exact update rules, so a recipe (and a checkpoint)
 //! carries over from PyTorch unchanged.
 //!
-//! - [`Sgd`], [`Adam`] (and AdamW via [`AdamConfig::adamw`]) over parameter groups, all through
-//!   the [`Optimizer`] trait; state in PyTorch's `state_dict` structure ([`OptimizerState`]).
+//! - [`Sgd`], [`Adam`] (and AdamW via [`AdamConfig::adamw`]), [`Rmsprop`] and [`Adagrad`] over
+//!   parameter groups, all through the [`Optimizer`] trait; state in PyTorch's `state_dict`
+//!   structure ([`OptimizerState`]).
 //! - [`clip_grad_norm_`] / [`clip_grad_value_`].
 //! - [`lr_scheduler`]: [`StepLr`], [`CosineAnnealingLr`], [`LinearLr`], [`SequentialLr`] and the
-//!   usual [`warmup_cosine`] combination, with PyTorch's chainable formulas.
+//!   usual [`warmup_cosine`] combination, with PyTorch's chainable formulas; [`OneCycleLr`],
+//!   [`CosineAnnealingWarmRestarts`] and [`ReduceLrOnPlateau`].
 //! - [`GradScaler`]: dynamic loss scaling for f16/bf16 training (PyTorch's state machine).
 //! - [`Accumulator`]: gradient accumulation over micro-batches in one line.
 //!
@@ -35,22 +37,29 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
 
 mod accumulation;
+mod adagrad;
 mod adam;
 mod clip_grad;
 mod error;
 mod grad_scaler;
 pub mod lr_scheduler;
 mod optimizer;
+mod rmsprop;
 mod sgd;
 pub mod state_dict;
 mod update_target;
 
 pub use accumulation::Accumulator;
+pub use adagrad::{Adagrad, AdagradConfig, AdagradRule, AdagradState};
 pub use adam::{Adam, AdamConfig, AdamRule, AdamState};
 pub use clip_grad::{clip_grad_norm_, clip_grad_norm_with, clip_grad_value_, clip_grads_with_norm_, get_total_norm};
 pub use error::{OptimError, Result};
 pub use grad_scaler::{GradScaler, GradScalerConfig, GradScalerState, OptState};
-pub use lr_scheduler::{CosineAnnealingLr, LinearLr, LrScheduler, SchedulerState, SequentialLr, StepLr, warmup_cosine};
+pub use lr_scheduler::{
+    AnnealStrategy, CosineAnnealingLr, CosineAnnealingWarmRestarts, LinearLr, LrScheduler, OneCycleConfig, OneCycleLr,
+    PlateauConfig, PlateauMode, ReduceLrOnPlateau, SchedulerState, SequentialLr, StepLr, ThresholdMode, warmup_cosine,
+};
 pub use optimizer::{GroupConfig, Optim, Optimizer, OptimizerId, ParamGroup, ParamState, UpdateRule};
+pub use rmsprop::{Rmsprop, RmspropConfig, RmspropRule, RmspropState};
 pub use sgd::{Sgd, SgdConfig, SgdRule, SgdState};
 pub use state_dict::{GroupState, HyperValue, OptimizerState, StateValue};

@@ -44,6 +44,14 @@ pub trait Optimizer: Send {
     /// Set the learning rate of `group` (what schedules do).
     fn set_lr(&mut self, group: usize, lr: f64) -> Result<()>;
 
+    /// The momentum of `group` that schedules cycle (OneCycleLR's `cycle_momentum`): SGD's and
+    /// RMSprop's `momentum`, Adam's `beta1`; `None` for rules without one (Adagrad).
+    fn momentum(&self, group: usize) -> Result<Option<f64>>;
+
+    /// Set the momentum of `group` (see [`momentum`](Optimizer::momentum)); an error for rules
+    /// without one.
+    fn set_momentum(&mut self, group: usize, momentum: f64) -> Result<()>;
+
     /// The learning rate a schedule started from (PyTorch's `initial_lr` group key).
     fn initial_lr(&self, group: usize) -> Result<Option<f64>>;
 
@@ -85,6 +93,15 @@ impl OptimizerId {
 pub trait GroupConfig: Clone + Send + std::fmt::Debug {
     fn lr(&self) -> f64;
     fn set_lr(&mut self, lr: f64);
+    /// The momentum a schedule may cycle (SGD/RMSprop `momentum`, Adam `beta1`); `None` (the
+    /// default) for rules without one.
+    fn momentum(&self) -> Option<f64> {
+        None
+    }
+    /// Set that momentum; returns false (the default) for rules without one.
+    fn set_momentum(&mut self, _momentum: f64) -> bool {
+        false
+    }
     /// Reject values PyTorch rejects, with its wording.
     fn validate(&self) -> Result<()>;
     /// PyTorch's group keys, in PyTorch's order (without `params`).
@@ -284,6 +301,21 @@ impl<R: UpdateRule> Optimizer for Optim<R> {
     fn set_lr(&mut self, group: usize, lr: f64) -> Result<()> {
         self.group_mut(group)?.config.set_lr(lr);
         Ok(())
+    }
+
+    fn momentum(&self, group: usize) -> Result<Option<f64>> {
+        Ok(self.group(group)?.config.momentum())
+    }
+
+    fn set_momentum(&mut self, group: usize, momentum: f64) -> Result<()> {
+        if self.group_mut(group)?.config.set_momentum(momentum) {
+            Ok(())
+        } else {
+            Err(OptimError::InvalidConfig(format!(
+                "{} has no momentum (nor beta1) to set in parameter group {group}",
+                R::NAME
+            )))
+        }
     }
 
     fn initial_lr(&self, group: usize) -> Result<Option<f64>> {

@@ -69,6 +69,13 @@ impl GroupConfig for SgdConfig {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+    fn momentum(&self) -> Option<f64> {
+        Some(self.momentum)
+    }
+    fn set_momentum(&mut self, momentum: f64) -> bool {
+        self.momentum = momentum;
+        true
+    }
     fn validate(&self) -> Result<()> {
         if !(self.lr >= 0.0) {
             return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));

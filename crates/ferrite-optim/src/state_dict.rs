@@ -52,6 +52,8 @@ pub enum HyperValue {
     Ints(Vec<i64>),
     /// Python's `None` (e.g. `foreach`, `fused` left to their defaults).
     None,
+    /// A string, e.g. a schedule's `mode` (`"min"`) or `_anneal_func_type` (`"cos"`).
+    Str(String),
 }
 
 impl HyperValue {
@@ -72,6 +74,12 @@ impl HyperValue {
     pub fn as_bool(&self) -> Option<bool> {
         match self {
             HyperValue::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            HyperValue::Str(s) => Some(s),
             _ => None,
         }
     }
@@ -200,4 +208,16 @@ pub(crate) fn hyper_bool(g: &GroupState, key: &str, group: usize) -> Result<Opti
             OptimError::StateDict(format!("`{key}` of parameter group {group} must be a bool, found {v:?}"))
         }),
     }
+}
+
+/// A saved `step` (a 0-dim tensor or a number): a non-negative whole number, kept as float32
+/// like PyTorch's `step` tensor.
+pub(crate) fn step_count(v: &StateValue, index: usize) -> Result<f32> {
+    let step = v.as_f64()?;
+    if !(step >= 0.0) || step.fract() != 0.0 {
+        return Err(OptimError::StateDict(format!(
+            "`step` of parameter {index} must be a non-negative whole number, found {step}"
+        )));
+    }
+    Ok(step as f32)
 }

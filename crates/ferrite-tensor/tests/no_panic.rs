@@ -3,7 +3,9 @@
 //! as a typed error. A panic anywhere fails the property.
 
 use ferrite_tensor::functional::{
-    CrossEntropyOptions, cross_entropy, dropout, embedding, layer_norm, scaled_dot_product_attention,
+    CrossEntropyOptions, KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
+    cross_entropy, dropout, embedding, huber_loss, kl_div, layer_norm, nll_loss, scaled_dot_product_attention,
+    smooth_l1_loss,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 use proptest::prelude::*;
@@ -166,6 +168,33 @@ proptest! {
                   cross_entropy(&a, &b, &opts), scaled_dot_product_attention(&a, &b, &b, None, causal, None),
                   scaled_dot_product_attention(&a, &a, &a, Some(&b), false, None), dropout(&a, p, true, &mut g), a.linear(&b, Some(&w))] {
             touch(r);
+        }
+    }
+
+    #[test]
+    fn losses(
+        sa in shape_strategy(), sb in shape_strategy(), sw in shape_strategy(), da in dtype_strategy(), db in dtype_strategy(),
+        tg in prop::collection::vec(-101i64..6, 0..5), beta in -1.0f64..2.0, red in 0u8..4, log_target in any::<bool>(),
+        meta in any::<bool>(), seed in any::<u64>(),
+    ) {
+        let dev = if meta { Device::Meta } else { Device::Cpu };
+        let a = make(&sa, da, &dev, seed, true);
+        // Same shape as `a` half of the time, so the kernels run, not only the shape checks.
+        let b = if seed % 2 == 0 { make(&sa, db, &dev, seed ^ 3, true) } else { make(&sb, db, &dev, seed ^ 3, true) };
+        let w = make(&sw, DType::F32, &dev, seed ^ 5, false);
+        let probs = a.sigmoid();
+        let reduction = [Reduction::None, Reduction::Mean, Reduction::Sum][red as usize % 3];
+        let kl = [KlDivReduction::None, KlDivReduction::Mean, KlDivReduction::Sum, KlDivReduction::BatchMean][red as usize];
+        let n = tg.len();
+        let target = Tensor::from_vec(tg, &[n], &dev).unwrap();
+        let opts = CrossEntropyOptions { weight: Some(w.clone()), ..CrossEntropyOptions::default() };
+        for r in [binary_cross_entropy(&a, &b, Some(&w), reduction), binary_cross_entropy_with_logits(&a, &b, Some(&w), Some(&w), reduction),
+                  smooth_l1_loss(&a, &b, beta, reduction), huber_loss(&a, &b, beta, reduction), kl_div(&a, &b, kl, log_target),
+                  nll_loss(&a, &target, &opts), cross_entropy(&a, &target, &opts)] {
+            touch(r);
+        }
+        if let Ok(p) = probs {
+            touch(binary_cross_entropy(&p, &b.sigmoid().unwrap_or(b.clone()), None, reduction));
         }
     }
 }

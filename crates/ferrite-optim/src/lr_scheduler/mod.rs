@@ -7,15 +7,25 @@
 //! ([`SequentialLr`]) behave as they do there. The optimizer is passed to `step` rather than
 //! held, so a training loop keeps full use of it.
 //!
+//! Per-batch schedules: [`OneCycleLr`] (stepping past its `total_steps` is an error, as in
+//! PyTorch) and [`CosineAnnealingWarmRestarts`] (also with fractional epochs). Metric-driven:
+//! [`ReduceLrOnPlateau`], stepped with the validation metric instead of through the trait.
+//!
 //! To resume, build optimizer and schedule as at the start, then load both states.
 
 mod cosine;
+mod cosine_warm_restarts;
 mod linear_lr;
+mod one_cycle;
+mod reduce_on_plateau;
 mod sequential;
 mod step_lr;
 
 pub use cosine::CosineAnnealingLr;
+pub use cosine_warm_restarts::CosineAnnealingWarmRestarts;
 pub use linear_lr::LinearLr;
+pub use one_cycle::{AnnealStrategy, OneCycleConfig, OneCycleLr};
+pub use reduce_on_plateau::{PlateauConfig, PlateauMode, ReduceLrOnPlateau, ThresholdMode};
 pub use sequential::{SequentialLr, warmup_cosine};
 pub use step_lr::StepLr;
 

@@ -4,7 +4,8 @@
 
 use crate::Tensor;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp,
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
+    PointwiseLoss, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
@@ -125,6 +126,19 @@ impl KernelBackend for MetaBackend {
     fn fused(&self, kernel: &FusedKernel, _outputs: &[&Tensor], _inputs: &[&Tensor]) -> Result<f64> {
         // No values: a norm is its identity and no gradient is non-finite.
         Ok(kernel.empty_result())
+    }
+    fn pointwise_loss(&self, _op: PointwiseLoss, _out: &Tensor, _x: LossOperands<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn pointwise_loss_backward(
+        &self,
+        _op: PointwiseLoss,
+        _wrt: LossGrad,
+        _out: &Tensor,
+        _grad: &Tensor,
+        _x: LossOperands<'_>,
+    ) -> Result<()> {
+        Ok(())
     }
     fn synchronize(&self) -> Result<()> {
         Ok(())

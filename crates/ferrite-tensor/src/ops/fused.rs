@@ -157,6 +157,31 @@ pub enum FusedKernel {
     /// `mul_(coef)` on outputs `[grad]`, with `coef` first rounded to the element type (a 0-dim
     /// f32 tensor meeting the gradient's dtype, as in `clip_grad_norm_`).
     Scale { coef: f64 },
+
+    // ---------------------------------------------------------------- RMSprop, Adagrad (lossopt)
+    /// `torch.optim.RMSprop` for one parameter. Outputs `[param, square_avg]`, then
+    /// `momentum_buffer` when `momentum > 0`, then `grad_avg` when `centered`; inputs `[grad]`.
+    /// The buffers start at zero (PyTorch's `zeros_like`), so there is no first-step special case.
+    Rmsprop {
+        lr: f64,
+        alpha: f64,
+        eps: f64,
+        /// 0 = no decay.
+        weight_decay: f64,
+        /// 0 = no momentum buffer.
+        momentum: f64,
+        centered: bool,
+        maximize: bool,
+    },
+    /// `torch.optim.Adagrad` for one parameter. Outputs `[param, sum]`; inputs `[grad]`.
+    Adagrad {
+        /// The step's decayed rate `lr / (1 + (step - 1) * lr_decay)`, computed on the host.
+        clr: f64,
+        eps: f64,
+        /// 0 = no decay.
+        weight_decay: f64,
+        maximize: bool,
+    },
 }
 
 impl FusedKernel {
@@ -169,6 +194,8 @@ impl FusedKernel {
             FusedKernel::NormPartial { .. } => "vector_norm",
             FusedKernel::ClampAbs { .. } => "clip_grad_value_",
             FusedKernel::Scale { .. } => "clip_grad_norm_",
+            FusedKernel::Rmsprop { .. } => "rmsprop_step",
+            FusedKernel::Adagrad { .. } => "adagrad_step",
         }
     }
 
@@ -179,6 +206,8 @@ impl FusedKernel {
             FusedKernel::Adam { amsgrad, .. } => (if amsgrad { 4 } else { 3 }, 1),
             FusedKernel::Unscale { .. } | FusedKernel::ClampAbs { .. } | FusedKernel::Scale { .. } => (1, 0),
             FusedKernel::NormPartial { .. } => (0, 1),
+            FusedKernel::Rmsprop { momentum, centered, .. } => (2 + (momentum > 0.0) as usize + centered as usize, 1),
+            FusedKernel::Adagrad { .. } => (2, 1),
         }
     }
 

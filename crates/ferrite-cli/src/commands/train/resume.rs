@@ -171,6 +171,7 @@ fn hyper_to_value(h: &HyperValue) -> Value {
         HyperValue::Floats(v) => Value::Tuple(v.iter().map(|f| Value::Float(*f)).collect()),
         HyperValue::Ints(v) => Value::List(v.iter().map(|i| Value::Int(*i)).collect()),
         HyperValue::None => Value::None,
+        HyperValue::Str(s) => Value::Str(s.clone()),
     }
 }
 
@@ -180,6 +181,7 @@ fn hyper_from_value(path: &str, v: &Value) -> Result<HyperValue, TrainError> {
         Value::Int(i) => HyperValue::Int(*i),
         Value::Bool(b) => HyperValue::Bool(*b),
         Value::None => HyperValue::None,
+        Value::Str(s) => HyperValue::Str(s.clone()),
         Value::Tuple(items) => HyperValue::Floats(
             items
                 .iter()

@@ -173,6 +173,67 @@ fn run<T: Float>(kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) 
             })?;
             Ok(0.0)
         }
+        FusedKernel::Rmsprop { lr, alpha, eps, weight_decay, momentum, centered, maximize } => {
+            let w = a(1.0 - alpha);
+            let k = RmspropScalars::<T::Acc> {
+                maximize,
+                weight_decay: (weight_decay != 0.0).then(|| a(weight_decay)),
+                alpha: a(alpha),
+                w,
+                one_minus_w: a(1.0) - w,
+                w_small: T::acc_to_f64(w).abs() < 0.5,
+                eps: a(eps),
+                momentum: a(momentum),
+                neg_lr: a(-lr),
+            };
+            match (momentum > 0.0, centered) {
+                (false, false) => chunks::<T, ()>(outputs, inputs, |o, i| {
+                    let [po, so] = o else { unreachable!("the op layer checked two outputs") };
+                    vectorize(
+                        #[inline(always)]
+                        || rmsprop_plain::<T>(&k, po, so, i[0]),
+                    )
+                })?,
+                (true, false) => chunks::<T, ()>(outputs, inputs, |o, i| {
+                    let [po, so, bo] = o else { unreachable!("the op layer checked three outputs") };
+                    vectorize(
+                        #[inline(always)]
+                        || rmsprop_momentum::<T>(&k, po, so, bo, i[0]),
+                    )
+                })?,
+                (false, true) => chunks::<T, ()>(outputs, inputs, |o, i| {
+                    let [po, so, go] = o else { unreachable!("the op layer checked three outputs") };
+                    vectorize(
+                        #[inline(always)]
+                        || rmsprop_centered::<T>(&k, po, so, go, i[0]),
+                    )
+                })?,
+                (true, true) => chunks::<T, ()>(outputs, inputs, |o, i| {
+                    let [po, so, bo, go] = o else { unreachable!("the op layer checked four outputs") };
+                    vectorize(
+                        #[inline(always)]
+                        || rmsprop_centered_momentum::<T>(&k, po, so, bo, go, i[0]),
+                    )
+                })?,
+            };
+            Ok(0.0)
+        }
+        FusedKernel::Adagrad { clr, eps, weight_decay, maximize } => {
+            let k = AdagradScalars::<T::Acc> {
+                maximize,
+                weight_decay: (weight_decay != 0.0).then(|| a(weight_decay)),
+                eps: a(eps),
+                neg_clr: a(-clr),
+            };
+            chunks::<T, ()>(outputs, inputs, |o, i| {
+                let [po, so] = o else { unreachable!("the op layer checked two outputs") };
+                vectorize(
+                    #[inline(always)]
+                    || adagrad::<T>(&k, po, so, i[0]),
+                )
+            })?;
+            Ok(0.0)
+        }
     }
 }
 
@@ -382,6 +443,157 @@ fn clamp_abs<T: Float>(g: &mut [T], clip: T::Acc) {
 fn scale<T: Float>(g: &mut [T], coef: T::Acc) {
     for x in g.iter_mut() {
         *x = T::from_acc(x.to_acc() * coef);
+    }
+}
+
+// --------------------------------------------------------------------------------- RMSprop
+
+/// Scalars of one RMSprop step, in the compute type.
+#[derive(Clone, Copy, Debug)]
+struct RmspropScalars<A> {
+    maximize: bool,
+    /// `Some(weight_decay)` when non-zero: `grad = grad.add(param, alpha=wd)`.
+    weight_decay: Option<A>,
+    alpha: A,
+    /// `1 - alpha`: the value of `addcmul_` and the weight of `grad_avg.lerp_`.
+    w: A,
+    one_minus_w: A,
+    w_small: bool,
+    eps: A,
+    momentum: A,
+    /// `-lr` (the value of `addcdiv_`, the alpha of `param.add_(buf, alpha=-lr)`).
+    neg_lr: A,
+}
+
+/// The gradient after `maximize` and weight decay, and the new `square_avg`
+/// (`square_avg.mul_(alpha).addcmul_(grad, grad, value=1-alpha)`).
+#[inline(always)]
+fn rmsprop_grad_sq<T: Float>(k: &RmspropScalars<T::Acc>, pa: T::Acc, g: T, sq: T) -> (T::Acc, T::Acc) {
+    let mut ga = g.to_acc();
+    if k.maximize {
+        ga = -ga;
+    }
+    if let Some(wd) = k.weight_decay {
+        ga = r::<T>(pa.mul_add(wd, ga));
+    }
+    let s = r::<T>(sq.to_acc() * k.alpha);
+    (ga, r::<T>((k.w * ga).mul_add(ga, s)))
+}
+
+/// `avg = sqrt(square_avg).add_(eps)`.
+#[inline(always)]
+fn rmsprop_avg<T: Float>(k: &RmspropScalars<T::Acc>, sq: T::Acc) -> T::Acc {
+    r::<T>(r::<T>(sq.sqrt()) + k.eps)
+}
+
+/// Centered: `grad_avg.lerp_(grad, 1-alpha)`, then
+/// `avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_().add_(eps)`.
+#[inline(always)]
+fn rmsprop_centered_avg<T: Float>(k: &RmspropScalars<T::Acc>, ga: T::Acc, gavg: T, sq: T::Acc) -> (T::Acc, T::Acc) {
+    let m = r::<T>(lerp(gavg.to_acc(), ga, k.w, k.one_minus_w, k.w_small));
+    let v = r::<T>((-m).mul_add(m, sq));
+    (m, rmsprop_avg::<T>(k, v))
+}
+
+/// `buf.mul_(momentum).addcdiv_(grad, avg)`, then `param.add_(buf, alpha=-lr)`: (param, buf).
+#[inline(always)]
+fn rmsprop_apply_momentum<T: Float>(
+    k: &RmspropScalars<T::Acc>,
+    pa: T::Acc,
+    ga: T::Acc,
+    avg: T::Acc,
+    buf: T,
+) -> (T, T) {
+    let b = r::<T>(r::<T>(buf.to_acc() * k.momentum) + ga / avg);
+    (T::from_acc(b.mul_add(k.neg_lr, pa)), T::from_acc(b))
+}
+
+/// `param.addcdiv_(grad, avg, value=-lr)`.
+#[inline(always)]
+fn rmsprop_apply<T: Float>(k: &RmspropScalars<T::Acc>, pa: T::Acc, ga: T::Acc, avg: T::Acc) -> T {
+    T::from_acc(pa + (k.neg_lr * ga) / avg)
+}
+
+#[inline(always)]
+fn rmsprop_plain<T: Float>(k: &RmspropScalars<T::Acc>, p: &mut [T], sq: &mut [T], g: &[T]) {
+    for ((p, sq), &g) in p.iter_mut().zip(sq.iter_mut()).zip(g) {
+        let pa = p.to_acc();
+        let (ga, s) = rmsprop_grad_sq::<T>(k, pa, g, *sq);
+        *sq = T::from_acc(s);
+        *p = rmsprop_apply::<T>(k, pa, ga, rmsprop_avg::<T>(k, s));
+    }
+}
+
+#[inline(always)]
+fn rmsprop_momentum<T: Float>(k: &RmspropScalars<T::Acc>, p: &mut [T], sq: &mut [T], buf: &mut [T], g: &[T]) {
+    for (((p, sq), b), &g) in p.iter_mut().zip(sq.iter_mut()).zip(buf.iter_mut()).zip(g) {
+        let pa = p.to_acc();
+        let (ga, s) = rmsprop_grad_sq::<T>(k, pa, g, *sq);
+        *sq = T::from_acc(s);
+        (*p, *b) = rmsprop_apply_momentum::<T>(k, pa, ga, rmsprop_avg::<T>(k, s), *b);
+    }
+}
+
+#[inline(always)]
+fn rmsprop_centered<T: Float>(k: &RmspropScalars<T::Acc>, p: &mut [T], sq: &mut [T], gavg: &mut [T], g: &[T]) {
+    for (((p, sq), m), &g) in p.iter_mut().zip(sq.iter_mut()).zip(gavg.iter_mut()).zip(g) {
+        let pa = p.to_acc();
+        let (ga, s) = rmsprop_grad_sq::<T>(k, pa, g, *sq);
+        let (ma, avg) = rmsprop_centered_avg::<T>(k, ga, *m, s);
+        *sq = T::from_acc(s);
+        *m = T::from_acc(ma);
+        *p = rmsprop_apply::<T>(k, pa, ga, avg);
+    }
+}
+
+#[inline(always)]
+fn rmsprop_centered_momentum<T: Float>(
+    k: &RmspropScalars<T::Acc>,
+    p: &mut [T],
+    sq: &mut [T],
+    buf: &mut [T],
+    gavg: &mut [T],
+    g: &[T],
+) {
+    for ((((p, sq), b), m), &g) in p.iter_mut().zip(sq.iter_mut()).zip(buf.iter_mut()).zip(gavg.iter_mut()).zip(g) {
+        let pa = p.to_acc();
+        let (ga, s) = rmsprop_grad_sq::<T>(k, pa, g, *sq);
+        let (ma, avg) = rmsprop_centered_avg::<T>(k, ga, *m, s);
+        *sq = T::from_acc(s);
+        *m = T::from_acc(ma);
+        (*p, *b) = rmsprop_apply_momentum::<T>(k, pa, ga, avg, *b);
+    }
+}
+
+// --------------------------------------------------------------------------------- Adagrad
+
+/// Scalars of one Adagrad step, in the compute type.
+#[derive(Clone, Copy, Debug)]
+struct AdagradScalars<A> {
+    maximize: bool,
+    weight_decay: Option<A>,
+    eps: A,
+    /// `-clr` (the value of `param.addcdiv_(grad, std, value=-clr)`).
+    neg_clr: A,
+}
+
+/// `sum.addcmul_(grad, grad, value=1)`, `std = sum.sqrt().add_(eps)`,
+/// `param.addcdiv_(grad, std, value=-clr)`.
+#[inline(always)]
+fn adagrad<T: Float>(k: &AdagradScalars<T::Acc>, p: &mut [T], sum: &mut [T], g: &[T]) {
+    for ((p, s), &g) in p.iter_mut().zip(sum.iter_mut()).zip(g) {
+        let pa = p.to_acc();
+        let mut ga = g.to_acc();
+        if k.maximize {
+            ga = -ga;
+        }
+        if let Some(wd) = k.weight_decay {
+            ga = r::<T>(pa.mul_add(wd, ga));
+        }
+        let sa = r::<T>(ga.mul_add(ga, s.to_acc()));
+        let std = r::<T>(r::<T>(sa.sqrt()) + k.eps);
+        *s = T::from_acc(sa);
+        *p = T::from_acc(pa + (k.neg_clr * ga) / std);
     }
 }
 

@@ -4,13 +4,15 @@
 mod elementwise;
 mod fused;
 mod index;
+mod loss;
 mod matmul;
 mod norm;
 mod reduce;
 mod softmax;
 
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp, check_host_len,
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
+    PointwiseLoss, UnaryOp, check_host_len,
 };
 use crate::element::Element;
 use crate::error::Result;
@@ -191,6 +193,21 @@ impl KernelBackend for CpuBackend {
 
     fn fused(&self, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
         fused::fused(kernel, outputs, inputs)
+    }
+
+    fn pointwise_loss(&self, op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Result<()> {
+        loss::pointwise_loss(op, out, x)
+    }
+
+    fn pointwise_loss_backward(
+        &self,
+        op: PointwiseLoss,
+        wrt: LossGrad,
+        out: &Tensor,
+        grad: &Tensor,
+        x: LossOperands<'_>,
+    ) -> Result<()> {
+        loss::pointwise_loss_backward(op, wrt, out, grad, x)
     }
 
     fn synchronize(&self) -> Result<()> {

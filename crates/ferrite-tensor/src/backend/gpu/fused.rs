@@ -63,6 +63,11 @@ fn variant_key(kernel: &FusedKernel) -> String {
         FusedKernel::ClampAbs { .. } => "clampabs".into(),
         FusedKernel::Scale { .. } => "scale".into(),
         FusedKernel::Unscale { .. } | FusedKernel::NormPartial { .. } => "reduce".into(),
+        FusedKernel::Rmsprop { alpha, weight_decay, momentum, centered, maximize, .. } => {
+            let small = (1.0 - alpha).abs() < 0.5;
+            format!("rmsprop:{}:{}:{centered}:{maximize}:{small}", weight_decay != 0.0, momentum > 0.0)
+        }
+        FusedKernel::Adagrad { weight_decay, maximize, .. } => format!("adagrad:{}:{maximize}", weight_decay != 0.0),
     }
 }
 
@@ -91,6 +96,11 @@ fn scalars(kernel: &FusedKernel) -> Vec<u32> {
         // The coefficient is first rounded to the element type (a 0-dim tensor of the grad's dtype).
         FusedKernel::Scale { coef } => vec![b(coef)],
         FusedKernel::Unscale { .. } | FusedKernel::NormPartial { .. } => Vec::new(),
+        FusedKernel::Rmsprop { lr, alpha, eps, weight_decay, momentum, .. } => {
+            let w = (1.0 - alpha) as f32;
+            vec![b(-lr), b(alpha), w.to_bits(), (1.0 - w).to_bits(), b(eps), b(weight_decay), b(momentum)]
+        }
+        FusedKernel::Adagrad { clr, eps, weight_decay, .. } => vec![b(-clr), b(eps), b(weight_decay)],
     }
 }
 
@@ -167,6 +177,52 @@ fn elementwise_body(kernel: &FusedKernel, dtype: DType) -> String {
             let _ = writeln!(s, "  let c = {};\n  stf0(e0, ldf0(e0) * c);", r("k0"));
         }
         FusedKernel::Unscale { .. } | FusedKernel::NormPartial { .. } => {}
+        FusedKernel::Rmsprop { alpha, weight_decay, momentum, centered, maximize, .. } => {
+            // Operands: param, square_avg, [momentum_buffer], [grad_avg], grad.
+            let has_m = momentum > 0.0;
+            let buf = 2;
+            let gavg = 2 + has_m as usize;
+            let grad = 2 + has_m as usize + centered as usize;
+            s.push_str("  let neg_lr = k0; let alpha = bitcast<f32>(sc(1u)); let w = bitcast<f32>(sc(2u)); let omw = bitcast<f32>(sc(3u)); let eps = bitcast<f32>(sc(4u)); let wd = bitcast<f32>(sc(5u)); let mom = bitcast<f32>(sc(6u));\n");
+            let _ = writeln!(s, "  let pa = ldf0(e0);\n  var g = ldf{grad}(e{grad});");
+            if maximize {
+                s.push_str("  g = -g;\n");
+            }
+            if weight_decay != 0.0 {
+                let _ = writeln!(s, "  g = {};", r("fma(pa, wd, g)"));
+            }
+            let _ = writeln!(s, "  let s1 = {};", r("ldf1(e1) * alpha"));
+            let _ = writeln!(s, "  let sq = {};\n  stf1(e1, sq);", r("fma(w * g, g, s1)"));
+            if centered {
+                let small = (1.0 - alpha).abs() < 0.5;
+                let _ = writeln!(s, "  let m0 = ldf{gavg}(e{gavg});\n  let d = g - m0;");
+                let lerp = if small { "fma(w, d, m0)" } else { "fma(-d, omw, g)" };
+                let _ = writeln!(s, "  let m = {};\n  stf{gavg}(e{gavg}, m);", r(lerp));
+                let _ = writeln!(s, "  let v = {};", r("fma(-m, m, sq)"));
+            } else {
+                s.push_str("  let v = sq;\n");
+            }
+            let _ = writeln!(s, "  let avg = {};", r(&format!("{} + eps", r("sqrt(v)"))));
+            if has_m {
+                let _ = writeln!(s, "  let b = {};", r(&format!("{} + g / avg", r(&format!("ldf{buf}(e{buf}) * mom")))));
+                let _ = writeln!(s, "  stf{buf}(e{buf}, b);\n  stf0(e0, fma(b, neg_lr, pa));");
+            } else {
+                s.push_str("  stf0(e0, pa + (neg_lr * g) / avg);\n");
+            }
+        }
+        FusedKernel::Adagrad { weight_decay, maximize, .. } => {
+            s.push_str("  let neg_clr = k0; let eps = bitcast<f32>(sc(1u)); let wd = bitcast<f32>(sc(2u));\n");
+            s.push_str("  let pa = ldf0(e0);\n  var g = ldf2(e2);\n");
+            if maximize {
+                s.push_str("  g = -g;\n");
+            }
+            if weight_decay != 0.0 {
+                let _ = writeln!(s, "  g = {};", r("fma(pa, wd, g)"));
+            }
+            let _ = writeln!(s, "  let sa = {};\n  stf1(e1, sa);", r("fma(g, g, ldf1(e1))"));
+            let _ = writeln!(s, "  let sd = {};", r(&format!("{} + eps", r("sqrt(sa)"))));
+            s.push_str("  stf0(e0, pa + (neg_clr * g) / sd);\n");
+        }
     }
     s
 }

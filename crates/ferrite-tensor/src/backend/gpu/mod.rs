@@ -14,6 +14,7 @@
 mod elementwise;
 mod fused;
 mod index;
+mod loss;
 mod matmul;
 mod reduce;
 mod runtime;
@@ -26,7 +27,8 @@ use parking_lot::Mutex;
 
 use self::runtime::Runtime;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, UnaryOp, check_host_len,
+    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
+    PointwiseLoss, UnaryOp, check_host_len,
 };
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
@@ -242,6 +244,21 @@ impl KernelBackend for WgpuBackend {
 
     fn fused(&self, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
         fused::fused(self.rt(kernel.name())?, kernel, outputs, inputs)
+    }
+
+    fn pointwise_loss(&self, op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Result<()> {
+        loss::pointwise_loss(self.rt_for(op.name(), &[out])?, op, out, x)
+    }
+
+    fn pointwise_loss_backward(
+        &self,
+        op: PointwiseLoss,
+        wrt: LossGrad,
+        out: &Tensor,
+        grad: &Tensor,
+        x: LossOperands<'_>,
+    ) -> Result<()> {
+        loss::pointwise_loss_backward(self.rt_for(op.backward_name(), &[out])?, op, wrt, out, grad, x)
     }
 
     fn synchronize(&self) -> Result<()> {
