@@ -257,7 +257,9 @@ pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Red
     if !(beta >= 0.0) || !beta.is_finite() {
         return Err(TensorError::invalid(
             "smooth_l1_loss",
-            format!("beta must be a finite number >= 0 (smooth_l1_loss does not support negative values for beta), got {beta}"),
+            format!(
+                "beta must be a finite number >= 0 (smooth_l1_loss does not support negative values for beta), got {beta}"
+            ),
         ));
     }
     let loss = pointwise(PointwiseLoss::SmoothL1 { beta }, input, target, None, None)?;
@@ -283,7 +285,9 @@ pub fn huber_loss(input: &Tensor, target: &Tensor, delta: f64, reduction: Reduct
     if !(delta > 0.0) || !delta.is_finite() {
         return Err(TensorError::invalid(
             "huber_loss",
-            format!("delta must be a finite number > 0 (huber_loss does not support non-positive values for delta), got {delta}"),
+            format!(
+                "delta must be a finite number > 0 (huber_loss does not support non-positive values for delta), got {delta}"
+            ),
         ));
     }
     let loss = pointwise(PointwiseLoss::Huber { delta }, input, target, None, None)?;
@@ -354,7 +358,11 @@ fn pointwise(
         let Some(w) = w else { return Ok(None) };
         check_same_device(name, input, w)?;
         if w.layout().broadcast_to(input.shape(), name).is_err() {
-            return Err(TensorError::ExpandMismatch { op: name, shape: w.shape().to_vec(), target: input.shape().to_vec() });
+            return Err(TensorError::ExpandMismatch {
+                op: name,
+                shape: w.shape().to_vec(),
+                target: input.shape().to_vec(),
+            });
         }
         Ok(Some(w.detach().to_dtype(dtype)?))
     };

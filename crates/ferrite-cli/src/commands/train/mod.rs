@@ -18,7 +18,7 @@
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
 mod model;
-mod resume;
+pub mod resume;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -212,7 +212,13 @@ fn forward<T: Float>(op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Re
     }
 }
 
-fn backward<T: Float>(op: PointwiseLoss, wrt: LossGrad, out: &Tensor, grad: &Tensor, x: LossOperands<'_>) -> Result<()> {
+fn backward<T: Float>(
+    op: PointwiseLoss,
+    wrt: LossGrad,
+    out: &Tensor,
+    grad: &Tensor,
+    x: LossOperands<'_>,
+) -> Result<()> {
     let shape = out.shape().to_vec();
     let one_t = T::from_f64(1.0);
     let name = op.backward_name();
