@@ -300,8 +300,8 @@ fn container_limits_read_or_say_why() {
         }
         let fs = CgroupFs { root: root.path().to_path_buf() };
         if let Limit::Set { value, .. } = memory_limit(&fs, proc_cgroup, mountinfo) {
-            if value == 0 {
-                return Err(format!("a memory limit of 0 bytes read from `{memory}`"));
+            if memory.trim().parse::<u64>() != Ok(value) {
+                return Err(format!("a memory limit of {value} bytes read from `{memory}`"));
             }
         }
         if let Limit::Set { value, .. } = cpu_limit(&fs, proc_cgroup, mountinfo) {

@@ -6,9 +6,12 @@
 //! metrics, not in how a step is taken or a run is resumed — a resume that is bit-identical for
 //! one must be for the other, so both go through the same code.
 
+use std::io::IsTerminal;
 use std::path::Path;
+use std::time::Instant;
 
-use ferrite_memory::{ScopeReport, format_size};
+use ferrite_data::{Collate, DataLoader, Dataset};
+use ferrite_memory::{MemoryScope, ScopeReport, format_size};
 use ferrite_nn::{Module, RngHandle, StateDict};
 use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer, clip_grad_norm_};
 use ferrite_tensor::{Device, GeneratorState, Tensor};
@@ -103,16 +106,25 @@ impl Stepper {
         resume::save(path, &state)
     }
 
-    /// Restores weights, optimizer, scaler and the dropout generator from the checkpoint at
-    /// `path`; returns the epochs it had completed and the data loader's generator state.
-    pub fn resume(
+    /// With `--resume`: restores weights, optimizer, scaler, the dropout generator and the data
+    /// loader's generator from the checkpoint, and returns the epochs it had completed (0
+    /// without `--resume`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resume_if_asked<D, C>(
         &mut self,
-        path: &Path,
+        args: &TrainArgs,
+        epochs: usize,
         model: &mut dyn Module,
         dropout_rng: &RngHandle,
+        loader: &mut DataLoader<D, C>,
         device: &Device,
         settings: &[(String, String)],
-    ) -> Result<(usize, GeneratorState), TrainError> {
+    ) -> Result<usize, TrainError>
+    where
+        D: Dataset,
+        C: Collate<D::Sample>,
+    {
+        let Some(path) = &args.resume else { return Ok(0) };
         let state = resume::load(path, device, settings)?;
         let sd: StateDict = state.model.into_iter().collect();
         model.load_state_dict(&sd, true)?;
@@ -121,9 +133,55 @@ impl Stepper {
             self.scaler.load_state_dict(state.scaler.as_ref())?;
         }
         dropout_rng.set_state(state.dropout_rng);
+        loader.set_generator_state(state.loader_rng);
         self.steps = state.step;
         println!("  resumed from {} after epoch {} ({} steps)", path.display(), state.epoch, state.step);
-        Ok((state.epoch, state.loader_rng))
+        if state.epoch >= epochs {
+            println!("  nothing to do: the checkpoint already has {} of {epochs} epochs", state.epoch);
+        }
+        Ok(state.epoch)
+    }
+}
+
+/// One epoch's progress bar, loss average, memory scope and clock.
+pub struct EpochMeter {
+    start: Instant,
+    scope: MemoryScope,
+    bar: ProgressBar,
+    loss_sum: f64,
+    batches: usize,
+    pass_peak: u64,
+}
+
+impl EpochMeter {
+    /// Starts measuring epoch `epoch` (0-based) of `epochs`, `len` batches long.
+    pub fn start(args: &TrainArgs, device: &Device, len: usize, epoch: usize, epochs: usize) -> EpochMeter {
+        let show = !args.no_progress && std::io::stderr().is_terminal();
+        EpochMeter {
+            start: Instant::now(),
+            scope: MemoryScope::new(format!("epoch {}", epoch + 1), device).quiet(),
+            bar: progress_bar(show, len as u64, epoch + 1, epochs),
+            loss_sum: 0.0,
+            batches: 0,
+            pass_peak: 0,
+        }
+    }
+
+    /// Records a batch: the peak of its forward+backward `pass` and its loss.
+    pub fn batch(&mut self, pass: MemoryScope, loss: f64) {
+        self.pass_peak = self.pass_peak.max(pass.finish().peak_allocated);
+        self.loss_sum += loss;
+        self.batches += 1;
+        self.bar.inc(1);
+        self.bar.set_message(format!("loss {loss:.4}"));
+    }
+
+    /// Ends the epoch's training pass: (mean loss, the memory line, when the epoch started). The memory
+    /// figures are the training pass's; call before evaluation.
+    pub fn finish(self) -> (f64, String, Instant) {
+        self.bar.finish_and_clear();
+        let mem = self.scope.finish();
+        (self.loss_sum / self.batches.max(1) as f64, memory_line(&mem, self.pass_peak), self.start)
     }
 }
 
@@ -171,11 +229,13 @@ pub fn describe_settings(args: &TrainArgs) -> String {
     )
 }
 
-/// The settings a resume must not change, shared by every model (each trainer adds its own).
-pub fn common_settings(args: &TrainArgs, dataset: &str) -> Vec<(String, String)> {
-    vec![
-        ("model".into(), args.model.name().into()),
-        ("dataset".into(), dataset.into()),
+/// The settings a resume must not change: the model, the data, the model's own shape
+/// (`specific`, e.g. `hidden`, `layers`) and the training settings.
+pub fn run_settings(args: &TrainArgs, dataset: &str, specific: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut settings: Vec<(String, String)> =
+        vec![("model".into(), args.model.name().into()), ("dataset".into(), dataset.into())];
+    settings.extend(specific);
+    settings.extend([
         ("dropout".into(), args.dropout.to_string()),
         ("batch-size".into(), args.batch_size.to_string()),
         ("accum-steps".into(), args.accum_steps.to_string()),
@@ -184,11 +244,12 @@ pub fn common_settings(args: &TrainArgs, dataset: &str) -> Vec<(String, String)>
         ("lr".into(), args.lr.to_string()),
         ("weight-decay".into(), args.weight_decay.to_string()),
         ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
-    ]
+    ]);
+    settings
 }
 
-/// `| memory: allocated …, reserved …, peak … (forward+backward …)` for an epoch's scope.
-pub fn memory_line(mem: &ScopeReport, pass_peak: u64) -> String {
+/// `memory: allocated …, reserved …, peak … (forward+backward …)` for an epoch's scope.
+fn memory_line(mem: &ScopeReport, pass_peak: u64) -> String {
     format!(
         "memory: allocated {}, reserved {}, peak {} (forward+backward {})",
         format_size(mem.allocated_after),
@@ -203,7 +264,7 @@ pub fn seconds(s: f64) -> String {
     if s < 1.0 { format!("{:.1} ms", s * 1e3) } else { format!("{s:.2} s") }
 }
 
-pub fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> ProgressBar {
+fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }

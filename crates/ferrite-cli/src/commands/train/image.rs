@@ -1,7 +1,6 @@
 //! Image classification: the MLP and the CNN on digits or Fashion-MNIST, with test accuracy and
 //! the allocator's figures after every epoch.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -10,7 +9,7 @@ use ferrite_memory::{MemoryScope, allocator, format_size};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
 use ferrite_tensor::{Device, Generator, Tensor};
 
-use super::common::{self, Stepper};
+use super::common::{self, EpochMeter, Stepper};
 use super::mlp::{MlpSpec, build_mlp};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 use crate::observe::BatchReport;
@@ -97,29 +96,18 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     let mut stepper = Stepper::new(&*model, args)?;
     let loss_fn = CrossEntropyLoss::new();
 
-    let mut settings = common::common_settings(args, kind.name());
-    settings.splice(2..2, [("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())]);
-    let mut first_epoch = 0;
-    if let Some(path) = &args.resume {
-        let (epoch, loader_rng) = stepper.resume(path, &mut *model, &dropout_rng, device, &settings)?;
-        train_loader.set_generator_state(loader_rng);
-        first_epoch = epoch;
-        if first_epoch >= epochs {
-            println!("  nothing to do: the checkpoint already has {first_epoch} of {epochs} epochs");
-        }
-    }
+    let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
+    let settings = common::run_settings(args, kind.name(), specific);
+    let first_epoch =
+        stepper.resume_if_asked(args, epochs, &mut *model, &dropout_rng, &mut train_loader, device, &settings)?;
     run.set_steps(stepper.steps);
 
     // ---- training
-    let show_progress = !args.no_progress && std::io::stderr().is_terminal();
     let start = Instant::now();
     let mut test_accuracy = f64::NAN;
     for epoch in first_epoch..epochs {
-        let epoch_start = Instant::now();
-        let scope = MemoryScope::new(format!("epoch {}", epoch + 1), device).quiet();
-        let bar = common::progress_bar(show_progress, train_loader.len() as u64, epoch + 1, epochs);
-        let (mut loss_sum, mut batches, mut correct, mut seen) = (0.0f64, 0usize, 0usize, 0usize);
-        let mut pass_peak = 0u64;
+        let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
+        let (mut correct, mut seen) = (0usize, 0usize);
         run.epoch_started(epoch + 1, epochs);
         for batch in run.time_loader(train_loader.epoch()) {
             let (x, y) = batch?;
@@ -130,29 +118,22 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
                 (loss_fn.forward(&logits, &y)?, logits)
             };
             stepper.backward(&loss, device, &run)?;
-            pass_peak = pass_peak.max(pass.finish().peak_allocated);
             let l = loss.item()?;
-            loss_sum += l;
-            batches += 1;
+            meter.batch(pass, l);
             correct += count_correct(&logits, &y)?;
             seen += y.numel();
-            bar.inc(1);
-            bar.set_message(format!("loss {l:.4}"));
             run.batch(BatchReport { samples: y.numel(), loss: l });
         }
         stepper.finish_epoch(device, &run)?;
         run.epoch_finished();
-        bar.finish_and_clear();
-        // The memory figures are the training pass's; evaluation (no graph, batch 500) follows.
-        let mem = scope.finish();
+        let (mean_loss, memory, epoch_start) = meter.finish();
+        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
         test_accuracy = evaluate(&mut *model, &mut test_loader).during("evaluation", device)?;
         println!(
-            "epoch {:>3}/{epochs}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
+            "epoch {:>3}/{epochs}  loss {mean_loss:.4}  train acc {:5.2}%  test acc {:5.2}%  | {memory}  | {}",
             epoch + 1,
-            loss_sum / batches.max(1) as f64,
             100.0 * correct as f64 / seen.max(1) as f64,
             100.0 * test_accuracy,
-            common::memory_line(&mem, pass_peak),
             common::seconds(epoch_start.elapsed().as_secs_f64()),
         );
         if let Some(path) = &args.save_checkpoint {

@@ -7,7 +7,6 @@
 //! frequencies, ignoring context — is the simplest predictor there is; a language model whose
 //! validation loss is not below it has learned nothing about context.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -16,7 +15,7 @@ use ferrite_memory::{MemoryScope, allocator, format_size};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast};
 use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
-use super::common::{self, Stepper};
+use super::common::{self, EpochMeter, Stepper};
 use super::lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 use super::transformer_lm::{TransformerLm, TransformerSpec, build_transformer};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
@@ -77,7 +76,33 @@ impl LanguageModel {
 /// Trains `args.model` (a language model) on the text `args.dataset` names.
 pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     let epochs = args.epochs.unwrap_or(1);
+    if args.model == ModelKind::Transformer {
+        // The model's own settings are checked before the text is read.
+        transformer_spec(args, 0)?;
+    }
     let (text, dataset) = load_text(args)?;
+    // The split must leave a validation chunk and a training chunk per stream: say so in the
+    // trainer's terms before the dataset says it in its own.
+    let cut = (text.num_chars() as f64 * TRAIN_FRACTION).round() as usize;
+    let needs = [
+        (
+            text.num_chars() - cut,
+            args.seq + 1,
+            "the validation text (the last 10 %)",
+            format!("one chunk of --seq {}", args.seq),
+        ),
+        (
+            args.train_subset.unwrap_or(cut).min(cut),
+            args.batch_size * args.seq + 1,
+            "the training text",
+            format!("--batch-size {} streams of one --seq {} chunk", args.batch_size, args.seq),
+        ),
+    ];
+    for (chars, needed, what, why) in needs {
+        if chars < needed {
+            return Err(TrainError::TextTooShort { what: format!("{what} of {dataset}"), chars, needed, why });
+        }
+    }
     let (train_text, val_text) = text.split(TRAIN_FRACTION)?;
     let train_text = match args.train_subset {
         Some(n) if n < train_text.num_chars() => train_text.split(n as f64 / train_text.num_chars() as f64)?.0,
@@ -137,29 +162,23 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     let mut stepper = Stepper::new(model.module(), args)?;
     let loss_fn = CrossEntropyLoss::new();
 
-    let mut settings = common::common_settings(args, &dataset);
-    settings.splice(2..2, specific);
-    let mut first_epoch = 0;
-    if let Some(path) = &args.resume {
-        let (epoch, loader_rng) = stepper.resume(path, model.module_mut(), &dropout_rng, device, &settings)?;
-        train_loader.set_generator_state(loader_rng);
-        first_epoch = epoch;
-        if first_epoch >= epochs {
-            println!("  nothing to do: the checkpoint already has {first_epoch} of {epochs} epochs");
-        }
-    }
+    let settings = common::run_settings(args, &dataset, specific);
+    let first_epoch = stepper.resume_if_asked(
+        args,
+        epochs,
+        model.module_mut(),
+        &dropout_rng,
+        &mut train_loader,
+        device,
+        &settings,
+    )?;
     run.set_steps(stepper.steps);
 
     // ---- training
-    let show_progress = !args.no_progress && std::io::stderr().is_terminal();
     let start = Instant::now();
     let mut val_loss = f64::NAN;
     for epoch in first_epoch..epochs {
-        let epoch_start = Instant::now();
-        let scope = MemoryScope::new(format!("epoch {}", epoch + 1), device).quiet();
-        let bar = common::progress_bar(show_progress, train_loader.len() as u64, epoch + 1, epochs);
-        let (mut loss_sum, mut batches) = (0.0f64, 0usize);
-        let mut pass_peak = 0u64;
+        let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
         let mut state = model.start_state(args.batch_size, device)?;
         run.epoch_started(epoch + 1, epochs);
         for batch in run.time_loader(train_loader.epoch()) {
@@ -172,25 +191,18 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
                 loss_fn.forward(&logits.reshape(&[-1, vocab as i64])?, &y.reshape(&[-1])?)?
             };
             stepper.backward(&loss, device, &run)?;
-            pass_peak = pass_peak.max(pass.finish().peak_allocated);
             let l = loss.item()?;
-            loss_sum += l;
-            batches += 1;
-            bar.inc(1);
-            bar.set_message(format!("loss {l:.4}"));
+            meter.batch(pass, l);
             run.batch(BatchReport { samples: y.numel(), loss: l });
         }
         stepper.finish_epoch(device, &run)?;
         run.epoch_finished();
-        bar.finish_and_clear();
-        let mem = scope.finish();
+        let (mean_loss, memory, epoch_start) = meter.finish();
         val_loss = evaluate(&mut model, &mut val_loader, vocab, val_batch, device).during("evaluation", device)?;
         println!(
-            "epoch {:>3}/{epochs}  loss {:.4}  validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4})  | {}  | {}",
+            "epoch {:>3}/{epochs}  loss {mean_loss:.4}  validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4})  | {memory}  | {}",
             epoch + 1,
-            loss_sum / batches.max(1) as f64,
             val_loss.exp(),
-            common::memory_line(&mem, pass_peak),
             common::seconds(epoch_start.elapsed().as_secs_f64()),
         );
         if let Some(path) = &args.save_checkpoint {

@@ -252,6 +252,10 @@ pub enum TrainError {
     NotATrainingCheckpoint { path: String, found: String },
     #[error("corrupt training checkpoint: `{entry}` {reason}")]
     CorruptCheckpoint { entry: String, reason: String },
+    #[error(
+        "{what} has {chars} characters, fewer than the {needed} that {why} need; use a longer text or a smaller --seq/--batch-size"
+    )]
+    TextTooShort { what: String, chars: usize, needed: usize, why: String },
     #[error("{phase} on {device}: {source}{hint}")]
     During { phase: &'static str, device: String, source: Box<TrainError>, hint: String },
     #[error(transparent)]
@@ -386,6 +390,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if let Some(n) = args.train_subset {
         check("train-subset", n >= 1, n, "must be at least 1")?;
     }
+    check("seq", args.seq >= 1, args.seq, "must be at least 1")?;
+    check("d-model", args.d_model >= 1, args.d_model, "must be at least 1")?;
     if let Some(e) = args.epochs {
         check("epochs", e >= 1, e, "must be at least 1")?;
     }
@@ -408,6 +414,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_tensor::Tensor;
 
     fn hinted(e: impl Into<TrainError>) -> String {
         Err::<(), _>(e)
