@@ -190,10 +190,10 @@ fn replace_node(tree: &mut Value, index: usize, with: Value) {
     let mut n = 0;
     let mut with = Some(with);
     tree.walk_mut(|v| {
-        if n == index {
-            if let Some(w) = with.take() {
-                *v = w;
-            }
+        if n == index
+            && let Some(w) = with.take()
+        {
+            *v = w;
         }
         n += 1;
     });
@@ -299,15 +299,15 @@ fn container_limits_read_or_say_why() {
             write(&format!("{dir}/cpu.cfs_period_us"), "100000")?;
         }
         let fs = CgroupFs { root: root.path().to_path_buf() };
-        if let Limit::Set { value, .. } = memory_limit(&fs, proc_cgroup, mountinfo) {
-            if memory.trim().parse::<u64>() != Ok(value) {
-                return Err(format!("a memory limit of {value} bytes read from `{memory}`"));
-            }
+        if let Limit::Set { value, .. } = memory_limit(&fs, proc_cgroup, mountinfo)
+            && memory.trim().parse::<u64>() != Ok(value)
+        {
+            return Err(format!("a memory limit of {value} bytes read from `{memory}`"));
         }
-        if let Limit::Set { value, .. } = cpu_limit(&fs, proc_cgroup, mountinfo) {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(format!("a CPU limit of {value} read from `{cpu}`"));
-            }
+        if let Limit::Set { value, .. } = cpu_limit(&fs, proc_cgroup, mountinfo)
+            && !(value.is_finite() && value > 0.0)
+        {
+            return Err(format!("a CPU limit of {value} read from `{cpu}`"));
         }
         Ok(())
     });

@@ -108,7 +108,7 @@ mod tests {
         let s = TextStreams::new(&text, 2, 3).unwrap();
         assert_eq!((s.chunks(), s.len()), (4, 8));
         let mut g = Generator::new(0);
-        let row = |i| {
+        let mut row = |i| {
             let e = s.get(i, &mut g).unwrap();
             (text.decode(&e.input), text.decode(&e.target))
         };

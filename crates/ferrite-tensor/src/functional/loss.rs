@@ -254,7 +254,7 @@ pub fn binary_cross_entropy_with_logits(
 /// `|d| - 0.5 beta`, with `d = input - target` (same shapes). `beta` 0 is the L1 loss; a
 /// negative or non-finite `beta` is an error. Both `input` and `target` get gradients.
 pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
-    if !(beta >= 0.0) || !beta.is_finite() {
+    if !beta.is_finite() || beta < 0.0 {
         return Err(TensorError::invalid(
             "smooth_l1_loss",
             format!(
@@ -282,7 +282,7 @@ pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Red
 /// # Ok(()) }
 /// ```
 pub fn huber_loss(input: &Tensor, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
-    if !(delta > 0.0) || !delta.is_finite() {
+    if !delta.is_finite() || delta <= 0.0 {
         return Err(TensorError::invalid(
             "huber_loss",
             format!(

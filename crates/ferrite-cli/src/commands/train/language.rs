@@ -128,7 +128,8 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     };
 
     // ---- model
-    let (num_parameters, model_name, specific) = describe_model(args, vocab)?;
+    let ModelDescription { parameters: num_parameters, name: model_name, settings: specific } =
+        describe_model(args, vocab)?;
     let param_bytes = num_parameters * 4;
     let state_bytes = 4 * param_bytes;
     println!(
@@ -254,9 +255,17 @@ fn load_text(args: &TrainArgs) -> Result<(CharText, String), TrainError> {
     }
 }
 
-/// Parameter count, the model's name for the log and metrics, and the settings a resume must
-/// keep, for `args.model` over `vocab` characters.
-fn describe_model(args: &TrainArgs, vocab: usize) -> Result<(u64, String, Vec<(String, String)>), TrainError> {
+/// What the log, the metrics and a resume need to know of a language model.
+struct ModelDescription {
+    parameters: u64,
+    /// The model's name for the log and the metrics.
+    name: String,
+    /// The model's settings a resume must keep.
+    settings: Vec<(String, String)>,
+}
+
+/// The [`ModelDescription`] of `args.model` over `vocab` characters.
+fn describe_model(args: &TrainArgs, vocab: usize) -> Result<ModelDescription, TrainError> {
     let too_large = |flag: &'static str, value: usize| TrainError::InvalidArgument {
         flag,
         value: value.to_string(),
@@ -274,11 +283,9 @@ fn describe_model(args: &TrainArgs, vocab: usize) -> Result<(u64, String, Vec<(S
                 "LSTM {}x{} (vocabulary {vocab}, truncated BPTT every {} characters)",
                 spec.layers, spec.hidden, args.seq
             );
-            Ok((
-                n,
-                name,
-                vec![setting("hidden", spec.hidden), setting("layers", spec.layers), setting("seq", args.seq)],
-            ))
+            let settings =
+                vec![setting("hidden", spec.hidden), setting("layers", spec.layers), setting("seq", args.seq)];
+            Ok(ModelDescription { parameters: n, name, settings })
         }
         ModelKind::Transformer => {
             let spec = transformer_spec(args, vocab)?;
@@ -296,7 +303,7 @@ fn describe_model(args: &TrainArgs, vocab: usize) -> Result<(u64, String, Vec<(S
                 setting("heads", spec.heads),
                 setting("seq", spec.seq),
             ];
-            Ok((n, name, specific))
+            Ok(ModelDescription { parameters: n, name, settings: specific })
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -317,7 +324,7 @@ fn lstm_spec(args: &TrainArgs, vocab: usize) -> LstmSpec {
 }
 
 fn transformer_spec(args: &TrainArgs, vocab: usize) -> Result<TransformerSpec, TrainError> {
-    if args.d_model == 0 || args.heads == 0 || args.d_model % args.heads != 0 {
+    if args.d_model == 0 || args.heads == 0 || !args.d_model.is_multiple_of(args.heads) {
         return Err(TrainError::InvalidArgument {
             flag: "heads",
             value: format!("{} with --d-model {}", args.heads, args.d_model),

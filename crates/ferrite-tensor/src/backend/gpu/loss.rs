@@ -77,7 +77,7 @@ pub(super) fn pointwise_loss(rt: &Runtime, op: PointwiseLoss, out: &Tensor, x: L
             "select((t - 1.0) * clog(log1p_f(-x)) - t * clog(log(x)), bitcast<f32>(0x7fc00000u), !(x >= 0.0 && x <= 1.0 && t >= 0.0 && t <= 1.0)) * w"
         }
         PointwiseLoss::BceWithLogits => "((1.0 - t) * x - ((pw - 1.0) * t + 1.0) * log_sigmoid(x)) * w",
-        PointwiseLoss::SmoothL1 { beta } if beta == 0.0 => "abs(x - t)",
+        PointwiseLoss::SmoothL1 { beta: 0.0 } => "abs(x - t)",
         PointwiseLoss::SmoothL1 { .. } => {
             "select(abs(x - t) - 0.5 * k, 0.5 * abs(x - t) * abs(x - t) / k, abs(x - t) < k)"
         }
@@ -116,7 +116,7 @@ pub(super) fn pointwise_loss_backward(
         (PointwiseLoss::BceWithLogits, false) => {
             "g * ((1.0 - t) - ((pw - 1.0) * t + 1.0) * sigmoid_f(-x)) * w".to_string()
         }
-        (PointwiseLoss::SmoothL1 { beta }, _) if beta == 0.0 => format!("{sign}(g * sign(x - t))"),
+        (PointwiseLoss::SmoothL1 { beta: 0.0 }, _) => format!("{sign}(g * sign(x - t))"),
         (PointwiseLoss::SmoothL1 { .. }, _) => {
             format!("{sign}select(select((x - t) * g / k, g, x - t >= k), -g, x - t <= -k)")
         }
