@@ -54,7 +54,7 @@ impl<'a> PlaneKernel<'a> {
         params.extend_from_slice(&self.scalars);
         let dtypes: Vec<_> = self.ops.iter().map(|o| o.t.dtype()).collect();
         let written: Vec<bool> = self.ops.iter().map(|o| o.access != super::runtime::Access::Read).collect();
-        let key = format!("plane:{}|{dtypes:?}|{written:?}", self.key);
+        let key = format!("plane:{}:{}|{dtypes:?}|{written:?}", self.op, self.key);
         rt.launch(self.op, &key, &self.ops, false, &params, wgsl::groups_n(groups), |plan| {
             let mut s = wgsl::header(plan);
             s.push_str(&wgsl::operands(plan, &dtypes, &written));
