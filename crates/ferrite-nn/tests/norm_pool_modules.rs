@@ -169,7 +169,7 @@ fn close_vec(what: &str, got: &[f64], want: &[f64]) {
 
 #[test]
 fn batch_norm_state_dict_counts_batches_and_eval_uses_running_stats() {
-    let mut bn = BatchNorm2d::new(3).unwrap();
+    let bn = BatchNorm2d::new(3).unwrap();
     let keys: Vec<String> = bn.state_dict().keys().map(String::from).collect();
     assert_eq!(keys, ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]);
     let x = randn(&[4, 3, 5, 5], 1).mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap();
