@@ -6,7 +6,8 @@
 //! statistics the module holds after one training-mode forward (`extra.*`). Then the state-dict
 //! behaviour PyTorch users rely on: keys, `num_batches_tracked` counting, eval mode using the
 //! running statistics, the cumulative average of `momentum=None`, batch statistics without
-//! tracking, and a round trip through a state dict.
+//! tracking, and a round trip through a state dict. Last, a model of every one of these layers
+//! runs on `meta` with the shapes and peak allocation of the same step on a real device.
 
 mod common;
 
@@ -260,4 +261,38 @@ fn a_small_cnn_head_trains_through_every_layer() {
         let g = p.grad().unwrap_or_else(|| panic!("{name} has no gradient"));
         assert!(g.to_vec_f64().unwrap().iter().all(|v| v.is_finite()), "{name}");
     }
+}
+
+/// The layers on `meta`: a model of all of them runs forward and backward with the shapes and
+/// the peak allocated bytes of the same step on a real (sim) device, so the planner predicts it.
+#[test]
+fn every_layer_runs_on_meta_with_the_real_allocations() {
+    let step = |dev: &Device| {
+        let mut g = Generator::new(0);
+        let mut model = Sequential::new()
+            .append(BatchNorm2d::with_config(3, &BatchNormConfig::default().momentum(None), &Device::Cpu).unwrap())
+            .append(GroupNorm::new(3, 3).unwrap())
+            .append(MaxPool2d::new(2).unwrap())
+            .append(AvgPool2d::new(2).unwrap().padding(1).unwrap())
+            .append(AdaptiveAvgPool2d::new(2))
+            .append(Flatten::new())
+            .append(BatchNorm1d::new(12).unwrap())
+            .append(RMSNorm::new(&[12]).unwrap())
+            .append(Linear::new_with(12, 4, true, &Device::Cpu, &mut g).unwrap());
+        model.to_device(dev).unwrap();
+        let x = randn(&[4, 3, 8, 8], 6).to_device(dev).unwrap();
+        let alloc = ferrite_memory::allocator(dev);
+        let base = alloc.memory_allocated();
+        alloc.reset_peak_memory_stats();
+        let y = model.forward(&x).unwrap();
+        y.sum().unwrap().backward().unwrap();
+        let peak = alloc.max_memory_allocated() - base;
+        let grads: Vec<Vec<usize>> = model.parameters().iter().map(|p| p.grad().unwrap().shape().to_vec()).collect();
+        (y.shape().to_vec(), grads, peak)
+    };
+    let real = step(&Device::parse("sim:1GiB:0").unwrap());
+    let meta = step(&Device::Meta);
+    println!("peak allocated of the step: sim {} B, meta {} B", real.2, meta.2);
+    assert_eq!(meta.0, [4, 4]);
+    assert_eq!(real, meta);
 }

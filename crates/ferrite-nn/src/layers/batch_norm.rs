@@ -200,6 +200,8 @@ impl<R: BatchNormRank> Module for BatchNorm<R> {
         let counting = if self.training && tracking { self.num_batches_tracked.as_ref() } else { None };
         let factor = match (self.momentum, counting) {
             (Some(m), _) => m,
+            // `meta` holds no count (and computes nothing, so the factor is irrelevant there).
+            (None, Some(nbt)) if nbt.is_meta() => 0.0,
             // The cumulative average weighs this batch 1/(batches so far, this one included).
             (None, Some(nbt)) => 1.0 / (nbt.item()? + 1.0),
             (None, None) => 0.0,
