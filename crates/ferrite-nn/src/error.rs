@@ -22,7 +22,9 @@ pub enum NnError {
     // ------------------------------------------------------------------ normalisation (normpool)
     /// A size argument that must be a multiple of another (GroupNorm's `num_channels` of its
     /// `num_groups`).
-    #[error("{layer}: {arg} ({value}) must be divisible by {by_arg} ({by}); choose {by_arg} among the divisors of {value}")]
+    #[error(
+        "{layer}: {arg} ({value}) must be divisible by {by_arg} ({by}); choose {by_arg} among the divisors of {value}"
+    )]
     NotDivisible { layer: &'static str, arg: &'static str, value: usize, by_arg: &'static str, by: usize },
 }
 

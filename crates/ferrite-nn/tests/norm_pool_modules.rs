@@ -26,7 +26,13 @@ const OPS: [&str; 7] =
 fn cases() -> Option<(std::path::PathBuf, Vec<Value>)> {
     let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
     let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    let cases = m["cases"].as_array().unwrap().iter().filter(|c| OPS.contains(&c["op"].as_str().unwrap_or(""))).cloned().collect();
+    let cases = m["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
+        .cloned()
+        .collect();
     Some((dir, cases))
 }
 
@@ -60,8 +66,10 @@ fn module_for(op: &str, a: &Value, fx: &StateDict, dev: &Device) -> Box<dyn Modu
                 Box::new(BatchNorm2d::with_config(c, &cfg, &Device::Cpu).unwrap())
             };
             let train = a["training"].as_bool().unwrap_or(false);
-            let (mk, vk) = if train { ("running_mean_before", "running_var_before") } else { ("running_mean", "running_var") };
-            let mut sd: StateDict = [("weight", input(1)), ("bias", input(2))].into_iter().map(|(k, t)| (k.to_string(), t)).collect();
+            let (mk, vk) =
+                if train { ("running_mean_before", "running_var_before") } else { ("running_mean", "running_var") };
+            let mut sd: StateDict =
+                [("weight", input(1)), ("bias", input(2))].into_iter().map(|(k, t)| (k.to_string(), t)).collect();
             // Statistics the case does not list stay at PyTorch's initial zeros/ones.
             for (key, attr) in [("running_mean", mk), ("running_var", vk)] {
                 if let Some(t) = floats(a, attr) {
@@ -74,13 +82,16 @@ fn module_for(op: &str, a: &Value, fx: &StateDict, dev: &Device) -> Box<dyn Modu
         }
         "group_norm" => {
             let g = a["num_groups"].as_u64().unwrap() as usize;
-            let mut gn = GroupNorm::with_config(g, x.shape()[1], a["eps"].as_f64().unwrap_or(1e-5), true, &Device::Cpu).unwrap();
-            let sd: StateDict = [("weight".to_string(), input(1)), ("bias".to_string(), input(2))].into_iter().collect();
+            let mut gn =
+                GroupNorm::with_config(g, x.shape()[1], a["eps"].as_f64().unwrap_or(1e-5), true, &Device::Cpu).unwrap();
+            let sd: StateDict =
+                [("weight".to_string(), input(1)), ("bias".to_string(), input(2))].into_iter().collect();
             gn.load_state_dict(&sd, true).unwrap();
             Box::new(gn)
         }
         "rms_norm" => {
-            let shape: Vec<usize> = a["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                a["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
             let mut n = RMSNorm::with_config(&shape, a.get("eps").and_then(Value::as_f64), true, &Device::Cpu).unwrap();
             n.load_state_dict(&[("weight".to_string(), input(1))].into_iter().collect(), true).unwrap();
             Box::new(n)
@@ -144,7 +155,13 @@ fn modules_match_pytorch_on_every_device() {
                 // argument order (weight, then bias).
                 let t = if i == 0 { x.clone() } else { params[i - 1].1.clone() };
                 let g = t.grad().unwrap_or_else(|| panic!("{dev} {name}: input {i} has no gradient"));
-                assert_close(&format!("{dev} {name} grad_input.{i}"), &g, get(&fx, &format!("grad_input.{i}")), rtol, atol);
+                assert_close(
+                    &format!("{dev} {name} grad_input.{i}"),
+                    &g,
+                    get(&fx, &format!("grad_input.{i}")),
+                    rtol,
+                    atol,
+                );
             }
             println!("module parity {dev:<6} {name} ok");
         }
@@ -217,7 +234,8 @@ fn momentum_none_is_a_cumulative_average_and_untracked_stats_use_the_batch() {
     let want: Vec<f64> = ma.iter().zip(&mb).map(|(x, y)| (x + y) / 2.0).collect();
     close_vec("cumulative running_mean", &bn.running_mean.as_ref().unwrap().to_vec_f64().unwrap(), &want);
 
-    let mut untracked = BatchNorm2d::with_config(2, &BatchNormConfig::default().track_running_stats(false), &Device::Cpu).unwrap();
+    let mut untracked =
+        BatchNorm2d::with_config(2, &BatchNormConfig::default().track_running_stats(false), &Device::Cpu).unwrap();
     assert_eq!(untracked.state_dict().keys().collect::<Vec<_>>(), ["weight", "bias"]);
     let train = untracked.forward(&b).unwrap();
     untracked.eval();

@@ -23,7 +23,8 @@ fn load(path: &Path) -> Vec<(String, Tensor)> {
     st.tensors()
         .into_iter()
         .map(|(name, view)| {
-            let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let data: Vec<f32> =
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
         })
         .collect()
@@ -66,15 +67,24 @@ fn step(c: &Value, fx: &[(String, Tensor)], dev: &Device) -> (Vec<usize>, Vec<Ve
         }
         "group_norm" => group_norm(&x[0], a["num_groups"].as_u64().unwrap() as usize, x.get(1), x.get(2), 1e-5),
         "rms_norm" => {
-            let shape: Vec<usize> = a["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                a["normalized_shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
             rms_norm(&x[0], &shape, x.get(1), None)
         }
         "max_pool2d" => {
-            let opts = MaxPool2dOptions { stride: Some(pair(a, "stride", kernel)), padding: pair(a, "padding", [0, 0]), ..MaxPool2dOptions::new(kernel) };
+            let opts = MaxPool2dOptions {
+                stride: Some(pair(a, "stride", kernel)),
+                padding: pair(a, "padding", [0, 0]),
+                ..MaxPool2dOptions::new(kernel)
+            };
             max_pool2d(&x[0], &opts)
         }
         "avg_pool2d" => {
-            let opts = AvgPool2dOptions { stride: Some(pair(a, "stride", kernel)), padding: pair(a, "padding", [0, 0]), ..AvgPool2dOptions::new(kernel) };
+            let opts = AvgPool2dOptions {
+                stride: Some(pair(a, "stride", kernel)),
+                padding: pair(a, "padding", [0, 0]),
+                ..AvgPool2dOptions::new(kernel)
+            };
             avg_pool2d(&x[0], &opts)
         }
         "adaptive_avg_pool2d" => {

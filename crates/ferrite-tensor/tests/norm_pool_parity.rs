@@ -29,7 +29,13 @@ fn cases() -> Option<(PathBuf, Vec<Value>)> {
     let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
     let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json");
     let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
-    let cases = m["cases"].as_array().expect("cases").iter().filter(|c| OPS.contains(&c["op"].as_str().unwrap_or(""))).cloned().collect();
+    let cases = m["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
+        .cloned()
+        .collect();
     Some((dir, cases))
 }
 
@@ -40,7 +46,8 @@ fn load(path: &Path) -> Vec<(String, Tensor)> {
         .into_iter()
         .map(|(name, view)| {
             assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let data: Vec<f32> =
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
         })
         .collect()
@@ -193,8 +200,10 @@ fn norm_and_pool_cases_match_pytorch_on_every_device() {
 /// the output and every input's gradient, read back to the CPU as f64.
 fn run_on(name: &str, dev: &Device, inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Tensor) -> Vec<Vec<f64>> {
     // Fresh leaves on every device (never the caller's handles, which would share the grads).
-    let xs: Vec<Tensor> =
-        inputs.iter().map(|t| t.detach().deep_clone().unwrap().to_device(dev).unwrap().requires_grad_(true).unwrap()).collect();
+    let xs: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.detach().deep_clone().unwrap().to_device(dev).unwrap().requires_grad_(true).unwrap())
+        .collect();
     let y = f(&xs);
     // A fixed, non-uniform upstream gradient so every route through the op is weighted.
     let n = y.numel();
@@ -215,24 +224,77 @@ fn options_beyond_the_fixtures_agree_across_devices() {
     let mut rand = |shape: &[usize], dtype: DType| {
         Tensor::randn_with(shape, DType::F32, &Device::Cpu, &mut g).unwrap().to_dtype(dtype).unwrap()
     };
-    let dilated = MaxPool2dOptions { stride: Some([2, 1]), padding: [1, 1], dilation: [2, 2], ceil_mode: true, ..MaxPool2dOptions::new([3, 3]) };
+    let dilated = MaxPool2dOptions {
+        stride: Some([2, 1]),
+        padding: [1, 1],
+        dilation: [2, 2],
+        ceil_mode: true,
+        ..MaxPool2dOptions::new([3, 3])
+    };
     let overlapping = MaxPool2dOptions { stride: Some([1, 1]), ..MaxPool2dOptions::new([2, 3]) };
-    let avg_ceil = AvgPool2dOptions { stride: Some([2, 2]), padding: [1, 1], ceil_mode: true, count_include_pad: false, ..AvgPool2dOptions::new([3, 3]) };
-    let avg_div = AvgPool2dOptions { stride: Some([1, 2]), padding: [1, 1], divisor_override: Some(5), ..AvgPool2dOptions::new([2, 3]) };
+    let avg_ceil = AvgPool2dOptions {
+        stride: Some([2, 2]),
+        padding: [1, 1],
+        ceil_mode: true,
+        count_include_pad: false,
+        ..AvgPool2dOptions::new([3, 3])
+    };
+    let avg_div = AvgPool2dOptions {
+        stride: Some([1, 2]),
+        padding: [1, 1],
+        divisor_override: Some(5),
+        ..AvgPool2dOptions::new([2, 3])
+    };
     let cases: Vec<(&str, Vec<Tensor>, Op, f64)> = vec![
-        ("max_pool2d dilated ceil", vec![rand(&[2, 3, 9, 10], DType::F32)], Box::new(move |x| max_pool2d(&x[0], &dilated).unwrap()), 1e-6),
-        ("max_pool2d overlapping", vec![rand(&[3, 7, 6], DType::F32)], Box::new(move |x| max_pool2d(&x[0], &overlapping).unwrap()), 1e-6),
-        ("max_pool2d f16", vec![rand(&[2, 2, 6, 6], DType::F16)], Box::new(move |x| max_pool2d(&x[0], &overlapping).unwrap()), 1e-3),
-        ("avg_pool2d ceil no pad count", vec![rand(&[2, 3, 9, 8], DType::F32)], Box::new(move |x| avg_pool2d(&x[0], &avg_ceil).unwrap()), 1e-5),
-        ("avg_pool2d divisor_override", vec![rand(&[2, 3, 7, 8], DType::F32)], Box::new(move |x| avg_pool2d(&x[0], &avg_div).unwrap()), 1e-5),
-        ("adaptive_avg_pool2d 7x9->4x5", vec![rand(&[2, 3, 7, 9], DType::F32)], Box::new(|x| adaptive_avg_pool2d(&x[0], [Some(4), Some(5)]).unwrap()), 1e-5),
-        ("adaptive_avg_pool2d keep height", vec![rand(&[3, 5, 6], DType::F32)], Box::new(|x| adaptive_avg_pool2d(&x[0], [None, Some(4)]).unwrap()), 1e-5),
+        (
+            "max_pool2d dilated ceil",
+            vec![rand(&[2, 3, 9, 10], DType::F32)],
+            Box::new(move |x| max_pool2d(&x[0], &dilated).unwrap()),
+            1e-6,
+        ),
+        (
+            "max_pool2d overlapping",
+            vec![rand(&[3, 7, 6], DType::F32)],
+            Box::new(move |x| max_pool2d(&x[0], &overlapping).unwrap()),
+            1e-6,
+        ),
+        (
+            "max_pool2d f16",
+            vec![rand(&[2, 2, 6, 6], DType::F16)],
+            Box::new(move |x| max_pool2d(&x[0], &overlapping).unwrap()),
+            1e-3,
+        ),
+        (
+            "avg_pool2d ceil no pad count",
+            vec![rand(&[2, 3, 9, 8], DType::F32)],
+            Box::new(move |x| avg_pool2d(&x[0], &avg_ceil).unwrap()),
+            1e-5,
+        ),
+        (
+            "avg_pool2d divisor_override",
+            vec![rand(&[2, 3, 7, 8], DType::F32)],
+            Box::new(move |x| avg_pool2d(&x[0], &avg_div).unwrap()),
+            1e-5,
+        ),
+        (
+            "adaptive_avg_pool2d 7x9->4x5",
+            vec![rand(&[2, 3, 7, 9], DType::F32)],
+            Box::new(|x| adaptive_avg_pool2d(&x[0], [Some(4), Some(5)]).unwrap()),
+            1e-5,
+        ),
+        (
+            "adaptive_avg_pool2d keep height",
+            vec![rand(&[3, 5, 6], DType::F32)],
+            Box::new(|x| adaptive_avg_pool2d(&x[0], [None, Some(4)]).unwrap()),
+            1e-5,
+        ),
         (
             "batch_norm (N, C, L) train, running stats, affine",
             vec![rand(&[4, 3, 5], DType::F32), rand(&[3], DType::F32), rand(&[3], DType::F32)],
             Box::new(|x| {
                 let dev = x[0].device();
-                let (rm, rv) = (Tensor::zeros(&[3], DType::F32, dev).unwrap(), Tensor::ones(&[3], DType::F32, dev).unwrap());
+                let (rm, rv) =
+                    (Tensor::zeros(&[3], DType::F32, dev).unwrap(), Tensor::ones(&[3], DType::F32, dev).unwrap());
                 let opts = BatchNormOptions { training: true, momentum: 0.3, eps: 1e-3 };
                 let y = batch_norm(&x[0], Some(&rm), Some(&rv), Some(&x[1]), Some(&x[2]), &opts).unwrap();
                 // The running statistics join the compared values through the output.
@@ -254,18 +316,43 @@ fn options_beyond_the_fixtures_agree_across_devices() {
         (
             "batch_norm train without running stats",
             vec![rand(&[3, 2, 4, 4], DType::F32), rand(&[2], DType::F32)],
-            Box::new(|x| batch_norm(&x[0], None, None, Some(&x[1]), None, &BatchNormOptions { training: true, ..Default::default() }).unwrap()),
+            Box::new(|x| {
+                batch_norm(
+                    &x[0],
+                    None,
+                    None,
+                    Some(&x[1]),
+                    None,
+                    &BatchNormOptions { training: true, ..Default::default() },
+                )
+                .unwrap()
+            }),
             1e-4,
         ),
-        ("group_norm G=1 no affine", vec![rand(&[2, 6, 3, 3], DType::F32)], Box::new(|x| group_norm(&x[0], 1, None, None, 1e-5).unwrap()), 1e-4),
+        (
+            "group_norm G=1 no affine",
+            vec![rand(&[2, 6, 3, 3], DType::F32)],
+            Box::new(|x| group_norm(&x[0], 1, None, None, 1e-5).unwrap()),
+            1e-4,
+        ),
         (
             "group_norm G=C (N, C, L)",
             vec![rand(&[3, 4, 7], DType::F32), rand(&[4], DType::F32), rand(&[4], DType::F32)],
             Box::new(|x| group_norm(&x[0], 4, Some(&x[1]), Some(&x[2]), 1e-5).unwrap()),
             1e-4,
         ),
-        ("group_norm f16", vec![rand(&[2, 4, 5], DType::F16)], Box::new(|x| group_norm(&x[0], 2, None, None, 1e-5).unwrap()), 2e-2),
-        ("rms_norm 2-D shape no weight", vec![rand(&[3, 4, 5], DType::F32)], Box::new(|x| rms_norm(&x[0], &[4, 5], None, None).unwrap()), 1e-5),
+        (
+            "group_norm f16",
+            vec![rand(&[2, 4, 5], DType::F16)],
+            Box::new(|x| group_norm(&x[0], 2, None, None, 1e-5).unwrap()),
+            2e-2,
+        ),
+        (
+            "rms_norm 2-D shape no weight",
+            vec![rand(&[3, 4, 5], DType::F32)],
+            Box::new(|x| rms_norm(&x[0], &[4, 5], None, None).unwrap()),
+            1e-5,
+        ),
         (
             "rms_norm bf16 weight",
             vec![rand(&[5, 8], DType::BF16), rand(&[8], DType::BF16)],

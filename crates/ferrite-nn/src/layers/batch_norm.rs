@@ -131,7 +131,10 @@ impl<R: BatchNormRank> BatchNorm<R> {
             return Err(NnError::config(R::NAME, format!("momentum must be between 0 and 1 (or None), got {m}")));
         }
         let (weight, bias) = if config.affine {
-            (Some(new_parameter(&[num_features], device, ones_)?), Some(new_parameter(&[num_features], device, zeros_)?))
+            (
+                Some(new_parameter(&[num_features], device, ones_)?),
+                Some(new_parameter(&[num_features], device, zeros_)?),
+            )
         } else {
             (None, None)
         };
@@ -174,7 +177,9 @@ impl<R: BatchNormRank> BatchNorm<R> {
     fn check_input(&self, x: &Tensor) -> Result<()> {
         let expected = R::expected();
         if !expected.admits(x.shape()) {
-            return Err(TensorError::InvalidShape { op: R::NAME, arg: "input", shape: x.shape().to_vec(), expected }.into());
+            return Err(
+                TensorError::InvalidShape { op: R::NAME, arg: "input", shape: x.shape().to_vec(), expected }.into()
+            );
         }
         if x.shape()[1] != self.num_features {
             return Err(TensorError::InvalidShape {
@@ -235,10 +240,14 @@ impl<R: BatchNormRank> Module for BatchNorm<R> {
     }
 
     fn own_buffers(&self) -> Vec<(String, &Tensor)> {
-        [("running_mean", &self.running_mean), ("running_var", &self.running_var), ("num_batches_tracked", &self.num_batches_tracked)]
-            .into_iter()
-            .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t)))
-            .collect()
+        [
+            ("running_mean", &self.running_mean),
+            ("running_var", &self.running_var),
+            ("num_batches_tracked", &self.num_batches_tracked),
+        ]
+        .into_iter()
+        .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t)))
+        .collect()
     }
 
     fn own_buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
@@ -272,8 +281,12 @@ mod tests {
         assert_eq!(keys, ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]);
         assert_eq!(bn.num_batches_tracked.as_ref().unwrap().dtype(), DType::I64);
         assert_eq!(bn.num_batches_tracked.as_ref().unwrap().shape(), &[] as &[usize]);
-        let plain = BatchNorm1d::with_config(3, &BatchNormConfig::default().affine(false).track_running_stats(false), &Device::Cpu)
-            .unwrap();
+        let plain = BatchNorm1d::with_config(
+            3,
+            &BatchNormConfig::default().affine(false).track_running_stats(false),
+            &Device::Cpu,
+        )
+        .unwrap();
         assert!(plain.state_dict().is_empty());
     }
 

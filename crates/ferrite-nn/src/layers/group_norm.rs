@@ -54,7 +54,10 @@ impl GroupNorm {
             return Err(NnError::config(LAYER, format!("eps must be positive and finite, got {eps}")));
         }
         let (weight, bias) = if affine {
-            (Some(new_parameter(&[num_channels], device, ones_)?), Some(new_parameter(&[num_channels], device, zeros_)?))
+            (
+                Some(new_parameter(&[num_channels], device, ones_)?),
+                Some(new_parameter(&[num_channels], device, zeros_)?),
+            )
         } else {
             (None, None)
         };
@@ -73,9 +76,16 @@ impl Module for GroupNorm {
             } else {
                 ExpectedShape::SizeAt { dim: 1, size: self.num_channels }
             };
-            return Err(TensorError::InvalidShape { op: "GroupNorm", arg: "input", shape: x.shape().to_vec(), expected }.into());
+            return Err(TensorError::InvalidShape {
+                op: "GroupNorm",
+                arg: "input",
+                shape: x.shape().to_vec(),
+                expected,
+            }
+            .into());
         }
-        group_norm(x, self.num_groups, self.weight.as_ref(), self.bias.as_ref(), self.eps).map_err(in_layer("GroupNorm"))
+        group_norm(x, self.num_groups, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+            .map_err(in_layer("GroupNorm"))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
         [("weight", &self.weight), ("bias", &self.bias)]

@@ -182,12 +182,14 @@ mod tests {
         let x = Tensor::zeros(&[1, 1, 2, 2], DType::F32, &Device::Cpu).unwrap();
         let e = MaxPool2d::new(3).unwrap().forward(&x).unwrap_err();
         assert!(e.to_string().starts_with("MaxPool2d: input size [2, 2]"), "{e}");
-        let e = AvgPool2d::new(2).unwrap().forward(&Tensor::zeros(&[4, 4], DType::F32, &Device::Cpu).unwrap()).unwrap_err();
+        let e =
+            AvgPool2d::new(2).unwrap().forward(&Tensor::zeros(&[4, 4], DType::F32, &Device::Cpu).unwrap()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "AvgPool2d: input has shape [4, 4], expected a 3-D tensor [C, H, W] or a 4-D tensor [N, C, H, W]"
         );
-        let y = AdaptiveAvgPool2d::with_size([None, Some(1)]).forward(&Tensor::zeros(&[2, 3, 5], DType::F32, &Device::Cpu).unwrap());
+        let y = AdaptiveAvgPool2d::with_size([None, Some(1)])
+            .forward(&Tensor::zeros(&[2, 3, 5], DType::F32, &Device::Cpu).unwrap());
         assert_eq!(y.unwrap().shape(), &[2, 3, 1]);
     }
 }

@@ -54,7 +54,9 @@ impl Module for RMSNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let expected = ExpectedShape::Trailing(self.normalized_shape.clone());
         if !expected.admits(x.shape()) {
-            return Err(TensorError::InvalidShape { op: "RMSNorm", arg: "input", shape: x.shape().to_vec(), expected }.into());
+            return Err(
+                TensorError::InvalidShape { op: "RMSNorm", arg: "input", shape: x.shape().to_vec(), expected }.into()
+            );
         }
         rms_norm(x, &self.normalized_shape, self.weight.as_ref(), self.eps).map_err(in_layer("RMSNorm"))
     }

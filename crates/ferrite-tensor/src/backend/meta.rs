@@ -179,7 +179,12 @@ impl KernelBackend for MetaBackend {
     fn avg_pool2d(&self, _out: &Tensor, _x: &Tensor, _pool: &crate::backend::Pool2d) -> Result<()> {
         Ok(())
     }
-    fn avg_pool2d_backward(&self, _grad_input: &Tensor, _grad_output: &Tensor, _pool: &crate::backend::Pool2d) -> Result<()> {
+    fn avg_pool2d_backward(
+        &self,
+        _grad_input: &Tensor,
+        _grad_output: &Tensor,
+        _pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
         Ok(())
     }
 }

@@ -455,8 +455,13 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn max_pool2d(&self, out: &Tensor, indices: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()>;
     /// `grad_input [P, H, W]` (fully written) from `grad_output [P, OH, OW]` routed to the saved
     /// `indices`.
-    fn max_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, indices: &Tensor, pool: &Pool2d)
-    -> Result<()>;
+    fn max_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        indices: &Tensor,
+        pool: &Pool2d,
+    ) -> Result<()>;
     /// Average pooling (fixed or adaptive windows, [`Pool2d::avg_window`]) of `x [P, H, W]`.
     fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()>;
     /// `grad_input [P, H, W]` (fully written): each output's gradient spread over its window

@@ -13,8 +13,19 @@
 /// The window rule of a 2-D pooling; sizes are `[height, width]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
-    Max { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], dilation: [usize; 2] },
-    Avg { kernel: [usize; 2], stride: [usize; 2], padding: [usize; 2], count_include_pad: bool, divisor_override: Option<usize> },
+    Max {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        dilation: [usize; 2],
+    },
+    Avg {
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        padding: [usize; 2],
+        count_include_pad: bool,
+        divisor_override: Option<usize>,
+    },
     AdaptiveAvg,
 }
 
@@ -40,8 +51,16 @@ pub struct AvgWindow {
 /// PyTorch's `pooling_output_shape`: `⌊(in + 2p - d(k-1) - 1 (+ s-1 with ceil_mode)) / s⌋ + 1`,
 /// and with `ceil_mode` one fewer when the last window would start past the input and its left
 /// padding. Negative or zero results mean the input is too small (the op reports it).
-pub fn pool_output_size(input: usize, kernel: usize, stride: usize, pad: usize, dilation: usize, ceil_mode: bool) -> i64 {
-    let (input, kernel, stride, pad, dilation) = (input as i64, kernel as i64, stride as i64, pad as i64, dilation as i64);
+pub fn pool_output_size(
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+    ceil_mode: bool,
+) -> i64 {
+    let (input, kernel, stride, pad, dilation) =
+        (input as i64, kernel as i64, stride as i64, pad as i64, dilation as i64);
     let numer = input + 2 * pad - dilation * (kernel - 1) - 1 + if ceil_mode { stride - 1 } else { 0 };
     let mut out = numer.div_euclid(stride) + 1;
     if ceil_mode && (out - 1) * stride >= input + pad {

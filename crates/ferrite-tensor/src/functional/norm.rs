@@ -393,8 +393,15 @@ pub fn batch_norm(
             eps: opts.eps,
             running: update.map(|(m, v)| RunningStats { mean: m, var: v, factor: opts.momentum }),
         };
-        let args =
-            BatchNormArgs { y: &y3, x: &x3, mean: &mean, invstd: &invstd, weight: w1.as_ref(), bias: b1.as_ref(), stats };
+        let args = BatchNormArgs {
+            y: &y3,
+            x: &x3,
+            mean: &mean,
+            invstd: &invstd,
+            weight: w1.as_ref(),
+            bias: b1.as_ref(),
+            stats,
+        };
         if n * s == 0 {
             // Statistics of nothing: mean 0, variance 0 (gradients of an empty batch are sums
             // over nothing, so they come out 0 whatever the statistics).
@@ -630,7 +637,10 @@ impl BackwardFn for RmsNormBackward {
             Some(_) if self.need[1] => Some(x.empty_like_shape(&[cols], dtype)?),
             _ => None,
         };
-        let wf = w.as_ref().map(|w| Ok::<_, TensorError>(contiguous_as(w, dtype)?.contiguous_view_as(&[cols]))).transpose()?;
+        let wf = w
+            .as_ref()
+            .map(|w| Ok::<_, TensorError>(contiguous_as(w, dtype)?.contiguous_view_as(&[cols])))
+            .transpose()?;
         if rows > 0 && cols > 0 {
             x.kernels().rms_norm_backward(&RmsNormBackwardArgs {
                 grad_input: gi.as_ref(),

@@ -43,7 +43,10 @@ impl MaxPool2dOptions {
     pub fn validate(&self, op: &'static str) -> Result<()> {
         check_window(op, self.kernel_size, self.stride(), self.padding)?;
         if self.dilation.contains(&0) {
-            return Err(TensorError::invalid(op, format!("dilation must be greater than zero, got {:?}", self.dilation)));
+            return Err(TensorError::invalid(
+                op,
+                format!("dilation must be greater than zero, got {:?}", self.dilation),
+            ));
         }
         Ok(())
     }
@@ -118,13 +121,19 @@ pub fn max_pool2d_with_indices(x: &Tensor, opts: &MaxPool2dOptions) -> Result<(T
     let out = x.empty_like_shape(&planes.out_shape(output), x.dtype())?;
     let indices = x.empty_like_shape(out.shape(), DType::I64)?;
     if out.numel() > 0 {
-        let (o3, i3, x3) = (planes.view(&out, output), planes.view(&indices, output), planes.view(&planes.x, planes.hw));
+        let (o3, i3, x3) =
+            (planes.view(&out, output), planes.view(&indices, output), planes.view(&planes.x, planes.hw));
         out.kernels().max_pool2d(&o3, &i3, &x3, &pool)?;
     }
     if !Tensor::needs_graph(&[x]) {
         return Ok((out, indices));
     }
-    let f = MaxPoolBackward { indices: SavedTensor::new(&indices), input_shape: x.shape().to_vec(), pool, dtype: x.dtype() };
+    let f = MaxPoolBackward {
+        indices: SavedTensor::new(&indices),
+        input_shape: x.shape().to_vec(),
+        pool,
+        dtype: x.dtype(),
+    };
     Ok((Tensor::from_op1(out, &[x], f), indices))
 }
 
@@ -152,7 +161,12 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [Option<usize>; 2]) -> Resul
     const OP: &str = "adaptive_avg_pool2d";
     let planes = Planes::of(OP, x)?;
     let output = [output_size[0].unwrap_or(planes.hw[0]), output_size[1].unwrap_or(planes.hw[1])];
-    avg_like(x, planes, Pool2d { input: planes_hw(x), output, kind: PoolKind::AdaptiveAvg }, "AdaptiveAvgPool2DBackward0")
+    avg_like(
+        x,
+        planes,
+        Pool2d { input: planes_hw(x), output, kind: PoolKind::AdaptiveAvg },
+        "AdaptiveAvgPool2DBackward0",
+    )
 }
 
 // ---------------------------------------------------------------------- shared
@@ -398,17 +412,31 @@ mod tests {
     fn refused_arguments_are_typed() {
         let x = ramp();
         let e = max_pool2d(&x, &MaxPool2dOptions { padding: [2, 2], ..MaxPool2dOptions::new([3, 3]) }).unwrap_err();
-        assert!(matches!(e, TensorError::PaddingTooLarge { ref padding, ref kernel, .. } if padding == &[2, 2] && kernel == &[3, 3]));
+        assert!(
+            matches!(e, TensorError::PaddingTooLarge { ref padding, ref kernel, .. } if padding == &[2, 2] && kernel == &[3, 3])
+        );
         let e = max_pool2d(&x, &MaxPool2dOptions::new([6, 6])).unwrap_err();
-        assert!(matches!(e, TensorError::InputTooSmall { ref input, ref kernel, .. } if input == &[5, 5] && kernel == &[6, 6]), "{e}");
-        assert!(avg_pool2d(&x, &AvgPool2dOptions { divisor_override: Some(0), ..AvgPool2dOptions::new([2, 2]) }).is_err());
+        assert!(
+            matches!(e, TensorError::InputTooSmall { ref input, ref kernel, .. } if input == &[5, 5] && kernel == &[6, 6]),
+            "{e}"
+        );
+        assert!(
+            avg_pool2d(&x, &AvgPool2dOptions { divisor_override: Some(0), ..AvgPool2dOptions::new([2, 2]) }).is_err()
+        );
         assert!(max_pool2d(&x, &MaxPool2dOptions { stride: Some([0, 1]), ..MaxPool2dOptions::new([2, 2]) }).is_err());
-        let e = max_pool2d(&Tensor::zeros(&[5, 5], DType::F32, &Device::Cpu).unwrap(), &MaxPool2dOptions::new([2, 2])).unwrap_err();
+        let e = max_pool2d(&Tensor::zeros(&[5, 5], DType::F32, &Device::Cpu).unwrap(), &MaxPool2dOptions::new([2, 2]))
+            .unwrap_err();
         assert!(matches!(e, TensorError::InvalidShape { .. }), "{e}");
-        let e = avg_pool2d(&Tensor::zeros(&[1, 0, 4, 4], DType::F32, &Device::Cpu).unwrap(), &AvgPool2dOptions::new([2, 2]));
+        let e = avg_pool2d(
+            &Tensor::zeros(&[1, 0, 4, 4], DType::F32, &Device::Cpu).unwrap(),
+            &AvgPool2dOptions::new([2, 2]),
+        );
         assert!(e.is_err());
         // An empty batch is fine.
-        let y = max_pool2d(&Tensor::zeros(&[0, 2, 4, 4], DType::F32, &Device::Cpu).unwrap(), &MaxPool2dOptions::new([2, 2]));
+        let y = max_pool2d(
+            &Tensor::zeros(&[0, 2, 4, 4], DType::F32, &Device::Cpu).unwrap(),
+            &MaxPool2dOptions::new([2, 2]),
+        );
         assert_eq!(y.unwrap().shape(), &[0, 2, 2, 2]);
     }
 }

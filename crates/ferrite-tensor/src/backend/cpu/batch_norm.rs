@@ -88,10 +88,7 @@ fn forward<T: Float>(args: &BatchNormArgs<'_>) -> Result<()> {
     }
     let xp = SendPtr(x.ptr::<T>("batch_norm")?);
     let (mu, is): (Vec<f64>, Vec<f64>) = match stats {
-        BatchNormStats::Given => (
-            read(Some(mean))?.unwrap_or_default(),
-            read(Some(invstd))?.unwrap_or_default(),
-        ),
+        BatchNormStats::Given => (read(Some(mean))?.unwrap_or_default(), read(Some(invstd))?.unwrap_or_default()),
         BatchNormStats::Batch { eps, running } => {
             let partials = plane_partials(planes, s, |p| {
                 // SAFETY: plane p of the contiguous input [planes, s].

@@ -10,10 +10,10 @@
 
 use super::channel_vectors::{read, rounded, write};
 use crate::backend::{GroupNormArgs, GroupNormBackwardArgs, ncs};
+use crate::dispatch_float;
 use crate::element::Float;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
-use crate::dispatch_float;
 
 pub(super) fn group_norm(args: &GroupNormArgs<'_>) -> Result<()> {
     dispatch_float!(args.x.dtype(), "group_norm", T => forward::<T>(args))
@@ -80,7 +80,8 @@ fn forward<T: Float>(args: &GroupNormArgs<'_>) -> Result<()> {
 }
 
 fn backward<T: Float>(args: &GroupNormBackwardArgs<'_>) -> Result<()> {
-    let GroupNormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, rstd, weight, groups } = *args;
+    let GroupNormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, rstd, weight, groups } =
+        *args;
     let (n, c, s) = ncs(x);
     let g = groups.max(1);
     let d = c / g;
@@ -114,7 +115,11 @@ fn backward<T: Float>(args: &GroupNormBackwardArgs<'_>) -> Result<()> {
     let wc = |ch: usize| w.as_ref().map_or(1.0, |w| w[ch]);
     if let Some(gw) = grad_weight {
         let v: Vec<f64> = (0..c)
-            .map(|ch| (0..n).map(|ni| (sums[ni * c + ch][0] - sums[ni * c + ch][1] * mu[ni * g + ch / d]) * rs[ni * g + ch / d]).sum())
+            .map(|ch| {
+                (0..n)
+                    .map(|ni| (sums[ni * c + ch][0] - sums[ni * c + ch][1] * mu[ni * g + ch / d]) * rs[ni * g + ch / d])
+                    .sum()
+            })
             .collect();
         write(gw, &v, "group_norm_backward")?;
     }

@@ -255,7 +255,12 @@ impl KernelBackend for CpuBackend {
     fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
         pool::avg_pool2d(out, x, pool)
     }
-    fn avg_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
+    fn avg_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
         pool::avg_pool2d_backward(grad_input, grad_output, pool)
     }
 }

@@ -42,7 +42,9 @@ fn sizes(x_or_gi: &Tensor, pool: &Pool2d) -> (usize, usize, usize) {
 fn taps(pool: &Pool2d) -> usize {
     match pool.kind {
         PoolKind::Max { kernel, .. } | PoolKind::Avg { kernel, .. } => kernel[0] * kernel[1],
-        PoolKind::AdaptiveAvg => pool.input[0].div_ceil(pool.output[0].max(1)) * pool.input[1].div_ceil(pool.output[1].max(1)),
+        PoolKind::AdaptiveAvg => {
+            pool.input[0].div_ceil(pool.output[0].max(1)) * pool.input[1].div_ceil(pool.output[1].max(1))
+        }
     }
 }
 

@@ -4,10 +4,10 @@
 
 use super::channel_vectors::{read, rounded, write};
 use crate::backend::{RmsNormArgs, RmsNormBackwardArgs, rows_cols};
+use crate::dispatch_float;
 use crate::element::Float;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
-use crate::dispatch_float;
 
 pub(super) fn rms_norm(args: &RmsNormArgs<'_>) -> Result<()> {
     dispatch_float!(args.x.dtype(), "rms_norm", T => forward::<T>(args))

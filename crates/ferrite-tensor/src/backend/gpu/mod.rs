@@ -276,7 +276,8 @@ impl KernelBackend for WgpuBackend {
             crate::backend::BatchNormStats::Batch { running: Some(r), .. } => [Some(r.mean), Some(r.var)],
             _ => [None, None],
         };
-        let ts = present(&[Some(args.y), Some(args.x), Some(args.mean), args.weight, args.bias, running[0], running[1]]);
+        let ts =
+            present(&[Some(args.y), Some(args.x), Some(args.mean), args.weight, args.bias, running[0], running[1]]);
         norm::batch_norm(self.rt_for("batch_norm", &ts)?, args)
     }
     fn batch_norm_backward(&self, args: &crate::backend::BatchNormBackwardArgs<'_>) -> Result<()> {
@@ -315,8 +316,18 @@ impl KernelBackend for WgpuBackend {
     fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
         pool::avg_pool2d(self.rt_for("avg_pool2d", &[out, x])?, out, x, pool)
     }
-    fn avg_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
-        pool::avg_pool2d_backward(self.rt_for("avg_pool2d_backward", &[grad_input, grad_output])?, grad_input, grad_output, pool)
+    fn avg_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        pool::avg_pool2d_backward(
+            self.rt_for("avg_pool2d_backward", &[grad_input, grad_output])?,
+            grad_input,
+            grad_output,
+            pool,
+        )
     }
 }
 

@@ -45,7 +45,13 @@ pub(super) fn batch_norm(rt: &Runtime, a: &BatchNormArgs<'_>) -> Result<()> {
     };
     let rm = k.optional(running.map(|r| write(r.mean)));
     let rv = k.optional(running.map(|r| write(r.var)));
-    k.scalars(&[n as u32, c as u32, s as u32, (eps as f32).to_bits(), (running.map_or(0.0, |r| r.factor) as f32).to_bits()]);
+    k.scalars(&[
+        n as u32,
+        c as u32,
+        s as u32,
+        (eps as f32).to_bits(),
+        (running.map_or(0.0, |r| r.factor) as f32).to_bits(),
+    ]);
     let index = "(i / s * c + ch) * s + i % s";
     let mut b = String::from(
         "  let n = sc(0u);\n  let c = sc(1u);\n  let s = sc(2u);\n  let cnt = n * s;\n  let ch = gid;\n  if (ch >= c) { return; }\n",
@@ -103,7 +109,9 @@ pub(super) fn batch_norm_backward(rt: &Runtime, a: &BatchNormBackwardArgs<'_>) -
         } else {
             "ldf0(at(0u, e)) * p"
         };
-        b.push_str(&format!("  for (var i = lid; i < cnt; i = i + 256u) {{ let e = {index}; stf{gi}(at({gi}u, e), {dx}); }}\n"));
+        b.push_str(&format!(
+            "  for (var i = lid; i < cnt; i = i + 256u) {{ let e = {index}; stf{gi}(at({gi}u, e), {dx}); }}\n"
+        ));
     }
     k.run(rt, c, "", &b)
 }
@@ -135,7 +143,8 @@ pub(super) fn group_norm_backward(rt: &Runtime, a: &GroupNormBackwardArgs<'_>) -
     let (n, c, s) = ncs(a.x);
     let g = a.groups.max(1);
     let scalars = [n as u32, c as u32, s as u32, g as u32];
-    let head = "  let n = sc(0u);\n  let c = sc(1u);\n  let s = sc(2u);\n  let groups = sc(3u);\n  let d = c / groups;\n";
+    let head =
+        "  let n = sc(0u);\n  let c = sc(1u);\n  let s = sc(2u);\n  let groups = sc(3u);\n  let d = c / groups;\n";
     if let Some(gi) = a.grad_input {
         let mut k = PlaneKernel::new("group_norm_backward", "dx");
         k.operand(write(gi));

@@ -47,7 +47,10 @@ impl<'a> PlaneKernel<'a> {
             return Ok(());
         }
         if groups > (u32::MAX / 256) as usize {
-            return Err(TensorError::invalid(self.op, format!("{groups} workgroups are more than a GPU kernel can index")));
+            return Err(TensorError::invalid(
+                self.op,
+                format!("{groups} workgroups are more than a GPU kernel can index"),
+            ));
         }
         let m = self.ops.len();
         let mut params: Vec<u32> = self.ops.iter().map(|o| o.t.storage_offset() as u32).collect();

@@ -75,7 +75,13 @@ pub(super) fn max_pool2d(rt: &Runtime, out: &Tensor, indices: &Tensor, x: &Tenso
     k.run(rt, groups_for(n), GEOMETRY, &b)
 }
 
-pub(super) fn max_pool2d_backward(rt: &Runtime, gi: &Tensor, go: &Tensor, indices: &Tensor, pool: &Pool2d) -> Result<()> {
+pub(super) fn max_pool2d_backward(
+    rt: &Runtime,
+    gi: &Tensor,
+    go: &Tensor,
+    indices: &Tensor,
+    pool: &Pool2d,
+) -> Result<()> {
     let n = gi.numel();
     let mut k = PlaneKernel::new("max_pool2d_backward", "");
     k.operand(write(gi));
