@@ -280,7 +280,7 @@ fn avg_like(x: &Tensor, planes: Planes, pool: Pool2d, backward: &'static str) ->
 fn grads(g: &Tensor, dtype: DType, input_shape: &[usize], pool: &Pool2d) -> Result<(Tensor, Tensor, Tensor)> {
     let gc = if g.is_contiguous() && g.dtype() == dtype { g.clone() } else { materialize(g, dtype)? };
     let [h, w] = pool.input;
-    let planes = if h * w == 0 { 0 } else { input_shape.iter().product::<usize>() / (h * w) };
+    let planes = input_shape.iter().product::<usize>().checked_div(h * w).unwrap_or(0);
     let gi = gc.empty_like_shape(input_shape, dtype)?;
     let g3 = gc.contiguous_view_as(&[planes, pool.output[0], pool.output[1]]);
     let gi3 = gi.contiguous_view_as(&[planes, h, w]);

@@ -34,7 +34,7 @@ pub(super) fn avg_pool2d_backward(gi: &Tensor, go: &Tensor, pool: &Pool2d) -> Re
 fn sizes(x_or_gi: &Tensor, pool: &Pool2d) -> (usize, usize, usize) {
     let plane_in = pool.input[0] * pool.input[1];
     let plane_out = pool.output[0] * pool.output[1];
-    let planes = if plane_in == 0 { 0 } else { x_or_gi.numel() / plane_in };
+    let planes = x_or_gi.numel().checked_div(plane_in).unwrap_or(0);
     (planes, plane_in, plane_out)
 }
 
