@@ -18,6 +18,14 @@ pub enum NnError {
     /// `load_state_dict` refused a state dict; nothing was copied.
     #[error("{0}")]
     LoadStateDict(Box<LoadStateDictError>),
+
+    // ------------------------------------------------------------------ normalisation (normpool)
+    /// A size argument that must be a multiple of another (GroupNorm's `num_channels` of its
+    /// `num_groups`).
+    #[error(
+        "{layer}: {arg} ({value}) must be divisible by {by_arg} ({by}); choose {by_arg} among the divisors of {value}"
+    )]
+    NotDivisible { layer: &'static str, arg: &'static str, value: usize, by_arg: &'static str, by: usize },
 }
 
 impl NnError {
@@ -117,5 +125,26 @@ impl fmt::Display for LoadStateDictError {
             )?;
         }
         Ok(())
+    }
+}
+
+/// A tensor op's error raised inside a layer's forward, renamed to the layer (`max_pool2d: …`
+/// becomes `MaxPool2d: …`) where it concerns the layer's arguments or input, so the message
+/// names what the user built; other errors (out of memory, devices) pass through unchanged.
+pub(crate) fn in_layer(layer: &'static str) -> impl Fn(TensorError) -> NnError {
+    move |e| {
+        NnError::Tensor(match e {
+            TensorError::InvalidShape { arg, shape, expected, .. } => {
+                TensorError::InvalidShape { op: layer, arg, shape, expected }
+            }
+            TensorError::InputTooSmall { input, kernel, .. } => TensorError::InputTooSmall { op: layer, input, kernel },
+            TensorError::PaddingTooLarge { padding, kernel, .. } => {
+                TensorError::PaddingTooLarge { op: layer, padding, kernel }
+            }
+            TensorError::InvalidArgument { detail, .. } => TensorError::InvalidArgument { op: layer, detail },
+            TensorError::DimOutOfRange { dim, rank, .. } => TensorError::DimOutOfRange { op: layer, dim, rank },
+            TensorError::UnsupportedDType { dtype, .. } => TensorError::UnsupportedDType { op: layer, dtype },
+            other => other,
+        })
     }
 }

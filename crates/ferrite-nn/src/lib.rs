@@ -55,3 +55,9 @@ pub use loss::{
 pub use module::Module;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
+// normalisation and pooling (normpool)
+pub use layers::batch_norm::{BatchNorm, BatchNorm1d, BatchNorm2d, BatchNormConfig};
+pub use layers::flatten::Flatten;
+pub use layers::group_norm::GroupNorm;
+pub use layers::pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
+pub use layers::rms_norm::RMSNorm;

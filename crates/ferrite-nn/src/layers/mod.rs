@@ -9,3 +9,9 @@ pub mod linear;
 pub mod lstm;
 pub mod sequential;
 pub mod transformer;
+// normalisation and pooling (normpool)
+pub mod batch_norm;
+pub mod flatten;
+pub mod group_norm;
+pub mod pool;
+pub mod rms_norm;

@@ -143,4 +143,48 @@ impl KernelBackend for MetaBackend {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+
+    // ------------------------------------------------------------------ normalisation and pooling (normpool)
+
+    fn batch_norm(&self, _args: &crate::backend::BatchNormArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn batch_norm_backward(&self, _args: &crate::backend::BatchNormBackwardArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn group_norm(&self, _args: &crate::backend::GroupNormArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn group_norm_backward(&self, _args: &crate::backend::GroupNormBackwardArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn rms_norm(&self, _args: &crate::backend::RmsNormArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn rms_norm_backward(&self, _args: &crate::backend::RmsNormBackwardArgs<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn max_pool2d(&self, _out: &Tensor, _indices: &Tensor, _x: &Tensor, _pool: &crate::backend::Pool2d) -> Result<()> {
+        Ok(())
+    }
+    fn max_pool2d_backward(
+        &self,
+        _grad_input: &Tensor,
+        _grad_output: &Tensor,
+        _indices: &Tensor,
+        _pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        Ok(())
+    }
+    fn avg_pool2d(&self, _out: &Tensor, _x: &Tensor, _pool: &crate::backend::Pool2d) -> Result<()> {
+        Ok(())
+    }
+    fn avg_pool2d_backward(
+        &self,
+        _grad_input: &Tensor,
+        _grad_output: &Tensor,
+        _pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        Ok(())
+    }
 }

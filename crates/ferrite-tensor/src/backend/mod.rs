@@ -30,6 +30,8 @@
 pub(crate) mod cpu;
 pub(crate) mod gpu;
 pub(crate) mod meta;
+mod norm_args;
+mod pool_window;
 
 use ferrite_memory::Device;
 
@@ -39,6 +41,11 @@ use crate::ops::reduce::Plan;
 use crate::random::Generator;
 
 pub use crate::ops::fused::{FusedKernel, NormKind};
+pub use norm_args::{
+    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, RmsNormArgs,
+    RmsNormBackwardArgs, RunningStats, ncs,
+};
+pub use pool_window::{AvgWindow, Pool2d, PoolKind, adaptive_end, adaptive_start, pool_output_size};
 
 /// A binary arithmetic op (`out = a ∘ b`, or `b ∘ a` for the reversed forms used with scalars).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -427,6 +434,39 @@ pub trait KernelBackend: Send + Sync + 'static {
 
     /// Wait until every kernel submitted so far has finished (no-op for synchronous backends).
     fn synchronize(&self) -> Result<()>;
+
+    // ------------------------------------------------------------------ normalisation and pooling (normpool)
+
+    /// Batch norm over `x [N, C, S]`: statistics per channel (or given), then the normalised,
+    /// scaled output; see [`BatchNormArgs`].
+    fn batch_norm(&self, args: &BatchNormArgs<'_>) -> Result<()>;
+    /// Gradients of [`batch_norm`](Self::batch_norm); see [`BatchNormBackwardArgs`].
+    fn batch_norm_backward(&self, args: &BatchNormBackwardArgs<'_>) -> Result<()>;
+    /// Group norm over `x [N, C, S]`; see [`GroupNormArgs`].
+    fn group_norm(&self, args: &GroupNormArgs<'_>) -> Result<()>;
+    /// Gradients of [`group_norm`](Self::group_norm); see [`GroupNormBackwardArgs`].
+    fn group_norm_backward(&self, args: &GroupNormBackwardArgs<'_>) -> Result<()>;
+    /// RMS norm over the rows of `x [rows, cols]`; see [`RmsNormArgs`].
+    fn rms_norm(&self, args: &RmsNormArgs<'_>) -> Result<()>;
+    /// Gradients of [`rms_norm`](Self::rms_norm); see [`RmsNormBackwardArgs`].
+    fn rms_norm_backward(&self, args: &RmsNormBackwardArgs<'_>) -> Result<()>;
+    /// Max pooling of the contiguous planes `x [P, H, W]` into `out [P, OH, OW]`, writing the
+    /// int64 position `h·W + w` of each maximum into `indices` (NaN wins, then the first maximum).
+    fn max_pool2d(&self, out: &Tensor, indices: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()>;
+    /// `grad_input [P, H, W]` (fully written) from `grad_output [P, OH, OW]` routed to the saved
+    /// `indices`.
+    fn max_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        indices: &Tensor,
+        pool: &Pool2d,
+    ) -> Result<()>;
+    /// Average pooling (fixed or adaptive windows, [`Pool2d::avg_window`]) of `x [P, H, W]`.
+    fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()>;
+    /// `grad_input [P, H, W]` (fully written): each output's gradient spread over its window
+    /// divided by the window's divisor.
+    fn avg_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, pool: &Pool2d) -> Result<()>;
 }
 
 /// The operands of [`KernelBackend::layer_norm`], one value so that every backend's kernel (and

@@ -29,6 +29,8 @@ pub enum ExpectedShape {
     MultipleAt { dim: usize, factor: usize },
     /// The same rank as `shape`, and no dimension larger than `shape`'s, except `except_dim`.
     NoLargerThan { shape: Vec<usize>, except_dim: Option<usize> },
+    /// Any one of these (`a 3-D tensor [C, H, W] or a 4-D tensor [N, C, H, W]`).
+    AnyOf(Vec<ExpectedShape>),
 }
 
 impl fmt::Display for ExpectedShape {
@@ -54,6 +56,15 @@ impl fmt::Display for ExpectedShape {
             }
             ExpectedShape::NoLargerThan { shape, except_dim: None } => {
                 write!(f, "{}-D and no larger than {shape:?} in every dimension", shape.len())
+            }
+            ExpectedShape::AnyOf(options) => {
+                for (i, o) in options.iter().enumerate() {
+                    if i > 0 {
+                        write!(f, " or ")?;
+                    }
+                    write!(f, "{o}")?;
+                }
+                Ok(())
             }
         }
     }
@@ -81,6 +92,7 @@ impl ExpectedShape {
                 shape.len() == max.len()
                     && shape.iter().zip(max).enumerate().all(|(i, (d, m))| Some(i) == *except_dim || d <= m)
             }
+            ExpectedShape::AnyOf(options) => options.iter().any(|o| o.admits(shape)),
         }
     }
 }
@@ -124,5 +136,12 @@ mod tests {
         assert!(!nl.admits(&[1]));
         assert!(ExpectedShape::MaxRank(1).admits(&[]));
         assert!(ExpectedShape::Named(&["a", "b"]).admits(&[0, 7]));
+        let either = ExpectedShape::AnyOf(vec![ExpectedShape::Rank(3), ExpectedShape::Rank(4)]);
+        assert!(either.admits(&[1, 2, 3]) && either.admits(&[1, 2, 3, 4]) && !either.admits(&[1, 2]));
+        assert_eq!(
+            ExpectedShape::AnyOf(vec![ExpectedShape::Named(&["N", "C"]), ExpectedShape::Named(&["N", "C", "L"])])
+                .to_string(),
+            "a 2-D tensor [N, C] or a 3-D tensor [N, C, L]"
+        );
     }
 }

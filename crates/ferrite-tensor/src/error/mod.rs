@@ -8,7 +8,8 @@
 //!   [`TensorError::BroadcastMismatch`]; one expanded to another: [`TensorError::ExpandMismatch`];
 //! - one argument whose shape is wrong on its own (rank, trailing dims, a size):
 //!   [`TensorError::InvalidShape`] with an [`ExpectedShape`];
-//! - a window (kernel) larger than its padded input: [`TensorError::InputTooSmall`];
+//! - a window (kernel) larger than its padded input: [`TensorError::InputTooSmall`]; padding
+//!   larger than half the window: [`TensorError::PaddingTooLarge`];
 //! - operands of different dtypes: [`TensorError::DTypeMismatch`]; an argument of a dtype the op
 //!   does not take: [`TensorError::InvalidDType`] (or [`TensorError::UnsupportedDType`] when the
 //!   op has no kernel for it);
@@ -157,6 +158,14 @@ pub enum TensorError {
     /// An allocation failed; carries the allocator's diagnosis.
     #[error(transparent)]
     Memory(#[from] MemoryError),
+
+    // ------------------------------------------------------------------ pooling (normpool)
+    /// A pooling window's padding larger than half its kernel (PyTorch's limit: a window may
+    /// never lie entirely in the padding). Sizes are per spatial dimension.
+    #[error(
+        "{op}: pad should be at most half of kernel size, but got padding {padding:?} for kernel size {kernel:?}; use padding <= kernel_size / 2"
+    )]
+    PaddingTooLarge { op: &'static str, padding: Vec<usize>, kernel: Vec<usize> },
 }
 
 impl TensorError {

@@ -7,7 +7,8 @@
 //!
 //! One file per family, every public item re-exported here so callers write
 //! `ferrite_tensor::functional::cross_entropy` whatever file holds it:
-//! - `norm` — normalisation (layer norm; batch/group/instance norm go here too),
+//! - `norm` — normalisation (layer, batch, group and RMS norm; instance norm goes here too),
+//! - `pool` — 2-D pooling (max, average, adaptive average),
 //! - `loss` — losses and their shared [`Reduction`],
 //! - `attention` — scaled dot-product attention,
 //! - `rnn` — recurrent layers (LSTM; GRU and plain RNN go here too),
@@ -23,6 +24,8 @@ mod embedding;
 mod loss;
 mod norm;
 mod rnn;
+// normalisation and pooling (normpool)
+mod pool;
 
 pub use attention::{scaled_dot_product_attention, scaled_dot_product_attention_chunked};
 pub use dropout::dropout;
@@ -33,3 +36,8 @@ pub use loss::{
 };
 pub use norm::layer_norm;
 pub use rnn::lstm;
+// normalisation and pooling (normpool)
+pub use norm::{BatchNormOptions, batch_norm, dtype_epsilon, group_norm, rms_norm};
+pub use pool::{
+    AvgPool2dOptions, MaxPool2dOptions, adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_with_indices,
+};

@@ -9,6 +9,12 @@ mod matmul;
 mod norm;
 mod reduce;
 mod softmax;
+// normalisation and pooling (normpool)
+mod batch_norm;
+mod channel_vectors;
+mod group_norm;
+mod pool;
+mod rms_norm;
 
 use crate::backend::{
     BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
@@ -212,6 +218,50 @@ impl KernelBackend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    // ------------------------------------------------------------------ normalisation and pooling (normpool)
+
+    fn batch_norm(&self, args: &crate::backend::BatchNormArgs<'_>) -> Result<()> {
+        batch_norm::batch_norm(args)
+    }
+    fn batch_norm_backward(&self, args: &crate::backend::BatchNormBackwardArgs<'_>) -> Result<()> {
+        batch_norm::batch_norm_backward(args)
+    }
+    fn group_norm(&self, args: &crate::backend::GroupNormArgs<'_>) -> Result<()> {
+        group_norm::group_norm(args)
+    }
+    fn group_norm_backward(&self, args: &crate::backend::GroupNormBackwardArgs<'_>) -> Result<()> {
+        group_norm::group_norm_backward(args)
+    }
+    fn rms_norm(&self, args: &crate::backend::RmsNormArgs<'_>) -> Result<()> {
+        rms_norm::rms_norm(args)
+    }
+    fn rms_norm_backward(&self, args: &crate::backend::RmsNormBackwardArgs<'_>) -> Result<()> {
+        rms_norm::rms_norm_backward(args)
+    }
+    fn max_pool2d(&self, out: &Tensor, indices: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
+        pool::max_pool2d(out, indices, x, pool)
+    }
+    fn max_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        indices: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        pool::max_pool2d_backward(grad_input, grad_output, indices, pool)
+    }
+    fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
+        pool::avg_pool2d(out, x, pool)
+    }
+    fn avg_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        pool::avg_pool2d_backward(grad_input, grad_output, pool)
     }
 }
 

@@ -19,6 +19,10 @@ mod matmul;
 mod reduce;
 mod runtime;
 mod wgsl;
+// normalisation and pooling (normpool)
+mod norm;
+mod plane_kernel;
+mod pool;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -264,6 +268,67 @@ impl KernelBackend for WgpuBackend {
     fn synchronize(&self) -> Result<()> {
         self.rt("synchronize")?.synchronize("synchronize")
     }
+
+    // ------------------------------------------------------------------ normalisation and pooling (normpool)
+
+    fn batch_norm(&self, args: &crate::backend::BatchNormArgs<'_>) -> Result<()> {
+        let running = match args.stats {
+            crate::backend::BatchNormStats::Batch { running: Some(r), .. } => [Some(r.mean), Some(r.var)],
+            _ => [None, None],
+        };
+        let ts =
+            present(&[Some(args.y), Some(args.x), Some(args.mean), args.weight, args.bias, running[0], running[1]]);
+        norm::batch_norm(self.rt_for("batch_norm", &ts)?, args)
+    }
+    fn batch_norm_backward(&self, args: &crate::backend::BatchNormBackwardArgs<'_>) -> Result<()> {
+        let ts = present(&[Some(args.grad_output), Some(args.x), Some(args.mean), args.weight]);
+        norm::batch_norm_backward(self.rt_for("batch_norm_backward", &ts)?, args)
+    }
+    fn group_norm(&self, args: &crate::backend::GroupNormArgs<'_>) -> Result<()> {
+        let ts = present(&[Some(args.y), Some(args.x), Some(args.mean), args.weight, args.bias]);
+        norm::group_norm(self.rt_for("group_norm", &ts)?, args)
+    }
+    fn group_norm_backward(&self, args: &crate::backend::GroupNormBackwardArgs<'_>) -> Result<()> {
+        let ts = present(&[Some(args.grad_output), Some(args.x), Some(args.mean), args.weight]);
+        norm::group_norm_backward(self.rt_for("group_norm_backward", &ts)?, args)
+    }
+    fn rms_norm(&self, args: &crate::backend::RmsNormArgs<'_>) -> Result<()> {
+        let ts = present(&[Some(args.y), Some(args.x), Some(args.rstd), args.weight]);
+        norm::rms_norm(self.rt_for("rms_norm", &ts)?, args)
+    }
+    fn rms_norm_backward(&self, args: &crate::backend::RmsNormBackwardArgs<'_>) -> Result<()> {
+        let ts = present(&[Some(args.grad_output), Some(args.x), Some(args.rstd), args.weight]);
+        norm::rms_norm_backward(self.rt_for("rms_norm_backward", &ts)?, args)
+    }
+    fn max_pool2d(&self, out: &Tensor, indices: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
+        pool::max_pool2d(self.rt_for("max_pool2d", &[out, x])?, out, indices, x, pool)
+    }
+    fn max_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        indices: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        let rt = self.rt_for("max_pool2d_backward", &[grad_input, grad_output])?;
+        pool::max_pool2d_backward(rt, grad_input, grad_output, indices, pool)
+    }
+    fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &crate::backend::Pool2d) -> Result<()> {
+        pool::avg_pool2d(self.rt_for("avg_pool2d", &[out, x])?, out, x, pool)
+    }
+    fn avg_pool2d_backward(
+        &self,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        pool: &crate::backend::Pool2d,
+    ) -> Result<()> {
+        pool::avg_pool2d_backward(
+            self.rt_for("avg_pool2d_backward", &[grad_input, grad_output])?,
+            grad_input,
+            grad_output,
+            pool,
+        )
+    }
 }
 
 impl WgpuBackend {
@@ -278,4 +343,9 @@ impl WgpuBackend {
         let bytes = unsafe { std::slice::from_raw_parts(p, n) };
         self.write_from_host(dst, bytes)
     }
+}
+
+/// The tensors among optional kernel operands (for the f64 check of `rt_for`).
+fn present<'a>(ts: &[Option<&'a Tensor>]) -> Vec<&'a Tensor> {
+    ts.iter().flatten().copied().collect()
 }

@@ -1,0 +1,131 @@
+//! The operand sets of the normalisation kernels beyond layer norm (batch, group and RMS norm),
+//! one value per kernel so that every backend takes them the same way, as
+//! [`LayerNormArgs`](super::LayerNormArgs) does for layer norm.
+//!
+//! Why the shapes are what they are: every kernel sees its input as a contiguous `[N, C, S]`
+//! (batch, channels, everything after the channels flattened; `S = 1` for `(N, C)` input) or, for
+//! RMS norm, as `[rows, cols]`, so one kernel serves every rank. Statistics (`mean`, `invstd`,
+//! `rstd`) are in the *statistics dtype*: f64 for f64 input, f32 otherwise (PyTorch's
+//! accumulation type); the op layer allocates them and saves them for backward, so backward never
+//! recomputes a reduction the forward already did. Weights, biases and gradients have the input's
+//! dtype. Every gradient output is optional: a kernel writes only what autograd asked for.
+
+use crate::Tensor;
+
+/// Where batch norm's per-channel statistics come from.
+#[derive(Clone, Copy)]
+pub enum BatchNormStats<'a> {
+    /// Training (or no running statistics): the kernel computes each channel's mean and biased
+    /// variance over `N·S` values, writes `mean` and `invstd = 1/√(var + eps)`, and, when
+    /// `running` is given, updates the running statistics in place.
+    Batch { eps: f64, running: Option<RunningStats<'a>> },
+    /// Evaluation: `mean` and `invstd` are inputs (the op derived them from the running
+    /// statistics); the kernel only normalises.
+    Given,
+}
+
+/// Running statistics updated in place by a training-mode batch norm:
+/// `mean = (1 - factor)·mean + factor·batch_mean` and
+/// `var = (1 - factor)·var + factor·batch_var·n/(n - 1)` (the unbiased batch variance, as
+/// PyTorch). Both `[C]`, contiguous, any floating dtype.
+#[derive(Clone, Copy)]
+pub struct RunningStats<'a> {
+    pub mean: &'a Tensor,
+    pub var: &'a Tensor,
+    /// PyTorch's `exponential_average_factor`: the momentum, or `1/num_batches_tracked`.
+    pub factor: f64,
+}
+
+/// Operands of [`KernelBackend::batch_norm`](super::KernelBackend::batch_norm):
+/// `y = (x - mean[c])·invstd[c]·weight[c] + bias[c]` over `x [N, C, S]`.
+#[derive(Clone, Copy)]
+pub struct BatchNormArgs<'a> {
+    pub y: &'a Tensor,
+    pub x: &'a Tensor,
+    /// `[C]`, statistics dtype (written or read, see [`BatchNormStats`]).
+    pub mean: &'a Tensor,
+    pub invstd: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub stats: BatchNormStats<'a>,
+}
+
+/// Operands of [`KernelBackend::batch_norm_backward`](super::KernelBackend::batch_norm_backward).
+/// With `batch_stats` (training) the gradient flows through the batch mean and variance:
+/// `dx = (dy - Σdy/n - (x - mean)·invstd²·Σdy(x - mean)/n)·invstd·w`; without it (evaluation)
+/// `dx = dy·invstd·w`. Always `grad_weight = invstd·Σdy(x - mean)`, `grad_bias = Σdy` (sums over
+/// `N·S` per channel).
+#[derive(Clone, Copy)]
+pub struct BatchNormBackwardArgs<'a> {
+    pub grad_input: Option<&'a Tensor>,
+    pub grad_weight: Option<&'a Tensor>,
+    pub grad_bias: Option<&'a Tensor>,
+    /// `[N, C, S]`, contiguous, the input's dtype.
+    pub grad_output: &'a Tensor,
+    pub x: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub invstd: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub batch_stats: bool,
+}
+
+/// Operands of [`KernelBackend::group_norm`](super::KernelBackend::group_norm): the channels of
+/// `x [N, C, S]` split into `groups` consecutive groups; each `(n, g)` is normalised over its
+/// `C/groups · S` values, writing `mean` and `rstd` `[N, groups]`, then scaled per channel.
+#[derive(Clone, Copy)]
+pub struct GroupNormArgs<'a> {
+    pub y: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub x: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub groups: usize,
+    pub eps: f64,
+}
+
+/// Operands of [`KernelBackend::group_norm_backward`](super::KernelBackend::group_norm_backward)
+/// (PyTorch's `native_group_norm_backward`).
+#[derive(Clone, Copy)]
+pub struct GroupNormBackwardArgs<'a> {
+    pub grad_input: Option<&'a Tensor>,
+    pub grad_weight: Option<&'a Tensor>,
+    pub grad_bias: Option<&'a Tensor>,
+    pub grad_output: &'a Tensor,
+    pub x: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub groups: usize,
+}
+
+/// Operands of [`KernelBackend::rms_norm`](super::KernelBackend::rms_norm): each row of
+/// `x [rows, cols]` times `rstd = 1/√(mean(x²) + eps)` (written, `[rows]`), times `weight [cols]`.
+#[derive(Clone, Copy)]
+pub struct RmsNormArgs<'a> {
+    pub y: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub x: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub eps: f64,
+}
+
+/// Operands of [`KernelBackend::rms_norm_backward`](super::KernelBackend::rms_norm_backward):
+/// `dx = rstd·(w·dy) - x·rstd³·Σ(w·dy·x)/cols` per row, `grad_weight = Σrows dy·x·rstd`.
+#[derive(Clone, Copy)]
+pub struct RmsNormBackwardArgs<'a> {
+    pub grad_input: Option<&'a Tensor>,
+    pub grad_weight: Option<&'a Tensor>,
+    pub grad_output: &'a Tensor,
+    pub x: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+}
+
+/// The `(N, C, S)` a channel kernel sees in its contiguous `[N, C, S]` operand.
+pub fn ncs(t: &Tensor) -> (usize, usize, usize) {
+    match *t.shape() {
+        [n, c, s] => (n, c, s),
+        _ => (0, 0, 0),
+    }
+}
