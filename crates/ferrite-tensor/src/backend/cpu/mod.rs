@@ -9,11 +9,14 @@ mod matmul;
 mod norm;
 mod reduce;
 mod softmax;
+// convolution (conv)
+mod conv;
 
 use crate::backend::{
     BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
     PointwiseLoss, UnaryOp, check_host_len,
 };
+use crate::backend::ConvGeometry;
 use crate::element::Element;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
@@ -212,6 +215,16 @@ impl KernelBackend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    // ------------------------------------------------------------------ convolution (conv)
+
+    fn im2col(&self, cols: &Tensor, x: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::im2col(cols, x, geom)
+    }
+
+    fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::col2im(x, cols, geom)
     }
 }
 
