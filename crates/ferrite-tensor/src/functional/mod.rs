@@ -11,7 +11,8 @@
 //! - `loss` — losses and their shared [`Reduction`],
 //! - `attention` — scaled dot-product attention,
 //! - `rnn` — recurrent layers (LSTM; GRU and plain RNN go here too),
-//! - `embedding`, `dropout` — one function each.
+//! - `embedding`, `dropout` — one function each,
+//! - `conv` — convolutions (conv1d, conv2d, conv_transpose2d) as unfold + GEMM.
 //!
 //! A new family (convolution, pooling, …) gets a new file named after it, with a `//!` doc on
 //! why it is shaped the way it is, and a `pub use` line below; a new member of an existing family
@@ -23,6 +24,8 @@ mod embedding;
 mod loss;
 mod norm;
 mod rnn;
+// convolution (conv)
+mod conv;
 
 pub use attention::{scaled_dot_product_attention, scaled_dot_product_attention_chunked};
 pub use dropout::dropout;
@@ -33,3 +36,8 @@ pub use loss::{
 };
 pub use norm::layer_norm;
 pub use rnn::lstm;
+// convolution (conv)
+pub use conv::{
+    Conv1dOptions, Conv2dOptions, ConvOptions, ConvTranspose2dOptions, ConvTransposeOptions, Padding, SpatialSize,
+    UNFOLD_BUDGET, conv_transpose2d, conv1d, conv2d,
+};
