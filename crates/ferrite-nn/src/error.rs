@@ -18,6 +18,11 @@ pub enum NnError {
     /// `load_state_dict` refused a state dict; nothing was copied.
     #[error("{0}")]
     LoadStateDict(Box<LoadStateDictError>),
+    // ---- convolution (conv)
+    /// A layer argument that must be a multiple of another one (the channels of a grouped
+    /// convolution and its `groups`).
+    #[error("{layer}: {arg} ({value}) must be divisible by {divisor_arg} ({divisor}); choose {arg} as a multiple of {divisor_arg}")]
+    NotDivisible { layer: &'static str, arg: &'static str, value: usize, divisor_arg: &'static str, divisor: usize },
 }
 
 impl NnError {

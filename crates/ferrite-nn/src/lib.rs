@@ -55,3 +55,7 @@ pub use loss::{
 pub use module::Module;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
+// convolution (conv)
+pub use layers::conv::{
+    Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, ConvConfig, ConvNd, ConvTranspose2d, ConvTranspose2dConfig,
+};

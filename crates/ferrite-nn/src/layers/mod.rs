@@ -9,3 +9,5 @@ pub mod linear;
 pub mod lstm;
 pub mod sequential;
 pub mod transformer;
+// convolution (conv)
+pub mod conv;
