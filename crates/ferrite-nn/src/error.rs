@@ -18,14 +18,13 @@ pub enum NnError {
     /// `load_state_dict` refused a state dict; nothing was copied.
     #[error("{0}")]
     LoadStateDict(Box<LoadStateDictError>),
-
-    // ------------------------------------------------------------------ normalisation (normpool)
+    // ---- normalisation and convolution
     /// A size argument that must be a multiple of another (GroupNorm's `num_channels` of its
-    /// `num_groups`).
+    /// `num_groups`; a grouped convolution's channels of its `groups`).
     #[error(
-        "{layer}: {arg} ({value}) must be divisible by {by_arg} ({by}); choose {by_arg} among the divisors of {value}"
+        "{layer}: {arg} ({value}) must be divisible by {divisor_arg} ({divisor}); choose {divisor_arg} among the divisors of {value}, or {arg} as a multiple of {divisor}"
     )]
-    NotDivisible { layer: &'static str, arg: &'static str, value: usize, by_arg: &'static str, by: usize },
+    NotDivisible { layer: &'static str, arg: &'static str, value: usize, divisor_arg: &'static str, divisor: usize },
 }
 
 impl NnError {

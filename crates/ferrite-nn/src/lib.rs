@@ -61,3 +61,7 @@ pub use layers::flatten::Flatten;
 pub use layers::group_norm::GroupNorm;
 pub use layers::pool::{AdaptiveAvgPool2d, AvgPool2d, MaxPool2d};
 pub use layers::rms_norm::RMSNorm;
+// convolution (conv)
+pub use layers::conv::{
+    Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, ConvConfig, ConvNd, ConvTranspose2d, ConvTranspose2dConfig,
+};

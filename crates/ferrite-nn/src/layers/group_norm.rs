@@ -46,8 +46,8 @@ impl GroupNorm {
                 layer: LAYER,
                 arg: "num_channels",
                 value: num_channels,
-                by_arg: "num_groups",
-                by: num_groups,
+                divisor_arg: "num_groups",
+                divisor: num_groups,
             });
         }
         if !(eps > 0.0 && eps.is_finite()) {
@@ -112,9 +112,9 @@ mod tests {
         let e = GroupNorm::new(4, 6).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "GroupNorm: num_channels (6) must be divisible by num_groups (4); choose num_groups among the divisors of 6"
+            "GroupNorm: num_channels (6) must be divisible by num_groups (4); choose num_groups among the divisors of 6, or num_channels as a multiple of 4"
         );
-        assert!(matches!(e, NnError::NotDivisible { value: 6, by: 4, .. }));
+        assert!(matches!(e, NnError::NotDivisible { value: 6, divisor: 4, .. }));
         let gn = GroupNorm::new(3, 6).unwrap();
         let e = gn.forward(&Tensor::zeros(&[2, 4, 5], DType::F32, &Device::Cpu).unwrap()).unwrap_err();
         assert_eq!(e.to_string(), "GroupNorm: input has shape [2, 4, 5], expected size 6 in dimension 1");

@@ -15,3 +15,5 @@ pub mod flatten;
 pub mod group_norm;
 pub mod pool;
 pub mod rms_norm;
+// convolution (conv)
+pub mod conv;

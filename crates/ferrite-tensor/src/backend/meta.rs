@@ -7,6 +7,7 @@ use crate::backend::{
     BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
     PointwiseLoss, UnaryOp,
 };
+use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
@@ -185,6 +186,14 @@ impl KernelBackend for MetaBackend {
         _grad_output: &Tensor,
         _pool: &crate::backend::Pool2d,
     ) -> Result<()> {
+        Ok(())
+    }
+    // ------------------------------------------------------------------ convolution (conv)
+
+    fn im2col(&self, _cols: &Tensor, _x: &Tensor, _geom: &ConvGeometry) -> Result<()> {
+        Ok(())
+    }
+    fn col2im(&self, _x: &Tensor, _cols: &Tensor, _geom: &ConvGeometry) -> Result<()> {
         Ok(())
     }
 }

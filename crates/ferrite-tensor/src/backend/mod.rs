@@ -467,6 +467,17 @@ pub trait KernelBackend: Send + Sync + 'static {
     /// `grad_input [P, H, W]` (fully written): each output's gradient spread over its window
     /// divided by the window's divisor.
     fn avg_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, pool: &Pool2d) -> Result<()>;
+    // ------------------------------------------------------------------ convolution (conv)
+
+    /// Unfold (im2col): `cols [n, channels·kh·kw, oh·ow]` from the image `x [n, channels, h, w]`
+    /// (both contiguous, one floating-point dtype) through the windows of `geom`: row
+    /// `c·kh·kw + i·kw + j` holds tap `(i, j)` of channel `c` for every window, 0 where the tap
+    /// falls into the padding. Writes every element of `cols`.
+    fn im2col(&self, cols: &Tensor, x: &Tensor, geom: &ConvGeometry) -> Result<()>;
+    /// Fold (col2im), the adjoint of [`im2col`](Self::im2col): every pixel of the contiguous
+    /// `x [n, channels, h, w]` is the sum of the `cols` entries whose tap reads it (0 for pixels no
+    /// window reads). Writes every element of `x`.
+    fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()>;
 }
 
 /// The operands of [`KernelBackend::layer_norm`], one value so that every backend's kernel (and
@@ -539,5 +550,43 @@ pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
         Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
         Device::Meta => &meta::MetaBackend,
         Device::Gpu { index } => gpu::backend(*index),
+    }
+}
+
+// ---------------------------------------------------------------------- convolution (conv)
+
+/// How the windows of a 2-D convolution sweep an image, the one description both
+/// [`KernelBackend::im2col`] and [`KernelBackend::col2im`] take: an image of `channels` planes of
+/// `input = [h, w]` pixels is read through `output = [oh, ow]` windows of `kernel = [kh, kw]` taps
+/// spaced `dilation` apart; window `(p, q)` starts at pixel `(p·stride₀ − padding₀,
+/// q·stride₁ − padding₁)`, and taps outside the image read 0. Padding after the image (PyTorch's
+/// asymmetric `"same"` padding) needs no field: it only lengthens `output`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvGeometry {
+    pub channels: usize,
+    pub input: [usize; 2],
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub padding: [usize; 2],
+    pub dilation: [usize; 2],
+    pub output: [usize; 2],
+}
+
+impl ConvGeometry {
+    /// Taps of one window (`kh·kw`).
+    pub fn taps(&self) -> usize {
+        self.kernel[0] * self.kernel[1]
+    }
+    /// Windows per image and channel (`oh·ow`), the column count of the unfolded matrix.
+    pub fn windows(&self) -> usize {
+        self.output[0] * self.output[1]
+    }
+    /// Rows of the unfolded matrix of one image (`channels·kh·kw`).
+    pub fn rows(&self) -> usize {
+        self.channels * self.taps()
+    }
+    /// Pixels of one image plane (`h·w`).
+    pub fn pixels(&self) -> usize {
+        self.input[0] * self.input[1]
     }
 }

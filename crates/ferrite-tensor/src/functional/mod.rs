@@ -12,7 +12,8 @@
 //! - `loss` — losses and their shared [`Reduction`],
 //! - `attention` — scaled dot-product attention,
 //! - `rnn` — recurrent layers (LSTM; GRU and plain RNN go here too),
-//! - `embedding`, `dropout` — one function each.
+//! - `embedding`, `dropout` — one function each,
+//! - `conv` — convolutions (conv1d, conv2d, conv_transpose2d) as unfold + GEMM.
 //!
 //! A new family (convolution, pooling, …) gets a new file named after it, with a `//!` doc on
 //! why it is shaped the way it is, and a `pub use` line below; a new member of an existing family
@@ -26,6 +27,8 @@ mod norm;
 mod rnn;
 // normalisation and pooling (normpool)
 mod pool;
+// convolution (conv)
+mod conv;
 
 pub use attention::{scaled_dot_product_attention, scaled_dot_product_attention_chunked};
 pub use dropout::dropout;
@@ -40,4 +43,9 @@ pub use rnn::lstm;
 pub use norm::{BatchNormOptions, batch_norm, dtype_epsilon, group_norm, rms_norm};
 pub use pool::{
     AvgPool2dOptions, MaxPool2dOptions, adaptive_avg_pool2d, avg_pool2d, max_pool2d, max_pool2d_with_indices,
+};
+// convolution (conv)
+pub use conv::{
+    Conv1dOptions, Conv2dOptions, ConvOptions, ConvTranspose2dOptions, ConvTransposeOptions, Padding, SpatialSize,
+    UNFOLD_BUDGET, conv_transpose2d, conv1d, conv2d,
 };

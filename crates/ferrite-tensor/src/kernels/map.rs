@@ -229,6 +229,15 @@ pub(crate) fn update2<D: Copy + Send + Sync, S: Copy + Send + Sync>(
                                 for (d, &s) in d.iter_mut().zip(s) {
                                     *d = f(*d, s);
                                 }
+                            } else if sd == 1 && ss == 0 {
+                                // A source broadcast along the row (a per-channel bias added to
+                                // NCHW planes): one value for the whole row, so the loop
+                                // vectorises like the contiguous one.
+                                let d = std::slice::from_raw_parts_mut(dp.0.add(od), len);
+                                let s = *sp.0.add(os);
+                                for d in d.iter_mut() {
+                                    *d = f(*d, s);
+                                }
                             } else {
                                 for i in 0..len {
                                     let p = dp.0.add(od + i * sd);

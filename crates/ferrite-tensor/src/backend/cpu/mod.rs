@@ -15,11 +15,14 @@ mod channel_vectors;
 mod group_norm;
 mod pool;
 mod rms_norm;
+// convolution (conv)
+mod conv;
 
 use crate::backend::{
     BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
     PointwiseLoss, UnaryOp, check_host_len,
 };
+use crate::backend::ConvGeometry;
 use crate::element::Element;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
@@ -262,6 +265,15 @@ impl KernelBackend for CpuBackend {
         pool: &crate::backend::Pool2d,
     ) -> Result<()> {
         pool::avg_pool2d_backward(grad_input, grad_output, pool)
+    }
+    // ------------------------------------------------------------------ convolution (conv)
+
+    fn im2col(&self, cols: &Tensor, x: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::im2col(cols, x, geom)
+    }
+
+    fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::col2im(x, cols, geom)
     }
 }
 

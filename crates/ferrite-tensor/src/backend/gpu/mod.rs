@@ -23,6 +23,8 @@ mod wgsl;
 mod norm;
 mod plane_kernel;
 mod pool;
+// convolution (conv)
+mod conv;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -34,6 +36,7 @@ use crate::backend::{
     BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
     PointwiseLoss, UnaryOp, check_host_len,
 };
+use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
@@ -328,6 +331,15 @@ impl KernelBackend for WgpuBackend {
             grad_output,
             pool,
         )
+    }
+    // ------------------------------------------------------------------ convolution (conv)
+
+    fn im2col(&self, cols: &Tensor, x: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::im2col(self.rt_for("im2col", &[cols, x])?, cols, x, geom)
+    }
+
+    fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv::col2im(self.rt_for("col2im", &[x, cols])?, x, cols, geom)
     }
 }
 
