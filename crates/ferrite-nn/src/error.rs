@@ -18,6 +18,9 @@ pub enum NnError {
     /// `load_state_dict` refused a state dict; nothing was copied.
     #[error("{0}")]
     LoadStateDict(Box<LoadStateDictError>),
+    /// A bad input to a recurrent layer or to sequence packing (lengths, layout, state shapes).
+    #[error(transparent)]
+    Recurrent(#[from] crate::recurrent_error::RecurrentError),
 }
 
 impl NnError {

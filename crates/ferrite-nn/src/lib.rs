@@ -32,6 +32,9 @@ pub mod loss;
 pub mod module;
 pub mod rng;
 pub mod state_dict;
+pub mod packed_sequence;
+pub mod recurrent_error;
+pub mod tbptt;
 
 pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
@@ -45,7 +48,7 @@ pub use layers::dropout::Dropout;
 pub use layers::embedding::Embedding;
 pub use layers::layer_norm::LayerNorm;
 pub use layers::linear::Linear;
-pub use layers::lstm::{LSTM, LstmLayer};
+pub use layers::lstm::LSTM;
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
 pub use loss::{
@@ -55,3 +58,9 @@ pub use loss::{
 pub use module::Module;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
+pub use layers::gru::GRU;
+pub use layers::recurrent::{Nonlinearity, RecurrentConfig, RecurrentParams, RecurrentState};
+pub use layers::rnn::RNN;
+pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
+pub use recurrent_error::RecurrentError;
+pub use tbptt::tbptt;

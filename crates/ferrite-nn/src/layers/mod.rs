@@ -9,3 +9,6 @@ pub mod linear;
 pub mod lstm;
 pub mod sequential;
 pub mod transformer;
+pub mod recurrent;
+pub mod gru;
+pub mod rnn;

@@ -4,8 +4,8 @@
 
 use crate::Tensor;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
@@ -141,6 +141,15 @@ impl KernelBackend for MetaBackend {
         Ok(())
     }
     fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, _cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn recurrent_cell_backward(&self, _cell: RecurrentCell, _x: &CellBackward<'_>) -> Result<()> {
         Ok(())
     }
 }

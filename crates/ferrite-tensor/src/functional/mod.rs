@@ -1,6 +1,7 @@
 //! Functional forms of the layers and losses of `torch.nn.functional` that need more than a
 //! composition of tensor ops: fused layer norm, cross-entropy with ignore_index and label
-//! smoothing, scaled-dot-product attention with a memory-efficient chunked path, and the LSTM.
+//! smoothing, scaled-dot-product attention with a memory-efficient chunked path, and the recurrent scans
+//! (RNN, GRU, LSTM).
 //!
 //! They live beside the tensor ops (as in PyTorch's `torch.nn.functional`) so the op-parity suite
 //! can check them against PyTorch directly; `ferrite-nn` layers call them.
@@ -10,7 +11,7 @@
 //! - `norm` — normalisation (layer norm; batch/group/instance norm go here too),
 //! - `loss` — losses and their shared [`Reduction`],
 //! - `attention` — scaled dot-product attention,
-//! - `rnn` — recurrent layers (LSTM; GRU and plain RNN go here too),
+//! - `rnn` — recurrent layers (one layer and direction of RNN, GRU and LSTM over packed rows),
 //! - `embedding`, `dropout` — one function each.
 //!
 //! A new family (convolution, pooling, …) gets a new file named after it, with a `//!` doc on
@@ -32,4 +33,4 @@ pub use loss::{
     huber_loss, kl_div, mse_loss, mse_loss_with, nll_loss, smooth_l1_loss,
 };
 pub use norm::layer_norm;
-pub use rnn::lstm;
+pub use rnn::{RecurrentCell, RecurrentOutput, RecurrentWeights, lstm, recurrent, recurrent_scan};

@@ -9,10 +9,11 @@ mod matmul;
 mod norm;
 mod reduce;
 mod softmax;
+mod recurrent;
 
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp, check_host_len,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
 use crate::element::Element;
 use crate::error::Result;
@@ -212,6 +213,16 @@ impl KernelBackend for CpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
+        recurrent::forward(cell, x)
+    }
+
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
+        recurrent::backward(cell, x)
     }
 }
 

@@ -19,6 +19,7 @@ mod matmul;
 mod reduce;
 mod runtime;
 mod wgsl;
+mod recurrent;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -27,8 +28,8 @@ use parking_lot::Mutex;
 
 use self::runtime::Runtime;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp, check_host_len,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
@@ -263,6 +264,16 @@ impl KernelBackend for WgpuBackend {
 
     fn synchronize(&self) -> Result<()> {
         self.rt("synchronize")?.synchronize("synchronize")
+    }
+
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
+        recurrent::forward(self.rt_for(cell.name(), &[x.h, x.gi])?, cell, x)
+    }
+
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
+        recurrent::backward(self.rt_for(cell.backward_name(), &[x.dgi, x.dh])?, cell, x)
     }
 }
 
