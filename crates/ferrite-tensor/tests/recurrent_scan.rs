@@ -74,11 +74,12 @@ fn reference(
         cs.extend(c);
     }
     let rows: Vec<Tensor> = rows.into_iter().map(|r| r.unwrap()).collect();
-    let refs = |v: &[Tensor]| v.iter().collect::<Vec<_>>();
-    let out = Tensor::cat(&refs(&rows), 0).unwrap();
-    let h_n = Tensor::cat(&refs(&hs), 0).unwrap();
-    let c_n = (!cs.is_empty()).then(|| Tensor::cat(&refs(&cs), 0).unwrap());
-    (out, h_n, c_n)
+    let c_n = (!cs.is_empty()).then(|| cat_rows(&cs));
+    (cat_rows(&rows), cat_rows(&hs), c_n)
+}
+
+fn cat_rows(v: &[Tensor]) -> Tensor {
+    Tensor::cat(&v.iter().collect::<Vec<_>>(), 0).unwrap()
 }
 
 fn close(what: &str, got: &Tensor, want: &Tensor) {

@@ -104,7 +104,7 @@ pub fn recurrent_scan(
             check(arg, b, ExpectedShape::Exact(vec![width]))?;
         }
     }
-    let steps = Steps::new(op, batch_sizes, x.shape()[0], reverse)?;
+    let steps = Steps::new(op, batch_sizes, x.shape(), reverse)?;
     let batch = steps.batch();
     for (arg, s) in [("h0", h0), ("c0", c0)] {
         if let Some(s) = s {
@@ -237,7 +237,8 @@ struct Steps {
 }
 
 impl Steps {
-    fn new(op: &'static str, sizes: &[usize], rows: usize, reverse: bool) -> Result<Steps> {
+    /// Steps of `sizes` rows over an input of `shape` (`[rows, features]`).
+    fn new(op: &'static str, sizes: &[usize], shape: &[usize], reverse: bool) -> Result<Steps> {
         if sizes.is_empty() || sizes[0] == 0 {
             return Err(TensorError::invalid(
                 op,
@@ -255,11 +256,12 @@ impl Steps {
             ));
         }
         let total: usize = sizes.iter().sum();
-        if total != rows {
+        if total != shape[0] {
+            // The rows must be the packed steps: batch_sizes says how many.
             return Err(TensorError::InvalidShape {
                 op,
                 arg: "input",
-                shape: vec![rows],
+                shape: shape.to_vec(),
                 expected: ExpectedShape::SizeAt { dim: 0, size: total },
             });
         }
