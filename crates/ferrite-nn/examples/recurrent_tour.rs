@@ -14,7 +14,12 @@ fn main() -> ferrite_nn::Result<()> {
     let packed = pack_padded_sequence(&x, &[5, 2, 4], true, false)?;
     let (out, state) = lstm.forward_packed(&packed, None)?;
     let (y, lengths) = pad_packed_sequence(&out, true, 0.0, None)?;
-    println!("batch sizes {:?}, output {:?}, lengths {lengths:?}, h_n {:?}", packed.batch_sizes(), y.shape(), state.h.shape());
+    println!(
+        "batch sizes {:?}, output {:?}, lengths {lengths:?}, h_n {:?}",
+        packed.batch_sizes(),
+        y.shape(),
+        state.h.shape()
+    );
 
     // Truncated BPTT over 1,000 steps in chunks of 50 on a simulated T4: the state is carried
     // into each chunk detached, so memory stays that of one chunk.

@@ -99,9 +99,11 @@ impl PackedSequence {
     pub fn with_data(&self, data: Tensor) -> Result<PackedSequence> {
         let rows: usize = self.batch_sizes.iter().sum();
         if data.shape().first() != Some(&rows) {
-            return Err(
-                RecurrentError::InvalidBatchSizes { batch_sizes: self.batch_sizes.clone(), rows: data.shape()[0] }.into()
-            );
+            return Err(RecurrentError::InvalidBatchSizes {
+                batch_sizes: self.batch_sizes.clone(),
+                rows: data.shape()[0],
+            }
+            .into());
         }
         Ok(PackedSequence { data, ..self.clone() })
     }
@@ -196,9 +198,13 @@ pub fn pack_padded_sequence(
     let (bd, td) = if batch_first { (0, 1) } else { (1, 0) };
     let (batch, steps) = (input.shape()[bd], input.shape()[td]);
     if lengths.len() != batch {
-        return Err(
-            RecurrentError::LengthsCount { op: OP, lengths: lengths.len(), batch, shape: input.shape().to_vec() }.into()
-        );
+        return Err(RecurrentError::LengthsCount {
+            op: OP,
+            lengths: lengths.len(),
+            batch,
+            shape: input.shape().to_vec(),
+        }
+        .into());
     }
     if batch == 0 {
         return Err(RecurrentError::NoSequences { op: OP }.into());
@@ -208,14 +214,9 @@ pub fn pack_padded_sequence(
             return Err(RecurrentError::EmptySequence { op: OP, what: "sequence", index }.into());
         }
         if length > steps {
-            return Err(RecurrentError::LengthTooLong {
-                op: OP,
-                index,
-                length,
-                steps,
-                shape: input.shape().to_vec(),
-            }
-            .into());
+            return Err(
+                RecurrentError::LengthTooLong { op: OP, index, length, steps, shape: input.shape().to_vec() }.into()
+            );
         }
     }
     let order = sort_order(OP, lengths, enforce_sorted)?;

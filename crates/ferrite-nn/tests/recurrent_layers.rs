@@ -73,7 +73,8 @@ fn parameter_names_shapes_and_initialisation_follow_pytorch() {
     let keys: Vec<String> = gru.state_dict().keys().map(String::from).collect();
     assert_eq!(keys, ["weight_ih_l0", "weight_hh_l0"]);
     assert_eq!(gru.params()[0].weight_ih.shape(), [12, 3]);
-    let rnn = RNN::from_config(RecurrentConfig::new(3, 4).nonlinearity(Nonlinearity::Relu), &Device::Cpu, &mut g).unwrap();
+    let rnn =
+        RNN::from_config(RecurrentConfig::new(3, 4).nonlinearity(Nonlinearity::Relu), &Device::Cpu, &mut g).unwrap();
     assert_eq!(rnn.params()[0].weight_hh.shape(), [4, 4]);
     assert_eq!(rnn.type_name(), "RNN");
     // A GRU or LSTM cannot be relu, a layer needs a hidden size, dropout is a probability.
@@ -110,7 +111,9 @@ fn packed_runs_match_padded_runs_of_each_sequence_in_the_callers_order() {
             let got = padded.narrow(0, b, 1).unwrap();
             assert_near(&format!("seq {b} output"), &values(&got.narrow(1, 0, len).unwrap()), &values(&yb));
             assert!(values(&got.narrow(1, len, 5 - len).unwrap()).iter().all(|&v| v == 0.0), "padding is zero");
-            for (what, all, one) in [("h_n", &state.h, &sb.h), ("c_n", state.c.as_ref().unwrap(), sb.c.as_ref().unwrap())] {
+            for (what, all, one) in
+                [("h_n", &state.h, &sb.h), ("c_n", state.c.as_ref().unwrap(), sb.c.as_ref().unwrap())]
+            {
                 assert_eq!(all.shape(), [2 * dirs, 3, 3]);
                 assert_near(&format!("seq {b} {what}"), &values(&all.narrow(1, b, 1).unwrap()), &values(one));
             }
@@ -197,7 +200,8 @@ fn dropout_between_layers_only_in_training() {
 #[test]
 fn bad_inputs_are_typed_errors() {
     let mut g = Generator::new(7);
-    let lstm = LSTM::from_config(RecurrentConfig::new(4, 3).num_layers(2).batch_first(true), &Device::Cpu, &mut g).unwrap();
+    let lstm =
+        LSTM::from_config(RecurrentConfig::new(4, 3).num_layers(2).batch_first(true), &Device::Cpu, &mut g).unwrap();
     let x = randn(&[2, 5, 4], &mut g);
 
     let e = recurrent_err(pack_padded_sequence(&x, &[3, 5], true, true).unwrap_err());
@@ -228,7 +232,10 @@ fn bad_inputs_are_typed_errors() {
 
     // Wrong feature size, padded and packed; wrong rank.
     let e = recurrent_err(lstm.forward_with_state(&randn(&[2, 5, 3], &mut g), None).unwrap_err());
-    assert_eq!(e, RecurrentError::InputShape { layer: "LSTM", shape: vec![2, 5, 3], layout: "batch, seq", input_size: 4 });
+    assert_eq!(
+        e,
+        RecurrentError::InputShape { layer: "LSTM", shape: vec![2, 5, 3], layout: "batch, seq", input_size: 4 }
+    );
     println!("{e}");
     let e = recurrent_err(lstm.forward_with_state(&randn(&[2, 5, 4, 1], &mut g), None).unwrap_err());
     assert!(matches!(e, RecurrentError::InputShape { .. }), "{e}");
@@ -248,7 +255,8 @@ fn bad_inputs_are_typed_errors() {
     let bad = RecurrentState::lstm(randn(&[2, 2, 3], &mut g), randn(&[2, 3, 3], &mut g));
     let e = recurrent_err(lstm.forward_packed(&packed, Some(&bad)).unwrap_err());
     assert!(matches!(e, RecurrentError::StateShape { arg: "c_0", .. }), "{e}");
-    let e = recurrent_err(lstm.forward_with_state(&x, Some(&RecurrentState::new(randn(&[2, 2, 3], &mut g)))).unwrap_err());
+    let e =
+        recurrent_err(lstm.forward_with_state(&x, Some(&RecurrentState::new(randn(&[2, 2, 3], &mut g)))).unwrap_err());
     assert_eq!(e, RecurrentError::MissingCellState { layer: "LSTM" });
     let gru = GRU::from_config(RecurrentConfig::new(4, 3), &Device::Cpu, &mut g).unwrap();
     let with_c = RecurrentState::lstm(randn(&[1, 5, 3], &mut g), randn(&[1, 5, 3], &mut g));

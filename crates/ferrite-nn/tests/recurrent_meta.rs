@@ -51,6 +51,17 @@ fn recurrent_layers_run_on_meta_with_the_allocations_of_a_real_device() {
     let real = step(&Device::parse("sim:1GiB:0").unwrap());
     let meta = step(&Device::Meta);
     assert!(real.0 > 0);
-    assert_eq!(real.2, vec![vec![5, 12, 64], vec![4, 5, 32], vec![4, 5, 32], vec![5, 14, 48], vec![2, 5, 24], vec![12, 5, 8], vec![1, 5, 8]]);
+    assert_eq!(
+        real.2,
+        vec![
+            vec![5, 12, 64],
+            vec![4, 5, 32],
+            vec![4, 5, 32],
+            vec![5, 14, 48],
+            vec![2, 5, 24],
+            vec![12, 5, 8],
+            vec![1, 5, 8]
+        ]
+    );
     assert_eq!(meta, real);
 }

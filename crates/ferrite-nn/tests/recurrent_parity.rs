@@ -26,8 +26,13 @@ use serde_json::Value;
 const OPS: [&str; 3] = ["gru", "rnn_tanh", "lstm"];
 
 /// The cases this test must find (the list).
-const REQUIRED: [&str; 5] =
-    ["gru__batch_first", "rnn_tanh__batch_first", "lstm__2layer_bidir", "lstm__packed_total_length", "gru__packed_bidir"];
+const REQUIRED: [&str; 5] = [
+    "gru__batch_first",
+    "rnn_tanh__batch_first",
+    "lstm__2layer_bidir",
+    "lstm__packed_total_length",
+    "gru__packed_bidir",
+];
 
 fn manifest() -> Option<(std::path::PathBuf, Vec<Value>)> {
     let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
@@ -120,14 +125,18 @@ fn recurrent_layers_match_pytorch_on_every_device() {
             let m = layer.module();
             let ours: Vec<String> = m.state_dict().keys().map(String::from).collect();
             assert_eq!(ours, order, "{name}: state_dict keys must be PyTorch's, in its order");
-            let sd: StateDict =
-                order.iter().enumerate().map(|(i, k)| (k.clone(), get(&fx, &format!("input.{}", i + 1)).clone())).collect();
+            let sd: StateDict = order
+                .iter()
+                .enumerate()
+                .map(|(i, k)| (k.clone(), get(&fx, &format!("input.{}", i + 1)).clone()))
+                .collect();
             m.load_state_dict(&sd, true).unwrap();
             let x = x0.detach().to_device(dev).unwrap().requires_grad_(grads.contains(&0)).unwrap();
             let (out, state) = match a.get("lengths") {
                 None => layer.forward_padded(&x),
                 Some(l) => {
-                    let lengths: Vec<usize> = l.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+                    let lengths: Vec<usize> =
+                        l.as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
                     let enforce = a.get("enforce_sorted").and_then(Value::as_bool).unwrap_or(true);
                     let total = a.get("total_length").and_then(Value::as_u64).map(|t| t as usize);
                     let packed = pack_padded_sequence(&x, &lengths, true, enforce).unwrap();
@@ -145,7 +154,13 @@ fn recurrent_layers_match_pytorch_on_every_device() {
                     "c_n" => state.c.clone().unwrap_or_else(|| panic!("{name}: no c_n")),
                     other => panic!("{name}: unknown extra output {other}"),
                 };
-                worst = worst.max(assert_close(&format!("{dev} {name} {e}"), &got, get(&fx, &format!("extra.{e}")), rtol, atol));
+                worst = worst.max(assert_close(
+                    &format!("{dev} {name} {e}"),
+                    &got,
+                    get(&fx, &format!("extra.{e}")),
+                    rtol,
+                    atol,
+                ));
             }
             out.backward_with(&get(&fx, "grad_output").to_device(dev).unwrap(), false).unwrap();
             let params = layer.module().named_parameters();

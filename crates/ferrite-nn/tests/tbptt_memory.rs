@@ -112,7 +112,8 @@ fn a_chunks_gradients_equal_an_explicit_k_step_run() {
     let x = seq.narrow(0, target * K, K).unwrap();
     let (y, _) = lstm.forward_with_state(&x, Some(&state)).unwrap();
     y.square().unwrap().mean().unwrap().backward().unwrap();
-    let explicit: Vec<Vec<f32>> = lstm.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();
+    let explicit: Vec<Vec<f32>> =
+        lstm.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();
     assert_eq!(captured.len(), 8);
     for (i, (a, b)) in captured.iter().zip(&explicit).enumerate() {
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "parameter {i}: chunk gradients differ");

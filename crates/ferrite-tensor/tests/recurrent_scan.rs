@@ -115,19 +115,42 @@ fn fused_scan_matches_a_composition_of_ops_on_every_device() {
                             b_hh: bias.then(|| leaf(&[gh], dev, g, 0.5)),
                         };
                         let x = leaf(&[rows, input], dev, g, 1.0);
-                        let h0 = if init { leaf(&[batch, hidden], dev, g, 0.5) } else { Tensor::zeros(&[batch, hidden], DType::F32, dev).unwrap() };
+                        let h0 = if init {
+                            leaf(&[batch, hidden], dev, g, 0.5)
+                        } else {
+                            Tensor::zeros(&[batch, hidden], DType::F32, dev).unwrap()
+                        };
                         let c0 = cell.has_cell_state().then(|| {
-                            if init { leaf(&[batch, hidden], dev, g, 0.5) } else { Tensor::zeros(&[batch, hidden], DType::F32, dev).unwrap() }
+                            if init {
+                                leaf(&[batch, hidden], dev, g, 0.5)
+                            } else {
+                                Tensor::zeros(&[batch, hidden], DType::F32, dev).unwrap()
+                            }
                         });
                         let gy = Tensor::randn_with(&[rows, hidden], DType::F32, dev, g).unwrap();
                         let gh_n = Tensor::randn_with(&[batch, hidden], DType::F32, dev, g).unwrap();
                         let gc_n = Tensor::randn_with(&[batch, hidden], DType::F32, dev, g).unwrap();
-                        let ws = RecurrentWeights { w_ih: &w.w_ih, w_hh: &w.w_hh, b_ih: w.b_ih.as_ref(), b_hh: w.b_hh.as_ref() };
+                        let ws = RecurrentWeights {
+                            w_ih: &w.w_ih,
+                            w_hh: &w.w_hh,
+                            b_ih: w.b_ih.as_ref(),
+                            b_hh: w.b_hh.as_ref(),
+                        };
                         let what = format!("{dev} {cell:?} sizes {sizes:?} reverse {reverse} bias {bias} init {init}");
                         // Fused scan.
-                        let r = recurrent_scan(cell, &x, &sizes, ws, init.then_some(&h0), c0.as_ref().filter(|_| init), reverse).unwrap();
+                        let r = recurrent_scan(
+                            cell,
+                            &x,
+                            &sizes,
+                            ws,
+                            init.then_some(&h0),
+                            c0.as_ref().filter(|_| init),
+                            reverse,
+                        )
+                        .unwrap();
                         let loss = |o: &Tensor, h: &Tensor, c: Option<&Tensor>| {
-                            let mut l = o.mul(&gy).unwrap().sum().unwrap().add(&h.mul(&gh_n).unwrap().sum().unwrap()).unwrap();
+                            let mut l =
+                                o.mul(&gy).unwrap().sum().unwrap().add(&h.mul(&gh_n).unwrap().sum().unwrap()).unwrap();
                             if let Some(c) = c {
                                 l = l.add(&c.mul(&gc_n).unwrap().sum().unwrap()).unwrap();
                             }
@@ -145,7 +168,10 @@ fn fused_scan_matches_a_composition_of_ops_on_every_device() {
                                 leaves.push(("c0", c0));
                             }
                         }
-                        let fused: Vec<Tensor> = leaves.iter().map(|(n, t)| t.grad().unwrap_or_else(|| panic!("{what}: no grad for {n}"))).collect();
+                        let fused: Vec<Tensor> = leaves
+                            .iter()
+                            .map(|(n, t)| t.grad().unwrap_or_else(|| panic!("{what}: no grad for {n}")))
+                            .collect();
                         for (_, t) in &leaves {
                             t.set_grad(None).unwrap();
                         }

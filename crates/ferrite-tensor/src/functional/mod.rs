@@ -29,8 +29,8 @@ pub use attention::{scaled_dot_product_attention, scaled_dot_product_attention_c
 pub use dropout::dropout;
 pub use embedding::embedding;
 pub use loss::{
-    CrossEntropyOptions, KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy,
-    huber_loss, kl_div, mse_loss, mse_loss_with, nll_loss, smooth_l1_loss,
+    CrossEntropyOptions, KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
+    cross_entropy, huber_loss, kl_div, mse_loss, mse_loss_with, nll_loss, smooth_l1_loss,
 };
 pub use norm::layer_norm;
 pub use rnn::{RecurrentCell, RecurrentOutput, RecurrentWeights, lstm, recurrent, recurrent_scan};

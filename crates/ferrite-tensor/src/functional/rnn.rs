@@ -454,7 +454,8 @@ impl BackwardFn for ScanBackward {
             (true, None) => Some(zeros()?),
         };
         let dgi_all = out.empty_like_shape(&[rows, width], dtype)?;
-        let dgh_all = if cell == RecurrentCell::Gru { Some(out.empty_like_shape(&[rows, width], dtype)?) } else { None };
+        let dgh_all =
+            if cell == RecurrentCell::Gru { Some(out.empty_like_shape(&[rows, width], dtype)?) } else { None };
         let grad_h0 = out.empty_like_shape(&[batch, hidden], dtype)?;
         let grad_c0 = c0.map(|_| out.empty_like_shape(&[batch, hidden], dtype)).transpose()?;
         let mut carry_h: Option<Tensor> = None;
@@ -484,7 +485,8 @@ impl BackwardFn for ScanBackward {
             let sv = saved.map(|a| steps.of(a, t)).transpose()?;
             let dgi = steps.of(&dgi_all, t)?;
             let dgh = dgh_all.as_ref().map(|a| steps.of(a, t)).transpose()?;
-            let dh_direct = (cell == RecurrentCell::Gru).then(|| out.empty_like_shape(&[bs, hidden], dtype)).transpose()?;
+            let dh_direct =
+                (cell == RecurrentCell::Gru).then(|| out.empty_like_shape(&[bs, hidden], dtype)).transpose()?;
             let dc_prev = cell.has_cell_state().then(|| out.empty_like_shape(&[bs, hidden], dtype)).transpose()?;
             let args = CellBackward {
                 dh: &dh,

@@ -7,9 +7,9 @@ mod index;
 mod loss;
 mod matmul;
 mod norm;
+mod recurrent;
 mod reduce;
 mod softmax;
-mod recurrent;
 
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,

@@ -16,10 +16,10 @@ mod fused;
 mod index;
 mod loss;
 mod matmul;
+mod recurrent;
 mod reduce;
 mod runtime;
 mod wgsl;
-mod recurrent;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
