@@ -1,6 +1,6 @@
 use ferrite_memory::MemoryScope;
 use ferrite_nn::tbptt::tbptt;
-use ferrite_nn::{GRU, LSTM, Module, RecurrentConfig, RecurrentState, pack_padded_sequence, pad_packed_sequence};
+use ferrite_nn::{GRU, LSTM, Module, RecurrentConfig, pack_padded_sequence, pad_packed_sequence};
 use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
 fn main() -> ferrite_nn::Result<()> {
@@ -12,13 +12,13 @@ fn main() -> ferrite_nn::Result<()> {
     // Three sequences of 5, 2 and 4 steps padded to 5: packed, no step runs on padding.
     let x = Tensor::randn_with(&[3, 5, 8], DType::F32, &cpu, &mut g)?;
     let packed = pack_padded_sequence(&x, &[5, 2, 4], true, false)?;
-    let (out, state) = lstm.forward_packed(&packed, None)?;
+    let (out, (h_n, _c_n)) = lstm.forward_packed(&packed, None)?;
     let (y, lengths) = pad_packed_sequence(&out, true, 0.0, None)?;
     println!(
         "batch sizes {:?}, output {:?}, lengths {lengths:?}, h_n {:?}",
         packed.batch_sizes(),
         y.shape(),
-        state.h.shape()
+        h_n.shape()
     );
 
     // Truncated BPTT over 1,000 steps in chunks of 50 on a simulated T4: the state is carried
@@ -27,7 +27,7 @@ fn main() -> ferrite_nn::Result<()> {
     let gru = GRU::new_with(8, 32, 1, true, false, &t4, &mut g)?;
     let long = Tensor::randn_with(&[1000, 4, 8], DType::F32, &cpu, &mut g)?; // [time, batch, in], on the host
     let scope = MemoryScope::new("tbptt", &t4).quiet();
-    tbptt(1000, 50, None, |chunk, h: Option<RecurrentState>| {
+    tbptt(1000, 50, None, |chunk, h: Option<Tensor>| {
         let (y, h) = gru.forward_with_state(&chunk.of(&long, 0)?.to_device(&t4)?, h.as_ref())?;
         y.square()?.mean()?.backward()?;
         let _g = no_grad();

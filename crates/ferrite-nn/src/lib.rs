@@ -50,7 +50,7 @@ pub use layers::gru::GRU;
 pub use layers::layer_norm::LayerNorm;
 pub use layers::linear::Linear;
 pub use layers::lstm::LSTM;
-pub use layers::recurrent::{Nonlinearity, RecurrentConfig, RecurrentParams, RecurrentState};
+pub use layers::recurrent::{Nonlinearity, RecurrentConfig, RecurrentParams};
 pub use layers::rnn::RNN;
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};

@@ -24,12 +24,6 @@ pub enum RecurrentError {
         "{layer}: {arg} has shape {shape:?}, expected {expected:?} (num_layers * num_directions, batch, hidden_size); pass None to start from zeros"
     )]
     StateShape { layer: &'static str, arg: &'static str, shape: Vec<usize>, expected: Vec<usize> },
-    /// The LSTM was given `h_0` without `c_0`.
-    #[error("{layer}: the initial state has h_0 but no c_0; the LSTM needs both (or None for zeros)")]
-    MissingCellState { layer: &'static str },
-    /// A `c_0` given to a layer that has no cell state.
-    #[error("{layer}: the initial state has a cell state c_0, which only the LSTM has; pass h_0 alone")]
-    UnexpectedCellState { layer: &'static str },
     /// A packed input packed from a tensor of the other layout than the layer's.
     #[error(
         "{layer}: the PackedSequence was packed from a {} tensor, but the layer has batch_first = {layer_batch_first}; pack with batch_first = {layer_batch_first} or build the layer with batch_first = {packed_batch_first}",

@@ -9,15 +9,15 @@
 //!
 //! ```
 //! use ferrite_nn::tbptt::tbptt;
-//! use ferrite_nn::{LSTM, Module, RecurrentState};
+//! use ferrite_nn::{LSTM, Module};
 //! use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 //! # fn main() -> ferrite_nn::Result<()> {
 //! let (cpu, mut g) = (Device::Cpu, Generator::new(0));
 //! let lstm = LSTM::new_with(3, 8, 1, true, false, &cpu, &mut g)?;
 //! let seq = Tensor::randn_with(&[100, 2, 3], DType::F32, &cpu, &mut g)?; // [time, batch, in]
-//! let last: Option<RecurrentState> = tbptt(100, 25, None, |chunk, state: Option<RecurrentState>| {
+//! let last = tbptt(100, 25, None, |chunk, state: Option<(Tensor, Tensor)>| {
 //!     let x = chunk.of(&seq, 0)?; // steps [start, start + 25)
-//!     let (y, state) = lstm.forward_with_state(&x, state.as_ref())?;
+//!     let (y, state) = lstm.forward_with_state(&x, state.as_ref().map(|(h, c)| (h, c)))?;
 //!     y.square()?.mean()?.backward()?;
 //!     let _g = no_grad();
 //!     for p in lstm.parameters() {
@@ -26,7 +26,7 @@
 //!     lstm.zero_grad()?;
 //!     Ok(Some(state))
 //! })?;
-//! assert_eq!(last.unwrap().h.shape(), [1, 2, 8]);
+//! assert_eq!(last.unwrap().0.shape(), [1, 2, 8]);
 //! # Ok(()) }
 //! ```
 
@@ -35,7 +35,6 @@ use std::ops::Range;
 use ferrite_tensor::Tensor;
 
 use crate::error::{NnError, Result};
-use crate::layers::recurrent::RecurrentState;
 
 /// A value carried across chunk boundaries and cut from its history there.
 pub trait Detach {
@@ -46,12 +45,6 @@ pub trait Detach {
 impl Detach for Tensor {
     fn detach(&self) -> Tensor {
         Tensor::detach(self)
-    }
-}
-
-impl Detach for RecurrentState {
-    fn detach(&self) -> RecurrentState {
-        RecurrentState::detach(self)
     }
 }
 

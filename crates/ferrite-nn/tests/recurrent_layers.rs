@@ -5,7 +5,7 @@
 //! bad input as a typed error naming the layer, the argument and the numbers — never a panic.
 
 use ferrite_nn::{
-    GRU, LSTM, Module, NnError, Nonlinearity, PackedSequence, RNN, RecurrentConfig, RecurrentError, RecurrentState,
+    GRU, LSTM, Module, NnError, Nonlinearity, PackedSequence, RNN, RecurrentConfig, RecurrentError,
     pack_padded_sequence, pack_sequence, pad_packed_sequence,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
@@ -100,20 +100,18 @@ fn packed_runs_match_padded_runs_of_each_sequence_in_the_callers_order() {
         assert_eq!(packed.batch_sizes(), [3, 3, 2, 1, 1]);
         assert_eq!(packed.sorted_indices().unwrap(), [1, 2, 0]);
         assert_eq!(packed.unsorted_indices().unwrap(), [2, 0, 1]);
-        let (out, state) = lstm.forward_packed(&packed, None).unwrap();
+        let (out, (h_n, c_n)) = lstm.forward_packed(&packed, None).unwrap();
         let (padded, back) = pad_packed_sequence(&out, true, 0.0, None).unwrap();
         assert_eq!(back, lengths);
         let dirs = if bidirectional { 2 } else { 1 };
         for (b, &len) in lengths.iter().enumerate() {
             // The same sequence alone, unpadded.
             let xb = x.narrow(0, b, 1).unwrap().narrow(1, 0, len).unwrap();
-            let (yb, sb) = lstm.forward_with_state(&xb, None).unwrap();
+            let (yb, (hb, cb)) = lstm.forward_with_state(&xb, None).unwrap();
             let got = padded.narrow(0, b, 1).unwrap();
             assert_near(&format!("seq {b} output"), &values(&got.narrow(1, 0, len).unwrap()), &values(&yb));
             assert!(values(&got.narrow(1, len, 5 - len).unwrap()).iter().all(|&v| v == 0.0), "padding is zero");
-            for (what, all, one) in
-                [("h_n", &state.h, &sb.h), ("c_n", state.c.as_ref().unwrap(), sb.c.as_ref().unwrap())]
-            {
+            for (what, all, one) in [("h_n", &h_n, &hb), ("c_n", &c_n, &cb)] {
                 assert_eq!(all.shape(), [2 * dirs, 3, 3]);
                 assert_near(&format!("seq {b} {what}"), &values(&all.narrow(1, b, 1).unwrap()), &values(one));
             }
@@ -129,20 +127,20 @@ fn initial_state_is_read_in_the_callers_order_and_gets_gradients() {
     let lengths = [1usize, 4, 2];
     let h0 = randn(&[1, 3, 3], &mut g).requires_grad_(true).unwrap();
     let packed = pack_padded_sequence(&x, &lengths, true, false).unwrap();
-    let (_, state) = gru.forward_packed(&packed, Some(&RecurrentState::new(h0.clone()))).unwrap();
-    state.h.sum().unwrap().backward().unwrap();
+    let (_, h_n) = gru.forward_packed(&packed, Some(&h0)).unwrap();
+    h_n.sum().unwrap().backward().unwrap();
     assert_eq!(h0.grad().unwrap().shape(), [1, 3, 3]);
     for (b, &len) in lengths.iter().enumerate() {
         let xb = x.narrow(0, b, 1).unwrap().narrow(1, 0, len).unwrap();
         let hb = h0.detach().narrow(1, b, 1).unwrap();
-        let (_, sb) = gru.forward_with_state(&xb, Some(&RecurrentState::new(hb))).unwrap();
-        assert_near(&format!("seq {b} h_n"), &values(&state.h.narrow(1, b, 1).unwrap()), &values(&sb.h));
+        let (_, h_b) = gru.forward_with_state(&xb, Some(&hb)).unwrap();
+        assert_near(&format!("seq {b} h_n"), &values(&h_n.narrow(1, b, 1).unwrap()), &values(&h_b));
     }
     // A padded run from a state carries gradients to it too, and an unbatched sequence works.
     let h0 = randn(&[1, 3], &mut g).requires_grad_(true).unwrap();
     let xs = randn(&[5, 2], &mut g);
-    let (y, s) = gru.forward_with_state(&xs, Some(&RecurrentState::new(h0.clone()))).unwrap();
-    assert_eq!((y.shape(), s.h.shape()), (&[5usize, 3][..], &[1usize, 3][..]));
+    let (y, h) = gru.forward_with_state(&xs, Some(&h0)).unwrap();
+    assert_eq!((y.shape(), h.shape()), (&[5usize, 3][..], &[1usize, 3][..]));
     y.sum().unwrap().backward().unwrap();
     assert!(h0.grad().unwrap().to_vec::<f32>().unwrap().iter().any(|v| *v != 0.0));
 }
@@ -167,8 +165,8 @@ fn pack_sequence_and_enforce_sorted() {
     // A list-packed batch fits layers of either layout.
     for batch_first in [false, true] {
         let rnn = RNN::from_config(RecurrentConfig::new(2, 3).batch_first(batch_first), &Device::Cpu, &mut g).unwrap();
-        let (out, state) = rnn.forward_packed(&p, None).unwrap();
-        assert_eq!((out.data().shape(), state.h.shape()), (&[7usize, 3][..], &[1usize, 3, 3][..]));
+        let (out, h) = rnn.forward_packed(&p, None).unwrap();
+        assert_eq!((out.data().shape(), h.shape()), (&[7usize, 3][..], &[1usize, 3, 3][..]));
     }
     // Hand-built packed sequences are checked.
     let e = recurrent_err(PackedSequence::new(randn(&[5, 2], &mut g), vec![2, 3], None).unwrap_err());
@@ -244,24 +242,23 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(e, RecurrentError::PackedShape { layer: "LSTM", shape: vec![7, 3], input_size: 4 });
     println!("{e}");
 
-    // Wrong initial state: shape, missing or surplus cell state.
-    let bad = RecurrentState::lstm(randn(&[1, 2, 3], &mut g), randn(&[2, 2, 3], &mut g));
-    let e = recurrent_err(lstm.forward_with_state(&x, Some(&bad)).unwrap_err());
+    // Wrong initial states.
+    let (h_bad, c_ok) = (randn(&[1, 2, 3], &mut g), randn(&[2, 2, 3], &mut g));
+    let e = recurrent_err(lstm.forward_with_state(&x, Some((&h_bad, &c_ok))).unwrap_err());
     assert_eq!(
         e,
         RecurrentError::StateShape { layer: "LSTM", arg: "h_0", shape: vec![1, 2, 3], expected: vec![2, 2, 3] }
     );
     println!("{e}");
-    let bad = RecurrentState::lstm(randn(&[2, 2, 3], &mut g), randn(&[2, 3, 3], &mut g));
-    let e = recurrent_err(lstm.forward_packed(&packed, Some(&bad)).unwrap_err());
+    let (h_ok, c_bad) = (randn(&[2, 2, 3], &mut g), randn(&[2, 3, 3], &mut g));
+    let e = recurrent_err(lstm.forward_packed(&packed, Some((&h_ok, &c_bad))).unwrap_err());
     assert!(matches!(e, RecurrentError::StateShape { arg: "c_0", .. }), "{e}");
-    let e =
-        recurrent_err(lstm.forward_with_state(&x, Some(&RecurrentState::new(randn(&[2, 2, 3], &mut g)))).unwrap_err());
-    assert_eq!(e, RecurrentError::MissingCellState { layer: "LSTM" });
     let gru = GRU::from_config(RecurrentConfig::new(4, 3), &Device::Cpu, &mut g).unwrap();
-    let with_c = RecurrentState::lstm(randn(&[1, 5, 3], &mut g), randn(&[1, 5, 3], &mut g));
-    let e = recurrent_err(gru.forward_with_state(&x, Some(&with_c)).unwrap_err());
-    assert_eq!(e, RecurrentError::UnexpectedCellState { layer: "GRU" });
+    let e = recurrent_err(gru.forward_with_state(&x, Some(&randn(&[1, 2, 3], &mut g))).unwrap_err());
+    assert_eq!(
+        e,
+        RecurrentError::StateShape { layer: "GRU", arg: "h_0", shape: vec![1, 2, 3], expected: vec![1, 5, 3] }
+    );
     // Empty sequences.
     let e = recurrent_err(gru.forward_with_state(&randn(&[0, 2, 4], &mut g), None).unwrap_err());
     assert!(matches!(e, RecurrentError::EmptySequence { .. }), "{e}");

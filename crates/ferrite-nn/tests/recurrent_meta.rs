@@ -6,9 +6,7 @@
 //! touches the process-wide meta allocator meanwhile.
 
 use ferrite_memory::allocator;
-use ferrite_nn::{
-    GRU, LSTM, Module, Nonlinearity, RNN, RecurrentConfig, RecurrentState, pack_padded_sequence, pad_packed_sequence,
-};
+use ferrite_nn::{GRU, LSTM, Module, Nonlinearity, RNN, RecurrentConfig, pack_padded_sequence, pad_packed_sequence};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 fn step(d: &Device) -> (u64, u64, Vec<Vec<usize>>) {
@@ -28,18 +26,18 @@ fn step(d: &Device) -> (u64, u64, Vec<Vec<usize>>) {
     let base = a.memory_allocated();
     a.reset_peak_memory_stats();
     let mut shapes = Vec::new();
-    let (y1, s1) = lstm.forward_with_state(&x, None).unwrap();
+    let (y1, (h1, c1)) = lstm.forward_with_state(&x, None).unwrap();
     let packed = pack_padded_sequence(&x, &[12, 3, 7, 1, 12], true, false).unwrap();
-    let (p2, s2) = gru.forward_packed(&packed, None).unwrap();
+    let (p2, h2) = gru.forward_packed(&packed, None).unwrap();
     let (y2, _) = pad_packed_sequence(&p2, true, 0.0, Some(14)).unwrap();
-    let (y3, s3) = rnn.forward_with_state(&x.transpose(0, 1).unwrap(), Some(&RecurrentState::new(h0.clone()))).unwrap();
-    for t in [&y1, &s1.h, s1.c.as_ref().unwrap(), &y2, &s2.h, &y3, &s3.h] {
+    let (y3, h3) = rnn.forward_with_state(&x.transpose(0, 1).unwrap(), Some(&h0)).unwrap();
+    for t in [&y1, &h1, &c1, &y2, &h2, &y3, &h3] {
         shapes.push(t.shape().to_vec());
     }
     let loss = y1.sum().unwrap().add(&y2.sum().unwrap()).unwrap().add(&y3.sum().unwrap()).unwrap();
     loss.backward().unwrap();
     let peak = a.max_memory_allocated() - base;
-    drop((y1, s1, p2, s2, y2, y3, s3, loss, packed));
+    drop((y1, h1, c1, p2, h2, y2, y3, h3, loss, packed));
     let after = a.memory_allocated() - base;
     assert!(h0.grad().is_some());
     println!("{d}: parameters {params} B, peak above them {peak} B, gradients held after {after} B");

@@ -12,7 +12,7 @@
 
 use ferrite_memory::MemoryScope;
 use ferrite_nn::tbptt::{Chunk, tbptt};
-use ferrite_nn::{LSTM, Module, RecurrentConfig, RecurrentState};
+use ferrite_nn::{LSTM, Module, RecurrentConfig};
 use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
 const BATCH: usize = 4;
@@ -29,9 +29,16 @@ fn sequence(steps: usize) -> Tensor {
 }
 
 /// One chunk of training: forward from `state`, loss, backward; returns the final state.
-fn chunk_step(lstm: &LSTM, seq: &Tensor, chunk: Chunk, state: Option<&RecurrentState>, d: &Device) -> RecurrentState {
+/// An LSTM's `(h, c)`.
+type State = (Tensor, Tensor);
+
+fn refs(s: &Option<State>) -> Option<(&Tensor, &Tensor)> {
+    s.as_ref().map(|(h, c)| (h, c))
+}
+
+fn chunk_step(lstm: &LSTM, seq: &Tensor, chunk: Chunk, state: &Option<State>, d: &Device) -> State {
     let x = chunk.of(seq, 0).unwrap().to_device(d).unwrap();
-    let (y, state) = lstm.forward_with_state(&x, state).unwrap();
+    let (y, state) = lstm.forward_with_state(&x, refs(state)).unwrap();
     y.square().unwrap().mean().unwrap().backward().unwrap();
     state
 }
@@ -52,14 +59,14 @@ fn train_peak(steps: usize, sim: usize) -> u64 {
     let lstm = model(&d);
     let seq = sequence(steps);
     let scope = MemoryScope::new(format!("tbptt over {steps} steps"), &d).quiet();
-    let last = tbptt(steps, K, None, |chunk, state: Option<RecurrentState>| {
-        let s = chunk_step(&lstm, &seq, chunk, state.as_ref(), &d);
+    let last = tbptt(steps, K, None, |chunk, state: Option<State>| {
+        let s = chunk_step(&lstm, &seq, chunk, &state, &d);
         sgd(&lstm);
         Ok(Some(s))
     })
     .unwrap();
     let report = scope.finish();
-    assert_eq!(last.unwrap().h.shape(), [2, BATCH, HIDDEN]);
+    assert_eq!(last.unwrap().0.shape(), [2, BATCH, HIDDEN]);
     println!("{report}");
     report.peak_above_entry()
 }
@@ -82,12 +89,12 @@ fn a_chunks_gradients_equal_an_explicit_k_step_run() {
     let lstm = model(&d);
     let target = 2;
     let mut captured: Vec<Vec<f32>> = Vec::new();
-    let mut start_state: Option<RecurrentState> = None;
-    tbptt(4 * K, K, None, |chunk, state: Option<RecurrentState>| {
+    let mut start_state: Option<State> = None;
+    tbptt(4 * K, K, None, |chunk, state: Option<State>| {
         if chunk.index == target {
             start_state = state.clone();
         }
-        let s = chunk_step(&lstm, &seq, chunk, state.as_ref(), &d);
+        let s = chunk_step(&lstm, &seq, chunk, &state, &d);
         if chunk.index == target {
             captured = lstm.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();
         }
@@ -96,21 +103,21 @@ fn a_chunks_gradients_equal_an_explicit_k_step_run() {
     })
     .unwrap();
     // The state at the chunk's start, computed again chunk by chunk without a graph.
-    let mut state: Option<RecurrentState> = None;
+    let mut state: Option<State> = None;
     {
         let _g = no_grad();
         for t in 0..target {
             let x = seq.narrow(0, t * K, K).unwrap();
-            state = Some(lstm.forward_with_state(&x, state.as_ref()).unwrap().1);
+            state = Some(lstm.forward_with_state(&x, refs(&state)).unwrap().1);
         }
     }
     let state = state.unwrap();
     let carried = start_state.unwrap();
-    assert_eq!(state.h.to_vec::<f32>().unwrap(), carried.h.to_vec::<f32>().unwrap());
-    assert!(carried.h.grad_fn().is_none() && !carried.h.requires_grad(), "the carried state is detached");
+    assert_eq!(state.0.to_vec::<f32>().unwrap(), carried.0.to_vec::<f32>().unwrap());
+    assert!(carried.0.grad_fn().is_none() && !carried.0.requires_grad(), "the carried state is detached");
     // An explicit k-step run from it.
     let x = seq.narrow(0, target * K, K).unwrap();
-    let (y, _) = lstm.forward_with_state(&x, Some(&state)).unwrap();
+    let (y, _) = lstm.forward_with_state(&x, Some((&state.0, &state.1))).unwrap();
     y.square().unwrap().mean().unwrap().backward().unwrap();
     let explicit: Vec<Vec<f32>> =
         lstm.parameters().iter().map(|p| p.grad().unwrap().to_vec::<f32>().unwrap()).collect();

@@ -103,36 +103,6 @@ pub struct RecurrentParams {
     pub bias_hh: Option<Tensor>,
 }
 
-/// The state a recurrent layer starts from and ends in: `h` (and `c` for the LSTM), each
-/// `[num_layers · num_directions, batch, hidden_size]` (`[.., hidden_size]` without the batch
-/// dimension for one unbatched sequence), in the caller's batch order.
-///
-/// Carrying it into the next chunk of a long sequence carries the graph of every earlier chunk
-/// with it; [`detach`](Self::detach) cuts it (truncated backpropagation through time, see
-/// [`crate::tbptt`]).
-#[derive(Clone, Debug)]
-pub struct RecurrentState {
-    pub h: Tensor,
-    pub c: Option<Tensor>,
-}
-
-impl RecurrentState {
-    /// A hidden state alone (RNN, GRU).
-    pub fn new(h: Tensor) -> RecurrentState {
-        RecurrentState { h, c: None }
-    }
-
-    /// An LSTM's `(h, c)`.
-    pub fn lstm(h: Tensor, c: Tensor) -> RecurrentState {
-        RecurrentState { h, c: Some(c) }
-    }
-
-    /// The same values without their history: gradients stop here.
-    pub fn detach(&self) -> RecurrentState {
-        RecurrentState { h: self.h.detach(), c: self.c.as_ref().map(Tensor::detach) }
-    }
-}
-
 /// The shared body of `RNN`, `GRU` and `LSTM`.
 #[derive(Clone, Debug)]
 pub(crate) struct RecurrentCore {
@@ -235,21 +205,10 @@ impl RecurrentCore {
         s
     }
 
-    /// Check `state` against the expected shape; returns `(h_0, c_0)`.
-    fn initial<'a>(
-        &self,
-        state: Option<&'a RecurrentState>,
-        batch: Option<usize>,
-    ) -> Result<(Option<&'a Tensor>, Option<&'a Tensor>)> {
-        let Some(st) = state else { return Ok((None, None)) };
+    /// Check the initial states against the expected shape.
+    fn check_initial(&self, h0: Option<&Tensor>, c0: Option<&Tensor>, batch: Option<usize>) -> Result<()> {
         let expected = self.state_shape(batch);
-        let lstm = self.cell.has_cell_state();
-        match (&st.c, lstm) {
-            (None, true) => return Err(RecurrentError::MissingCellState { layer: self.layer }.into()),
-            (Some(_), false) => return Err(RecurrentError::UnexpectedCellState { layer: self.layer }.into()),
-            _ => {}
-        }
-        for (arg, t) in [("h_0", Some(&st.h)), ("c_0", st.c.as_ref())] {
+        for (arg, t) in [("h_0", h0), ("c_0", c0)] {
             if let Some(t) = t
                 && t.shape() != expected.as_slice()
             {
@@ -262,19 +221,21 @@ impl RecurrentCore {
                 .into());
             }
         }
-        Ok((Some(&st.h), st.c.as_ref()))
+        Ok(())
     }
 
     fn layout(&self) -> &'static str {
         if self.config.batch_first { "batch, seq" } else { "seq, batch" }
     }
 
-    /// Padded input `[seq, batch, in]` / `[batch, seq, in]` (or unbatched `[seq, in]`).
+    /// Padded input `[seq, batch, in]` / `[batch, seq, in]` (or unbatched `[seq, in]`) from
+    /// the initial states `h0`, `c0` (zeros when absent): the output and the final `h`, `c`.
     pub(crate) fn forward_padded(
         &self,
         x: &Tensor,
-        state: Option<&RecurrentState>,
-    ) -> Result<(Tensor, RecurrentState)> {
+        h0: Option<&Tensor>,
+        c0: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let c = &self.config;
         if !(x.rank() == 2 || x.rank() == 3) || x.shape()[x.rank() - 1] != c.input_size {
             return Err(RecurrentError::InputShape {
@@ -298,7 +259,7 @@ impl RecurrentCore {
             let what = if steps == 0 { "the input" } else { "the batch" };
             return Err(RecurrentError::EmptySequence { op: self.layer, what, index: 0 }.into());
         }
-        let (h0, c0) = self.initial(state, (!unbatched).then_some(batch))?;
+        self.check_initial(h0, c0, (!unbatched).then_some(batch))?;
         let batched = |t: Option<&Tensor>| -> Result<Option<Tensor>> {
             Ok(match t {
                 Some(t) if unbatched => Some(t.unsqueeze(1)?),
@@ -318,16 +279,17 @@ impl RecurrentCore {
         } else {
             (out, h_n, c_n)
         };
-        Ok((out, RecurrentState { h: h_n, c: c_n }))
+        Ok((out, h_n, c_n))
     }
 
-    /// Packed input: the output is packed the same way; the final state is in the caller's
-    /// sequence order (the initial one is read in it too).
+    /// Packed input: the output is packed the same way; the final states are in the caller's
+    /// sequence order (the initial ones are read in it too).
     pub(crate) fn forward_packed(
         &self,
         x: &PackedSequence,
-        state: Option<&RecurrentState>,
-    ) -> Result<(PackedSequence, RecurrentState)> {
+        h0: Option<&Tensor>,
+        c0: Option<&Tensor>,
+    ) -> Result<(PackedSequence, Tensor, Option<Tensor>)> {
         let c = &self.config;
         if let Some(bf) = x.batch_first()
             && bf != c.batch_first
@@ -348,7 +310,7 @@ impl RecurrentCore {
             }
             .into());
         }
-        let (h0, c0) = self.initial(state, Some(x.batch()))?;
+        self.check_initial(h0, c0, Some(x.batch()))?;
         // The scan runs in packed (sorted) order; states come and go in the caller's.
         let sorted = x.sorted_tensor()?;
         let permute = |t: Option<&Tensor>, idx: &Option<Tensor>| -> Result<Option<Tensor>> {
@@ -366,7 +328,7 @@ impl RecurrentCore {
             Some(c) => permute(Some(&c), &unsorted)?,
             None => None,
         };
-        Ok((x.with_data(out)?, RecurrentState { h: h_n, c: c_n }))
+        Ok((x.with_data(out)?, h_n, c_n))
     }
 
     /// Every layer and direction over packed rows `[N, in]`; returns the last layer's output
@@ -413,7 +375,8 @@ impl RecurrentCore {
 }
 
 /// Defines a recurrent layer type over [`RecurrentCore`]: the struct, its constructors and
-/// forwards, and its `Module` implementation. `$cell` picks the cell from the configuration.
+/// accessors, and its `Module` implementation (`forward` from zero state). `$cell` picks the cell
+/// from the configuration. Each layer's file adds the forwards with its state type.
 macro_rules! recurrent_layer {
     ($(#[$doc:meta])* $name:ident, $label:literal, $cell:expr) => {
         $(#[$doc])*
@@ -486,27 +449,6 @@ macro_rules! recurrent_layer {
                 self.core.rng = rng;
                 self
             }
-
-            /// Full forward of a padded batch: the output at every step (`[seq, batch,
-            /// directions · hidden]`, or batch-first) and the final state. `state` is the initial
-            /// one (zeros when `None`), `[layers · directions, batch, hidden]`.
-            pub fn forward_with_state(
-                &self,
-                x: &ferrite_tensor::Tensor,
-                state: Option<&$crate::layers::recurrent::RecurrentState>,
-            ) -> $crate::Result<(ferrite_tensor::Tensor, $crate::layers::recurrent::RecurrentState)> {
-                self.core.forward_padded(x, state)
-            }
-
-            /// Forward of a packed batch: the output packed the same way and each sequence's
-            /// state after its last valid step, in the caller's sequence order.
-            pub fn forward_packed(
-                &self,
-                x: &$crate::packed_sequence::PackedSequence,
-                state: Option<&$crate::layers::recurrent::RecurrentState>,
-            ) -> $crate::Result<($crate::packed_sequence::PackedSequence, $crate::layers::recurrent::RecurrentState)> {
-                self.core.forward_packed(x, state)
-            }
         }
 
         impl $crate::module::Module for $name {
@@ -514,7 +456,7 @@ macro_rules! recurrent_layer {
                 $label
             }
             fn forward(&self, x: &ferrite_tensor::Tensor) -> $crate::Result<ferrite_tensor::Tensor> {
-                Ok(self.core.forward_padded(x, None)?.0)
+                Ok(self.core.forward_padded(x, None, None)?.0)
             }
             fn own_parameters(&self) -> Vec<(String, &ferrite_tensor::Tensor)> {
                 self.core.own_parameters()
@@ -532,3 +474,35 @@ macro_rules! recurrent_layer {
     };
 }
 pub(crate) use recurrent_layer;
+
+/// The forwards of a layer whose state is `h` alone (`GRU`, `RNN`).
+macro_rules! hidden_state_forwards {
+    ($name:ident) => {
+        impl $name {
+            /// Full forward of a padded batch (`[seq, batch, in]`, or batch-first, or one
+            /// unbatched `[seq, in]`) from the initial state `h_0` (`[layers · directions, batch,
+            /// hidden]`; zeros when `None`): the output at every step (`[.., directions ·
+            /// hidden]`) and the final state `h_n`.
+            pub fn forward_with_state(
+                &self,
+                x: &ferrite_tensor::Tensor,
+                h_0: Option<&ferrite_tensor::Tensor>,
+            ) -> $crate::Result<(ferrite_tensor::Tensor, ferrite_tensor::Tensor)> {
+                let (y, h, _) = self.core.forward_padded(x, h_0, None)?;
+                Ok((y, h))
+            }
+
+            /// Forward of a packed batch: the output packed the same way and each sequence's
+            /// state after its last valid step, in the caller's sequence order (as is `h_0`).
+            pub fn forward_packed(
+                &self,
+                x: &$crate::packed_sequence::PackedSequence,
+                h_0: Option<&ferrite_tensor::Tensor>,
+            ) -> $crate::Result<($crate::packed_sequence::PackedSequence, ferrite_tensor::Tensor)> {
+                let (y, h, _) = self.core.forward_packed(x, h_0, None)?;
+                Ok((y, h))
+            }
+        }
+    };
+}
+pub(crate) use hidden_state_forwards;

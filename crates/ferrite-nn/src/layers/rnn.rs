@@ -1,11 +1,11 @@
 //! `RNN`: PyTorch's `nn.RNN` (Elman) with `nonlinearity` tanh or relu — parameters
 //! `weight_ih_l{k}[_reverse] [H, in]`, `weight_hh_l{k}[_reverse] [H, H]`, `bias_ih_…`,
-//! `bias_hh_…`. Stacked layers, bidirectional, inter-layer dropout, packed input: see
-//! `layers/recurrent.rs`.
+//! `bias_hh_…`. Stacked layers, bidirectional, inter-layer dropout, `h` in and out, packed
+//! input: see `layers/recurrent.rs`.
 
 use ferrite_tensor::functional::RecurrentCell;
 
-use crate::layers::recurrent::{Nonlinearity, RecurrentConfig, recurrent_layer};
+use crate::layers::recurrent::{Nonlinearity, RecurrentConfig, hidden_state_forwards, recurrent_layer};
 
 recurrent_layer!(
     /// Elman recurrence over a sequence: `h' = act(W_ih x + b_ih + W_hh h + b_hh)`, `act` tanh
@@ -17,3 +17,5 @@ recurrent_layer!(
         Nonlinearity::Relu => RecurrentCell::RnnRelu,
     }
 );
+
+hidden_state_forwards!(RNN);
