@@ -1,10 +1,7 @@
 //! The `ferrite` command. With no arguments it trains the built-in demo (`ferrite train` with its
 //! defaults), so `cargo run --release` from the repository root is the main job.
 
-mod commands;
-
-// `crate::observe` in the subcommands is the library's module.
-use ferrite_cli::observe;
+use ferrite_cli::commands;
 
 use std::process::ExitCode;
 

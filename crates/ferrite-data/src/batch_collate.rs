@@ -6,34 +6,9 @@
 
 use ferrite_tensor::Generator;
 
-use crate::char_text::TextExample;
 use crate::collate::Collate;
 use crate::error::BoxError;
-use crate::image_classification::ImageExample;
-
-/// A batch of images: `pixels` is row-major `[len, channels, height, width]`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImageBatch {
-    pub pixels: Vec<f32>,
-    pub labels: Vec<usize>,
-    pub sample_shape: [usize; 3],
-}
-
-impl ImageBatch {
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-
-    /// `[len, channels, height, width]`.
-    pub fn shape(&self) -> [usize; 4] {
-        let [c, h, w] = self.sample_shape;
-        [self.len(), c, h, w]
-    }
-}
+use crate::examples::{ImageBatch, ImageExample, TextBatch, TextExample};
 
 /// Collates [`ImageExample`]s of one shape into an [`ImageBatch`].
 #[derive(Debug, Clone, Copy)]
@@ -69,15 +44,6 @@ impl Collate<ImageExample> for ImageCollate {
         }
         Ok(ImageBatch { pixels, labels, sample_shape: self.sample_shape })
     }
-}
-
-/// A batch of text windows: `inputs` and `targets` are row-major `[len, seq_len]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TextBatch {
-    pub inputs: Vec<u32>,
-    pub targets: Vec<u32>,
-    pub len: usize,
-    pub seq_len: usize,
 }
 
 /// Collates [`TextExample`]s of equal length into a [`TextBatch`].

@@ -69,7 +69,7 @@ pub struct Splits {
     pub test: ImageClassification,
 }
 
-/// Both splits of `kind`. Samples are [`ImageExample`](crate::image_classification::ImageExample)s
+/// Both splits of `kind`. Samples are [`ImageExample`](crate::examples::ImageExample)s
 /// with normalised pixels; `train.num_features()` and `train.num_classes()` size a classifier.
 pub fn builtin_dataset(kind: DatasetKind) -> Result<Splits, DataError> {
     Ok(Splits { train: kind.load(Split::Train)?, test: kind.load(Split::Test)? })

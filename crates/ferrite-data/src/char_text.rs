@@ -12,19 +12,13 @@ use ferrite_tensor::Generator;
 
 use crate::dataset::Dataset;
 use crate::error::{BoxError, DataError};
+use crate::examples::TextExample;
 use crate::file_bytes::read_maybe_gz;
 
 /// Where Debian's `jargon-text` package installs the Jargon File.
 pub const JARGON_PATH: &str = "/usr/share/doc/jargon-text/jargon.txt.gz";
 /// The Debian package that provides [`JARGON_PATH`].
 pub const JARGON_PACKAGE: &str = "jargon-text";
-
-/// Input characters and the next character at every position.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TextExample {
-    pub input: Vec<u32>,
-    pub target: Vec<u32>,
-}
 
 /// A text cut into fixed-length training windows.
 #[derive(Debug, Clone)]
@@ -124,6 +118,11 @@ impl CharText {
 
     pub fn vocab_size(&self) -> usize {
         self.vocab.len()
+    }
+
+    /// The character ids of the whole text, shared (for [`TextStreams`](crate::TextStreams)).
+    pub(crate) fn shared_ids(&self) -> Arc<Vec<u32>> {
+        Arc::clone(&self.ids)
     }
 
     /// Number of characters in the text.

@@ -11,6 +11,7 @@ use ferrite_tensor::Generator;
 use crate::batch_collate::ImageCollate;
 use crate::dataset::Dataset;
 use crate::error::{BoxError, DataError};
+use crate::examples::ImageExample;
 use crate::loader::{DataLoader, DataLoaderBuilder};
 use crate::tensor_collate::Tensors;
 
@@ -31,14 +32,6 @@ impl Normalization {
 pub enum Split {
     Train,
     Test,
-}
-
-/// One image and its class.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImageExample {
-    /// Normalised pixels, row-major, `channels * height * width` values.
-    pub pixels: Vec<f32>,
-    pub label: usize,
 }
 
 /// An image-classification dataset in memory.

@@ -13,11 +13,14 @@
 //! - workers are threads that catch panics in user code and report them as a [`DataError`] naming
 //!   the worker and the sample index; dropping an epoch (or the loader) mid-way stops and joins them.
 //!
-//! Modules: [`dataset`] (traits, `Subset`, `map`), [`sampler`], [`collate`], [`batch_collate`]
-//! and [`tensor_collate`] (contiguous buffers and tensors), [`loader`] (map-style
-//! [`DataLoader`]), [`iterable_loader`], [`loader_builder`] (the options both loaders share), [`staging`] (moving batches to the training device in
-//! the background), [`seeding`], and the built-in datasets [`digits`], [`fashion_mnist`]
-//! (read with [`idx`]), [`char_text`], with [`builtin`] as the entry point for the CLI.
+//! Modules: [`dataset`] (traits, `Subset`, `map`), [`sampler`], [`collate`], [`examples`] (the
+//! built-in samples and batches, below the datasets and the collates), [`batch_collate`] and
+//! [`tensor_collate`] (contiguous buffers and tensors), [`loader`] (map-style [`DataLoader`]),
+//! [`iterable_loader`], [`loader_builder`] (the options both loaders share), [`staging`] (moving
+//! batches to the training device in the background), [`seeding`], and the built-in datasets
+//! [`digits`], [`fashion_mnist`] (read with [`idx`]), [`char_text`] (and [`text_streams`] for
+//! truncated BPTT), with [`builtin`] as the entry
+//! point for the CLI.
 
 pub mod batch_collate;
 pub mod builtin;
@@ -26,6 +29,7 @@ pub mod collate;
 pub mod dataset;
 pub mod digits;
 pub mod error;
+pub mod examples;
 pub mod fashion_mnist;
 mod fetch;
 pub mod file_bytes;
@@ -38,15 +42,17 @@ pub mod sampler;
 pub mod seeding;
 pub mod staging;
 pub mod tensor_collate;
+pub mod text_streams;
 mod worker_pool;
 
-pub use batch_collate::{ImageBatch, ImageCollate, TextBatch, TextCollate};
+pub use batch_collate::{ImageCollate, TextCollate};
 pub use builtin::{DatasetKind, Splits, builtin_dataset};
-pub use char_text::{CharText, TextExample};
+pub use char_text::CharText;
 pub use collate::{Collate, VecCollate, collate_fn};
 pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo, worker_info};
 pub use error::{BoxError, DataError, Origin};
-pub use image_classification::{ImageClassification, ImageExample, Normalization, Split};
+pub use examples::{ImageBatch, ImageExample, TextBatch, TextExample};
+pub use image_classification::{ImageClassification, Normalization, Split};
 pub use iterable_loader::{IterableEpoch, IterableLoader, IterableLoaderBuilder};
 pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
 pub use loader_builder::LoaderBuilder;
@@ -56,6 +62,7 @@ pub use sampler::{
 pub use seeding::{EpochSeed, Stream};
 pub use staging::ToDevice;
 pub use tensor_collate::{IntoTensors, StackCollate, Stackable, Tensors};
+pub use text_streams::TextStreams;
 
 /// The generator type datasets receive, and the tensor type batches are made of (re-exported
 /// from `ferrite-tensor`).

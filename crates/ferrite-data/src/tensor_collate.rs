@@ -17,9 +17,9 @@
 use ferrite_memory::Device;
 use ferrite_tensor::{Generator, Tensor, TensorError};
 
-use crate::batch_collate::{ImageBatch, TextBatch};
 use crate::collate::Collate;
 use crate::error::BoxError;
+use crate::examples::{ImageBatch, TextBatch};
 
 /// A sample type [`StackCollate`] can batch: how a list of them becomes one batch.
 pub trait Stackable: Sized + Send + 'static {
@@ -203,8 +203,7 @@ where
 mod tests {
     use super::*;
     use crate::batch_collate::{ImageCollate, TextCollate};
-    use crate::char_text::TextExample;
-    use crate::image_classification::ImageExample;
+    use crate::examples::{ImageExample, TextExample};
     use ferrite_tensor::DType;
 
     #[test]

@@ -227,7 +227,7 @@ impl SmoothL1Loss {
     }
     /// Where the loss turns from quadratic to linear; `>= 0` (0 gives the L1 loss).
     pub fn beta(mut self, beta: f64) -> Result<Self> {
-        if !(beta >= 0.0) || !beta.is_finite() {
+        if !beta.is_finite() || beta < 0.0 {
             return Err(NnError::config("SmoothL1Loss", format!("beta must be a finite number >= 0, got {beta}")));
         }
         self.beta = beta;
@@ -273,7 +273,7 @@ impl HuberLoss {
     }
     /// Where the loss turns linear; `> 0`.
     pub fn delta(mut self, delta: f64) -> Result<Self> {
-        if !(delta > 0.0) || !delta.is_finite() {
+        if !delta.is_finite() || delta <= 0.0 {
             return Err(NnError::config("HuberLoss", format!("delta must be a finite number > 0, got {delta}")));
         }
         self.delta = delta;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_close, get, load_safetensors, reference_dir};
+use common::{assert_close, get, load_safetensors};
 use ferrite_nn::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, KlDivReduction, NLLLoss, Reduction,
     SmoothL1Loss,
@@ -15,17 +15,10 @@ use ferrite_tensor::{Device, Tensor};
 use serde_json::Value;
 
 fn cases() -> Option<(std::path::PathBuf, Vec<Value>)> {
-    let dir = reference_dir().join("models");
-    let Ok(text) = std::fs::read_to_string(dir.join("manifest.json")) else {
-        let msg = format!("SKIPPED: PyTorch reference fixtures not found at {}", dir.display());
-        if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-            panic!("{msg}");
-        }
-        eprintln!("{msg}");
-        return None;
-    };
-    let m: Value = serde_json::from_str(&text).unwrap();
-    Some((dir, m["cases"].as_array().unwrap().clone()))
+    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
+    let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
+    Some((dir, m["cases"].as_array().expect("the manifest has cases").clone()))
 }
 
 fn flat(v: &Value) -> (Vec<f64>, Vec<usize>) {

@@ -76,7 +76,10 @@ fn load_optimizer(c: &Checkpoint, at: &str, device: &Device) -> OptimizerState {
             let mut values = Vec::new();
             for (name, _) in entries.as_dict().unwrap() {
                 let name = name.as_str().unwrap();
-                values.push((name.to_string(), StateValue::Tensor(c.tensor(&format!("{at}/state/{k}/{name}"), &opts).unwrap())));
+                values.push((
+                    name.to_string(),
+                    StateValue::Tensor(c.tensor(&format!("{at}/state/{k}/{name}"), &opts).unwrap()),
+                ));
             }
             state.push((k.parse().unwrap(), values));
         }
@@ -162,7 +165,9 @@ fn bits(ps: &[Tensor]) -> Vec<Vec<u32>> {
 
 fn params() -> Vec<Tensor> {
     let mut g = Generator::new(11);
-    (0..2).map(|_| Tensor::randn_with(&[8], DType::F32, &Device::Cpu, &mut g).unwrap().requires_grad_(true).unwrap()).collect()
+    (0..2)
+        .map(|_| Tensor::randn_with(&[8], DType::F32, &Device::Cpu, &mut g).unwrap().requires_grad_(true).unwrap())
+        .collect()
 }
 
 #[test]

@@ -118,7 +118,8 @@ fn resume_from_saved_states_is_bit_identical() {
             let saved_sched = sched_state(&a.sched);
             train(&mut a, 5..11);
 
-            let p: Vec<Tensor> = saved_p.iter().map(|t| t.deep_clone().unwrap().requires_grad_(true).unwrap()).collect();
+            let p: Vec<Tensor> =
+                saved_p.iter().map(|t| t.deep_clone().unwrap().requires_grad_(true).unwrap()).collect();
             let mut b = new_run(kind, p);
             b.opt.load_state_dict(&saved_opt).unwrap();
             load_sched(&mut b.sched, &saved_sched);

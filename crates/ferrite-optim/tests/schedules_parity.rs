@@ -61,7 +61,8 @@ fn optimizer_trajectories_match_pytorch() {
     }
     for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
         for (name, case) in cases {
-            let shape: Vec<usize> = case["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            let shape: Vec<usize> =
+                case["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
             let init: Vec<f32> = floats(&case["init"]).into_iter().map(|v| v as f32).collect();
             let w = Tensor::from_vec(init, &shape, &dev).unwrap().requires_grad_(true).unwrap();
             let mut opt = build(name, &case["config"], w.clone());

@@ -22,29 +22,10 @@ use serde_json::Value;
 const LOSSES: [&str; 7] =
     ["nll_loss", "cross_entropy", "bce_with_logits", "binary_cross_entropy", "smooth_l1_loss", "huber_loss", "kl_div"];
 
-fn reference_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
-}
-
 fn manifest() -> Option<(PathBuf, Value)> {
-    let dir = reference_dir().join("models");
-    match std::fs::read_to_string(dir.join("manifest.json")) {
-        Ok(text) => Some((dir, serde_json::from_str(&text).expect("models/manifest.json is valid JSON"))),
-        Err(e) => {
-            let msg = format!(
-                "SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE",
-                dir.display()
-            );
-            if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-                panic!("{msg}");
-            }
-            eprintln!("{msg}");
-            None
-        }
-    }
+    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
+    Some((dir, serde_json::from_str(&text).expect("models/manifest.json is valid JSON")))
 }
 
 fn load(path: &std::path::Path) -> Vec<(String, Tensor)> {
@@ -54,7 +35,8 @@ fn load(path: &std::path::Path) -> Vec<(String, Tensor)> {
         .into_iter()
         .map(|(name, view)| {
             assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data: Vec<f32> = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let data: Vec<f32> =
+                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
         })
         .collect()

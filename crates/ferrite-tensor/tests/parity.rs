@@ -11,13 +11,6 @@ use std::path::{Path, PathBuf};
 
 use ferrite_tensor::{Device, Tensor};
 
-fn reference_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRITE_PYTORCH_REFERENCE") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/pytorch-reference")
-}
-
 struct Case {
     name: String,
     op: String,
@@ -209,21 +202,9 @@ fn run_case(dir: &Path, case: &Case, device: &Device) -> Result<bool, String> {
 }
 
 fn main() {
-    let dir = reference_dir();
+    let Some(dir) = ferrite_test_support::reference_or_skip("ops/manifest.json") else { return };
     let manifest = dir.join("ops/manifest.json");
-    let text = match std::fs::read_to_string(&manifest) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE",
-                manifest.display()
-            );
-            if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-                std::process::exit(1);
-            }
-            return;
-        }
-    };
+    let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
     let m: serde_json::Value = serde_json::from_str(&text).expect("manifest.json is valid JSON");
     let cases = m["cases"].as_array().expect("manifest has cases");
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);

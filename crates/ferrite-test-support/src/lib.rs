@@ -1,11 +1,14 @@
 //! What the test suites of several ferrite crates share, so that each rule lives in one place:
-//! where the PyTorch reference fixtures are, and what a test does when the machine lacks
-//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module).
+//! where the PyTorch reference fixtures are, what a test does when the machine lacks
+//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module), and
+//! how the parsers of user text are fuzzed ([`text_fuzz`]).
 //!
 //! The rule: without the dependency a test prints a loud `SKIPPED` line naming what is missing and
 //! how to get it, and returns early; with `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI sets it, after
 //! `.ci/run` installed everything) a missing dependency fails the test instead, so CI never passes
 //! by skipping. This crate is a dev-dependency only; nothing in it ships with ferrite.
+
+pub mod text_fuzz;
 
 use std::path::PathBuf;
 

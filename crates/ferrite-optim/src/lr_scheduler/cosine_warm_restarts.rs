@@ -58,8 +58,14 @@ impl CosineAnnealingWarmRestarts {
     /// First period `t_0` epochs, each next period `t_mult` times longer, rates down to `eta_min`.
     pub fn new(opt: &mut dyn Optimizer, t_0: i64, t_mult: i64, eta_min: f64) -> Result<CosineAnnealingWarmRestarts> {
         check(t_0, t_mult, eta_min)?;
-        let mut s =
-            CosineAnnealingWarmRestarts { core: SchedulerCore::attach(opt)?, t_0, t_i: t_0, t_mult, eta_min, t_cur: -1.0 };
+        let mut s = CosineAnnealingWarmRestarts {
+            core: SchedulerCore::attach(opt)?,
+            t_0,
+            t_i: t_0,
+            t_mult,
+            eta_min,
+            t_cur: -1.0,
+        };
         s.initial_step(opt)?;
         Ok(s)
     }

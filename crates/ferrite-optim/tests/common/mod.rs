@@ -14,24 +14,12 @@ pub fn train_dir() -> Option<PathBuf> {
     ferrite_test_support::reference_or_skip("train/manifest.json").map(|d| d.join("train"))
 }
 
-/// The fixture folder's `models/schedules.json`, parsed, or `None` (after a loud SKIPPED line)
-/// when absent. With `FERRITE_REQUIRE_SYSTEM_DEPS=1` a missing file fails the test instead.
+/// The fixture folder's `models/schedules.json`, parsed, or `None` after ferrite-test-support's
+/// skip-or-fail rule when the fixtures are absent.
 pub fn models_schedules() -> Option<serde_json::Value> {
-    let f = reference_dir().join("models").join("schedules.json");
-    match std::fs::read_to_string(&f) {
-        Ok(text) => Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()))),
-        Err(e) => {
-            let msg = format!(
-                "SKIPPED: PyTorch reference fixtures not found at {} ({e}); set FERRITE_PYTORCH_REFERENCE",
-                f.display()
-            );
-            if std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref() == Ok("1") {
-                panic!("{msg}");
-            }
-            eprintln!("{msg}");
-            None
-        }
-    }
+    let f = ferrite_test_support::reference_or_skip("models/schedules.json")?.join("models").join("schedules.json");
+    let text = std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
 }
 
 /// Every tensor of a safetensors file as a ferrite tensor on `device`.

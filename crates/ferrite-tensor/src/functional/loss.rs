@@ -254,10 +254,12 @@ pub fn binary_cross_entropy_with_logits(
 /// `|d| - 0.5 beta`, with `d = input - target` (same shapes). `beta` 0 is the L1 loss; a
 /// negative or non-finite `beta` is an error. Both `input` and `target` get gradients.
 pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Reduction) -> Result<Tensor> {
-    if !(beta >= 0.0) || !beta.is_finite() {
+    if !beta.is_finite() || beta < 0.0 {
         return Err(TensorError::invalid(
             "smooth_l1_loss",
-            format!("beta must be a finite number >= 0 (smooth_l1_loss does not support negative values for beta), got {beta}"),
+            format!(
+                "beta must be a finite number >= 0 (smooth_l1_loss does not support negative values for beta), got {beta}"
+            ),
         ));
     }
     let loss = pointwise(PointwiseLoss::SmoothL1 { beta }, input, target, None, None)?;
@@ -280,10 +282,12 @@ pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, beta: f64, reduction: Red
 /// # Ok(()) }
 /// ```
 pub fn huber_loss(input: &Tensor, target: &Tensor, delta: f64, reduction: Reduction) -> Result<Tensor> {
-    if !(delta > 0.0) || !delta.is_finite() {
+    if !delta.is_finite() || delta <= 0.0 {
         return Err(TensorError::invalid(
             "huber_loss",
-            format!("delta must be a finite number > 0 (huber_loss does not support non-positive values for delta), got {delta}"),
+            format!(
+                "delta must be a finite number > 0 (huber_loss does not support non-positive values for delta), got {delta}"
+            ),
         ));
     }
     let loss = pointwise(PointwiseLoss::Huber { delta }, input, target, None, None)?;
@@ -354,7 +358,11 @@ fn pointwise(
         let Some(w) = w else { return Ok(None) };
         check_same_device(name, input, w)?;
         if w.layout().broadcast_to(input.shape(), name).is_err() {
-            return Err(TensorError::ExpandMismatch { op: name, shape: w.shape().to_vec(), target: input.shape().to_vec() });
+            return Err(TensorError::ExpandMismatch {
+                op: name,
+                shape: w.shape().to_vec(),
+                target: input.shape().to_vec(),
+            });
         }
         Ok(Some(w.detach().to_dtype(dtype)?))
     };

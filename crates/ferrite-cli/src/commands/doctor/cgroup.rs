@@ -147,12 +147,17 @@ pub fn cpu_limit(fs: &CgroupFs, proc_cgroup: &str, mountinfo: &str) -> Limit<f64
     if let Some((file, text)) = read_first(fs, &v2, "cpu.max") {
         return match text {
             Ok(t) => {
+                // The kernel writes `max PERIOD` or two positive integers (microseconds); anything
+                // else (a zero, a sign, `NaN`, a fraction) is not a quota it would enforce.
                 let mut parts = t.split_whitespace();
-                match (parts.next(), parts.next().map(str::parse::<f64>)) {
-                    (Some("max"), _) => Limit::None { file },
-                    (Some(q), Some(Ok(period))) if period > 0.0 => match q.parse::<f64>() {
-                        Ok(quota) => Limit::Set { value: quota / period, file },
-                        Err(_) => Limit::Unreadable { reason: format!("{} holds `{}`", file.display(), t.trim()) },
+                let positive = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok()).filter(|&v| v > 0);
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some("max"), _, None) => Limit::None { file },
+                    (q, p @ Some(_), None) => match (positive(q), positive(p)) {
+                        (Some(quota), Some(period)) => Limit::Set { value: quota as f64 / period as f64, file },
+                        _ => Limit::Unreadable {
+                            reason: format!("{} holds `{}`, not two positive whole numbers", file.display(), t.trim()),
+                        },
                     },
                     _ => Limit::Unreadable {
                         reason: format!("{} holds `{}`, not `QUOTA PERIOD`", file.display(), t.trim()),
@@ -167,7 +172,7 @@ pub fn cpu_limit(fs: &CgroupFs, proc_cgroup: &str, mountinfo: &str) -> Limit<f64
         let period = file.parent().map(|d| fs.read(&d.join("cpu.cfs_period_us")));
         return match (quota.map(|q| q.trim().parse::<i64>()), period.map(|p| p.map(|p| p.trim().parse::<i64>()))) {
             (Ok(Ok(q)), _) if q < 0 => Limit::None { file },
-            (Ok(Ok(q)), Some(Ok(Ok(p)))) if p > 0 => Limit::Set { value: q as f64 / p as f64, file },
+            (Ok(Ok(q)), Some(Ok(Ok(p)))) if q > 0 && p > 0 => Limit::Set { value: q as f64 / p as f64, file },
             (Err(reason), _) | (_, Some(Err(reason))) => Limit::Unreadable { reason },
             _ => Limit::Unreadable {
                 reason: format!("{} or cpu.cfs_period_us beside it is not a number", file.display()),
@@ -344,6 +349,14 @@ mod tests {
         assert_eq!((c[0].verdict, c[1].verdict), (Verdict::Warning, Verdict::Warning), "{c:?}");
         assert!(c[0].found.contains("cannot read /sys/fs/cgroup/memory.max"), "{c:?}");
         assert!(c[1].found.contains("`lots`"), "{c:?}");
+        // Found by fuzzing: a zero, signed or non-integer quota is no quota the kernel enforces
+        // (it was read as 0 CPUs).
+        for garbled in ["0000 100000", "-5 100000", "NaN 100000", "1.5 100000", "100000 0", "100000 100000 7"] {
+            std::fs::write(fs.root.join("sys/fs/cgroup/cpu.max"), garbled).unwrap();
+            let c = checks(&fs, Some(1 << 30), 2);
+            assert_eq!(c[1].verdict, Verdict::Warning, "{garbled}: {c:?}");
+            assert!(c[1].found.contains(garbled), "{garbled}: {c:?}");
+        }
         // No /proc at all (not Linux): one line, no warning.
         let (_t2, empty) = fake(&[], &[]);
         let c = checks(&empty, None, 2);

@@ -8,8 +8,8 @@
 //! finding. The exit status is 1 when a finding is an `error` (something that makes ferrite
 //! fail, such as an invalid `FERRITE_ALLOC_CONF`), else 0.
 
-mod cgroup;
-mod check;
+pub mod cgroup;
+pub mod check;
 mod cpu;
 mod datasets;
 mod devices;

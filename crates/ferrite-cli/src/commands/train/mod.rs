@@ -1,11 +1,18 @@
-//! `ferrite train`: an MLP on a built-in dataset, with every memory-saving technique one flag
-//! away and the allocator's figures printed every epoch.
+//! `ferrite train`: the built-in models on built-in data, with every memory-saving technique one
+//! flag away and the allocator's figures printed every epoch.
 //!
 //! Why a built-in trainer: it is the README's main job (`cargo run --release` with no arguments
 //! runs [`TrainArgs::default_demo`]) and the shortest path from "will this fit on a T4?" to an
 //! answer: the same command runs on `cpu` or on a simulated GPU (`--device sim:t4-16gb`) whose
 //! allocator refuses memory exactly where the real card would, and an out-of-memory error comes
 //! back diagnosed (exhausted or fragmented) with ranked suggestions instead of a panic.
+//!
+//! Four model families (`--model`), two tasks:
+//! - image classification ([`image`]): `mlp` on digits (8×8) or Fashion-MNIST (28×28);
+//! - character-level language modelling ([`language`]): `lstm` (truncated backpropagation through
+//!   time, the hidden state carried across chunks and detached at each boundary) and
+//!   `transformer` (decoder-only, causal attention) on the Jargon File, so the two can be
+//!   compared on one corpus.
 //!
 //! Semantics a user should know:
 //! - `--batch-size` is the micro-batch (what is in memory at once); with `--accum-steps k` the
@@ -17,24 +24,22 @@
 //! - `--save-checkpoint PATH` writes a training checkpoint after every epoch (atomically);
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
-mod model;
-mod resume;
+mod common;
+mod image;
+mod language;
+mod lstm_lm;
+mod mlp;
+pub mod resume;
+mod transformer_lm;
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::time::Instant;
 
-use ferrite_data::{DataLoader, Dataset, DatasetKind, ImageClassification, ImageCollate, Tensors, builtin_dataset};
-use ferrite_memory::{MemoryScope, allocator, format_size};
-use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, StateDict, autocast, inference};
-use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer, clip_grad_norm_};
-use ferrite_tensor::{DType, Device, Generator, Tensor};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use ferrite_data::DatasetKind;
+use ferrite_memory::allocator;
+use ferrite_tensor::{DType, Device};
 
-use self::model::{Mlp, MlpSpec, build_mlp};
-use self::resume::TrainingState;
 use super::CliResult;
-use crate::observe::{BatchReport, ObserveArgs, RunInfo, RunObserver, StepReport};
+use crate::observe::ObserveArgs;
 
 /// More hidden layers than any MLP worth training; bounds the work done before the first
 /// allocation.
@@ -63,17 +68,50 @@ impl Amp {
     }
 }
 
+/// The model family (`--model`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Multi-layer perceptron on flattened images.
+    Mlp,
+    /// Character-level LSTM language model, trained with truncated BPTT.
+    Lstm,
+    /// Character-level decoder-only transformer language model.
+    Transformer,
+}
+
+impl ModelKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Lstm => "lstm",
+            ModelKind::Transformer => "transformer",
+        }
+    }
+
+    /// Whether the model reads text (else images).
+    pub fn is_language_model(self) -> bool {
+        matches!(self, ModelKind::Lstm | ModelKind::Transformer)
+    }
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Built-in dataset: `digits` (embedded, 1,442 train / 355 test 8×8 images) or
-    /// `fashion-mnist` (60k/10k from Debian's dataset-fashion-mnist package).
-    #[arg(long, default_value = "digits")]
-    pub dataset: String,
-    /// Device to train on: `cpu`, or a simulated GPU such as `sim:t4-16gb`, `sim:a100-40gb`,
-    /// `sim:1GiB` (see `ferrite memory gpus`).
+    /// Model family: `mlp` classifies images, `lstm` and `transformer` are
+    /// character-level language models.
+    #[arg(long, value_enum, default_value = "mlp")]
+    pub model: ModelKind,
+    /// Dataset: `digits` (embedded, 1,442 train / 355 test 8×8 images) or `fashion-mnist`
+    /// (60k/10k from Debian's dataset-fashion-mnist package) for the image models; `jargon` (the
+    /// Jargon File, Debian's jargon-text package) or the path of any UTF-8 text file (gzipped or
+    /// not) for the language models. Default: digits, or jargon for a language model.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// Device to train on: `cpu`, a simulated GPU such as `sim:t4-16gb`, `sim:a100-40gb`,
+    /// `sim:1GiB` (see `ferrite memory gpus`), or a real GPU `gpu:0` (see `ferrite devices`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Micro-batch size (samples in memory at once).
+    /// Micro-batch size (samples in memory at once; for a language model, the number of
+    /// parallel text streams).
     #[arg(long, default_value_t = 64)]
     pub batch_size: usize,
     /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps).
@@ -82,23 +120,37 @@ pub struct TrainArgs {
     /// Mixed precision: linears in bf16 or f16 under autocast (f16 adds loss scaling).
     #[arg(long, value_enum)]
     pub amp: Option<Amp>,
-    /// Recompute each hidden block's activations in backward instead of keeping them.
+    /// Recompute activations in backward instead of keeping them (MLP: runs of ⌈√layers⌉
+    /// blocks; LSTM: each chunk's recurrence; transformer: each block).
     #[arg(long)]
     pub checkpoint_activations: bool,
-    /// Epochs to train (default: 20 for digits, 5 for fashion-mnist). With --resume, the total
-    /// including the epochs already done.
+    /// Epochs to train (default: 20 for digits, 5 for fashion-mnist, 1 for text). With --resume,
+    /// the total including the epochs already done.
     #[arg(long)]
     pub epochs: Option<usize>,
     /// Seed for initialisation, shuffling and dropout; the same seed gives the same run.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Width of each hidden layer.
+    /// Width of each hidden layer (MLP; the hidden state of the LSTM). Default: 128 (MLP), 256
+    /// (LSTM).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Number of hidden layers (MLP), stacked LSTM layers, or transformer blocks. Default: 2
+    /// (MLP, transformer), 1 (LSTM).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Width of the transformer (embedding and residual stream).
     #[arg(long, default_value_t = 128)]
-    pub hidden: usize,
-    /// Number of hidden layers.
-    #[arg(long, default_value_t = 2)]
-    pub layers: usize,
-    /// Dropout probability after each hidden activation (0 = none).
+    pub d_model: usize,
+    /// Attention heads of the transformer (must divide --d-model).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Characters per chunk of a language model: the transformer's context length, and the LSTM's
+    /// truncated-BPTT length (its hidden state is carried across chunks, its gradient is not).
+    #[arg(long, visible_alias = "bptt", default_value_t = 64)]
+    pub seq: usize,
+    /// Dropout probability (after each hidden activation; in every transformer block; between
+    /// the LSTM's input and output projections) (0 = none).
     #[arg(long, default_value_t = 0.0)]
     pub dropout: f64,
     /// AdamW learning rate.
@@ -114,11 +166,12 @@ pub struct TrainArgs {
     /// on it.
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
-    /// Train on the first N training samples only (quick runs).
+    /// Train on the first N training samples only (quick runs); for a language model, the first
+    /// N characters of the training text.
     #[arg(long)]
     pub train_subset: Option<usize>,
     /// Where to write the trained weights (safetensors, PyTorch parameter names).
-    /// Default: ferrite-<dataset>-mlp.safetensors in the current directory.
+    /// Default: ferrite-<dataset>-<model>.safetensors in the current directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Write a training checkpoint here after every epoch (atomic replace).
@@ -141,7 +194,8 @@ impl TrainArgs {
     /// The configuration `ferrite` with no arguments runs.
     pub fn default_demo() -> Self {
         TrainArgs {
-            dataset: "digits".into(),
+            model: ModelKind::Mlp,
+            dataset: None,
             device: "cpu".into(),
             batch_size: 64,
             accum_steps: 1,
@@ -149,8 +203,11 @@ impl TrainArgs {
             checkpoint_activations: false,
             epochs: None,
             seed: 0,
-            hidden: 128,
-            layers: 2,
+            hidden: None,
+            layers: None,
+            d_model: 128,
+            heads: 4,
+            seq: 64,
             dropout: 0.0,
             lr: 1e-3,
             weight_decay: 0.01,
@@ -164,6 +221,16 @@ impl TrainArgs {
             no_progress: false,
             observe: ObserveArgs::default(),
         }
+    }
+
+    /// `--hidden`, or the model's default width.
+    fn hidden(&self) -> usize {
+        self.hidden.unwrap_or(if self.model == ModelKind::Lstm { 256 } else { 128 })
+    }
+
+    /// `--layers`, or the model's default depth.
+    fn layers(&self) -> usize {
+        self.layers.unwrap_or(if self.model == ModelKind::Lstm { 1 } else { 2 })
     }
 }
 
@@ -185,6 +252,10 @@ pub enum TrainError {
     NotATrainingCheckpoint { path: String, found: String },
     #[error("corrupt training checkpoint: `{entry}` {reason}")]
     CorruptCheckpoint { entry: String, reason: String },
+    #[error(
+        "{what} has {chars} characters, fewer than the {needed} that {why} need; use a longer text or a smaller --seq/--batch-size"
+    )]
+    TextTooShort { what: String, chars: usize, needed: usize, why: String },
     #[error("{phase} on {device}: {source}{hint}")]
     During { phase: &'static str, device: String, source: Box<TrainError>, hint: String },
     #[error(transparent)]
@@ -297,15 +368,14 @@ fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static 
 
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
-    let kind: DatasetKind = args.dataset.parse()?;
     let device = Device::parse(&args.device)?;
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
     }
     check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
-    check("hidden", args.hidden >= 1, args.hidden, "must be at least 1")?;
-    check("layers", (1..=MAX_LAYERS).contains(&args.layers), args.layers, "must be between 1 and 10000")?;
+    check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;
+    check("layers", (1..=MAX_LAYERS).contains(&args.layers()), args.layers(), "must be between 1 and 10000")?;
     check("dropout", (0.0..1.0).contains(&args.dropout), args.dropout, "must be in [0, 1)")?;
     check("lr", args.lr.is_finite() && args.lr > 0.0, args.lr, "must be a positive number")?;
     check(
@@ -320,11 +390,11 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if let Some(n) = args.train_subset {
         check("train-subset", n >= 1, n, "must be at least 1")?;
     }
-    let epochs = args.epochs.unwrap_or(match kind {
-        DatasetKind::Digits => 20,
-        DatasetKind::FashionMnist => 5,
-    });
-    check("epochs", epochs >= 1, epochs, "must be at least 1")?;
+    check("seq", args.seq >= 1, args.seq, "must be at least 1")?;
+    check("d-model", args.d_model >= 1, args.d_model, "must be at least 1")?;
+    if let Some(e) = args.epochs {
+        check("epochs", e >= 1, e, "must be at least 1")?;
+    }
     let alloc = allocator(&device);
     match &args.alloc_conf {
         Some(spec) => alloc.set_alloc_conf(spec)?,
@@ -333,311 +403,18 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             ferrite_memory::env_alloc_config()?;
         }
     }
-
-    // ---- data
-    let splits = builtin_dataset(kind)?;
-    let train_set = match args.train_subset {
-        Some(n) => splits.train.take(n),
-        None => splits.train,
-    };
-    let (inputs, classes) = (train_set.num_features(), train_set.num_classes());
-    let (train_len, test_len) = (Dataset::len(&train_set), Dataset::len(&splits.test));
-    let mut seeds = Generator::new(args.seed);
-    let loader_seed = seeds.next_u64();
-    let mut train_loader = {
-        let b = train_set.tensor_loader(args.batch_size).shuffle(true).seed(loader_seed).num_workers(args.workers);
-        if device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
-    };
-    let mut test_loader = {
-        let b = splits.test.tensor_loader(500).num_workers(args.workers);
-        if device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
-    };
-
-    // ---- model, optimizer, scaler
-    let spec = MlpSpec {
-        inputs,
-        hidden: args.hidden,
-        layers: args.layers,
-        classes,
-        dropout: args.dropout,
-        checkpoint_activations: args.checkpoint_activations,
-    };
-    let Some(num_parameters) = spec.num_parameters().filter(|n| n.checked_mul(16).is_some()) else {
-        return Err(TrainError::InvalidArgument {
-            flag: "hidden",
-            value: args.hidden.to_string(),
-            expected: "too large: the model's size does not fit in 64 bits",
-        });
-    };
-    let param_bytes = num_parameters * 4;
-    // Weights, their gradients and AdamW's two moments, all f32 (autocast keeps master weights
-    // in f32): the floor of training memory before any activation.
-    let state_bytes = 4 * param_bytes;
-    println!(
-        "ferrite train: {kind} ({train_len} train / {test_len} test), MLP {inputs}-{}-{classes} on {device}",
-        vec![args.hidden.to_string(); args.layers].join("-"),
-    );
-    println!(
-        "  {} parameters: weights {}, with gradients and AdamW moments {} before activations",
-        num_parameters,
-        format_size(param_bytes),
-        format_size(state_bytes),
-    );
-    println!(
-        "  batch {} x {} accumulation = {} per step, {}, {}, AdamW lr {} wd {}, seed {}, {} workers",
-        args.batch_size,
-        args.accum_steps,
-        args.batch_size.saturating_mul(args.accum_steps),
-        args.amp.map_or("f32".to_string(), |a| format!("autocast {}", a.name())),
-        if args.checkpoint_activations { "activation checkpointing" } else { "activations kept" },
-        args.lr,
-        args.weight_decay,
-        args.seed,
-        args.workers,
-    );
-    // Outputs for watching the run (metrics endpoint, JSON lines) start before the model is
-    // built, so a port in use or an unwritable file fails the run before any real work.
-    let run = start_observer(args, kind, &spec, &device)?;
-    let dropout_rng = RngHandle::new(seeds.next_u64());
-    let mut init = Generator::new(seeds.next_u64());
-    let too_big = Hint::OutOfMemory(format!(
-        "\nThe model alone does not fit: its weights need {}, and training them needs about {} (weights, gradients, AdamW moments) before any activation. Batch size, accumulation and checkpointing cannot help with that; use a smaller --hidden/--layers or a device with more memory (`ferrite memory gpus`).",
-        format_size(param_bytes),
-        format_size(state_bytes)
-    ));
-    let mut model =
-        build_mlp(&spec, &device, &mut init, &dropout_rng).during_hint("building the model", &device, too_big)?;
-    let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
-    let mut scaler =
-        GradScaler::new(GradScalerConfig { enabled: args.amp == Some(Amp::F16), ..GradScalerConfig::default() })?;
-    let mut acc = Accumulator::new(args.accum_steps)?;
-    let loss_fn = CrossEntropyLoss::new();
-
-    let settings = run_settings(args, kind);
-    let mut first_epoch = 0;
-    let mut steps: u64 = 0;
-    if let Some(path) = &args.resume {
-        let state = resume::load(path, &device, &settings)?;
-        let sd: StateDict = state.model.into_iter().collect();
-        model.load_state_dict(&sd, true)?;
-        opt.load_state_dict(&state.optimizer)?;
-        if scaler.is_enabled() {
-            scaler.load_state_dict(state.scaler.as_ref())?;
-        }
-        train_loader.set_generator_state(state.loader_rng);
-        dropout_rng.set_state(state.dropout_rng);
-        first_epoch = state.epoch;
-        steps = state.step;
-        println!("  resumed from {} after epoch {first_epoch} ({steps} steps)", path.display());
-        if first_epoch >= epochs {
-            println!("  nothing to do: the checkpoint already has {first_epoch} of {epochs} epochs");
-        }
+    if args.model.is_language_model() {
+        language::train(args, &device)
+    } else {
+        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
+        image::train(args, kind, &device)
     }
-
-    run.set_steps(steps);
-
-    // ---- training
-    let show_progress = !args.no_progress && std::io::stderr().is_terminal();
-    let start = Instant::now();
-    let mut test_accuracy = f64::NAN;
-    for epoch in first_epoch..epochs {
-        let epoch_start = Instant::now();
-        let scope = MemoryScope::new(format!("epoch {}", epoch + 1), &device).quiet();
-        let bar = progress_bar(show_progress, train_loader.len() as u64, epoch + 1, epochs);
-        let (mut loss_sum, mut batches, mut correct, mut seen) = (0.0f64, 0usize, 0usize, 0usize);
-        let mut pass_peak = 0u64;
-        run.epoch_started(epoch + 1, epochs);
-        for batch in run.time_loader(train_loader.epoch()) {
-            let (x, y) = batch?;
-            let x = x.flatten(1, -1)?;
-            let pass = MemoryScope::new("forward+backward", &device).quiet();
-            let (loss, logits) = {
-                let _amp = args.amp.map(|a| autocast(a.dtype())).transpose()?;
-                let logits = model.forward(&x).during("forward pass", &device)?;
-                (loss_fn.forward(&logits, &y)?, logits)
-            };
-            scaler.scale(&acc.scale_loss(&loss)?)?.backward().during("backward pass", &device)?;
-            pass_peak = pass_peak.max(pass.finish().peak_allocated);
-            if acc.micro_step() {
-                let applied =
-                    optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
-                run.step(step_report(applied, &opt, &scaler));
-                steps += 1;
-            }
-            let l = loss.item()?;
-            loss_sum += l;
-            batches += 1;
-            correct += count_correct(&logits, &y)?;
-            seen += y.numel();
-            bar.inc(1);
-            bar.set_message(format!("loss {l:.4}"));
-            run.batch(BatchReport { samples: y.numel(), loss: l });
-        }
-        if acc.pending() > 0 {
-            let applied =
-                optimizer_step(&mut opt, &mut scaler, args.clip_grad_norm).during("optimizer step", &device)?;
-            run.step(step_report(applied, &opt, &scaler));
-            acc.reset();
-            steps += 1;
-        }
-        run.epoch_finished();
-        bar.finish_and_clear();
-        // The memory figures are the training pass's; evaluation (no graph, batch 500) follows.
-        let mem = scope.finish();
-        test_accuracy = evaluate(&mut model, &mut test_loader).during("evaluation", &device)?;
-        println!(
-            "epoch {:>3}/{epochs}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | memory: allocated {}, reserved {}, peak {} (forward+backward {})  | {}",
-            epoch + 1,
-            loss_sum / batches.max(1) as f64,
-            100.0 * correct as f64 / seen.max(1) as f64,
-            100.0 * test_accuracy,
-            format_size(mem.allocated_after),
-            format_size(mem.reserved_after),
-            format_size(mem.peak_allocated),
-            format_size(pass_peak),
-            seconds(epoch_start.elapsed().as_secs_f64()),
-        );
-        if let Some(path) = &args.save_checkpoint {
-            let state = TrainingState {
-                epoch: epoch + 1,
-                step: steps,
-                model: model.named_parameters(),
-                optimizer: opt.state_dict()?,
-                scaler: scaler.state_dict(),
-                loader_rng: train_loader.generator_state(),
-                dropout_rng: dropout_rng.state(),
-                settings: settings.clone(),
-            };
-            resume::save(path, &state)?;
-        }
-    }
-    if first_epoch >= epochs {
-        test_accuracy = evaluate(&mut model, &mut test_loader).during("evaluation", &device)?;
-    }
-
-    // ---- results
-    let weights = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{kind}-mlp.safetensors")));
-    let sd = model.state_dict();
-    ferrite_io::save_state_dict(&weights, sd.iter())?;
-    let run_epochs = epochs.saturating_sub(first_epoch);
-    println!(
-        "test accuracy {:.2}% after {epochs} epochs ({run_epochs} run here, {:.1}s); weights written to {}",
-        100.0 * test_accuracy,
-        start.elapsed().as_secs_f64(),
-        weights.display()
-    );
-    println!("{}", alloc.memory_summary(true));
-    run.finish();
-    Ok(())
-}
-
-/// The run's metrics outputs (`--metrics-addr`, `--metrics-file`), announced on stdout.
-fn start_observer(
-    args: &TrainArgs,
-    kind: DatasetKind,
-    spec: &MlpSpec,
-    device: &Device,
-) -> Result<RunObserver, TrainError> {
-    let model =
-        format!("mlp {}-{}-{}", spec.inputs, vec![spec.hidden.to_string(); spec.layers].join("-"), spec.classes);
-    let info = RunInfo {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        model,
-        dataset: kind.name().to_string(),
-        device: device.to_string(),
-    };
-    // Batches are collated on the host before they are staged to the device: report both.
-    let mut devices = vec![device.clone()];
-    if *device != Device::Cpu {
-        devices.push(Device::Cpu);
-    }
-    let run = RunObserver::start(&args.observe, info, devices)?;
-    if let Some(url) = run.metrics_url() {
-        println!("  metrics: serving {url}");
-    }
-    if let Some(path) = &args.observe.metrics_file {
-        println!("  metrics: appending JSON lines to {}", path.display());
-    }
-    Ok(run)
-}
-
-/// What the optimizer step just did, for the run's metrics.
-fn step_report(applied: bool, opt: &Adam, scaler: &GradScaler) -> StepReport {
-    StepReport {
-        applied,
-        learning_rate: opt.lrs().first().copied().unwrap_or(f64::NAN),
-        grad_scale: scaler.is_enabled().then(|| scaler.get_scale()),
-    }
-}
-
-/// The settings a resume must not change.
-fn run_settings(args: &TrainArgs, kind: DatasetKind) -> Vec<(String, String)> {
-    vec![
-        ("dataset".into(), kind.name().into()),
-        ("hidden".into(), args.hidden.to_string()),
-        ("layers".into(), args.layers.to_string()),
-        ("dropout".into(), args.dropout.to_string()),
-        ("batch-size".into(), args.batch_size.to_string()),
-        ("accum-steps".into(), args.accum_steps.to_string()),
-        ("amp".into(), args.amp.map_or("none", Amp::name).into()),
-        ("seed".into(), args.seed.to_string()),
-        ("lr".into(), args.lr.to_string()),
-        ("weight-decay".into(), args.weight_decay.to_string()),
-        ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
-    ]
-}
-
-/// One optimizer step; false when the GradScaler skipped it (inf/NaN gradients).
-fn optimizer_step(opt: &mut Adam, scaler: &mut GradScaler, clip: Option<f64>) -> Result<bool, TrainError> {
-    if let Some(max_norm) = clip {
-        scaler.unscale_(opt)?;
-        clip_grad_norm_(&opt.params(), max_norm)?;
-    }
-    let applied = scaler.step(opt)?;
-    scaler.update()?;
-    opt.zero_grad()?;
-    Ok(applied)
-}
-
-fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
-    let hits = logits.argmax(1, false)?.eq(y)?.to_vec_bool()?;
-    Ok(hits.into_iter().filter(|h| *h).count())
-}
-
-fn evaluate(
-    model: &mut Mlp,
-    loader: &mut DataLoader<ImageClassification, Tensors<ImageCollate>>,
-) -> Result<f64, TrainError> {
-    let (mut correct, mut seen) = (0usize, 0usize);
-    for batch in loader {
-        let (x, y) = batch?;
-        let logits = inference(model, |m| m.forward(&x.flatten(1, -1)?))?;
-        correct += count_correct(&logits, &y)?;
-        seen += y.numel();
-    }
-    Ok(correct as f64 / seen.max(1) as f64)
-}
-
-/// `12.3 ms` below a second, `1.23 s` above.
-fn seconds(s: f64) -> String {
-    if s < 1.0 { format!("{:.1} ms", s * 1e3) } else { format!("{s:.2} s") }
-}
-
-fn progress_bar(show: bool, len: u64, epoch: usize, epochs: usize) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})") {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_prefix(format!("epoch {epoch}/{epochs}"));
-    bar
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_tensor::Tensor;
 
     fn hinted(e: impl Into<TrainError>) -> String {
         Err::<(), _>(e)

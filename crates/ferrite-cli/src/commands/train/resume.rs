@@ -72,7 +72,17 @@ pub fn save(path: &Path, state: &TrainingState) -> Result<(), TrainError> {
 /// Reads a checkpoint written by [`save`], placing model tensors on `device`, and checks that
 /// its settings equal `settings`.
 pub fn load(path: &Path, device: &Device, settings: &[(String, String)]) -> Result<TrainingState, TrainError> {
-    let c = Checkpoint::load(path)?;
+    read(&Checkpoint::load(path)?, path, device, settings)
+}
+
+/// [`load`] of a checkpoint already read from `path`: every entry a resume needs, checked for
+/// presence, type and range, so a damaged or foreign file is a [`TrainError`] naming the entry.
+pub fn read(
+    c: &Checkpoint,
+    path: &Path,
+    device: &Device,
+    settings: &[(String, String)],
+) -> Result<TrainingState, TrainError> {
     match c.get("format").and_then(Value::as_str) {
         Some(FORMAT) => {}
         other => {
@@ -90,7 +100,7 @@ pub fn load(path: &Path, device: &Device, settings: &[(String, String)]) -> Resu
     }
     let on_device = LoadOptions::new().map_location(MapLocation::To(device.clone()));
     let model = c.state_dict("model", &on_device)?;
-    let optimizer = optimizer_state(&c)?;
+    let optimizer = optimizer_state(c)?;
     let scaler = match c.get("scaler") {
         None => None,
         Some(_) => Some(GradScalerState {

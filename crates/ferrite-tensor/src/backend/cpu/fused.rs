@@ -497,13 +497,7 @@ fn rmsprop_centered_avg<T: Float>(k: &RmspropScalars<T::Acc>, ga: T::Acc, gavg: 
 
 /// `buf.mul_(momentum).addcdiv_(grad, avg)`, then `param.add_(buf, alpha=-lr)`: (param, buf).
 #[inline(always)]
-fn rmsprop_apply_momentum<T: Float>(
-    k: &RmspropScalars<T::Acc>,
-    pa: T::Acc,
-    ga: T::Acc,
-    avg: T::Acc,
-    buf: T,
-) -> (T, T) {
+fn rmsprop_apply_momentum<T: Float>(k: &RmspropScalars<T::Acc>, pa: T::Acc, ga: T::Acc, avg: T::Acc, buf: T) -> (T, T) {
     let b = r::<T>(r::<T>(buf.to_acc() * k.momentum) + ga / avg);
     (T::from_acc(b.mul_add(k.neg_lr, pa)), T::from_acc(b))
 }

@@ -212,7 +212,13 @@ fn forward<T: Float>(op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Re
     }
 }
 
-fn backward<T: Float>(op: PointwiseLoss, wrt: LossGrad, out: &Tensor, grad: &Tensor, x: LossOperands<'_>) -> Result<()> {
+fn backward<T: Float>(
+    op: PointwiseLoss,
+    wrt: LossGrad,
+    out: &Tensor,
+    grad: &Tensor,
+    x: LossOperands<'_>,
+) -> Result<()> {
     let shape = out.shape().to_vec();
     let one_t = T::from_f64(1.0);
     let name = op.backward_name();
@@ -295,12 +301,16 @@ fn backward<T: Float>(op: PointwiseLoss, wrt: LossGrad, out: &Tensor, grad: &Ten
         }
         PointwiseLoss::KlDiv { log_target } => map_n::<T, 5>(out, &ops, |[gi, xi, ti, _, _]| {
             let (g, xv, tv) = (gi.to_acc(), xi.to_acc(), ti.to_acc());
+            // xlogy(t, t)'s derivative in its first argument is t / t, as PyTorch computes it:
+            // 1, and NaN where t == 0.
+            #[allow(clippy::eq_op)]
+            let t_over_t = tv / tv;
             T::from_acc(match (log_target, target) {
                 (true, false) => -(g * tv.exp()),
                 (false, false) => -(g * tv),
                 (true, true) => g * tv.exp() * (tv - xv + one),
                 // xlogy(t, t)'s two partial derivatives (ln t where t != 0, and t / t), minus x.
-                (false, true) => g * ((if tv == zero { zero } else { tv.ln() }) + tv / tv - xv),
+                (false, true) => g * ((if tv == zero { zero } else { tv.ln() }) + t_over_t - xv),
             })
         }),
     }

@@ -204,7 +204,8 @@ fn elementwise_body(kernel: &FusedKernel, dtype: DType) -> String {
             }
             let _ = writeln!(s, "  let avg = {};", r(&format!("{} + eps", r("sqrt(v)"))));
             if has_m {
-                let _ = writeln!(s, "  let b = {};", r(&format!("{} + g / avg", r(&format!("ldf{buf}(e{buf}) * mom")))));
+                let _ =
+                    writeln!(s, "  let b = {};", r(&format!("{} + g / avg", r(&format!("ldf{buf}(e{buf}) * mom")))));
                 let _ = writeln!(s, "  stf{buf}(e{buf}, b);\n  stf0(e0, fma(b, neg_lr, pa));");
             } else {
                 s.push_str("  stf0(e0, pa + (neg_lr * g) / avg);\n");

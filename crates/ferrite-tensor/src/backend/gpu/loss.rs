@@ -40,12 +40,7 @@ fn scalar(op: PointwiseLoss) -> f32 {
 
 /// Bind the loss operands after the `first` already bound ones; returns the map and the WGSL
 /// expressions of (x, t, w, pw).
-fn bind<'a>(
-    mut map: Map<'a>,
-    first: usize,
-    shape: &[usize],
-    x: &LossOperands<'a>,
-) -> Result<(Map<'a>, [String; 4])> {
+fn bind<'a>(mut map: Map<'a>, first: usize, shape: &[usize], x: &LossOperands<'a>) -> Result<(Map<'a>, [String; 4])> {
     let mut next = first;
     let mut expr = |t: Option<&'a Tensor>, map: Map<'a>| -> Result<(Map<'a>, String)> {
         match t {
@@ -71,17 +66,24 @@ fn presence(x: &LossOperands<'_>) -> String {
 
 pub(super) fn pointwise_loss(rt: &Runtime, op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Result<()> {
     let shape = out.shape().to_vec();
-    let map = Map::new(op.name(), format!("loss:{}:{}", key(op), presence(&x))).operand(write(out), out.layout().clone());
+    let map =
+        Map::new(op.name(), format!("loss:{}:{}", key(op), presence(&x))).operand(write(out), out.layout().clone());
     let (map, [xe, te, we, pe]) = bind(map, 1, &shape, &x)?;
-    let mut b = format!("  let x = {xe};\n  let t = {te};\n  let w = {we};\n  let pw = {pe};\n  let k = bitcast<f32>(sc(0u));\n");
+    let mut b = format!(
+        "  let x = {xe};\n  let t = {te};\n  let w = {we};\n  let pw = {pe};\n  let k = bitcast<f32>(sc(0u));\n"
+    );
     let value = match op {
         PointwiseLoss::Bce => {
             "select((t - 1.0) * clog(log1p_f(-x)) - t * clog(log(x)), bitcast<f32>(0x7fc00000u), !(x >= 0.0 && x <= 1.0 && t >= 0.0 && t <= 1.0)) * w"
         }
         PointwiseLoss::BceWithLogits => "((1.0 - t) * x - ((pw - 1.0) * t + 1.0) * log_sigmoid(x)) * w",
-        PointwiseLoss::SmoothL1 { beta } if beta == 0.0 => "abs(x - t)",
-        PointwiseLoss::SmoothL1 { .. } => "select(abs(x - t) - 0.5 * k, 0.5 * abs(x - t) * abs(x - t) / k, abs(x - t) < k)",
-        PointwiseLoss::Huber { .. } => "select(k * (abs(x - t) - 0.5 * k), 0.5 * abs(x - t) * abs(x - t), abs(x - t) < k)",
+        PointwiseLoss::SmoothL1 { beta: 0.0 } => "abs(x - t)",
+        PointwiseLoss::SmoothL1 { .. } => {
+            "select(abs(x - t) - 0.5 * k, 0.5 * abs(x - t) * abs(x - t) / k, abs(x - t) < k)"
+        }
+        PointwiseLoss::Huber { .. } => {
+            "select(k * (abs(x - t) - 0.5 * k), 0.5 * abs(x - t) * abs(x - t), abs(x - t) < k)"
+        }
         PointwiseLoss::KlDiv { log_target: true } => "exp(t) * (t - x)",
         PointwiseLoss::KlDiv { log_target: false } => "xlogx(t) - t * x",
     };
@@ -114,7 +116,7 @@ pub(super) fn pointwise_loss_backward(
         (PointwiseLoss::BceWithLogits, false) => {
             "g * ((1.0 - t) - ((pw - 1.0) * t + 1.0) * sigmoid_f(-x)) * w".to_string()
         }
-        (PointwiseLoss::SmoothL1 { beta }, _) if beta == 0.0 => format!("{sign}(g * sign(x - t))"),
+        (PointwiseLoss::SmoothL1 { beta: 0.0 }, _) => format!("{sign}(g * sign(x - t))"),
         (PointwiseLoss::SmoothL1 { .. }, _) => {
             format!("{sign}select(select((x - t) * g / k, g, x - t >= k), -g, x - t <= -k)")
         }

@@ -1,4 +1,4 @@
-//! The trainer's model: an MLP whose hidden blocks can be checkpointed in segments.
+//! The trainer's MLP, whose hidden blocks can be checkpointed in segments.
 //!
 //! Why segments: checkpointing a single `Linear → ReLU` block saves nothing — the block's input
 //! is the previous ReLU's output, which autograd keeps anyway. Checkpointing runs of
@@ -87,7 +87,9 @@ impl Module for Mlp {
         "Sequential"
     }
 
+    /// `x` is `[batch, features]` or an image batch `[batch, channels, height, width]`, flattened.
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        let x = &x.flatten(1, -1)?;
         let h = if self.segment == 0 || !is_grad_enabled() {
             run_blocks(&self.blocks, x)?
         } else {

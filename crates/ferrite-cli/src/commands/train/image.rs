@@ -1,0 +1,190 @@
+//! Image classification: the MLP and the CNN on digits or Fashion-MNIST, with test accuracy and
+//! the allocator's figures after every epoch.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ferrite_data::{DataLoader, Dataset, DatasetKind, ImageClassification, ImageCollate, Tensors, builtin_dataset};
+use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
+use ferrite_tensor::{Device, Generator, Tensor};
+
+use super::common::{self, EpochMeter, Stepper};
+use super::mlp::{MlpSpec, build_mlp};
+use super::{During, Hint, ModelKind, TrainArgs, TrainError};
+use crate::observe::BatchReport;
+
+type ImageLoader = DataLoader<ImageClassification, Tensors<ImageCollate>>;
+
+/// Trains `args.model` (an image model) on `kind`.
+pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(), TrainError> {
+    let epochs = args.epochs.unwrap_or(match kind {
+        DatasetKind::Digits => 20,
+        DatasetKind::FashionMnist => 5,
+    });
+
+    // ---- data
+    let splits = builtin_dataset(kind)?;
+    let train_set = match args.train_subset {
+        Some(n) => splits.train.take(n),
+        None => splits.train,
+    };
+    let (inputs, classes) = (train_set.num_features(), train_set.num_classes());
+    let (train_len, test_len) = (Dataset::len(&train_set), Dataset::len(&splits.test));
+    let mut seeds = Generator::new(args.seed);
+    let loader_seed = seeds.next_u64();
+    let mut train_loader = {
+        let b = train_set.tensor_loader(args.batch_size).shuffle(true).seed(loader_seed).num_workers(args.workers);
+        if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
+    };
+    let mut test_loader = {
+        let b = splits.test.tensor_loader(500).num_workers(args.workers);
+        if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
+    };
+
+    // ---- model, optimizer, scaler
+    let (hidden, layers) = (args.hidden(), args.layers());
+    let spec = match args.model {
+        ModelKind::Mlp => MlpSpec {
+            inputs,
+            hidden,
+            layers,
+            classes,
+            dropout: args.dropout,
+            checkpoint_activations: args.checkpoint_activations,
+        },
+        other => unreachable_image_model(other)?,
+    };
+    let Some(num_parameters) = spec.num_parameters().filter(|n| n.checked_mul(16).is_some()) else {
+        return Err(TrainError::InvalidArgument {
+            flag: "hidden",
+            value: hidden.to_string(),
+            expected: "too large: the model's size does not fit in 64 bits",
+        });
+    };
+    let param_bytes = num_parameters * 4;
+    // Weights, their gradients and AdamW's two moments, all f32 (autocast keeps master weights
+    // in f32): the floor of training memory before any activation.
+    let state_bytes = 4 * param_bytes;
+    let model_name = format!("mlp {inputs}-{}-{classes}", vec![hidden.to_string(); layers].join("-"));
+    println!(
+        "ferrite train: {kind} ({train_len} train / {test_len} test), MLP {inputs}-{}-{classes} on {device}",
+        vec![hidden.to_string(); layers].join("-"),
+    );
+    println!(
+        "  {} parameters: weights {}, with gradients and AdamW moments {} before activations",
+        num_parameters,
+        format_size(param_bytes),
+        format_size(state_bytes),
+    );
+    println!("  {}", common::describe_settings(args));
+    // Outputs for watching the run (metrics endpoint, JSON lines) start before the model is
+    // built, so a port in use or an unwritable file fails the run before any real work.
+    let run = common::start_observer(args, model_name, kind.name(), device)?;
+    let dropout_rng = RngHandle::new(seeds.next_u64());
+    let mut init = Generator::new(seeds.next_u64());
+    let too_big = Hint::OutOfMemory(format!(
+        "\nThe model alone does not fit: its weights need {}, and training them needs about {} (weights, gradients, AdamW moments) before any activation. Batch size, accumulation and checkpointing cannot help with that; use a smaller --hidden/--layers or a device with more memory (`ferrite memory gpus`).",
+        format_size(param_bytes),
+        format_size(state_bytes)
+    ));
+    let mut model: Box<dyn Module> = Box::new(build_mlp(&spec, device, &mut init, &dropout_rng).during_hint(
+        "building the model",
+        device,
+        too_big,
+    )?);
+    let mut stepper = Stepper::new(&*model, args)?;
+    let loss_fn = CrossEntropyLoss::new();
+
+    let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
+    let settings = common::run_settings(args, kind.name(), specific);
+    let first_epoch =
+        stepper.resume_if_asked(args, epochs, &mut *model, &dropout_rng, &mut train_loader, device, &settings)?;
+    run.set_steps(stepper.steps);
+
+    // ---- training
+    let start = Instant::now();
+    let mut test_accuracy = f64::NAN;
+    for epoch in first_epoch..epochs {
+        let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
+        let (mut correct, mut seen) = (0usize, 0usize);
+        run.epoch_started(epoch + 1, epochs);
+        for batch in run.time_loader(train_loader.epoch()) {
+            let (x, y) = batch?;
+            let pass = MemoryScope::new("forward+backward", device).quiet();
+            let (loss, logits) = {
+                let _amp = args.amp.map(|a| autocast(a.dtype())).transpose()?;
+                let logits = model.forward(&x).during("forward pass", device)?;
+                (loss_fn.forward(&logits, &y)?, logits)
+            };
+            stepper.backward(&loss, device, &run)?;
+            let l = loss.item()?;
+            meter.batch(pass, l);
+            correct += count_correct(&logits, &y)?;
+            seen += y.numel();
+            run.batch(BatchReport { samples: y.numel(), loss: l });
+        }
+        stepper.finish_epoch(device, &run)?;
+        run.epoch_finished();
+        let (mean_loss, memory, epoch_start) = meter.finish();
+        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
+        test_accuracy = evaluate(&mut *model, &mut test_loader).during("evaluation", device)?;
+        println!(
+            "epoch {:>3}/{epochs}  loss {mean_loss:.4}  train acc {:5.2}%  test acc {:5.2}%  | {memory}  | {}",
+            epoch + 1,
+            100.0 * correct as f64 / seen.max(1) as f64,
+            100.0 * test_accuracy,
+            common::seconds(epoch_start.elapsed().as_secs_f64()),
+        );
+        if let Some(path) = &args.save_checkpoint {
+            stepper.save_checkpoint(
+                path,
+                epoch + 1,
+                &*model,
+                train_loader.generator_state(),
+                &dropout_rng,
+                &settings,
+            )?;
+        }
+    }
+    if first_epoch >= epochs {
+        test_accuracy = evaluate(&mut *model, &mut test_loader).during("evaluation", device)?;
+    }
+
+    // ---- results
+    let weights =
+        args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{kind}-{}.safetensors", args.model.name())));
+    let sd = model.state_dict();
+    ferrite_io::save_state_dict(&weights, sd.iter())?;
+    let run_epochs = epochs.saturating_sub(first_epoch);
+    println!(
+        "test accuracy {:.2}% after {epochs} epochs ({run_epochs} run here, {:.1}s); weights written to {}",
+        100.0 * test_accuracy,
+        start.elapsed().as_secs_f64(),
+        weights.display()
+    );
+    println!("{}", allocator(device).memory_summary(true));
+    run.finish();
+    Ok(())
+}
+
+/// The dispatcher sends only image models here.
+fn unreachable_image_model(kind: ModelKind) -> Result<MlpSpec, TrainError> {
+    Err(TrainError::InvalidArgument { flag: "model", value: kind.name().to_string(), expected: "an image model (mlp)" })
+}
+
+fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
+    let hits = logits.argmax(1, false)?.eq(y)?.to_vec_bool()?;
+    Ok(hits.into_iter().filter(|h| *h).count())
+}
+
+fn evaluate(model: &mut dyn Module, loader: &mut ImageLoader) -> Result<f64, TrainError> {
+    let (mut correct, mut seen) = (0usize, 0usize);
+    for batch in loader {
+        let (x, y) = batch?;
+        let logits = inference(model, |m| m.forward(&x))?;
+        correct += count_correct(&logits, &y)?;
+        seen += y.numel();
+    }
+    Ok(correct as f64 / seen.max(1) as f64)
+}
