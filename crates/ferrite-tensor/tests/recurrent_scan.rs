@@ -214,3 +214,56 @@ fn bad_batch_sizes_and_shapes_are_errors() {
     let e = recurrent_scan(gru, &x, &[3, 3], w, None, Some(&z(&[3, 4])), false).unwrap_err();
     assert!(e.to_string().contains("c0"), "{e}");
 }
+
+#[test]
+fn without_a_graph_nothing_is_kept_and_the_values_are_the_same() {
+    // A long LSTM scan under no_grad keeps one step's gates and cell state, not every step's:
+    // its peak is the output and a few step-sized temporaries.
+    let d = Device::parse("sim:1GiB:3").unwrap();
+    let a = ferrite_memory::allocator(&d);
+    let (input, hidden, batch, steps) = (8, 64, 4, 200);
+    let g = &mut Generator::new(9);
+    let sizes: Vec<usize> = (0..steps).map(|t| if t < steps / 2 { batch } else { batch / 2 }).collect();
+    let rows: usize = sizes.iter().sum();
+    for cell in CELLS {
+        let gh = cell.gates() * hidden;
+        let w_ih = leaf(&[gh, input], &d, g, 0.3);
+        let w_hh = leaf(&[gh, hidden], &d, g, 0.3);
+        let x = Tensor::randn_with(&[rows, input], DType::F32, &d, g).unwrap();
+        let w = RecurrentWeights { w_ih: &w_ih, w_hh: &w_hh, b_ih: None, b_hh: None };
+        for reverse in [false, true] {
+            let base = a.memory_allocated();
+            a.reset_peak_memory_stats();
+            let trained = recurrent_scan(cell, &x, &sizes, w, None, None, reverse).unwrap();
+            let peak_graph = a.max_memory_allocated() - base;
+            let kept_graph = a.memory_allocated() - base;
+            let base = a.memory_allocated();
+            a.reset_peak_memory_stats();
+            let inferred = {
+                let _g = ferrite_tensor::no_grad();
+                recurrent_scan(cell, &x, &sizes, w, None, None, reverse).unwrap()
+            };
+            let peak_plain = a.max_memory_allocated() - base;
+            let kept_plain = a.memory_allocated() - base;
+            let out_bytes = (rows * hidden * 4) as u64;
+            println!(
+                "{cell:?} reverse {reverse}: held after forward {kept_graph} B with a graph, {kept_plain} B without (output {out_bytes} B); peaks {peak_graph} / {peak_plain} B"
+            );
+            let bits = |t: &Tensor| t.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect::<Vec<_>>();
+            assert_eq!(bits(&trained.output), bits(&inferred.output), "{cell:?}: same outputs");
+            assert_eq!(bits(&trained.h_n), bits(&inferred.h_n), "{cell:?}: same h_n");
+            if let (Some(p), Some(q)) = (&trained.c_n, &inferred.c_n) {
+                assert_eq!(bits(p), bits(q), "{cell:?}: same c_n");
+            }
+            // Without a graph: the output, the final states and the input projection's rounding
+            // of the allocator, nothing per step.
+            assert!(kept_plain < out_bytes + (1 << 20), "{cell:?}: {kept_plain} B held without a graph");
+            if cell.saved_gates() > 0 {
+                assert!(
+                    kept_graph >= kept_plain + out_bytes * cell.saved_gates() as u64,
+                    "{cell:?}: gates kept for backward"
+                );
+            }
+        }
+    }
+}

@@ -136,21 +136,24 @@ pub fn recurrent_scan(
         (true, Some(c)) => Some(row_block(&same_dtype(c)?)?),
         (true, None) => Some(zeros()?),
     };
-    let scan = Scan { cell, steps, hidden };
-    let fwd = {
-        let _g = no_grad();
-        scan.forward(&gi, w.w_hh, b_ih.as_ref(), b_hh.as_ref(), &h0, c0.as_ref())?
-    };
     let mut inputs: Vec<&Tensor> = vec![&gi, w.w_hh];
     inputs.extend(b_ih.iter());
     inputs.extend(b_hh.iter());
     inputs.push(&h0);
     inputs.extend(c0.iter());
-    let mut outputs = vec![fwd.out.clone(), fwd.h_n.clone()];
-    outputs.extend(fwd.c_n.clone());
-    if !Tensor::needs_graph(&inputs) {
+    // Without a graph (inference, no_grad) nothing is kept for backward: the cell state and the
+    // gates live one step at a time.
+    let keep = Tensor::needs_graph(&inputs);
+    let scan = Scan { cell, steps, hidden };
+    let fwd = {
+        let _g = no_grad();
+        scan.forward(&gi, w.w_hh, b_ih.as_ref(), b_hh.as_ref(), &h0, c0.as_ref(), keep)?
+    };
+    if !keep {
         return Ok(RecurrentOutput { output: fwd.out, h_n: fwd.h_n, c_n: fwd.c_n });
     }
+    let mut outputs = vec![fwd.out.clone(), fwd.h_n.clone()];
+    outputs.extend(fwd.c_n.clone());
     let back = ScanBackward {
         need: inputs.iter().map(|t| t.requires_grad()).collect(),
         has_b_ih: b_ih.is_some(),
@@ -307,18 +310,29 @@ impl Steps {
         all.narrow(0, self.offsets[t], self.sizes[t])
     }
 
-    /// The state step `t` starts from, `[sizes[t], hidden]`: rows of the previous step's
-    /// outputs in `all`, and, for sequences that start at `t` (only in the reverse direction of
-    /// a packed batch), rows of `init`. A view when it is one block, else a fresh copy.
-    fn state_before(&self, all: &Tensor, init: &Tensor, t: usize) -> Result<Tensor> {
+    /// Rows of step `t`'s predecessor (in processing order) in `all`, if it has one.
+    fn prev_rows(&self, all: &Tensor, t: usize) -> Result<Option<Tensor>> {
+        self.prev(t).map(|p| self.of(all, p)).transpose()
+    }
+
+    /// The state step `t` starts from, `[sizes[t], hidden]`: rows of the previous step's state
+    /// `prev` (`[sizes[prev], hidden]`), and, for sequences that start at `t` (only in the
+    /// reverse direction of a packed batch), rows of `init`. A view when it is one block, else a
+    /// fresh copy.
+    fn start_state(&self, prev: Option<&Tensor>, init: &Tensor, t: usize) -> Result<Tensor> {
         let bs = self.sizes[t];
-        let Some(p) = self.prev(t) else { return init.narrow(0, 0, bs) };
-        let bp = self.sizes[p];
-        let from_prev = all.narrow(0, self.offsets[p], bs.min(bp))?;
+        let Some(prev) = prev else { return init.narrow(0, 0, bs) };
+        let bp = prev.shape()[0];
+        let from_prev = prev.narrow(0, 0, bs.min(bp))?;
         if bp >= bs {
             return Ok(from_prev);
         }
         Tensor::cat(&[&from_prev, &init.narrow(0, bp, bs - bp)?], 0)
+    }
+
+    /// [`start_state`](Self::start_state) with the previous step's rows taken from `all`.
+    fn state_before(&self, all: &Tensor, init: &Tensor, t: usize) -> Result<Tensor> {
+        self.start_state(self.prev_rows(all, t)?.as_ref(), init, t)
     }
 }
 
@@ -339,6 +353,9 @@ struct Forward {
 }
 
 impl Scan {
+    /// The forward scan. With `keep`, every step's cell state and gates are kept (`c_all`,
+    /// `saved`) for backward; without, they live one step at a time.
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         gi: &Tensor,
@@ -347,28 +364,43 @@ impl Scan {
         b_hh: Option<&Tensor>,
         h0: &Tensor,
         c0: Option<&Tensor>,
+        keep: bool,
     ) -> Result<Forward> {
         let (cell, steps, hidden) = (self.cell, &self.steps, self.hidden);
         let (rows, batch, dtype) = (steps.rows(), steps.batch(), gi.dtype());
         let out = gi.empty_like_shape(&[rows, hidden], dtype)?;
-        let c_all = c0.map(|_| gi.empty_like_shape(&[rows, hidden], dtype)).transpose()?;
-        let saved = match cell.saved_gates() {
+        let c_all = c0.filter(|_| keep).map(|_| gi.empty_like_shape(&[rows, hidden], dtype)).transpose()?;
+        let saved_gates = cell.saved_gates();
+        let saved = match saved_gates {
             0 => None,
+            _ if !keep => None,
             s => Some(gi.empty_like_shape(&[rows, s * hidden], dtype)?),
         };
+        let h_n = gi.empty_like_shape(&[batch, hidden], dtype)?;
+        let c_n = c0.map(|_| gi.empty_like_shape(&[batch, hidden], dtype)).transpose()?;
         let w_hh_t = w_hh.t()?;
+        // The previous step's cell state when `c_all` is not kept.
+        let mut c_last: Option<Tensor> = None;
         for t in steps.order() {
+            let bs = steps.sizes[t];
             let h_prev = steps.state_before(&out, h0, t)?;
             let c_prev = match (&c_all, c0) {
                 (Some(all), Some(init)) => Some(steps.state_before(all, init, t)?),
+                (None, Some(init)) => Some(steps.start_state(c_last.as_ref(), init, t)?),
                 _ => None,
             };
             let gh = matmul_raw(&h_prev, &w_hh_t)?;
-            let (h, c, sv) = (
-                steps.of(&out, t)?,
-                c_all.as_ref().map(|a| steps.of(a, t)).transpose()?,
-                saved.as_ref().map(|a| steps.of(a, t)).transpose()?,
-            );
+            let h = steps.of(&out, t)?;
+            let c = match (&c_all, c0) {
+                (Some(a), _) => Some(steps.of(a, t)?),
+                (None, Some(_)) => Some(gi.empty_like_shape(&[bs, hidden], dtype)?),
+                _ => None,
+            };
+            let sv = match (&saved, saved_gates) {
+                (Some(a), _) => Some(steps.of(a, t)?),
+                (None, 0) => None,
+                (None, s) => Some(gi.empty_like_shape(&[bs, s * hidden], dtype)?),
+            };
             let step_gi = steps.of(gi, t)?;
             let args = CellForward {
                 gi: &step_gi,
@@ -382,20 +414,16 @@ impl Scan {
                 saved: sv.as_ref(),
             };
             out.kernels().recurrent_cell(cell, &args)?;
-        }
-        let h_n = gi.empty_like_shape(&[batch, hidden], dtype)?;
-        let c_n = c_all.as_ref().map(|_| gi.empty_like_shape(&[batch, hidden], dtype)).transpose()?;
-        // A sequence's final state is its state after the last step it takes part in: rows
-        // [size of the next step, size of this step) of each step.
-        for t in 0..steps.sizes.len() {
-            let (bs, bn) = (steps.sizes[t], steps.size_of(steps.next(t)));
+            // A sequence's final state is its state after the last step it takes part in: rows
+            // [size of the next step, size of this step) of this step.
+            let bn = steps.size_of(steps.next(t));
             if bn < bs {
-                let src = |all: &Tensor| all.narrow(0, steps.offsets[t] + bn, bs - bn);
-                copy_into(&h_n.narrow(0, bn, bs - bn)?, &src(&out)?)?;
-                if let (Some(c_n), Some(c_all)) = (&c_n, &c_all) {
-                    copy_into(&c_n.narrow(0, bn, bs - bn)?, &src(c_all)?)?;
+                copy_into(&h_n.narrow(0, bn, bs - bn)?, &h.narrow(0, bn, bs - bn)?)?;
+                if let (Some(c_n), Some(c)) = (&c_n, &c) {
+                    copy_into(&c_n.narrow(0, bn, bs - bn)?, &c.narrow(0, bn, bs - bn)?)?;
                 }
             }
+            c_last = c;
         }
         Ok(Forward { out, h_n, c_n, c_all, saved })
     }
