@@ -25,6 +25,9 @@ pub enum NnError {
         "{layer}: {arg} ({value}) must be divisible by {divisor_arg} ({divisor}); choose {divisor_arg} among the divisors of {value}, or {arg} as a multiple of {divisor}"
     )]
     NotDivisible { layer: &'static str, arg: &'static str, value: usize, divisor_arg: &'static str, divisor: usize },
+    /// A bad input to a recurrent layer or to sequence packing (lengths, layout, state shapes).
+    #[error(transparent)]
+    Recurrent(#[from] crate::recurrent_error::RecurrentError),
 }
 
 impl NnError {

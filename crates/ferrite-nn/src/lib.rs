@@ -30,8 +30,11 @@ pub mod init;
 pub mod layers;
 pub mod loss;
 pub mod module;
+pub mod packed_sequence;
+pub mod recurrent_error;
 pub mod rng;
 pub mod state_dict;
+pub mod tbptt;
 
 pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
@@ -43,9 +46,12 @@ pub use layers::activation::{GELU, GeluApproximation, ReLU, SiLU, Sigmoid, Tanh}
 pub use layers::attention::{AttentionBackend, AttentionConfig, MultiheadAttention, attention};
 pub use layers::dropout::Dropout;
 pub use layers::embedding::Embedding;
+pub use layers::gru::GRU;
 pub use layers::layer_norm::LayerNorm;
 pub use layers::linear::Linear;
-pub use layers::lstm::{LSTM, LstmLayer};
+pub use layers::lstm::LSTM;
+pub use layers::recurrent::{Nonlinearity, RecurrentConfig, RecurrentParams};
+pub use layers::rnn::RNN;
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
 pub use loss::{
@@ -53,6 +59,8 @@ pub use loss::{
     SmoothL1Loss,
 };
 pub use module::Module;
+pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
+pub use recurrent_error::RecurrentError;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
 // normalisation and pooling (normpool)
@@ -65,3 +73,4 @@ pub use layers::rms_norm::RMSNorm;
 pub use layers::conv::{
     Conv1d, Conv1dConfig, Conv2d, Conv2dConfig, ConvConfig, ConvNd, ConvTranspose2d, ConvTranspose2dConfig,
 };
+pub use tbptt::tbptt;

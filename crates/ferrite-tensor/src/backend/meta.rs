@@ -4,8 +4,8 @@
 
 use crate::Tensor;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
 use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
@@ -194,6 +194,14 @@ impl KernelBackend for MetaBackend {
         Ok(())
     }
     fn col2im(&self, _x: &Tensor, _cols: &Tensor, _geom: &ConvGeometry) -> Result<()> {
+        Ok(())
+    }
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, _cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {
+        Ok(())
+    }
+    fn recurrent_cell_backward(&self, _cell: RecurrentCell, _x: &CellBackward<'_>) -> Result<()> {
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Functional forms of the layers and losses of `torch.nn.functional` that need more than a
 //! composition of tensor ops: fused layer norm, cross-entropy with ignore_index and label
-//! smoothing, scaled-dot-product attention with a memory-efficient chunked path, and the LSTM.
+//! smoothing, scaled-dot-product attention with a memory-efficient chunked path, and the recurrent scans
+//! (RNN, GRU, LSTM).
 //!
 //! They live beside the tensor ops (as in PyTorch's `torch.nn.functional`) so the op-parity suite
 //! can check them against PyTorch directly; `ferrite-nn` layers call them.
@@ -11,7 +12,7 @@
 //! - `pool` — 2-D pooling (max, average, adaptive average),
 //! - `loss` — losses and their shared [`Reduction`],
 //! - `attention` — scaled dot-product attention,
-//! - `rnn` — recurrent layers (LSTM; GRU and plain RNN go here too),
+//! - `rnn` — recurrent layers (one layer and direction of RNN, GRU and LSTM over packed rows),
 //! - `embedding`, `dropout` — one function each,
 //! - `conv` — convolutions (conv1d, conv2d, conv_transpose2d) as unfold + GEMM.
 //!
@@ -38,7 +39,7 @@ pub use loss::{
     cross_entropy, huber_loss, kl_div, mse_loss, mse_loss_with, nll_loss, smooth_l1_loss,
 };
 pub use norm::layer_norm;
-pub use rnn::lstm;
+pub use rnn::{RecurrentCell, RecurrentOutput, RecurrentWeights, lstm, recurrent, recurrent_scan};
 // normalisation and pooling (normpool)
 pub use norm::{BatchNormOptions, batch_norm, dtype_epsilon, group_norm, rms_norm};
 pub use pool::{

@@ -7,6 +7,7 @@ mod index;
 mod loss;
 mod matmul;
 mod norm;
+mod recurrent;
 mod reduce;
 mod softmax;
 // normalisation and pooling (normpool)
@@ -19,8 +20,8 @@ mod rms_norm;
 mod conv;
 
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp, check_host_len,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
 use crate::backend::ConvGeometry;
 use crate::element::Element;
@@ -274,6 +275,15 @@ impl KernelBackend for CpuBackend {
 
     fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
         conv::col2im(x, cols, geom)
+    }
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
+        recurrent::forward(cell, x)
+    }
+
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
+        recurrent::backward(cell, x)
     }
 }
 

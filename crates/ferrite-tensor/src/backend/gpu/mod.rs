@@ -16,6 +16,7 @@ mod fused;
 mod index;
 mod loss;
 mod matmul;
+mod recurrent;
 mod reduce;
 mod runtime;
 mod wgsl;
@@ -33,8 +34,8 @@ use parking_lot::Mutex;
 
 use self::runtime::Runtime;
 use crate::backend::{
-    BinaryOp, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp, LossGrad, LossOperands,
-    PointwiseLoss, UnaryOp, check_host_len,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
+    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
 use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
@@ -340,6 +341,15 @@ impl KernelBackend for WgpuBackend {
 
     fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
         conv::col2im(self.rt_for("col2im", &[x, cols])?, x, cols, geom)
+    }
+    // ------------------------------------------------------------------ recurrent cells (rnn)
+
+    fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
+        recurrent::forward(self.rt_for(cell.name(), &[x.h, x.gi])?, cell, x)
+    }
+
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
+        recurrent::backward(self.rt_for(cell.backward_name(), &[x.dgi, x.dh])?, cell, x)
     }
 }
 
