@@ -46,3 +46,4 @@ pub use kernels::simd::simd_level;
 pub use random::{Generator, GeneratorState, manual_seed};
 pub use storage::Storage;
 pub use tensor::Tensor;
+pub use kernels::simd::cpu_report;

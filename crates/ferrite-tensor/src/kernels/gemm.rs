@@ -704,11 +704,33 @@ mod tests {
 /// instruction set, for square products and attention-shaped ones, best of 5 runs.
 ///
 /// `cargo test --release -p ferrite-tensor --lib kernels::gemm::timing -- --ignored --nocapture`
-/// (`GEMM_SIZES=32,64` picks the sizes).
+/// (`GEMM_SIZES=32,64` picks the sizes; `GEMM_CPU_TIME=1 RAYON_NUM_THREADS=1` times the
+/// calling thread's CPU time instead of wall time).
 #[cfg(test)]
 mod timing {
     use super::*;
     use std::time::Instant;
+
+    /// With `GEMM_CPU_TIME=1`: the calling thread's CPU time (Linux), to compare single-thread
+    /// strategies on a machine shared with other jobs (preemption does not count).
+    pub(super) fn thread_cpu_seconds() -> Option<f64> {
+        if std::env::var_os("GEMM_CPU_TIME").is_none() || !cfg!(target_os = "linux") {
+            return None;
+        }
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        unsafe extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: glibc's clock_gettime with a valid clock id and a timespec-sized struct.
+        let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
+    }
 
     #[test]
     #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
@@ -738,6 +760,7 @@ mod timing {
                     let mut best = f64::INFINITY;
                     for _ in 0..5 {
                         let t = Instant::now();
+                        let c0 = thread_cpu_seconds();
                         for _ in 0..iters {
                             // SAFETY: n×n buffers; the instruction set is this CPU's best.
                             unsafe {
@@ -754,7 +777,11 @@ mod timing {
                                 )
                             };
                         }
-                        best = best.min(t.elapsed().as_secs_f64() / iters as f64);
+                        let dt = match (c0, thread_cpu_seconds()) {
+                            (Some(c0), Some(c1)) => c1 - c0,
+                            _ => t.elapsed().as_secs_f64(),
+                        };
+                        best = best.min(dt / iters as f64);
                     }
                     line += &format!("{:>7.1}{}", 2.0 * (n * n * n) as f64 / best / 1e9, if bt { " |" } else { "" });
                 }
@@ -762,5 +789,125 @@ mod timing {
             println!("{line}   [{:?}]", strategy(n, n, n, threads));
         }
         println!("columns: small×1, small×{threads}, packed×1, packed×{threads}; [the dispatcher's choice]");
+    }
+}
+
+/// The measurement behind `avx2.rs`'s block sizes: the packed path on one thread with other
+/// `KC`/`MC`/`NC` around the same micro-kernel (calling thread's CPU time with
+/// `GEMM_CPU_TIME=1`).
+///
+/// `GEMM_CPU_TIME=1 RAYON_NUM_THREADS=1 cargo test --release -p ferrite-tensor --lib
+/// kernels::gemm::blocking -- --ignored --nocapture`
+#[cfg(all(test, target_arch = "x86_64"))]
+mod blocking {
+    use super::*;
+    use std::time::Instant;
+
+    struct Blocked<const KC: usize, const MC: usize, const NC: usize>;
+
+    impl<const KC: usize, const MC: usize, const NC: usize> MicroKernel for Blocked<KC, MC, NC> {
+        const MR: usize = avx2::Avx2Gemm::MR;
+        const NR: usize = avx2::Avx2Gemm::NR;
+        const KC: usize = KC;
+        const MC: usize = MC;
+        const NC: usize = NC;
+        const SMALL_MR: usize = avx2::Avx2Gemm::SMALL_MR;
+        const TRANSPOSE_LINES: usize = avx2::Avx2Gemm::TRANSPOSE_LINES;
+        unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::pack_a(a, i0, mr, p0, kc, dst) }
+        }
+        unsafe fn pack_b(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::pack_b(b, p0, kc, j0, nr, dst) }
+        }
+        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::tile(kc, a, b, c, ldc, mr, nr, acc) }
+        }
+        unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::small_tile(k, a, b, ldb, c, ldc, mr, nr) }
+        }
+        unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::transpose(src, stride, lines, kc, dst, dst_stride) }
+        }
+    }
+
+    fn time<K: MicroKernel>(n: usize, threads: usize) -> f64 {
+        let a: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| (i % 11) as f32 - 5.0).collect();
+        let mut c = vec![0f32; n * n];
+        let iters = (2_000_000_000 / (2 * n * n * n)).clamp(2, 1000);
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let c0 = super::timing::thread_cpu_seconds();
+            for _ in 0..iters {
+                let (am, bm) = (MatPtr { ptr: a.as_ptr(), rs: n as isize, cs: 1 }, MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize });
+                // SAFETY: n×n buffers; the test checked AVX2.
+                unsafe { packed::<K>(n, n, n, am, bm, c.as_mut_ptr(), n, threads) };
+            }
+            let dt = match (c0, super::timing::thread_cpu_seconds()) {
+                (Some(c0), Some(c1)) if threads == 1 => c1 - c0,
+                _ => t.elapsed().as_secs_f64(),
+            };
+            best = best.min(dt / iters as f64);
+        }
+        2.0 * (n * n * n) as f64 / best / 1e9
+    }
+
+    /// The micro-kernel alone on panels resident in L1 (the ceiling for the packed path).
+    #[test]
+    #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
+    fn avx2_micro_kernel_in_l1() {
+        if !Isa::Avx2.supported() {
+            return;
+        }
+        type K = avx2::Avx2Gemm;
+        for kc in [64usize, 128, 256] {
+            let a = vec![0.5f32; kc * K::MR];
+            let b = vec![0.25f32; kc * K::NR];
+            let mut c = vec![0f32; K::MR * K::NR * 4];
+            let iters = 200_000;
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t = Instant::now();
+                let c0 = super::timing::thread_cpu_seconds();
+                for i in 0..iters {
+                    // SAFETY: panels of kc steps; C holds MR rows of NR (×4, rotating tiles).
+                    unsafe { K::tile(kc, a.as_ptr(), b.as_ptr(), c.as_mut_ptr().add((i % 4) * K::MR * K::NR), K::NR, K::MR, K::NR, true) };
+                }
+                let dt = match (c0, super::timing::thread_cpu_seconds()) {
+                    (Some(c0), Some(c1)) => c1 - c0,
+                    _ => t.elapsed().as_secs_f64(),
+                };
+                best = best.min(dt / iters as f64);
+            }
+            println!("micro-kernel 6x16, kc {kc}: {:.1} GFLOP/s", 2.0 * (kc * K::MR * K::NR) as f64 / best / 1e9);
+        }
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
+    fn avx2_block_sizes() {
+        if !Isa::Avx2.supported() {
+            return;
+        }
+        let threads: usize = std::env::var("GEMM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+        println!("AVX2 packed x @ W.T, {threads} thread(s), GFLOP/s: KC/MC/NC variants");
+        for n in [256usize, 512, 1024, 2048] {
+            println!(
+                "{n:>5}: 256/144/4096 {:.1}  256/72/4096 {:.1}  256/288/4096 {:.1}  384/96/4096 {:.1}  192/192/4096 {:.1}  512/72/4096 {:.1}  256/144/1024 {:.1}",
+                time::<Blocked<256, 144, 4096>>(n, threads),
+                time::<Blocked<256, 72, 4096>>(n, threads),
+                time::<Blocked<256, 288, 4096>>(n, threads),
+                time::<Blocked<384, 96, 4096>>(n, threads),
+                time::<Blocked<192, 192, 4096>>(n, threads),
+                time::<Blocked<512, 72, 4096>>(n, threads),
+                time::<Blocked<256, 144, 1024>>(n, threads),
+            );
+        }
     }
 }
