@@ -85,7 +85,9 @@ fn main() {
         });
         println!("softmax {rows} {:.3}", t * 1e3);
         let t = best_of(5, 50, || {
-            std::hint::black_box(ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap());
+            std::hint::black_box(
+                ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
+            );
         });
         println!("layer_norm {rows} {:.3}", t * 1e3);
         let t = best_of(5, 50, || {

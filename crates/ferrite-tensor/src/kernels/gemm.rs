@@ -285,7 +285,16 @@ unsafe fn run<K: MicroKernel>(
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn small<K: MicroKernel>(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c: *mut f32, ldc: usize, threads: usize) {
+unsafe fn small<K: MicroKernel>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
     if b.cs == 1 {
         // SAFETY: forwarded; B's rows are contiguous.
         return unsafe { small_tiles::<K>(m, n, k, a, b.ptr, b.rs, c, ldc, threads) };
@@ -356,7 +365,16 @@ const TALL_TILES_PER_THREAD: usize = 8;
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn packed<K: MicroKernel>(m: usize, n: usize, k: usize, a: MatPtr, b: MatPtr, c: *mut f32, ldc: usize, threads: usize) {
+unsafe fn packed<K: MicroKernel>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
     let (mr_t, nr_t) = (K::MR, K::NR);
     let cptr = SendPtr(c);
     for jc in (0..n).step_by(K::NC) {
@@ -579,7 +597,10 @@ mod tests {
                         "{isa:?} {strategy:?} {m}x{n}x{k} A {sa:?} B {sb:?} at ({i},{j}): {x} vs {y}"
                     );
                 }
-                assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()), "{isa:?} {strategy:?} wrote past row {i}");
+                assert!(
+                    c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()),
+                    "{isa:?} {strategy:?} wrote past row {i}"
+                );
             }
         }
     }
@@ -636,7 +657,8 @@ mod tests {
     #[test]
     fn every_path_matches_the_reference_across_cache_blocks() {
         let isas = runnable("every_path_matches_the_reference_across_cache_blocks");
-        let mut shapes = vec![(255, 257, 65), (65, 255, 257), (257, 3, 255), (1, 257, 257), (3, 4200, 5), (500, 40, 300)];
+        let mut shapes =
+            vec![(255, 257, 65), (65, 255, 257), (257, 3, 255), (1, 257, 257), (3, 4200, 5), (500, 40, 300)];
         if !cfg!(debug_assertions) {
             shapes.extend([(257, 255, 257), (255, 1, 257)]);
         }
@@ -644,7 +666,11 @@ mod tests {
             let case = Case::new(m, n, k);
             for &isa in &isas {
                 for strategy in STRATEGIES {
-                    for (sa, sb) in [(Store::RowMajor, Store::RowMajor), (Store::RowMajor, Store::ColMajor), (Store::ColMajor, Store::RowMajor)] {
+                    for (sa, sb) in [
+                        (Store::RowMajor, Store::RowMajor),
+                        (Store::RowMajor, Store::ColMajor),
+                        (Store::ColMajor, Store::RowMajor),
+                    ] {
                         case.check(isa, strategy, sa, sb);
                     }
                 }
@@ -821,11 +847,29 @@ mod blocking {
             // SAFETY: forwarded.
             unsafe { avx2::Avx2Gemm::pack_b(b, p0, kc, j0, nr, dst) }
         }
-        unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool) {
+        unsafe fn tile(
+            kc: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            mr: usize,
+            nr: usize,
+            acc: bool,
+        ) {
             // SAFETY: forwarded.
             unsafe { avx2::Avx2Gemm::tile(kc, a, b, c, ldc, mr, nr, acc) }
         }
-        unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+        unsafe fn small_tile(
+            k: usize,
+            a: MatPtr,
+            b: *const f32,
+            ldb: isize,
+            c: *mut f32,
+            ldc: usize,
+            mr: usize,
+            nr: usize,
+        ) {
             // SAFETY: forwarded.
             unsafe { avx2::Avx2Gemm::small_tile(k, a, b, ldb, c, ldc, mr, nr) }
         }
@@ -845,7 +889,10 @@ mod blocking {
             let t = Instant::now();
             let c0 = super::timing::thread_cpu_seconds();
             for _ in 0..iters {
-                let (am, bm) = (MatPtr { ptr: a.as_ptr(), rs: n as isize, cs: 1 }, MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize });
+                let (am, bm) = (
+                    MatPtr { ptr: a.as_ptr(), rs: n as isize, cs: 1 },
+                    MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize },
+                );
                 // SAFETY: n×n buffers; the test checked AVX2.
                 unsafe { packed::<K>(n, n, n, am, bm, c.as_mut_ptr(), n, threads) };
             }
@@ -877,7 +924,18 @@ mod blocking {
                 let c0 = super::timing::thread_cpu_seconds();
                 for i in 0..iters {
                     // SAFETY: panels of kc steps; C holds MR rows of NR (×4, rotating tiles).
-                    unsafe { K::tile(kc, a.as_ptr(), b.as_ptr(), c.as_mut_ptr().add((i % 4) * K::MR * K::NR), K::NR, K::MR, K::NR, true) };
+                    unsafe {
+                        K::tile(
+                            kc,
+                            a.as_ptr(),
+                            b.as_ptr(),
+                            c.as_mut_ptr().add((i % 4) * K::MR * K::NR),
+                            K::NR,
+                            K::MR,
+                            K::NR,
+                            true,
+                        )
+                    };
                 }
                 let dt = match (c0, super::timing::thread_cpu_seconds()) {
                     (Some(c0), Some(c1)) => c1 - c0,

@@ -130,8 +130,8 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
     let forced = gemm::forced();
     let isa = forced.map(|f| f.isa).or_else(Isa::best);
     if let (DType::F32, Some(isa)) = (out.dtype(), isa) {
-        let ap = SendPtr(a.storage_base_ptr::<f32>("matmul")? as *mut f32);
-        let bp = SendPtr(b.storage_base_ptr::<f32>("matmul")? as *mut f32);
+        let ap = SendPtr(a.storage_base_ptr::<f32>("matmul")?);
+        let bp = SendPtr(b.storage_base_ptr::<f32>("matmul")?);
         let cp = SendPtr(out.ptr::<f32>("matmul")?);
         let threads = crate::kernels::team::threads();
         let nb: usize = batch.iter().product();
@@ -226,7 +226,11 @@ mod tests {
         let mut r = |shape: &[usize]| Tensor::randn_with(shape, DType::F32, &d, &mut g).unwrap();
         let cases: Vec<(&str, Tensor, Tensor)> = vec![
             ("broadcast both", r(&[2, 1, 17, 65]), r(&[3, 65, 63])),
-            ("transposed a, strided b", r(&[4, 65, 17]).transpose(-1, -2).unwrap(), r(&[4, 65, 130]).slice(-1, 0, 130, 2).unwrap()),
+            (
+                "transposed a, strided b",
+                r(&[4, 65, 17]).transpose(-1, -2).unwrap(),
+                r(&[4, 65, 130]).slice(-1, 0, 130, 2).unwrap(),
+            ),
             ("attention scores", r(&[6, 63, 64]), r(&[6, 63, 64]).transpose(-1, -2).unwrap()),
             ("expanded b, odd sizes", r(&[5, 3, 257]), r(&[1, 257, 1]).expand(&[5, 257, 1]).unwrap()),
             ("batch of one", r(&[1, 65, 3]), r(&[1, 3, 255])),
@@ -250,7 +254,9 @@ mod tests {
                     for spread in [None, Some(true), Some(false)] {
                         let got = with_forced(Forced { isa, strategy, spread }, || a.matmul(b).unwrap());
                         assert_eq!(got.shape(), &shape[..], "{name}");
-                        for (i, (x, (y, s))) in got.to_vec::<f32>().unwrap().iter().zip(want.iter().zip(&scale)).enumerate() {
+                        for (i, (x, (y, s))) in
+                            got.to_vec::<f32>().unwrap().iter().zip(want.iter().zip(&scale)).enumerate()
+                        {
                             let tol = 2.0 * (k as f64 + 1.0) * f32::EPSILON as f64 * s + 1e-30;
                             assert!(
                                 (*x as f64 - y).abs() <= tol,

@@ -58,7 +58,16 @@ impl MicroKernel for Avx2Gemm {
     }
 
     #[inline]
-    unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+    unsafe fn small_tile(
+        k: usize,
+        a: MatPtr,
+        b: *const f32,
+        ldb: isize,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+    ) {
         // SAFETY: forwarded.
         unsafe {
             with_rows!(mr, [1, 2, 3, 4, 5, 6], M => if nr <= 8 {
@@ -190,6 +199,6 @@ unsafe fn transpose_pack(src: *const f32, stride: isize, lines: usize, kc: usize
             }
             p += 8;
         }
-        generic::transpose_scalar(src.offset(full as isize), stride, lines, kc - full, dst.add(full * dst_stride), dst_stride);
+        generic::transpose_scalar(src.add(full), stride, lines, kc - full, dst.add(full * dst_stride), dst_stride);
     }
 }

@@ -57,7 +57,16 @@ impl MicroKernel for Avx512Gemm {
     }
 
     #[inline]
-    unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+    unsafe fn small_tile(
+        k: usize,
+        a: MatPtr,
+        b: *const f32,
+        ldb: isize,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+    ) {
         // SAFETY: forwarded.
         unsafe {
             with_rows!(mr, [1, 2, 3, 4, 5, 6, 7, 8], M => if nr <= 16 {
@@ -173,7 +182,7 @@ unsafe fn transpose_pack_avx512(
     dst: *mut f32,
     dst_stride: usize,
 ) {
-        // SAFETY: loads read `lines` sequences of kc (a multiple of 16) values; the masked stores
+    // SAFETY: loads read `lines` sequences of kc (a multiple of 16) values; the masked stores
     // write `lines` values at dst + p*dst_stride (caller's contract).
     unsafe {
         let mask: __mmask16 = if lines >= 16 { 0xFFFF } else { (1u16 << lines) - 1 };
@@ -275,7 +284,7 @@ unsafe fn kernel<const M: usize>(
     nr: usize,
     accumulate: bool,
 ) {
-        // SAFETY: pointer arithmetic stays inside the panels and the C tile (caller's contract).
+    // SAFETY: pointer arithmetic stays inside the panels and the C tile (caller's contract).
     unsafe {
         // The C tile is read (or written) only after the k loop; its rows sit a row stride
         // apart, so each may miss the cache after the loop. Prefetching them now overlaps

@@ -177,7 +177,14 @@ unsafe fn small_loop<V: Vector, const M: usize, const NV: usize, const FULL: boo
 /// # Safety
 /// Reads A inside the given block; `dst` holds `kc * MR` values.
 #[inline(always)]
-pub(super) unsafe fn pack_a_strided<const MR: usize>(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
+pub(super) unsafe fn pack_a_strided<const MR: usize>(
+    a: MatPtr,
+    i0: usize,
+    mr: usize,
+    p0: usize,
+    kc: usize,
+    dst: *mut f32,
+) {
     // SAFETY: reads inside A's block, writes inside dst's kc*MR values (caller's contract).
     unsafe {
         let base = a.ptr.offset(i0 as isize * a.rs + p0 as isize * a.cs);
@@ -217,7 +224,14 @@ pub(super) unsafe fn pack_a_strided<const MR: usize>(a: MatPtr, i0: usize, mr: u
 /// # Safety
 /// Reads B inside the given block; `dst` holds `kc * NR` values.
 #[inline(always)]
-pub(super) unsafe fn pack_b_strided<const NR: usize>(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
+pub(super) unsafe fn pack_b_strided<const NR: usize>(
+    b: MatPtr,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nr: usize,
+    dst: *mut f32,
+) {
     // SAFETY: reads inside B's block, writes inside dst's kc*NR values (caller's contract).
     unsafe {
         if b.cs == 1 && nr == NR {

@@ -46,7 +46,16 @@ impl MicroKernel for ScalarGemm {
     }
 
     #[inline]
-    unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize) {
+    unsafe fn small_tile(
+        k: usize,
+        a: MatPtr,
+        b: *const f32,
+        ldb: isize,
+        c: *mut f32,
+        ldc: usize,
+        mr: usize,
+        nr: usize,
+    ) {
         // SAFETY: forwarded.
         unsafe {
             with_rows!(mr, [1, 2, 3, 4], M => if nr <= 4 {
