@@ -1,8 +1,13 @@
 //! Tensor throughput figures comparable with PyTorch CPU (see `bench/tensor_vs_pytorch.py`,
 //! which runs this and the same workloads in PyTorch with the same thread count).
 //!
-//! `cargo bench -p ferrite-tensor --bench ops_vs_pytorch` prints one line per workload:
-//! `matmul <n> <GFLOP/s>`, `chain <elements> <ms>`, `tiny_add <ns per op>`.
+//! `cargo bench -p ferrite-tensor --bench ops_vs_pytorch` prints the CPU (`cpu <report>`), then
+//! one line per workload: `matmul <n> <GFLOP/s>`, `bmm_qk <S> <GFLOP/s>` and `bmm_pv <S>
+//! <GFLOP/s>` (attention's two batched products, `[B·H, S, 64] × [B·H, 64, S]` from a transposed
+//! key view and `[B·H, S, S] × [B·H, S, 64]`, B·H = 128), `chain <elements> <ms>`,
+//! `softmax|layer_norm|sum_rows <rows> <ms>` (the transformer's row kernels over `[rows, 256]`:
+//! softmax over the last dim, layer norm with weight and bias, a sum over the rows as in a bias
+//! gradient), `tiny_add <ns per op>`.
 
 use std::time::Instant;
 
@@ -25,9 +30,10 @@ fn main() {
     let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     let d = Device::Cpu;
     let mut g = Generator::new(0);
+    println!("cpu {}", ferrite_tensor::cpu_report());
     println!("threads {}", rayon::current_num_threads());
     if want("matmul") {
-        for n in [64usize, 256, 1024, 2048] {
+        for n in [32usize, 64, 256, 1024, 2048] {
             let a = Tensor::randn_with(&[n, n], DType::F32, &d, &mut g).unwrap();
             let b = Tensor::randn_with(&[n, n], DType::F32, &d, &mut g).unwrap();
             // Best of 5 runs of at least 3 products (~0.25 s per run at 2048): single products
@@ -38,6 +44,23 @@ fn main() {
             });
             println!("matmul {n} {:.1}", 2.0 * (n * n * n) as f64 / t / 1e9);
         }
+    }
+    if want("bmm") {
+        // Attention's products at batch 32 × 4 heads, head width 64, sequence 128.
+        let (bh, s, dh) = (128usize, 128usize, 64usize);
+        let q = Tensor::randn_with(&[bh, s, dh], DType::F32, &d, &mut g).unwrap();
+        let k = Tensor::randn_with(&[bh, s, dh], DType::F32, &d, &mut g).unwrap();
+        let p = Tensor::randn_with(&[bh, s, s], DType::F32, &d, &mut g).unwrap();
+        let kt = k.transpose(-2, -1).unwrap();
+        let flops = 2.0 * (bh * s * s * dh) as f64;
+        let t = best_of(5, 20, || {
+            std::hint::black_box(q.matmul(&kt).unwrap());
+        });
+        println!("bmm_qk {s} {:.1}", flops / t / 1e9);
+        let t = best_of(5, 20, || {
+            std::hint::black_box(p.matmul(&k).unwrap());
+        });
+        println!("bmm_pv {s} {:.1}", flops / t / 1e9);
     }
     if want("chain") {
         for n in [1usize << 20, 1 << 24] {
@@ -51,6 +74,26 @@ fn main() {
             });
             println!("chain {n} {:.3}", t * 1e3);
         }
+    }
+    if want("rows") {
+        let (rows, cols) = (4096usize, 256usize);
+        let x = Tensor::randn_with(&[rows, cols], DType::F32, &d, &mut g).unwrap();
+        let w = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
+        let b = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
+        let t = best_of(5, 50, || {
+            std::hint::black_box(x.softmax(-1).unwrap());
+        });
+        println!("softmax {rows} {:.3}", t * 1e3);
+        let t = best_of(5, 50, || {
+            std::hint::black_box(
+                ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
+            );
+        });
+        println!("layer_norm {rows} {:.3}", t * 1e3);
+        let t = best_of(5, 50, || {
+            std::hint::black_box(x.sum_dims(&[0], false).unwrap());
+        });
+        println!("sum_rows {rows} {:.3}", t * 1e3);
     }
     if want("tiny_add") {
         let a = Tensor::randn_with(&[4], DType::F32, &d, &mut g).unwrap();

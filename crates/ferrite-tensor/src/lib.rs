@@ -42,6 +42,7 @@ pub use dtype::DType;
 pub use element::{Bool8, Element, HostElement};
 pub use error::{ExpectedShape, Result, TensorError};
 pub use ferrite_memory::Device;
+pub use kernels::simd::cpu_report;
 pub use kernels::simd::simd_level;
 pub use random::{Generator, GeneratorState, manual_seed};
 pub use storage::Storage;

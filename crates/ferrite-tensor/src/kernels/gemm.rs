@@ -1,38 +1,165 @@
-//! f32 matrix product for AVX-512 CPUs: a packed, cache-blocked GEMM (the BLIS loop nest) around
-//! a 14×32 register-tile micro-kernel.
+//! f32 matrix product: ferrite's own GEMM for AVX-512, AVX2 + FMA and CPUs with neither,
+//! chosen at run time from the CPU's features (the same detection as `simd.rs`).
 //!
-//! Why our own: measured on the target machine class (see BENCHMARKS.md), the `faer` and `gemm`
-//! crates reach 55–70 % of PyTorch's f32 matmul throughput, below the 0.8× goal. The gap is the
-//! micro-kernel and blocking, not the maths, so this module keeps it small: one micro-kernel, one
-//! blocking scheme, packing that accepts any strides (transposed operands need no copy; the
-//! common row-major and `x @ W.T` layouts pack through in-register 16×16 transposes), and a
-//! split across the kernel team (`team.rs`): by row tiles when C is tall, by register tiles
-//! over a shared packed A block when it is short. Everything else (f64, products below
-//! 32³ multiply-adds, CPUs without AVX-512) stays with `faer`.
+//! Why our own: measured on both machine families (BENCHMARKS.md, "Tensors"), the `faer` and
+//! `gemm` crates reach 55–70 % of PyTorch's f32 matmul throughput on AVX-512, and 0.15× (64³) to
+//! 0.75× (256³) on AVX2. The gap is the micro-kernels, the blocking and the per-call overhead of
+//! small products, not the maths, so this module keeps it small:
 //!
-//! Workspace: packed panels (at most `KC × NC` of B and `MC × KC` of A per thread, about
-//! 4.5 MiB) are reused thread-local scratch, like faer's and MKL's internal workspaces; they are not tensor data and
-//! are not drawn from the device allocator.
+//! - **Packed** products ([`Strategy::Packed`]): the BLIS loop nest — B packed in `KC × NC`
+//!   blocks, A in `MC × KC` blocks, one register-tile micro-kernel per instruction set
+//!   (`avx512.rs` 14×32, `avx2.rs` 6×16, `scalar.rs` 4×8); packing accepts any strides
+//!   (transposed operands need no copy; row-major A and `x @ W.T`-style B pack through
+//!   in-register transposes). Split across the kernel team (`team.rs`) by row tiles when C is
+//!   tall, by register tiles over a shared packed A block when it is short.
+//! - **Small** products ([`Strategy::Small`]): below a size chosen by measurement, packing and
+//!   the blocking bookkeeping cost more than they save; the small path runs register tiles
+//!   straight from A and B (B copied once into a row-major scratch only when its rows are not
+//!   contiguous), on the calling thread or split over the team by tiles.
+//! - Batches of small products (attention's `[B·H, S, d] × [B·H, d, S]`) are spread over the
+//!   team one product per task (`backend/cpu/matmul.rs`), each product on one thread.
+//!
+//! The kernels are written once over a small vector trait (`vector.rs`, `generic.rs`) and
+//! compiled per instruction set inside `#[target_feature]` functions; only AVX-512's tile and
+//! the two transposes are instruction-set code. f64 products stay with `faer`, and so does f32
+//! off x86-64 (where this module has only its portable kernel, slower than faer's NEON).
+//!
+//! Workspace: packed panels (at most `KC × NC` of B and `MC × KC` of A per thread, ≤ 4.5 MiB)
+//! are reused thread-local scratch, like faer's and MKL's internal workspaces; they are not
+//! tensor data and are not drawn from the device allocator.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use crate::kernels::strided::SendPtr;
 use crate::kernels::team;
 
-/// Rows of the register tile.
-pub(crate) const MR: usize = 14;
-/// Columns of the register tile (two 16-lane vectors).
-pub(crate) const NR: usize = 32;
-/// Depth of one packed block: a `KC × NR` panel of B (32 KiB) stays in L1.
-const KC: usize = 256;
-/// Rows of A packed at once: `MC × KC` (≈ 0.45 MiB) stays in L2.
-const MC: usize = MR * 32;
-/// Columns of B packed at once.
-const NC: usize = NR * 128;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod generic;
+mod scalar;
+mod vector;
 
-/// Whether [`sgemm`] can run on this CPU.
-pub(crate) fn available() -> bool {
-    crate::kernels::simd::simd_level() == "avx512"
+/// The instruction sets the GEMM has kernels for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// 16-lane AVX-512F (with the rest of the x86-64-v4 set, as `simd.rs` detects it).
+    Avx512,
+    /// 8-lane AVX2 with FMA.
+    Avx2,
+    /// Portable 4-lane code for the baseline target.
+    Scalar,
+}
+
+impl Isa {
+    /// Every instruction set, widest first.
+    #[cfg(test)]
+    pub(crate) const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    /// Whether this CPU can run the kernels of `self` (a CPU that runs AVX-512 runs AVX2 too).
+    pub(crate) fn supported(self) -> bool {
+        let level = crate::kernels::simd::simd_level();
+        match self {
+            Isa::Avx512 => cfg!(target_arch = "x86_64") && level == "avx512",
+            Isa::Avx2 => cfg!(target_arch = "x86_64") && (level == "avx512" || level == "avx2"),
+            Isa::Scalar => true,
+        }
+    }
+
+    /// The instruction set f32 products use here, or `None` where faer serves them (off x86-64).
+    pub(crate) fn best() -> Option<Isa> {
+        if !cfg!(target_arch = "x86_64") {
+            return None;
+        }
+        Some(match crate::kernels::simd::simd_level() {
+            "avx512" => Isa::Avx512,
+            "avx2" => Isa::Avx2,
+            _ => Isa::Scalar,
+        })
+    }
+}
+
+/// How one product is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Strategy {
+    /// Register tiles straight from the operands, split over `threads` threads.
+    Small { threads: usize },
+    /// The packed BLIS loop nest on `threads` threads.
+    Packed { threads: usize },
+}
+
+impl Strategy {
+    /// The same strategy on `threads` threads.
+    pub(crate) fn with_threads(self, threads: usize) -> Strategy {
+        match self {
+            Strategy::Small { .. } => Strategy::Small { threads },
+            Strategy::Packed { .. } => Strategy::Packed { threads },
+        }
+    }
+}
+
+/// Up to this many multiply-adds a product takes the small path.
+const SMALL_FLOPS: usize = 96 * 96 * 96;
+/// Below this many multiply-adds a small product stays on the calling thread.
+const SMALL_PAR_FLOPS: usize = 48 * 48 * 48;
+/// Below this many multiply-adds a packed product stays on the calling thread.
+const PACKED_PAR_FLOPS: usize = 150 * 150 * 150;
+
+/// The measured choice for an `m×k · k×n` product with `threads` threads available.
+pub(crate) fn strategy(m: usize, n: usize, k: usize, threads: usize) -> Strategy {
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    if flops <= SMALL_FLOPS {
+        Strategy::Small { threads: if flops < SMALL_PAR_FLOPS { 1 } else { threads.max(1) } }
+    } else {
+        Strategy::Packed { threads: if flops < PACKED_PAR_FLOPS { 1 } else { threads.max(1) } }
+    }
+}
+
+/// Whether a batch of `batch` products of `m×k · k×n` is better spread over the team one
+/// product per task (each on one thread) than computed one after another, each threaded.
+pub(crate) fn spread_over_batch(batch: usize, m: usize, n: usize, k: usize, threads: usize) -> bool {
+    if batch < 2 || threads < 2 {
+        return false;
+    }
+    let flops = m.saturating_mul(n).saturating_mul(k);
+    // Products too small to split well on their own always spread; large ones spread when the
+    // batch divides evenly or is long enough that one product of imbalance does not matter.
+    flops < PACKED_PAR_FLOPS || batch.is_multiple_of(threads) || batch >= 4 * threads
+}
+
+/// A forced instruction set and strategy for the products the current thread starts (tests).
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(test), allow(dead_code))] // constructed only by tests, read by every product
+pub(crate) struct Forced {
+    pub isa: Isa,
+    /// `None`: the measured choice for each product's size.
+    pub strategy: Option<Strategy>,
+    /// `None`: the measured choice; `Some(b)`: spread batches over the team or never.
+    pub spread: Option<bool>,
+}
+
+thread_local! {
+    static FORCED: Cell<Option<Forced>> = const { Cell::new(None) };
+}
+
+/// Run `f` with every f32 product this thread starts computed as `forced` says (the kernels
+/// of each dispatch path can then be tested on any input a `Tensor` can express).
+#[cfg(test)]
+pub(crate) fn with_forced<R>(forced: Forced, f: impl FnOnce() -> R) -> R {
+    struct Reset(Option<Forced>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            FORCED.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(FORCED.with(|c| c.replace(Some(forced))));
+    f()
+}
+
+/// The forcing set by `with_forced` on this thread, if any.
+pub(crate) fn forced() -> Option<Forced> {
+    FORCED.with(|c| c.get())
 }
 
 /// A read-only strided matrix: element (i, j) at `ptr + i*rs + j*cs`.
@@ -47,6 +174,42 @@ unsafe impl Send for MatPtr {}
 // SAFETY: as above.
 unsafe impl Sync for MatPtr {}
 
+/// One instruction set's building blocks for [`sgemm_with`].
+///
+/// # Safety (for every method)
+/// The CPU supports the instruction set (the dispatcher checked [`Isa::supported`]), and the
+/// pointers describe memory as each method states.
+pub(crate) trait MicroKernel {
+    /// Rows of the packed register tile.
+    const MR: usize;
+    /// Columns of the register tile (packed and small): two vectors.
+    const NR: usize;
+    /// Depth of one packed block.
+    const KC: usize;
+    /// Rows of A packed at once (a multiple of `MR`).
+    const MC: usize;
+    /// Columns of B packed at once (a multiple of `NR`).
+    const NC: usize;
+    /// Most rows of a small-product tile.
+    const SMALL_MR: usize;
+    /// Most lines one [`MicroKernel::transpose`] call takes.
+    const TRANSPOSE_LINES: usize;
+    /// Pack rows `i0..i0+mr` (≤ MR), depth `p0..p0+kc` of A as `[p][i]`, `MR` values per step,
+    /// rows past `mr` zero. `dst` holds `kc * MR` values.
+    unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32);
+    /// Pack depth `p0..p0+kc`, columns `j0..j0+nr` (≤ NR) of B as `[p][j]`, `NR` values per
+    /// step, columns past `nr` zero. `dst` holds `kc * NR` values.
+    unsafe fn pack_b(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32);
+    /// `C[mr×nr] (+)= Apanel[kc×MR]ᵀ · Bpanel[kc×NR]` (`+=` when `acc`); C writable for `mr`
+    /// rows of `nr` values at stride `ldc`.
+    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool);
+    /// `C[mr×nr] = A[mr×k] · B[k×nr]` from unpacked operands: A at any strides, B with unit
+    /// column stride and row stride `ldb`; `1 <= mr <= SMALL_MR`, `nr <= NR`.
+    unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize);
+    /// `dst[p*dst_stride + l] = src[l*stride + p]` for `l < lines` (≤ TRANSPOSE_LINES), `p < kc`.
+    unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize);
+}
+
 // Packing buffers live with each thread between products (see `with_scratch`: a product
 // started while the thread's buffer is in use just allocates its own). Short products share the
 // caller's B buffer with the helpers; tall ones give every thread its own B.
@@ -55,13 +218,15 @@ thread_local! {
     static PACK_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `c[m×n] = a[m×k] · b[k×n]`, `c` row-major contiguous with row stride `ldc`.
+/// `c[m×n] = a[m×k] · b[k×n]` with the given instruction set and strategy.
 ///
 /// # Safety
 /// `a` and `b` must describe initialised matrices of the given sizes, `c` must be valid for
-/// writes of `m` rows of `n` elements at stride `ldc` and must not overlap `a` or `b`, and the
-/// CPU must support AVX-512F ([`available`]).
-pub(crate) unsafe fn sgemm(
+/// writes of `m` rows of `n` elements at stride `ldc` and must not overlap `a` or `b`, and
+/// `isa.supported()`.
+pub(crate) unsafe fn sgemm_with(
+    isa: Isa,
+    strategy: Strategy,
     m: usize,
     n: usize,
     k: usize,
@@ -69,8 +234,8 @@ pub(crate) unsafe fn sgemm(
     b: MatPtr,
     c: *mut f32,
     ldc: usize,
-    threads: usize,
 ) {
+    debug_assert!(isa.supported(), "{isa:?} kernels on a CPU without them");
     if m == 0 || n == 0 {
         return;
     }
@@ -81,62 +246,190 @@ pub(crate) unsafe fn sgemm(
         }
         return;
     }
-    // Small products are not worth a hand-off to the team.
-    let threads = if m * n * k < PAR_FLOPS { 1 } else { threads.max(1) };
+    // SAFETY: forwarded; the instruction set is supported (caller's contract).
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => run::<avx512::Avx512Gemm>(strategy, m, n, k, a, b, c, ldc),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => run::<avx2::Avx2Gemm>(strategy, m, n, k, a, b, c, ldc),
+            Isa::Scalar => run::<scalar::ScalarGemm>(strategy, m, n, k, a, b, c, ldc),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("{isa:?} is never supported off x86-64"),
+        }
+    }
+}
+
+/// # Safety
+/// As [`sgemm_with`], with `m, n, k > 0`.
+unsafe fn run<K: MicroKernel>(
+    strategy: Strategy,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match strategy {
+            Strategy::Small { threads } => small::<K>(m, n, k, a, b, c, ldc, threads.max(1)),
+            Strategy::Packed { threads } => packed::<K>(m, n, k, a, b, c, ldc, threads.max(1)),
+        }
+    }
+}
+
+/// The small path: register tiles straight from A and B.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn small<K: MicroKernel>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    if b.cs == 1 {
+        // SAFETY: forwarded; B's rows are contiguous.
+        return unsafe { small_tiles::<K>(m, n, k, a, b.ptr, b.rs, c, ldc, threads) };
+    }
+    // B's rows are not contiguous (`x @ W.T` has B = Wᵀ): copy it once, row-major, into this
+    // thread's scratch — k·n values against m·n·k multiply-adds.
+    with_scratch(&PACK_B, k * n, |buf| {
+        // SAFETY: the scratch holds k*n values; reads stay inside B (caller's contract).
+        unsafe {
+            if b.rs == 1 {
+                // Each column of B is contiguous along the depth: transpose blocks of them.
+                let mut j = 0;
+                while j < n {
+                    let lines = K::TRANSPOSE_LINES.min(n - j);
+                    K::transpose(b.ptr.offset(j as isize * b.cs), b.cs, lines, k, buf.0.add(j), n);
+                    j += lines;
+                }
+            } else {
+                for p in 0..k {
+                    for j in 0..n {
+                        *buf.0.add(p * n + j) = *b.ptr.offset(p as isize * b.rs + j as isize * b.cs);
+                    }
+                }
+            }
+            small_tiles::<K>(m, n, k, a, buf.0, n as isize, c, ldc, threads)
+        }
+    });
+}
+
+/// Every `SMALL_MR × NR` tile of C from unpacked A and row-contiguous B (row stride `ldb`),
+/// split into equal runs of tiles over `threads` threads.
+///
+/// # Safety
+/// As [`run`], with B's columns at unit stride.
+unsafe fn small_tiles<K: MicroKernel>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: *const f32,
+    ldb: isize,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    let (row_tiles, col_tiles) = (m.div_ceil(K::SMALL_MR), n.div_ceil(K::NR));
+    let (bp, cp) = (SendPtr(b as *mut f32), SendPtr(c));
+    // Column-tile-major order: consecutive tiles of one task share a k×NR column block of B.
+    split(row_tiles * col_tiles, threads, &|u0, u1| {
+        let (a, bp, cp) = (a, bp, cp); // capture the Sync wrappers, not their raw fields
+        for u in u0..u1 {
+            let (i0, j0) = ((u % row_tiles) * K::SMALL_MR, (u / row_tiles) * K::NR);
+            let (mr, nr) = (K::SMALL_MR.min(m - i0), K::NR.min(n - j0));
+            // SAFETY: the tile's rows of A, columns of B and block of C lie inside the
+            // operands; tiles are disjoint between tasks.
+            unsafe {
+                let at = MatPtr { ptr: a.ptr.offset(i0 as isize * a.rs), ..a };
+                K::small_tile(k, at, bp.0.add(j0), ldb, cp.0.add(i0 * ldc + j0), ldc, mr, nr);
+            }
+        }
+    });
+}
+
+/// From this many row tiles per thread on, threads split C by rows (see `packed`).
+const TALL_TILES_PER_THREAD: usize = 8;
+
+/// The packed BLIS loop nest.
+///
+/// # Safety
+/// As [`run`].
+unsafe fn packed<K: MicroKernel>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatPtr,
+    b: MatPtr,
+    c: *mut f32,
+    ldc: usize,
+    threads: usize,
+) {
+    let (mr_t, nr_t) = (K::MR, K::NR);
     let cptr = SendPtr(c);
-    for jc in (0..n).step_by(NC) {
-        let nc = NC.min(n - jc);
-        let panels = nc.div_ceil(NR);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
+    for jc in (0..n).step_by(K::NC) {
+        let nc = K::NC.min(n - jc);
+        let panels = nc.div_ceil(nr_t);
+        for pc in (0..k).step_by(K::KC) {
+            let kc = K::KC.min(k - pc);
             let accumulate = pc > 0;
             let pack_b = |bp: SendPtr<f32>, p0: usize, p1: usize| {
                 for p in p0..p1 {
                     // SAFETY: panel p of a buffer sized for `panels` panels; ranges are disjoint
                     // between tasks; reads stay inside B (caller's contract).
-                    unsafe { pack_b_panel(b, pc, kc, jc + p * NR, NR.min(nc - p * NR), bp.0.add(p * NR * kc)) };
+                    unsafe { K::pack_b(b, pc, kc, jc + p * nr_t, nr_t.min(nc - p * nr_t), bp.0.add(p * nr_t * kc)) };
                 }
             };
-            let tiles = m.div_ceil(MR);
+            let tiles = m.div_ceil(mr_t);
             let tall = threads > 1 && tiles >= TALL_TILES_PER_THREAD * threads;
             let tile = |bp: SendPtr<f32>, ap: SendPtr<f32>, ic: usize, mc: usize, ip: usize, jp: usize| {
                 let cptr = cptr; // capture the Sync wrapper, not its raw field
-                let (mr, nr) = (MR.min(mc - ip * MR), NR.min(nc - jp * NR));
+                let (mr, nr) = (mr_t.min(mc - ip * mr_t), nr_t.min(nc - jp * nr_t));
                 // SAFETY: packed panels hold kc×MR and kc×NR values; the C tile (rows
                 // ic+ip*MR.., cols jc+jp*NR..) belongs to the calling task only.
                 unsafe {
-                    let (a, b, c) = (
-                        ap.0.add(ip * MR * kc),
-                        bp.0.add(jp * NR * kc),
-                        cptr.0.add((ic + ip * MR) * ldc + jc + jp * NR),
-                    );
-                    match mr {
-                        0..=4 => kernel::<4>(kc, a, b, c, ldc, mr, nr, accumulate),
-                        5..=7 => kernel::<7>(kc, a, b, c, ldc, mr, nr, accumulate),
-                        _ => kernel::<MR>(kc, a, b, c, ldc, mr, nr, accumulate),
-                    }
+                    K::tile(
+                        kc,
+                        ap.0.add(ip * mr_t * kc),
+                        bp.0.add(jp * nr_t * kc),
+                        cptr.0.add((ic + ip * mr_t) * ldc + jc + jp * nr_t),
+                        ldc,
+                        mr,
+                        nr,
+                        accumulate,
+                    )
                 };
             };
             let pack_a = |ap: SendPtr<f32>, ic: usize, mc: usize, i0: usize, i1: usize| {
                 for ip in i0..i1 {
                     // SAFETY: panel ip of a buffer sized for the block's panels; reads inside A.
-                    unsafe { pack_a_panel(a, ic + ip * MR, MR.min(mc - ip * MR), pc, kc, ap.0.add(ip * MR * kc)) };
+                    unsafe { K::pack_a(a, ic + ip * mr_t, mr_t.min(mc - ip * mr_t), pc, kc, ap.0.add(ip * mr_t * kc)) };
                 }
             };
             if tall {
                 // Tall C: each thread owns a run of whole row tiles, packs its own rows of A and
                 // its own copy of the B block, and covers every B panel for them: no hand-off
                 // between packing and compute and no cache line written by one core and read by
-                // the other (measured at 256²: 131 µs with a shared, jointly packed B, 112 µs
-                // like this). The imbalance is at most one tile in eight.
+                // the other (measured at 256² on AVX-512: 131 µs with a shared, jointly packed
+                // B, 112 µs like this). The imbalance is at most one tile in eight.
                 split(tiles, threads, &|t0, t1| {
-                    let (r0, r1) = (t0 * MR, (t1 * MR).min(m));
-                    with_scratch(&PACK_B, panels * NR * kc, |bl| {
+                    let (r0, r1) = (t0 * mr_t, (t1 * mr_t).min(m));
+                    with_scratch(&PACK_B, panels * nr_t * kc, |bl| {
                         pack_b(bl, 0, panels);
-                        for ic in (r0..r1).step_by(MC) {
-                            let mc = MC.min(r1 - ic);
-                            let apanels = mc.div_ceil(MR);
-                            with_scratch(&PACK_A, apanels * MR * kc, |ap| {
+                        for ic in (r0..r1).step_by(K::MC) {
+                            let mc = K::MC.min(r1 - ic);
+                            let apanels = mc.div_ceil(mr_t);
+                            with_scratch(&PACK_A, apanels * mr_t * kc, |ap| {
                                 pack_a(ap, ic, mc, 0, apanels);
                                 for jp in 0..panels {
                                     for ip in 0..apanels {
@@ -151,12 +444,12 @@ pub(crate) unsafe fn sgemm(
             }
             // Short C: pack B[pc.., jc..] once into the caller's buffer, shared by all threads
             // (they split the panels).
-            with_scratch(&PACK_B, panels * NR * kc, |bp| {
+            with_scratch(&PACK_B, panels * nr_t * kc, |bp| {
                 split(panels, threads, &|p0, p1| pack_b(bp, p0, p1));
-                for ic in (0..m).step_by(MC) {
-                    let mc = MC.min(m - ic);
-                    let apanels = mc.div_ceil(MR);
-                    with_scratch(&PACK_A, apanels * MR * kc, |ap| {
+                for ic in (0..m).step_by(K::MC) {
+                    let mc = K::MC.min(m - ic);
+                    let apanels = mc.div_ceil(mr_t);
+                    with_scratch(&PACK_A, apanels * mr_t * kc, |ap| {
                         split(apanels, threads, &|i0, i1| pack_a(ap, ic, mc, i0, i1));
                         // Every (B panel, A panel) pair is one register tile. Threads take equal
                         // contiguous runs of tiles in B-panel-major order, so each keeps one B
@@ -174,14 +467,8 @@ pub(crate) unsafe fn sgemm(
     }
 }
 
-/// From this many row tiles per thread on, threads split C by rows (see `sgemm`).
-const TALL_TILES_PER_THREAD: usize = 8;
-
-/// Below this many multiply-adds a product runs on the calling thread.
-const PAR_FLOPS: usize = 150 * 150 * 150;
-
 /// Run `f` over `0..units` split into at most `threads` equal contiguous ranges on the team.
-fn split(units: usize, threads: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+pub(crate) fn split(units: usize, threads: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     let parts = threads.min(units).max(1);
     if parts == 1 {
         return f(0, units);
@@ -206,354 +493,479 @@ fn with_scratch(cell: &'static std::thread::LocalKey<RefCell<Vec<f32>>>, len: us
     })
 }
 
-/// Pack rows `i0..i0+mr` (mr ≤ MR), depth `p0..p0+kc` of A as `[p][i]` with MR values per p
-/// (rows past `mr` are zero).
-///
-/// Compiled for AVX-512 (like everything `sgemm` calls) so that the copies move 64 bytes at a
-/// time: in baseline SSE the B copies alone took 10 % of a 256² product.
-///
-/// # Safety
-/// Reads A inside the given block; `dst` holds `kc * MR` values; the CPU supports AVX-512F.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
-unsafe fn pack_a_panel(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        let base = a.ptr.offset(i0 as isize * a.rs + p0 as isize * a.cs);
-        if a.cs == 1 && mr == MR {
-            // Row-major A: 16-deep slices of the 14 rows are transposed in registers.
-            return transpose_pack(base, a.rs, MR, kc, dst, MR);
-        }
-        if a.rs == 1 {
-            // Column-major A (a transposed operand, as in the weight gradient `dYᵀ @ X`): the
-            // rows of one depth step are already contiguous.
-            if mr == MR {
-                // A fixed-size copy compiles to two vector moves (a memcpy call per step would
-                // cost more than the copy).
-                for p in 0..kc {
-                    let v = (base.offset(p as isize * a.cs) as *const [f32; MR]).read_unaligned();
-                    (dst.add(p * MR) as *mut [f32; MR]).write_unaligned(v);
-                }
-                return;
-            }
-            for p in 0..kc {
-                std::ptr::copy_nonoverlapping(base.offset(p as isize * a.cs), dst.add(p * MR), mr);
-                std::slice::from_raw_parts_mut(dst.add(p * MR + mr), MR - mr).fill(0.0);
-            }
-            return;
-        }
-        if mr < MR {
-            std::slice::from_raw_parts_mut(dst, kc * MR).fill(0.0);
-        }
-        for i in 0..mr {
-            let row = base.offset(i as isize * a.rs);
-            for p in 0..kc {
-                *dst.add(p * MR + i) = *row.offset(p as isize * a.cs);
-            }
-        }
-    }
-}
-
-/// Pack `lines` (≤ 16) strided sequences of `kc` contiguous values, `src + l*stride + p`, as
-/// `dst[p*dst_stride + l]`: the transposition both packings need when the operand's
-/// contiguous direction is the depth (row-major A; B that is a transposed row-major matrix,
-/// as in `x @ W.T`). Scalar, this is one load and one scattered store per value, ~9 % of a
-/// 1024² product; here each 16×16 block is eight shuffle rounds in registers.
-///
-/// # Safety
-/// Reads `lines` sequences of `kc` values at `src + l*stride`; `dst` holds
-/// `(kc-1)*dst_stride + lines` values; the CPU supports AVX-512F.
-unsafe fn transpose_pack(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        let full = kc - kc % 16;
-        if full > 0 {
-            transpose_pack_avx512(src, stride, lines, full, dst, dst_stride);
-        }
-        for p in full..kc {
-            for l in 0..lines {
-                *dst.add(p * dst_stride + l) = *src.offset(l as isize * stride + p as isize);
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose_pack_avx512(
-    src: *const f32,
-    stride: isize,
-    lines: usize,
-    kc: usize,
-    dst: *mut f32,
-    dst_stride: usize,
-) {
-    use std::arch::x86_64::*;
-    // SAFETY: loads read `lines` sequences of kc (a multiple of 16) values; the masked stores
-    // write `lines` values at dst + p*dst_stride (caller's contract).
-    unsafe {
-        let mask: __mmask16 = if lines >= 16 { 0xFFFF } else { (1u16 << lines) - 1 };
-        let mut p = 0;
-        while p < kc {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (l, v) in r.iter_mut().enumerate().take(lines) {
-                *v = _mm512_loadu_ps(src.offset(l as isize * stride + p as isize));
-            }
-            // Pairs of lines interleaved (columns 4L+{0,1} and 4L+{2,3} of each 128-bit lane L).
-            let mut s1 = [_mm512_setzero_ps(); 16];
-            for g in 0..8 {
-                s1[2 * g] = _mm512_unpacklo_ps(r[2 * g], r[2 * g + 1]);
-                s1[2 * g + 1] = _mm512_unpackhi_ps(r[2 * g], r[2 * g + 1]);
-            }
-            // Quads: u[4h+q] holds column 4L+q of lines 4h..4h+3 in lane L.
-            let mut u = [_mm512_setzero_ps(); 16];
-            for h in 0..4 {
-                let (alo, ahi) = (_mm512_castps_pd(s1[4 * h]), _mm512_castps_pd(s1[4 * h + 1]));
-                let (blo, bhi) = (_mm512_castps_pd(s1[4 * h + 2]), _mm512_castps_pd(s1[4 * h + 3]));
-                u[4 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(alo, blo));
-                u[4 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(alo, blo));
-                u[4 * h + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(ahi, bhi));
-                u[4 * h + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(ahi, bhi));
-            }
-            // Gather lane L of the four quads: column q + 4L for all 16 lines.
-            for q in 0..4 {
-                let lo01 = _mm512_shuffle_f32x4::<0b10_00_10_00>(u[q], u[4 + q]);
-                let hi01 = _mm512_shuffle_f32x4::<0b11_01_11_01>(u[q], u[4 + q]);
-                let lo23 = _mm512_shuffle_f32x4::<0b10_00_10_00>(u[8 + q], u[12 + q]);
-                let hi23 = _mm512_shuffle_f32x4::<0b11_01_11_01>(u[8 + q], u[12 + q]);
-                let cols = [
-                    (q, _mm512_shuffle_f32x4::<0b10_00_10_00>(lo01, lo23)),
-                    (q + 4, _mm512_shuffle_f32x4::<0b10_00_10_00>(hi01, hi23)),
-                    (q + 8, _mm512_shuffle_f32x4::<0b11_01_11_01>(lo01, lo23)),
-                    (q + 12, _mm512_shuffle_f32x4::<0b11_01_11_01>(hi01, hi23)),
-                ];
-                for (col, v) in cols {
-                    _mm512_mask_storeu_ps(dst.add((p + col) * dst_stride), mask, v);
-                }
-            }
-            p += 16;
-        }
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn transpose_pack_avx512(
-    _src: *const f32,
-    _stride: isize,
-    _lines: usize,
-    _kc: usize,
-    _dst: *mut f32,
-    _dst_stride: usize,
-) {
-    unreachable!("sgemm is only called when available() is true, which needs x86-64 AVX-512")
-}
-
-/// Pack depth `p0..p0+kc`, columns `j0..j0+nr` (nr ≤ NR) of B as `[p][j]` with NR values per p
-/// (columns past `nr` are zero).
-///
-/// # Safety
-/// Reads B inside the given block; `dst` holds `kc * NR` values; the CPU supports AVX-512F.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
-unsafe fn pack_b_panel(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if b.cs == 1 && nr == NR {
-            for p in 0..kc {
-                let src = b.ptr.offset((p0 + p) as isize * b.rs + j0 as isize);
-                std::ptr::copy_nonoverlapping(src, dst.add(p * NR), NR);
-            }
-            return;
-        }
-        if b.rs == 1 && nr == NR {
-            // B = Wᵀ of a row-major W: each column is contiguous along the depth.
-            let base = b.ptr.offset(p0 as isize + j0 as isize * b.cs);
-            transpose_pack(base, b.cs, 16, kc, dst, NR);
-            transpose_pack(base.offset(16 * b.cs), b.cs, 16, kc, dst.add(16), NR);
-            return;
-        }
-        if nr < NR {
-            std::slice::from_raw_parts_mut(dst, kc * NR).fill(0.0);
-        }
-        for j in 0..nr {
-            let col = b.ptr.offset(p0 as isize * b.rs + (j0 + j) as isize * b.cs);
-            for p in 0..kc {
-                *dst.add(p * NR + j) = *col.offset(p as isize * b.rs);
-            }
-        }
-    }
-}
-
-/// `C[mr×nr] (+)= Apanel[kc×MR]ᵀ · Bpanel[kc×NR]` for the first `M` (≥ `mr`) rows of the
-/// packed A panel, with the whole `M×32` tile in registers. `M = MR` for full tiles; the last
-/// row tile of a product whose height is not a multiple of 14 runs with `M = 4` or `7`, so
-/// (for example) the 4-row remainder of a 256-row product costs ~2/7 of a full tile instead
-/// of a full one.
-///
-/// # Safety
-/// Panels hold `kc` steps; C is writable for `mr` rows of `nr` values at stride `ldc`; the CPU
-/// supports AVX-512F; `mr <= M <= MR`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn kernel<const M: usize>(
-    kc: usize,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    accumulate: bool,
-) {
-    use std::arch::x86_64::*;
-    // SAFETY: pointer arithmetic stays inside the panels and the C tile (caller's contract).
-    unsafe {
-        // The C tile is read (or written) only after the k loop; its rows sit a row stride
-        // apart, so each may miss the cache after the loop. Prefetching them now overlaps
-        // those misses with the loop. Prefetches never fault; wrapping_add keeps the address
-        // arithmetic defined even for the columns of an edge tile past `nr`.
-        for i in 0..mr {
-            let row = c.wrapping_add(i * ldc) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(row);
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(64));
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(124));
-        }
-        let mut acc = [[_mm512_setzero_ps(); 2]; M];
-        let (mut ap, mut bp) = (a, b);
-        for _ in 0..kc {
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.add(i));
-                row[0] = _mm512_fmadd_ps(av, b0, row[0]);
-                row[1] = _mm512_fmadd_ps(av, b1, row[1]);
-            }
-            ap = ap.add(MR);
-            bp = bp.add(NR);
-        }
-        if mr == M && nr == NR {
-            for (i, row) in acc.iter().enumerate() {
-                let cp = c.add(i * ldc);
-                let (mut v0, mut v1) = (row[0], row[1]);
-                if accumulate {
-                    v0 = _mm512_add_ps(v0, _mm512_loadu_ps(cp));
-                    v1 = _mm512_add_ps(v1, _mm512_loadu_ps(cp.add(16)));
-                }
-                _mm512_storeu_ps(cp, v0);
-                _mm512_storeu_ps(cp.add(16), v1);
-            }
-        } else {
-            let mut tile = [0f32; MR * NR];
-            for (i, row) in acc.iter().enumerate() {
-                _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR), row[0]);
-                _mm512_storeu_ps(tile.as_mut_ptr().add(i * NR + 16), row[1]);
-            }
-            for i in 0..mr {
-                for j in 0..nr {
-                    let cp = c.add(i * ldc + j);
-                    *cp = if accumulate { *cp + tile[i * NR + j] } else { tile[i * NR + j] };
-                }
-            }
-        }
-    }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel<const M: usize>(
-    _kc: usize,
-    _a: *const f32,
-    _b: *const f32,
-    _c: *mut f32,
-    _ldc: usize,
-    _mr: usize,
-    _nr: usize,
-    _accumulate: bool,
-) {
-    unreachable!("sgemm is only called when available() is true, which needs x86-64 AVX-512")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
-        let mut c = vec![0f64; m * n];
+    /// The odd sizes: 1, one under and over a register tile or a cache block, primes.
+    const ODD: [usize; 7] = [1, 3, 17, 63, 65, 255, 257];
+
+    /// How an operand is stored.
+    #[derive(Clone, Copy, Debug)]
+    enum Store {
+        RowMajor,
+        /// A transposed operand (`x.t()`): unit row stride.
+        ColMajor,
+        /// Neither stride is 1 (a view with steps in both dimensions).
+        Strided,
+    }
+    const STORES: [Store; 3] = [Store::RowMajor, Store::ColMajor, Store::Strided];
+
+    fn val(seed: usize, i: usize) -> f32 {
+        ((((i as u64 + 11) * 2654435761 + seed as u64 * 97) % 1000) as f32 - 500.0) / 250.0
+    }
+
+    /// `rows × cols` logical values `v[i*cols + j]` stored as `store` says; returns the buffer
+    /// and the strides.
+    fn stored(v: &[f32], rows: usize, cols: usize, store: Store) -> (Vec<f32>, isize, isize) {
+        let (rs, cs, len) = match store {
+            Store::RowMajor => (cols, 1, rows * cols),
+            Store::ColMajor => (1, rows, rows * cols),
+            Store::Strided => (2 * cols + 3, 2, rows * (2 * cols + 3)),
+        };
+        let mut buf = vec![f32::NAN; len.max(1)];
+        for i in 0..rows {
+            for j in 0..cols {
+                buf[i * rs + j * cs] = v[i * cols + j];
+            }
+        }
+        (buf, rs as isize, cs as isize)
+    }
+
+    /// f64 product and, per element, Σ|a||b| (the scale of the f32 rounding error).
+    fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let (mut c, mut s) = (vec![0f64; m * n], vec![0f64; m * n]);
         for i in 0..m {
             for p in 0..k {
+                let x = a[i * k + p] as f64;
                 for j in 0..n {
-                    c[i * n + j] += a[i * k + p] as f64 * b[p * n + j] as f64;
+                    c[i * n + j] += x * b[p * n + j] as f64;
+                    s[i * n + j] += (x * b[p * n + j] as f64).abs();
                 }
             }
         }
-        c
+        (c, s)
+    }
+
+    struct Case {
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Vec<f32>,
+        b: Vec<f32>,
+        want: Vec<f64>,
+        scale: Vec<f64>,
+    }
+
+    impl Case {
+        fn new(m: usize, n: usize, k: usize) -> Case {
+            let a: Vec<f32> = (0..m * k).map(|i| val(1, i)).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| val(2, i)).collect();
+            let (want, scale) = reference(m, n, k, &a, &b);
+            Case { m, n, k, a, b, want, scale }
+        }
+
+        /// Run one path on one pair of layouts and compare with the reference: every element
+        /// within the f32 error bound of a k-term dot product (k·ε·Σ|a||b|, doubled).
+        fn check(&self, isa: Isa, strategy: Strategy, sa: Store, sb: Store) {
+            let Case { m, n, k, .. } = *self;
+            let (ab, ars, acs) = stored(&self.a, m, k, sa);
+            let (bb, brs, bcs) = stored(&self.b, k, n, sb);
+            // C with a row stride wider than n, to catch writes past a row.
+            let ldc = n + 5;
+            let mut c = vec![f32::NAN; m * ldc];
+            // SAFETY: buffers of the stated sizes and strides; the caller checked `isa`.
+            unsafe {
+                sgemm_with(
+                    isa,
+                    strategy,
+                    m,
+                    n,
+                    k,
+                    MatPtr { ptr: ab.as_ptr(), rs: ars, cs: acs },
+                    MatPtr { ptr: bb.as_ptr(), rs: brs, cs: bcs },
+                    c.as_mut_ptr(),
+                    ldc,
+                )
+            };
+            for i in 0..m {
+                for j in 0..n {
+                    let (x, y) = (c[i * ldc + j] as f64, self.want[i * n + j]);
+                    let tol = 2.0 * (k as f64 + 1.0) * f32::EPSILON as f64 * self.scale[i * n + j] + 1e-30;
+                    assert!(
+                        (x - y).abs() <= tol,
+                        "{isa:?} {strategy:?} {m}x{n}x{k} A {sa:?} B {sb:?} at ({i},{j}): {x} vs {y}"
+                    );
+                }
+                assert!(
+                    c[i * ldc + n..(i + 1) * ldc].iter().all(|v| v.is_nan()),
+                    "{isa:?} {strategy:?} wrote past row {i}"
+                );
+            }
+        }
+    }
+
+    /// The instruction sets this CPU runs; prints the ones it cannot.
+    fn runnable(test: &str) -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| {
+                let ok = isa.supported();
+                if !ok {
+                    eprintln!("SKIPPED in {test}: {isa:?} kernels (this CPU lacks the instructions)");
+                }
+                ok
+            })
+            .collect()
+    }
+
+    const STRATEGIES: [Strategy; 6] = [
+        Strategy::Small { threads: 1 },
+        Strategy::Small { threads: 2 },
+        Strategy::Small { threads: 3 },
+        Strategy::Packed { threads: 1 },
+        Strategy::Packed { threads: 2 },
+        Strategy::Packed { threads: 3 },
+    ];
+
+    /// Every supported instruction set × every strategy × every pair of layouts, on the odd
+    /// sizes up to 65 in all three dimensions.
+    #[test]
+    fn every_path_and_layout_matches_the_reference_on_odd_sizes() {
+        let sizes: &[usize] = if cfg!(debug_assertions) { &ODD[..3] } else { &ODD[..5] };
+        let isas = runnable("every_path_and_layout_matches_the_reference_on_odd_sizes");
+        for &m in sizes {
+            for &n in sizes {
+                for &k in sizes {
+                    let case = Case::new(m, n, k);
+                    for &isa in &isas {
+                        for strategy in STRATEGIES {
+                            for sa in STORES {
+                                for sb in STORES {
+                                    case.check(isa, strategy, sa, sb);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sizes past every cache block (k > KC, m > MC, n > NC) and the large odd sizes, on every
+    /// path, with the layouts a network produces (row-major, `x @ W.T`, `dYᵀ @ X`).
+    #[test]
+    fn every_path_matches_the_reference_across_cache_blocks() {
+        let isas = runnable("every_path_matches_the_reference_across_cache_blocks");
+        let mut shapes =
+            vec![(255, 257, 65), (65, 255, 257), (257, 3, 255), (1, 257, 257), (3, 4200, 5), (500, 40, 300)];
+        if !cfg!(debug_assertions) {
+            shapes.extend([(257, 255, 257), (255, 1, 257)]);
+        }
+        for (m, n, k) in shapes {
+            let case = Case::new(m, n, k);
+            for &isa in &isas {
+                for strategy in STRATEGIES {
+                    for (sa, sb) in [
+                        (Store::RowMajor, Store::RowMajor),
+                        (Store::RowMajor, Store::ColMajor),
+                        (Store::ColMajor, Store::RowMajor),
+                    ] {
+                        case.check(isa, strategy, sa, sb);
+                    }
+                }
+            }
+            // The dispatcher's own choice for this size.
+            if let Some(isa) = Isa::best() {
+                case.check(isa, strategy(m, n, k, team::threads()), Store::RowMajor, Store::ColMajor);
+            }
+        }
     }
 
     #[test]
-    fn matches_reference_on_ragged_and_transposed_shapes() {
-        if !available() {
-            eprintln!("SKIPPED: no AVX-512 on this CPU (faer serves f32 matmul here)");
-            return;
-        }
-        for &(m, n, k) in &[(1, 1, 1), (14, 32, 7), (15, 33, 300), (37, 70, 513), (100, 5, 9), (3, 200, 0)] {
-            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
-            let want = reference(m, n, k, &a, &b);
-            for threads in [1, 2, 3] {
+    fn empty_depth_writes_zeros_and_empty_outputs_write_nothing() {
+        for isa in runnable("empty_depth_writes_zeros_and_empty_outputs_write_nothing") {
+            for strategy in STRATEGIES {
+                let (m, n) = (5, 19);
                 let mut c = vec![f32::NAN; m * n];
-                let am = MatPtr { ptr: a.as_ptr(), rs: k as isize, cs: 1 };
-                let bm = MatPtr { ptr: b.as_ptr(), rs: n as isize, cs: 1 };
-                // SAFETY: buffers of the stated sizes; CPU checked above.
-                unsafe { sgemm(m, n, k, am, bm, c.as_mut_ptr(), n, threads) };
-                for (x, y) in c.iter().zip(&want) {
-                    assert!((*x as f64 - y).abs() <= 1e-4 * (1.0 + y.abs()), "{m}x{n}x{k}: {x} vs {y}");
-                }
-                // The same product from transposed storage (column-major A and B).
-                let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
-                let bt: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
-                let mut c2 = vec![f32::NAN; m * n];
-                let am = MatPtr { ptr: at.as_ptr(), rs: 1, cs: m as isize };
-                let bm = MatPtr { ptr: bt.as_ptr(), rs: 1, cs: k as isize };
-                // SAFETY: as above.
-                unsafe { sgemm(m, n, k, am, bm, c2.as_mut_ptr(), n, threads) };
-                assert_eq!(c, c2, "{m}x{n}x{k}: strides change nothing");
+                let z = [0f32; 1];
+                let e = MatPtr { ptr: z.as_ptr(), rs: 0, cs: 0 };
+                // SAFETY: k = 0 reads nothing; C holds m*n values.
+                unsafe { sgemm_with(isa, strategy, m, n, 0, e, e, c.as_mut_ptr(), n) };
+                assert!(c.iter().all(|&v| v == 0.0), "{isa:?} {strategy:?}");
+                // SAFETY: m = 0 touches nothing.
+                unsafe { sgemm_with(isa, strategy, 0, n, 3, e, e, c.as_mut_ptr(), n) };
             }
         }
+    }
+
+    #[test]
+    fn the_measured_choice_is_small_then_packed_and_threads_large_products() {
+        assert_eq!(strategy(32, 32, 32, 2), Strategy::Small { threads: 1 });
+        assert!(matches!(strategy(2048, 2048, 2048, 2), Strategy::Packed { threads: 2 }));
+        assert!(matches!(strategy(2048, 2048, 2048, 1), Strategy::Packed { threads: 1 }));
+        assert!(spread_over_batch(128, 128, 128, 64, 2));
+        assert!(!spread_over_batch(1, 128, 128, 64, 2));
+        assert!(!spread_over_batch(128, 128, 128, 64, 1));
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, .. proptest::prelude::ProptestConfig::default() })]
-        /// Any shape (including ragged edges in every dimension and depths that are not a
-        /// multiple of the 16-wide transpose), either operand transposed, any thread count:
-        /// the product matches an f64 reference.
+        /// Any shape (ragged edges in every dimension, depths that are not a multiple of the
+        /// transposes' blocks), any layout, any path this CPU runs: the product matches the
+        /// reference.
         #[test]
         fn matches_reference_for_any_shape_and_layout(m in 1usize..300, n in 1usize..90, k in 0usize..300,
-                                                      ta in proptest::bool::ANY, tb in proptest::bool::ANY, threads in 1usize..4, seed in 0u64..1000) {
-            if !available() {
+                                                      sa in 0usize..3, sb in 0usize..3, path in 0usize..18) {
+            let isa = Isa::ALL[path / 6];
+            if !isa.supported() {
                 return Ok(());
             }
-            let val = |i: usize| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 - 500.0) / 250.0;
-            let a: Vec<f32> = (0..m * k).map(val).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| val(i + 7)).collect();
-            let want = reference(m, n, k, &a, &b);
-            // Store each operand in the requested layout with the same logical values.
-            let (ast, am) = if ta {
-                let at: Vec<f32> = (0..k * m).map(|idx| a[(idx % m) * k + idx / m]).collect();
-                (at, (1isize, m as isize))
-            } else {
-                (a.clone(), (k as isize, 1isize))
-            };
-            let (bst, bm) = if tb {
-                let bt: Vec<f32> = (0..n * k).map(|idx| b[(idx % k) * n + idx / k]).collect();
-                (bt, (1isize, k as isize))
-            } else {
-                (b.clone(), (n as isize, 1isize))
-            };
-            let mut c = vec![f32::NAN; m * n];
-            // SAFETY: buffers of the stated sizes and strides; CPU checked above.
-            unsafe {
-                sgemm(m, n, k, MatPtr { ptr: ast.as_ptr(), rs: am.0, cs: am.1 }, MatPtr { ptr: bst.as_ptr(), rs: bm.0, cs: bm.1 }, c.as_mut_ptr(), n, threads)
-            };
-            for (idx, (x, y)) in c.iter().zip(&want).enumerate() {
-                proptest::prop_assert!((*x as f64 - y).abs() <= 1e-4 * (1.0 + y.abs()), "{m}x{n}x{k} ta={ta} tb={tb} at {idx}: {x} vs {y}");
+            Case::new(m, n, k).check(isa, STRATEGIES[path % 6], STORES[sa], STORES[sb]);
+        }
+    }
+}
+
+/// The measurement behind [`strategy`]'s thresholds: GFLOP/s of every strategy on the best
+/// instruction set, for square products and attention-shaped ones, best of 5 runs.
+///
+/// `cargo test --release -p ferrite-tensor --lib kernels::gemm::timing -- --ignored --nocapture`
+/// (`GEMM_SIZES=32,64` picks the sizes; `GEMM_CPU_TIME=1 RAYON_NUM_THREADS=1` times the
+/// calling thread's CPU time instead of wall time).
+#[cfg(test)]
+mod timing {
+    use super::*;
+    use std::time::Instant;
+
+    /// With `GEMM_CPU_TIME=1`: the calling thread's CPU time (Linux), to compare single-thread
+    /// strategies on a machine shared with other jobs (preemption does not count).
+    pub(super) fn thread_cpu_seconds() -> Option<f64> {
+        if std::env::var_os("GEMM_CPU_TIME").is_none() || !cfg!(target_os = "linux") {
+            return None;
+        }
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        unsafe extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: glibc's clock_gettime with a valid clock id and a timespec-sized struct.
+        let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
+    fn strategies_by_size() {
+        let Some(isa) = Isa::best() else { return };
+        let threads = team::threads();
+        let sizes: Vec<usize> = std::env::var("GEMM_SIZES")
+            .ok()
+            .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+            .unwrap_or_else(|| vec![16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 256, 512, 1024]);
+        println!("{isa:?}, {threads} threads; GFLOP/s, best of 5 (A row-major; B row-major | B = Wᵀ)");
+        let strategies = [
+            Strategy::Small { threads: 1 },
+            Strategy::Small { threads },
+            Strategy::Packed { threads: 1 },
+            Strategy::Packed { threads },
+        ];
+        for &n in &sizes {
+            let a: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 - 6.0).collect();
+            let b: Vec<f32> = (0..n * n).map(|i| (i % 11) as f32 - 5.0).collect();
+            let mut c = vec![0f32; n * n];
+            let iters = (400_000_000 / (2 * n * n * n)).clamp(3, 100_000);
+            let mut line = format!("{n:>5}: ");
+            for s in strategies {
+                for bt in [false, true] {
+                    let (brs, bcs) = if bt { (1, n as isize) } else { (n as isize, 1) };
+                    let mut best = f64::INFINITY;
+                    for _ in 0..5 {
+                        let t = Instant::now();
+                        let c0 = thread_cpu_seconds();
+                        for _ in 0..iters {
+                            // SAFETY: n×n buffers; the instruction set is this CPU's best.
+                            unsafe {
+                                sgemm_with(
+                                    isa,
+                                    s,
+                                    n,
+                                    n,
+                                    n,
+                                    MatPtr { ptr: a.as_ptr(), rs: n as isize, cs: 1 },
+                                    MatPtr { ptr: b.as_ptr(), rs: brs, cs: bcs },
+                                    c.as_mut_ptr(),
+                                    n,
+                                )
+                            };
+                        }
+                        let dt = match (c0, thread_cpu_seconds()) {
+                            (Some(c0), Some(c1)) => c1 - c0,
+                            _ => t.elapsed().as_secs_f64(),
+                        };
+                        best = best.min(dt / iters as f64);
+                    }
+                    line += &format!("{:>7.1}{}", 2.0 * (n * n * n) as f64 / best / 1e9, if bt { " |" } else { "" });
+                }
             }
+            println!("{line}   [{:?}]", strategy(n, n, n, threads));
+        }
+        println!("columns: small×1, small×{threads}, packed×1, packed×{threads}; [the dispatcher's choice]");
+    }
+}
+
+/// The measurement behind `avx2.rs`'s block sizes: the packed path on one thread with other
+/// `KC`/`MC`/`NC` around the same micro-kernel (calling thread's CPU time with
+/// `GEMM_CPU_TIME=1`).
+///
+/// `GEMM_CPU_TIME=1 RAYON_NUM_THREADS=1 cargo test --release -p ferrite-tensor --lib
+/// kernels::gemm::blocking -- --ignored --nocapture`
+#[cfg(all(test, target_arch = "x86_64"))]
+mod blocking {
+    use super::*;
+    use std::time::Instant;
+
+    struct Blocked<const KC: usize, const MC: usize, const NC: usize>;
+
+    impl<const KC: usize, const MC: usize, const NC: usize> MicroKernel for Blocked<KC, MC, NC> {
+        const MR: usize = avx2::Avx2Gemm::MR;
+        const NR: usize = avx2::Avx2Gemm::NR;
+        const KC: usize = KC;
+        const MC: usize = MC;
+        const NC: usize = NC;
+        const SMALL_MR: usize = avx2::Avx2Gemm::SMALL_MR;
+        const TRANSPOSE_LINES: usize = avx2::Avx2Gemm::TRANSPOSE_LINES;
+        unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::pack_a(a, i0, mr, p0, kc, dst) }
+        }
+        unsafe fn pack_b(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::pack_b(b, p0, kc, j0, nr, dst) }
+        }
+        unsafe fn tile(
+            kc: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            mr: usize,
+            nr: usize,
+            acc: bool,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::tile(kc, a, b, c, ldc, mr, nr, acc) }
+        }
+        unsafe fn small_tile(
+            k: usize,
+            a: MatPtr,
+            b: *const f32,
+            ldb: isize,
+            c: *mut f32,
+            ldc: usize,
+            mr: usize,
+            nr: usize,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::small_tile(k, a, b, ldb, c, ldc, mr, nr) }
+        }
+        unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
+            // SAFETY: forwarded.
+            unsafe { avx2::Avx2Gemm::transpose(src, stride, lines, kc, dst, dst_stride) }
+        }
+    }
+
+    fn time<K: MicroKernel>(n: usize, threads: usize) -> f64 {
+        let a: Vec<f32> = (0..n * n).map(|i| (i % 13) as f32 - 6.0).collect();
+        let b: Vec<f32> = (0..n * n).map(|i| (i % 11) as f32 - 5.0).collect();
+        let mut c = vec![0f32; n * n];
+        let iters = (2_000_000_000 / (2 * n * n * n)).clamp(2, 1000);
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = Instant::now();
+            let c0 = super::timing::thread_cpu_seconds();
+            for _ in 0..iters {
+                let (am, bm) = (
+                    MatPtr { ptr: a.as_ptr(), rs: n as isize, cs: 1 },
+                    MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize },
+                );
+                // SAFETY: n×n buffers; the test checked AVX2.
+                unsafe { packed::<K>(n, n, n, am, bm, c.as_mut_ptr(), n, threads) };
+            }
+            let dt = match (c0, super::timing::thread_cpu_seconds()) {
+                (Some(c0), Some(c1)) if threads == 1 => c1 - c0,
+                _ => t.elapsed().as_secs_f64(),
+            };
+            best = best.min(dt / iters as f64);
+        }
+        2.0 * (n * n * n) as f64 / best / 1e9
+    }
+
+    /// The micro-kernel alone on panels resident in L1 (the ceiling for the packed path).
+    #[test]
+    #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
+    fn avx2_micro_kernel_in_l1() {
+        if !Isa::Avx2.supported() {
+            return;
+        }
+        type K = avx2::Avx2Gemm;
+        for kc in [64usize, 128, 256] {
+            let a = vec![0.5f32; kc * K::MR];
+            let b = vec![0.25f32; kc * K::NR];
+            let mut c = vec![0f32; K::MR * K::NR * 4];
+            let iters = 200_000;
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t = Instant::now();
+                let c0 = super::timing::thread_cpu_seconds();
+                for i in 0..iters {
+                    // SAFETY: panels of kc steps; C holds MR rows of NR (×4, rotating tiles).
+                    unsafe {
+                        K::tile(
+                            kc,
+                            a.as_ptr(),
+                            b.as_ptr(),
+                            c.as_mut_ptr().add((i % 4) * K::MR * K::NR),
+                            K::NR,
+                            K::MR,
+                            K::NR,
+                            true,
+                        )
+                    };
+                }
+                let dt = match (c0, super::timing::thread_cpu_seconds()) {
+                    (Some(c0), Some(c1)) => c1 - c0,
+                    _ => t.elapsed().as_secs_f64(),
+                };
+                best = best.min(dt / iters as f64);
+            }
+            println!("micro-kernel 6x16, kc {kc}: {:.1} GFLOP/s", 2.0 * (kc * K::MR * K::NR) as f64 / best / 1e9);
+        }
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a test: run it on a quiet machine with --nocapture"]
+    fn avx2_block_sizes() {
+        if !Isa::Avx2.supported() {
+            return;
+        }
+        let threads: usize = std::env::var("GEMM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+        println!("AVX2 packed x @ W.T, {threads} thread(s), GFLOP/s: KC/MC/NC variants");
+        for n in [256usize, 512, 1024, 2048] {
+            println!(
+                "{n:>5}: 256/144/4096 {:.1}  256/72/4096 {:.1}  256/288/4096 {:.1}  384/96/4096 {:.1}  192/192/4096 {:.1}  512/72/4096 {:.1}  256/144/1024 {:.1}",
+                time::<Blocked<256, 144, 4096>>(n, threads),
+                time::<Blocked<256, 72, 4096>>(n, threads),
+                time::<Blocked<256, 288, 4096>>(n, threads),
+                time::<Blocked<384, 96, 4096>>(n, threads),
+                time::<Blocked<192, 192, 4096>>(n, threads),
+                time::<Blocked<512, 72, 4096>>(n, threads),
+                time::<Blocked<256, 144, 1024>>(n, threads),
+            );
         }
     }
 }

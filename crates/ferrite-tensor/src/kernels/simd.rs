@@ -57,6 +57,37 @@ pub fn simd_level() -> &'static str {
     }
 }
 
+/// The CPU the kernels run on, for benchmark reports: its model (from `/proc/cpuinfo` on
+/// Linux), the vector features the kernels dispatch on (`-name` where absent) and the level
+/// they run at, e.g. `AMD EPYC | avx2 fma f16c -avx512f | kernels avx2`.
+pub fn cpu_report() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (key, value) = l.split_once(':')?;
+                matches!(key.trim(), "model name" | "Model" | "Hardware").then(|| value.trim().to_string())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    #[cfg(target_arch = "x86_64")]
+    let features: Vec<String> = [
+        ("avx2", is_x86_feature_detected!("avx2")),
+        ("fma", is_x86_feature_detected!("fma")),
+        ("f16c", is_x86_feature_detected!("f16c")),
+        ("avx512f", is_x86_feature_detected!("avx512f")),
+        ("avx512bw", is_x86_feature_detected!("avx512bw")),
+        ("avx512vl", is_x86_feature_detected!("avx512vl")),
+        ("avx512dq", is_x86_feature_detected!("avx512dq")),
+    ]
+    .iter()
+    .map(|&(name, on)| if on { name.to_string() } else { format!("-{name}") })
+    .collect();
+    #[cfg(not(target_arch = "x86_64"))]
+    let features: Vec<String> = Vec::new();
+    format!("{model} | {} | kernels {}", features.join(" "), simd_level())
+}
+
 /// Run `f` compiled for the best available vector extension. `f` and everything it calls in
 /// its hot loop must be `#[inline(always)]` for the loop to be compiled with those features.
 #[inline(always)]

@@ -1,11 +1,19 @@
-//! CPU matrix products: f32 on AVX-512 CPUs through ferrite's own packed GEMM (`kernels/gemm.rs`),
-//! everything else through faer's (the choice was measured, see BENCHMARKS.md, "Tensors").
+//! CPU matrix products: f32 through ferrite's own GEMM (`kernels/gemm.rs`: AVX-512, AVX2 + FMA
+//! or portable kernels, chosen from the CPU's features), f64 (and f32 off x86-64) through faer's
+//! (the choice was measured, see BENCHMARKS.md, "Tensors").
+//!
+//! A batch of products runs one product after another, each split over the kernel team, or —
+//! when the products are small or the batch is long (attention's `[B·H, S, d] × [B·H, d, S]`) —
+//! spread over the team one product per task, each on a single thread: splitting a small
+//! product costs a hand-off per product and halves each thread's tiles, spreading the batch
+//! costs one hand-off for all of them.
 
 use faer::{Accum, MatMut, MatRef, Par};
 use smallvec::SmallVec;
 
 use crate::error::{Result, TensorError};
-use crate::kernels::gemm;
+use crate::kernels::gemm::{self, Isa};
+use crate::kernels::strided::SendPtr;
 use crate::layout::Layout;
 use crate::{DType, Tensor};
 
@@ -13,11 +21,7 @@ pub(super) fn matmul(out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> R
     bmm_kernel(a, b, out, batch)
 }
 
-/// From this many multiply-adds on, f32 products use the packed AVX-512 kernel
-/// (`kernels::gemm`); smaller ones and other dtypes go to faer.
-const OWN_GEMM_FLOPS: usize = 32 * 32 * 32;
-
-/// Below this many multiply-adds a product runs on the calling thread.
+/// Below this many multiply-adds a faer product runs on the calling thread.
 const PAR_FLOPS: usize = 48 * 48 * 48;
 
 fn par_for(m: usize, n: usize, k: usize) -> Par {
@@ -74,6 +78,13 @@ fn for_each_batch(al: &Layout, bl: &Layout, batch: &[usize], mut f: impl FnMut(u
     }
 }
 
+/// The thread count a strategy names.
+fn s_threads(s: gemm::Strategy) -> usize {
+    match s {
+        gemm::Strategy::Small { threads } | gemm::Strategy::Packed { threads } => threads,
+    }
+}
+
 /// Batched product of `a [.., m, k]` and `b [.., k, n]` (batch dims already broadcast in the
 /// layouts) into the fresh contiguous `out [.., m, n]`. Same dtype, f32 or f64.
 fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()> {
@@ -116,28 +127,47 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
             });
         }};
     }
-    if out.dtype() == DType::F32
-        && k > 0
-        && m.saturating_mul(n).saturating_mul(k) >= OWN_GEMM_FLOPS
-        && gemm::available()
-    {
-        let ap = a.storage_base_ptr::<f32>("matmul")?;
-        let bp = b.storage_base_ptr::<f32>("matmul")?;
-        let cp = out.ptr::<f32>("matmul")?;
+    let forced = gemm::forced();
+    let isa = forced.map(|f| f.isa).or_else(Isa::best);
+    if let (DType::F32, Some(isa)) = (out.dtype(), isa) {
+        let ap = SendPtr(a.storage_base_ptr::<f32>("matmul")?);
+        let bp = SendPtr(b.storage_base_ptr::<f32>("matmul")?);
+        let cp = SendPtr(out.ptr::<f32>("matmul")?);
         let threads = crate::kernels::team::threads();
-        for_each_batch(&al, &bl, batch, |bi, ao, bo| {
+        let nb: usize = batch.iter().product();
+        let (ars, acs) = (al.strides[nbd] as isize, al.strides[nbd + 1] as isize);
+        let (brs, bcs) = (bl.strides[nbd] as isize, bl.strides[nbd + 1] as isize);
+        let spread = forced.and_then(|f| f.spread).unwrap_or_else(|| gemm::spread_over_batch(nb, m, n, k, threads));
+        let per_product = if spread { 1 } else { threads };
+        let strategy = match forced.and_then(|f| f.strategy) {
+            Some(s) => s.with_threads(if spread { 1 } else { s_threads(s) }),
+            None => gemm::strategy(m, n, k, per_product),
+        };
+        let product = |bi: usize, ao: usize, bo: usize| {
+            let (ap, bp, cp) = (ap, bp, cp);
             // SAFETY: offsets/strides come from layouts validated against their storages; the
-            // output is a fresh contiguous buffer distinct from both inputs; AVX-512 checked.
+            // output is a fresh contiguous buffer distinct from both inputs, and product `bi`
+            // writes only its own m×n block of it; `isa` is supported (`best`, or a test that
+            // checked it).
             unsafe {
-                let am =
-                    gemm::MatPtr { ptr: ap.add(ao), rs: al.strides[nbd] as isize, cs: al.strides[nbd + 1] as isize };
-                let bm =
-                    gemm::MatPtr { ptr: bp.add(bo), rs: bl.strides[nbd] as isize, cs: bl.strides[nbd + 1] as isize };
-                gemm::sgemm(m, n, k, am, bm, cp.add(bi * m * n), n, threads);
+                let am = gemm::MatPtr { ptr: ap.0.add(ao), rs: ars, cs: acs };
+                let bm = gemm::MatPtr { ptr: bp.0.add(bo), rs: brs, cs: bcs };
+                gemm::sgemm_with(isa, strategy, m, n, k, am, bm, cp.0.add(bi * m * n), n);
             }
-        });
-        // No vzeroupper needed here: the kernel is a `#[target_feature]` function, and the
-        // compiler emits `vzeroupper` on its return (checked by kernels/avx_state.rs's test).
+        };
+        if spread {
+            let mut offsets = Vec::with_capacity(nb);
+            for_each_batch(&al, &bl, batch, |_, ao, bo| offsets.push((ao, bo)));
+            gemm::split(nb, threads, &|b0, b1| {
+                for (bi, &(ao, bo)) in offsets.iter().enumerate().take(b1).skip(b0) {
+                    product(bi, ao, bo);
+                }
+            });
+        } else {
+            for_each_batch(&al, &bl, batch, product);
+        }
+        // No vzeroupper needed here: the kernels are `#[target_feature]` functions, and the
+        // compiler emits `vzeroupper` on their return (checked by kernels/avx_state.rs's test).
         return Ok(());
     }
     match out.dtype() {
@@ -152,4 +182,90 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         crate::kernels::avx_state::clear_upper_state_everywhere();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kernels::gemm::{Forced, Isa, Strategy, with_forced};
+    use crate::{DType, Device, Generator, Tensor};
+
+    /// `a @ b` in f64 from the logical values, with broadcast batch dims, and per element
+    /// Σ|a||b| (the scale of the f32 rounding error).
+    fn reference(a: &Tensor, b: &Tensor) -> (Vec<usize>, Vec<f64>, Vec<f64>) {
+        let (ra, rb) = (a.rank(), b.rank());
+        let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+        let batch = crate::layout::broadcast_shapes(&a.shape()[..ra - 2], &b.shape()[..rb - 2], "test").unwrap();
+        let nb: usize = batch.iter().product();
+        let av = a.expand(&[&batch[..], &[m, k]].concat()).unwrap().to_vec_f64().unwrap();
+        let bv = b.expand(&[&batch[..], &[k, n]].concat()).unwrap().to_vec_f64().unwrap();
+        let (mut c, mut s) = (vec![0f64; nb * m * n], vec![0f64; nb * m * n]);
+        for bi in 0..nb {
+            for i in 0..m {
+                for p in 0..k {
+                    let x = av[(bi * m + i) * k + p];
+                    for j in 0..n {
+                        let y = x * bv[(bi * k + p) * n + j];
+                        c[(bi * m + i) * n + j] += y;
+                        s[(bi * m + i) * n + j] += y.abs();
+                    }
+                }
+            }
+        }
+        let mut shape = batch.to_vec();
+        shape.extend([m, n]);
+        (shape, c, s)
+    }
+
+    /// Batched, broadcast, transposed and strided operands through `Tensor::matmul` on every
+    /// instruction set this CPU runs, every strategy, with and without spreading the batch
+    /// over the team: the same products as an f64 reference.
+    #[test]
+    fn batched_broadcast_and_strided_products_match_the_reference_on_every_path() {
+        let d = Device::Cpu;
+        let mut g = Generator::new(7);
+        let mut r = |shape: &[usize]| Tensor::randn_with(shape, DType::F32, &d, &mut g).unwrap();
+        let cases: Vec<(&str, Tensor, Tensor)> = vec![
+            ("broadcast both", r(&[2, 1, 17, 65]), r(&[3, 65, 63])),
+            (
+                "transposed a, strided b",
+                r(&[4, 65, 17]).transpose(-1, -2).unwrap(),
+                r(&[4, 65, 130]).slice(-1, 0, 130, 2).unwrap(),
+            ),
+            ("attention scores", r(&[6, 63, 64]), r(&[6, 63, 64]).transpose(-1, -2).unwrap()),
+            ("expanded b, odd sizes", r(&[5, 3, 257]), r(&[1, 257, 1]).expand(&[5, 257, 1]).unwrap()),
+            ("batch of one", r(&[1, 65, 3]), r(&[1, 3, 255])),
+        ];
+        let strategies = [
+            None,
+            Some(Strategy::Small { threads: 1 }),
+            Some(Strategy::Small { threads: 2 }),
+            Some(Strategy::Packed { threads: 1 }),
+            Some(Strategy::Packed { threads: 2 }),
+        ];
+        for isa in Isa::ALL {
+            if !isa.supported() {
+                eprintln!("SKIPPED: {isa:?} kernels (this CPU lacks the instructions)");
+                continue;
+            }
+            for (name, a, b) in &cases {
+                let (shape, want, scale) = reference(a, b);
+                let k = a.shape()[a.rank() - 1];
+                for strategy in strategies {
+                    for spread in [None, Some(true), Some(false)] {
+                        let got = with_forced(Forced { isa, strategy, spread }, || a.matmul(b).unwrap());
+                        assert_eq!(got.shape(), &shape[..], "{name}");
+                        for (i, (x, (y, s))) in
+                            got.to_vec::<f32>().unwrap().iter().zip(want.iter().zip(&scale)).enumerate()
+                        {
+                            let tol = 2.0 * (k as f64 + 1.0) * f32::EPSILON as f64 * s + 1e-30;
+                            assert!(
+                                (*x as f64 - y).abs() <= tol,
+                                "{name} {isa:?} {strategy:?} spread {spread:?} at {i}: {x} vs {y}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
