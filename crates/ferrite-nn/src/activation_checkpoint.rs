@@ -28,6 +28,37 @@ use crate::rng::{RngHandle, RngRecording, replay_states, restore_states};
 
 type Region = Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send>;
 
+thread_local! {
+    static RECOMPUTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the current thread is re-running a checkpointed region in backward.
+///
+/// Why layers ask: a region runs twice, and a layer with side effects beyond its output must
+/// not apply them twice. `BatchNorm` uses the batch's statistics in both runs (so the
+/// recomputed activations are the forward's) but updates its running statistics and
+/// `num_batches_tracked` only in the first — PyTorch's checkpoint applies the momentum update
+/// twice, which is why its running statistics drift from an uncheckpointed run's.
+pub fn is_recomputing() -> bool {
+    RECOMPUTING.with(|r| r.get())
+}
+
+/// Sets [`is_recomputing`] for its lifetime (restoring the previous value: regions nest).
+struct RecomputingGuard(bool);
+
+impl RecomputingGuard {
+    fn enter() -> RecomputingGuard {
+        RecomputingGuard(RECOMPUTING.with(|r| r.replace(true)))
+    }
+}
+
+impl Drop for RecomputingGuard {
+    fn drop(&mut self) {
+        let previous = self.0;
+        RECOMPUTING.with(|r| r.set(previous));
+    }
+}
+
 /// Run `f(inputs)` without keeping its activations; recompute them in backward.
 ///
 /// ```
@@ -130,7 +161,9 @@ impl BackwardFn for CheckpointBackward {
             let _g = enable_grad();
             let _a = set_autocast(self.autocast)?;
             let live = replay_states(&self.rng);
+            let recomputing = RecomputingGuard::enter();
             let r = (self.region)(&xs);
+            drop(recomputing);
             restore_states(&self.rng, live);
             r.map_err(NnError::into_tensor_error)?
         };

@@ -36,7 +36,7 @@ pub mod rng;
 pub mod state_dict;
 pub mod tbptt;
 
-pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params};
+pub use activation_checkpoint::{Checkpointed, checkpoint, checkpoint_multi, checkpoint_with_params, is_recomputing};
 pub use error::{LoadStateDictError, NnError, Result, SizeMismatch};
 /// Autocast lives in `ferrite-tensor` beside the ops that read it; re-exported for model code.
 pub use ferrite_tensor::autocast;

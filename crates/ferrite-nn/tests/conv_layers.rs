@@ -192,11 +192,18 @@ fn layers_run_on_meta_with_the_real_output_shapes() {
     y.sum().unwrap().backward().unwrap();
     assert_eq!(conv.weight.grad().unwrap().shape(), &[16, 3, 3, 3]);
     assert_eq!(x.grad().unwrap().shape(), &[8, 3, 32, 31]);
-    let up = ConvTranspose2d::new_with(ConvTranspose2dConfig::new(16, 4, 3).stride(2).padding(1).output_padding(1), &Device::Meta, &mut g)
-        .unwrap();
+    let up = ConvTranspose2d::new_with(
+        ConvTranspose2dConfig::new(16, 4, 3).stride(2).padding(1).output_padding(1),
+        &Device::Meta,
+        &mut g,
+    )
+    .unwrap();
     assert_eq!(up.forward(&y).unwrap().shape(), &[8, 4, 32, 32]);
     let c1 = Conv1d::new_with(Conv1dConfig::new(3, 5, 4).dilation(2), &Device::Meta, &mut g).unwrap();
-    assert_eq!(c1.forward(&Tensor::zeros(&[2, 3, 20], DType::F32, &Device::Meta).unwrap()).unwrap().shape(), &[2, 5, 14]);
+    assert_eq!(
+        c1.forward(&Tensor::zeros(&[2, 3, 20], DType::F32, &Device::Meta).unwrap()).unwrap().shape(),
+        &[2, 5, 14]
+    );
 }
 
 #[test]
@@ -230,12 +237,19 @@ fn bad_configurations_and_inputs_are_typed_errors_naming_the_layer() {
     };
     match input_err(&[2, 5, 8, 8]) {
         TensorError::InvalidShape { op, arg, shape, expected } => {
-            assert_eq!((op, arg, shape, expected), ("Conv2d", "input", vec![2, 5, 8, 8], ExpectedShape::SizeAt { dim: 1, size: 3 }));
+            assert_eq!(
+                (op, arg, shape, expected),
+                ("Conv2d", "input", vec![2, 5, 8, 8], ExpectedShape::SizeAt { dim: 1, size: 3 })
+            );
         }
         other => panic!("{other:?}"),
     }
     let e = input_err(&[3, 8]);
-    assert!(e.to_string().starts_with("Conv2d: input has shape [3, 8], expected a 4-D tensor [batch, channels, height, width]"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Conv2d: input has shape [3, 8], expected a 4-D tensor [batch, channels, height, width]"),
+        "{e}"
+    );
     // Unbatched input counts its channels in dimension 0.
     let e = input_err(&[2, 3, 8]);
     assert_eq!(e.to_string(), "Conv2d: input has shape [2, 3, 8], expected size 3 in dimension 0");
@@ -247,5 +261,9 @@ fn bad_configurations_and_inputs_are_typed_errors_naming_the_layer() {
     }
     let c1 = Conv1d::new_with(Conv1dConfig::new(2, 2, 3), &cpu, &mut g).unwrap();
     let e = c1.forward(&Tensor::zeros(&[4, 2, 5, 5], DType::F32, &cpu).unwrap()).unwrap_err();
-    assert!(e.to_string().starts_with("Conv1d: input has shape [4, 2, 5, 5], expected a 3-D tensor [batch, channels, length]"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("Conv1d: input has shape [4, 2, 5, 5], expected a 3-D tensor [batch, channels, length]"),
+        "{e}"
+    );
 }

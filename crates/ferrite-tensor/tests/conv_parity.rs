@@ -170,7 +170,10 @@ fn conv_cases_match_pytorch_on_every_device() {
                 let what = format!("{dev} {} grad_input.{i}", c.name);
                 worst = worst.max(assert_close(&what, &g, want, c.rtol, c.atol));
             }
-            println!("conv parity {dev:<6} {:<24} ok (max |diff| {worst:.2e}, rtol {}, atol {})", c.name, c.rtol, c.atol);
+            println!(
+                "conv parity {dev:<6} {:<24} ok (max |diff| {worst:.2e}, rtol {}, atol {})",
+                c.name, c.rtol, c.atol
+            );
         }
     }
 }
@@ -252,8 +255,13 @@ fn same_padding_puts_the_odd_zero_after_as_pytorch_does() {
     let w1 = randn(&[5, 3, 4], &mut g);
     let y1 = conv1d(&x1, &w1, None, &Conv1dOptions::new().padding(Padding::Same)).unwrap();
     assert_eq!(y1.shape(), &[2, 5, 9]);
-    let y2 = conv2d(&x1.unsqueeze(2).unwrap(), &w1.unsqueeze(2).unwrap(), None, &Conv2dOptions::new().padding(Padding::Same))
-        .unwrap();
+    let y2 = conv2d(
+        &x1.unsqueeze(2).unwrap(),
+        &w1.unsqueeze(2).unwrap(),
+        None,
+        &Conv2dOptions::new().padding(Padding::Same),
+    )
+    .unwrap();
     assert_same("conv1d same vs conv2d same", &y1, &y2.squeeze(2).unwrap());
 }
 
@@ -335,12 +343,15 @@ fn bad_input_is_a_typed_error_naming_the_argument_and_shapes() {
     let e = conv2d(&randn(&[2, 5, 9, 9], &mut g), &w, None, &o).unwrap_err();
     assert!(e.to_string().contains("conv2d: input has shape [2, 5, 9, 9], expected size 3 in dimension 1"), "{e}");
     // Weight rank, groups not dividing out_channels, bias length.
-    let (arg, _, _) = shape_err(conv2d(&randn(&[2, 3, 9, 9], &mut g), &randn(&[4, 3, 3], &mut g), None, &o).unwrap_err());
+    let (arg, _, _) =
+        shape_err(conv2d(&randn(&[2, 3, 9, 9], &mut g), &randn(&[4, 3, 3], &mut g), None, &o).unwrap_err());
     assert_eq!(arg, "weight");
-    let (arg, _, exp) =
-        shape_err(conv2d(&randn(&[2, 6, 9, 9], &mut g), &randn(&[4, 2, 3, 3], &mut g), None, &o.groups(3)).unwrap_err());
+    let (arg, _, exp) = shape_err(
+        conv2d(&randn(&[2, 6, 9, 9], &mut g), &randn(&[4, 2, 3, 3], &mut g), None, &o.groups(3)).unwrap_err(),
+    );
     assert_eq!((arg, exp), ("weight", ExpectedShape::MultipleAt { dim: 0, factor: 3 }));
-    let (arg, _, exp) = shape_err(conv2d(&randn(&[2, 3, 9, 9], &mut g), &w, Some(&randn(&[5], &mut g)), &o).unwrap_err());
+    let (arg, _, exp) =
+        shape_err(conv2d(&randn(&[2, 3, 9, 9], &mut g), &w, Some(&randn(&[5], &mut g)), &o).unwrap_err());
     assert_eq!((arg, exp), ("bias", ExpectedShape::Exact(vec![4])));
     // Kernel larger than the padded input (dilation counts).
     match conv2d(&randn(&[1, 3, 4, 9], &mut g), &w, None, &o.dilation(2)).unwrap_err() {
@@ -372,9 +383,13 @@ fn bad_input_is_a_typed_error_naming_the_argument_and_shapes() {
     let e = conv_transpose2d(&randn(&[1, 3, 1, 1], &mut g), &wt, None, &ConvTranspose2dOptions::new().padding(3))
         .unwrap_err();
     assert!(e.to_string().contains("too small"), "{e}");
-    let (arg, _, exp) = shape_err(conv_transpose2d(&randn(&[1, 4, 5, 5], &mut g), &wt, None, &Default::default()).unwrap_err());
+    let (arg, _, exp) =
+        shape_err(conv_transpose2d(&randn(&[1, 4, 5, 5], &mut g), &wt, None, &Default::default()).unwrap_err());
     assert_eq!((arg, exp), ("input", ExpectedShape::SizeAt { dim: 1, size: 3 }));
     // conv1d words its shapes in one spatial dimension.
     let e = conv1d(&randn(&[2, 3, 2], &mut g), &randn(&[4, 3, 5], &mut g), None, &Conv1dOptions::new()).unwrap_err();
-    assert!(matches!(e, TensorError::InputTooSmall { op: "conv1d", ref input, ref kernel } if input == &[2] && kernel == &[5]), "{e:?}");
+    assert!(
+        matches!(e, TensorError::InputTooSmall { op: "conv1d", ref input, ref kernel } if input == &[2] && kernel == &[5]),
+        "{e:?}"
+    );
 }

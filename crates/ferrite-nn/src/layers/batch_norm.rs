@@ -202,7 +202,10 @@ impl<R: BatchNormRank> Module for BatchNorm<R> {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.check_input(x)?;
         let tracking = self.running_mean.is_some() && self.running_var.is_some();
-        let counting = if self.training && tracking { self.num_batches_tracked.as_ref() } else { None };
+        // Re-run inside a checkpointed region's backward: same batch statistics, but the running
+        // ones were already updated by the first run.
+        let replay = self.training && crate::activation_checkpoint::is_recomputing();
+        let counting = if self.training && tracking && !replay { self.num_batches_tracked.as_ref() } else { None };
         let factor = match (self.momentum, counting) {
             (Some(m), _) => m,
             // `meta` holds no count (and computes nothing, so the factor is irrelevant there).
@@ -214,7 +217,8 @@ impl<R: BatchNormRank> Module for BatchNorm<R> {
         // Batch statistics in training mode, and always when none are tracked (PyTorch's
         // `bn_training`); the running ones are updated only when tracked.
         let training = self.training || !tracking;
-        let (rm, rv) = if tracking { (self.running_mean.as_ref(), self.running_var.as_ref()) } else { (None, None) };
+        let (rm, rv) =
+            if tracking && !replay { (self.running_mean.as_ref(), self.running_var.as_ref()) } else { (None, None) };
         let opts = BatchNormOptions { training, momentum: factor, eps: self.eps };
         let y = batch_norm(x, rm, rv, self.weight.as_ref(), self.bias.as_ref(), &opts).map_err(in_layer(R::NAME))?;
         if let Some(nbt) = counting {

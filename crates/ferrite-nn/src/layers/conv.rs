@@ -11,8 +11,8 @@
 //! name. Only `padding_mode="zeros"` exists.
 
 use ferrite_tensor::functional::{
-    Conv1dOptions, Conv2dOptions, ConvOptions, ConvTranspose2dOptions, Padding, SpatialSize, conv_transpose2d,
-    conv1d, conv2d,
+    Conv1dOptions, Conv2dOptions, ConvOptions, ConvTranspose2dOptions, Padding, SpatialSize, conv_transpose2d, conv1d,
+    conv2d,
 };
 use ferrite_tensor::random::with_default_generator;
 use ferrite_tensor::{Device, Generator, Tensor, TensorError};
@@ -168,7 +168,13 @@ const fn conv_name(n: usize) -> &'static str {
 }
 
 /// Errors common to every convolution's configuration.
-fn check_sizes(layer: &'static str, kernel: &[usize], stride: &[usize], dilation: &[usize], groups: usize) -> Result<()> {
+fn check_sizes(
+    layer: &'static str,
+    kernel: &[usize],
+    stride: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> Result<()> {
     if groups == 0 {
         return Err(NnError::config(layer, "groups must be a positive integer, got 0"));
     }

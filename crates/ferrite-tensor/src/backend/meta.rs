@@ -3,11 +3,11 @@
 //! a planning run of a billion-parameter model takes milliseconds.
 
 use crate::Tensor;
+use crate::backend::ConvGeometry;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
     LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
-use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;

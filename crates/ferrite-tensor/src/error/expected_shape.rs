@@ -31,6 +31,8 @@ pub enum ExpectedShape {
     NoLargerThan { shape: Vec<usize>, except_dim: Option<usize> },
     /// Any one of these (`a 3-D tensor [C, H, W] or a 4-D tensor [N, C, H, W]`).
     AnyOf(Vec<ExpectedShape>),
+    /// Any shape that broadcasts to this one (a per-element weight of a loss).
+    BroadcastsTo(Vec<usize>),
 }
 
 impl fmt::Display for ExpectedShape {
@@ -57,6 +59,7 @@ impl fmt::Display for ExpectedShape {
             ExpectedShape::NoLargerThan { shape, except_dim: None } => {
                 write!(f, "{}-D and no larger than {shape:?} in every dimension", shape.len())
             }
+            ExpectedShape::BroadcastsTo(s) => write!(f, "a shape that broadcasts to {s:?}"),
             ExpectedShape::AnyOf(options) => {
                 for (i, o) in options.iter().enumerate() {
                     if i > 0 {
@@ -93,6 +96,10 @@ impl ExpectedShape {
                     && shape.iter().zip(max).enumerate().all(|(i, (d, m))| Some(i) == *except_dim || d <= m)
             }
             ExpectedShape::AnyOf(options) => options.iter().any(|o| o.admits(shape)),
+            ExpectedShape::BroadcastsTo(target) => {
+                shape.len() <= target.len()
+                    && shape.iter().rev().zip(target.iter().rev()).all(|(&d, &t)| d == t || d == 1)
+            }
         }
     }
 }
@@ -136,6 +143,10 @@ mod tests {
         assert!(!nl.admits(&[1]));
         assert!(ExpectedShape::MaxRank(1).admits(&[]));
         assert!(ExpectedShape::Named(&["a", "b"]).admits(&[0, 7]));
+        let b = ExpectedShape::BroadcastsTo(vec![2, 3]);
+        assert_eq!(b.to_string(), "a shape that broadcasts to [2, 3]");
+        assert!(b.admits(&[3]) && b.admits(&[1, 3]) && b.admits(&[2, 1]) && b.admits(&[]));
+        assert!(!b.admits(&[5]) && !b.admits(&[1, 2, 3]) && !b.admits(&[2]));
         let either = ExpectedShape::AnyOf(vec![ExpectedShape::Rank(3), ExpectedShape::Rank(4)]);
         assert!(either.admits(&[1, 2, 3]) && either.admits(&[1, 2, 3, 4]) && !either.admits(&[1, 2]));
         assert_eq!(

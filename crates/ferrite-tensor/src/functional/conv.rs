@@ -361,8 +361,7 @@ fn resolve_conv<const N: usize>(
     bias: Option<&Tensor>,
     o: &ConvOptions<N>,
 ) -> Result<Resolved> {
-    let (batched, channels, spatial, kernel) =
-        check_common(op, x, w, bias, false, o.stride, o.dilation, o.groups)?;
+    let (batched, channels, spatial, kernel) = check_common(op, x, w, bias, false, o.stride, o.dilation, o.groups)?;
     let out_channels = w.shape()[0];
     check_bias(op, bias, out_channels)?;
     // Zeros before and after each dimension.
@@ -632,13 +631,7 @@ fn unfold_product(img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize)
 
 /// `img[n] = fold(a3[g]ᵀ · y[n, g])` → `img_shape = [n, c, h, w]`; `y [n, groups·m, ..windows]`
 /// contiguous.
-fn product_fold(
-    a3: &Tensor,
-    y: &Tensor,
-    geom: &ConvGeometry,
-    groups: usize,
-    img_shape: &[usize],
-) -> Result<Tensor> {
+fn product_fold(a3: &Tensor, y: &Tensor, geom: &ConvGeometry, groups: usize, img_shape: &[usize]) -> Result<Tensor> {
     let (n, dtype) = (y.shape()[0], y.dtype());
     let (rows, win, m) = (geom.rows(), geom.windows(), a3.shape()[1]);
     let img = y.empty_like_shape(img_shape, dtype)?;
@@ -679,7 +672,11 @@ fn weight_product(y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) 
         let ct = cols.view_with_layout(cols.layout().transpose(2, 3));
         img.kernels().matmul(&prod, &ys, &ct, &[b, groups])?;
         drop(cols);
-        let part = if b == 1 { prod.contiguous_view_as(&[groups, m, kc]) } else { sum_raw(&prod, &[0], false, 1.0, "conv_weight_backward")?.0 };
+        let part = if b == 1 {
+            prod.contiguous_view_as(&[groups, m, kc])
+        } else {
+            sum_raw(&prod, &[0], false, 1.0, "conv_weight_backward")?.0
+        };
         acc = Some(match acc {
             None => part,
             Some(a) => {

@@ -342,7 +342,7 @@ fn pointwise(
         return Err(TensorError::UnsupportedDType { op: name, dtype: input.dtype() });
     }
     if input.shape() != target.shape() {
-        // PyTorch's message: the target's size must be the input's (loss targets are not broadcast).
+        // As in PyTorch, the target's size must be the input's (loss targets are not broadcast).
         return Err(TensorError::InvalidShape {
             op: name,
             arg: "target",
@@ -354,20 +354,17 @@ fn pointwise(
     let dtype = crate::autocast::upper(input.dtype());
     let x = input.to_dtype(dtype)?;
     let t = target.to_dtype(dtype)?;
-    let constant = |w: Option<&Tensor>| -> Result<Option<Tensor>> {
+    let constant = |w: Option<&Tensor>, arg: &'static str| -> Result<Option<Tensor>> {
         let Some(w) = w else { return Ok(None) };
         check_same_device(name, input, w)?;
-        if w.layout().broadcast_to(input.shape(), name).is_err() {
-            return Err(TensorError::ExpandMismatch {
-                op: name,
-                shape: w.shape().to_vec(),
-                target: input.shape().to_vec(),
-            });
+        let expected = ExpectedShape::BroadcastsTo(input.shape().to_vec());
+        if !expected.admits(w.shape()) || w.layout().broadcast_to(input.shape(), name).is_err() {
+            return Err(TensorError::InvalidShape { op: name, arg, shape: w.shape().to_vec(), expected });
         }
         Ok(Some(w.detach().to_dtype(dtype)?))
     };
-    let w = constant(weight)?;
-    let pw = constant(pos_weight)?;
+    let w = constant(weight, "weight")?;
+    let pw = constant(pos_weight, "pos_weight")?;
     let out = x.empty_like_shape(x.shape(), dtype)?;
     let operands = LossOperands { input: &x, target: &t, weight: w.as_ref(), pos_weight: pw.as_ref() };
     out.kernels().pointwise_loss(op, &out, operands)?;

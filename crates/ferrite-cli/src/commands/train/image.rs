@@ -9,6 +9,7 @@ use ferrite_memory::{MemoryScope, allocator, format_size};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
 use ferrite_tensor::{Device, Generator, Tensor};
 
+use super::cnn::{CnnSpec, build_cnn};
 use super::common::{self, EpochMeter, Stepper};
 use super::mlp::{MlpSpec, build_mlp};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
@@ -29,7 +30,7 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
         Some(n) => splits.train.take(n),
         None => splits.train,
     };
-    let (inputs, classes) = (train_set.num_features(), train_set.num_classes());
+    let (inputs, classes, sample_shape) = (train_set.num_features(), train_set.num_classes(), train_set.sample_shape());
     let (train_len, test_len) = (Dataset::len(&train_set), Dataset::len(&splits.test));
     let mut seeds = Generator::new(args.seed);
     let loader_seed = seeds.next_u64();
@@ -45,15 +46,32 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     // ---- model, optimizer, scaler
     let (hidden, layers) = (args.hidden(), args.layers());
     let spec = match args.model {
-        ModelKind::Mlp => MlpSpec {
+        ModelKind::Mlp => ImageSpec::Mlp(MlpSpec {
             inputs,
             hidden,
             layers,
             classes,
             dropout: args.dropout,
             checkpoint_activations: args.checkpoint_activations,
-        },
-        other => unreachable_image_model(other)?,
+        }),
+        ModelKind::Cnn => {
+            let max = CnnSpec::max_layers(sample_shape);
+            if layers > max {
+                return Err(TrainError::InvalidArgument {
+                    flag: "layers",
+                    value: layers.to_string(),
+                    expected: "at most the number of 2x2 poolings the images allow (3 for 8x8 digits, 4 for 28x28 Fashion-MNIST)",
+                });
+            }
+            ImageSpec::Cnn(CnnSpec {
+                input: sample_shape,
+                hidden,
+                layers,
+                classes,
+                checkpoint_activations: args.checkpoint_activations,
+            })
+        }
+        other => return Err(not_an_image_model(other)),
     };
     let Some(num_parameters) = spec.num_parameters().filter(|n| n.checked_mul(16).is_some()) else {
         return Err(TrainError::InvalidArgument {
@@ -66,11 +84,14 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     // Weights, their gradients and AdamW's two moments, all f32 (autocast keeps master weights
     // in f32): the floor of training memory before any activation.
     let state_bytes = 4 * param_bytes;
-    let model_name = format!("mlp {inputs}-{}-{classes}", vec![hidden.to_string(); layers].join("-"));
-    println!(
-        "ferrite train: {kind} ({train_len} train / {test_len} test), MLP {inputs}-{}-{classes} on {device}",
-        vec![hidden.to_string(); layers].join("-"),
-    );
+    let (model_name, banner) = match &spec {
+        ImageSpec::Mlp(_) => {
+            let widths = vec![hidden.to_string(); layers].join("-");
+            (format!("mlp {inputs}-{widths}-{classes}"), format!("MLP {inputs}-{widths}-{classes}"))
+        }
+        ImageSpec::Cnn(c) => (c.describe().to_lowercase(), c.describe()),
+    };
+    println!("ferrite train: {kind} ({train_len} train / {test_len} test), {banner} on {device}");
     println!(
         "  {} parameters: weights {}, with gradients and AdamW moments {} before activations",
         num_parameters,
@@ -88,11 +109,11 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
         format_size(param_bytes),
         format_size(state_bytes)
     ));
-    let mut model: Box<dyn Module> = Box::new(build_mlp(&spec, device, &mut init, &dropout_rng).during_hint(
-        "building the model",
-        device,
-        too_big,
-    )?);
+    let built: ferrite_nn::Result<Box<dyn Module>> = match &spec {
+        ImageSpec::Mlp(m) => build_mlp(m, device, &mut init, &dropout_rng).map(|m| Box::new(m) as Box<dyn Module>),
+        ImageSpec::Cnn(c) => build_cnn(c, device, &mut init).map(|m| Box::new(m) as Box<dyn Module>),
+    };
+    let mut model = built.during_hint("building the model", device, too_big)?;
     let mut stepper = Stepper::new(&*model, args)?;
     let loss_fn = CrossEntropyLoss::new();
 
@@ -168,9 +189,24 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     Ok(())
 }
 
+/// The image models' shapes.
+enum ImageSpec {
+    Mlp(MlpSpec),
+    Cnn(CnnSpec),
+}
+
+impl ImageSpec {
+    fn num_parameters(&self) -> Option<u64> {
+        match self {
+            ImageSpec::Mlp(m) => m.num_parameters(),
+            ImageSpec::Cnn(c) => c.num_parameters(),
+        }
+    }
+}
+
 /// The dispatcher sends only image models here.
-fn unreachable_image_model(kind: ModelKind) -> Result<MlpSpec, TrainError> {
-    Err(TrainError::InvalidArgument { flag: "model", value: kind.name().to_string(), expected: "an image model (mlp)" })
+fn not_an_image_model(kind: ModelKind) -> TrainError {
+    TrainError::InvalidArgument { flag: "model", value: kind.name().to_string(), expected: "an image model (mlp, cnn)" }
 }
 
 fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {

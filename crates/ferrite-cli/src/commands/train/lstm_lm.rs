@@ -65,7 +65,8 @@ pub fn build_lstm(
 impl LstmLm {
     /// The zero state for `batch` streams.
     pub fn zero_state(&self, batch: usize, device: &Device) -> ferrite_nn::Result<LstmState> {
-        let shape = [self.rnn.layers.len(), batch, self.rnn.hidden_size];
+        let cfg = self.rnn.config();
+        let shape = [cfg.num_layers * cfg.num_directions(), batch, cfg.hidden_size];
         let z = Tensor::zeros(&shape, DType::F32, device)?;
         Ok((z.clone(), z))
     }

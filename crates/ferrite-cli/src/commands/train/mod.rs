@@ -8,7 +8,8 @@
 //! back diagnosed (exhausted or fragmented) with ranked suggestions instead of a panic.
 //!
 //! Four model families (`--model`), two tasks:
-//! - image classification ([`image`]): `mlp` on digits (8×8) or Fashion-MNIST (28×28);
+//! - image classification ([`image`]): `mlp` and `cnn` (conv-bn-relu-pool blocks) on digits
+//!   (8×8) or Fashion-MNIST (28×28);
 //! - character-level language modelling ([`language`]): `lstm` (truncated backpropagation through
 //!   time, the hidden state carried across chunks and detached at each boundary) and
 //!   `transformer` (decoder-only, causal attention) on the Jargon File, so the two can be
@@ -24,6 +25,7 @@
 //! - `--save-checkpoint PATH` writes a training checkpoint after every epoch (atomically);
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
+mod cnn;
 mod common;
 mod image;
 mod language;
@@ -73,6 +75,8 @@ impl Amp {
 pub enum ModelKind {
     /// Multi-layer perceptron on flattened images.
     Mlp,
+    /// Convolutional network: conv3x3-batchnorm-ReLU-maxpool blocks, then a linear head.
+    Cnn,
     /// Character-level LSTM language model, trained with truncated BPTT.
     Lstm,
     /// Character-level decoder-only transformer language model.
@@ -83,6 +87,7 @@ impl ModelKind {
     pub fn name(self) -> &'static str {
         match self {
             ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
             ModelKind::Lstm => "lstm",
             ModelKind::Transformer => "transformer",
         }
@@ -96,7 +101,7 @@ impl ModelKind {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
-    /// Model family: `mlp` classifies images, `lstm` and `transformer` are
+    /// Model family: `mlp` and `cnn` classify images, `lstm` and `transformer` are
     /// character-level language models.
     #[arg(long, value_enum, default_value = "mlp")]
     pub model: ModelKind,
@@ -121,7 +126,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     pub amp: Option<Amp>,
     /// Recompute activations in backward instead of keeping them (MLP: runs of ⌈√layers⌉
-    /// blocks; LSTM: each chunk's recurrence; transformer: each block).
+    /// blocks; CNN: each conv block; LSTM: each chunk's recurrence; transformer: each block).
     #[arg(long)]
     pub checkpoint_activations: bool,
     /// Epochs to train (default: 20 for digits, 5 for fashion-mnist, 1 for text). With --resume,
@@ -131,12 +136,12 @@ pub struct TrainArgs {
     /// Seed for initialisation, shuffling and dropout; the same seed gives the same run.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Width of each hidden layer (MLP; the hidden state of the LSTM). Default: 128 (MLP), 256
-    /// (LSTM).
+    /// Width of each hidden layer (MLP; the hidden state of the LSTM; the first conv block's
+    /// channels of the CNN, doubling per block). Default: 128 (MLP), 256 (LSTM), 32 (CNN).
     #[arg(long)]
     pub hidden: Option<usize>,
-    /// Number of hidden layers (MLP), stacked LSTM layers, or transformer blocks. Default: 2
-    /// (MLP, transformer), 1 (LSTM).
+    /// Number of hidden layers (MLP), conv blocks (CNN, each halving the image), stacked LSTM
+    /// layers, or transformer blocks. Default: 2 (MLP, CNN, transformer), 1 (LSTM).
     #[arg(long)]
     pub layers: Option<usize>,
     /// Width of the transformer (embedding and residual stream).
@@ -225,7 +230,11 @@ impl TrainArgs {
 
     /// `--hidden`, or the model's default width.
     fn hidden(&self) -> usize {
-        self.hidden.unwrap_or(if self.model == ModelKind::Lstm { 256 } else { 128 })
+        self.hidden.unwrap_or(match self.model {
+            ModelKind::Lstm => 256,
+            ModelKind::Cnn => 32,
+            ModelKind::Mlp | ModelKind::Transformer => 128,
+        })
     }
 
     /// `--layers`, or the model's default depth.

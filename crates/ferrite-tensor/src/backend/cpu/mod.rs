@@ -19,11 +19,11 @@ mod rms_norm;
 // convolution (conv)
 mod conv;
 
+use crate::backend::ConvGeometry;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
     LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
-use crate::backend::ConvGeometry;
 use crate::element::Element;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};

@@ -88,7 +88,14 @@ const COL2IM: &str = "  let px = li % gW(); let t = li / gW(); let py = t % gH()
   }\n\
   stf0(aoff() + li, acc);\n";
 
-fn launch(rt: &Runtime, op: &'static str, body: &'static str, out: &Tensor, src: &Tensor, g: &ConvGeometry) -> Result<()> {
+fn launch(
+    rt: &Runtime,
+    op: &'static str,
+    body: &'static str,
+    out: &Tensor,
+    src: &Tensor,
+    g: &ConvGeometry,
+) -> Result<()> {
     let n = out.numel();
     if n == 0 {
         return Ok(());

@@ -33,11 +33,11 @@ use std::sync::OnceLock;
 use parking_lot::Mutex;
 
 use self::runtime::Runtime;
+use crate::backend::ConvGeometry;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
     LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
 };
-use crate::backend::ConvGeometry;
 use crate::error::{Result, TensorError};
 use crate::ops::reduce::Plan;
 use crate::random::Generator;
