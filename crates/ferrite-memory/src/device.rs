@@ -117,7 +117,8 @@ pub(crate) fn parse_capacity(s: &str) -> Option<u64> {
         _ => return None,
     };
     let v = n * mult;
-    if v.is_finite() && v > 0.0 && v < 1.0e18 { Some(v as u64) } else { None }
+    // At least one whole byte: `0.9b` would be a device of capacity 0 (found by fuzzing).
+    if v.is_finite() && v >= 1.0 && v < 1.0e18 { Some(v as u64) } else { None }
 }
 
 impl FromStr for Device {
@@ -151,6 +152,17 @@ pub(crate) fn format_capacity(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capacity_below_one_byte_is_refused() {
+        // Fuzzing found `sim:0.90b`: a device of 0 bytes whose printed name did not parse back.
+        for spec in ["sim:0.90b", "sim:0.5", "sim:0b", "sim:0.0001KiB"] {
+            let e = Device::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(&spec[4..]), "{spec}: {e}");
+        }
+        let d = Device::parse("sim:1.5b").unwrap();
+        assert_eq!(Device::parse(&d.to_string()).unwrap(), d);
+    }
 
     #[test]
     fn parses_and_displays_devices() {

@@ -126,8 +126,8 @@ mod tests {
     fn edits_stay_on_character_boundaries() {
         let out = apply_edits("aé€😀", &[TextEdit::Delete(1, 2), TextEdit::InsertToken(7, 0)], &[":"]);
         assert_eq!(out, "a:😀");
-        let out = apply_edits("ab", &[TextEdit::Repeat(0, 1, 3), TextEdit::Truncate(5)], &[]);
-        assert_eq!(out, "aaab");
+        let out = apply_edits("ab", &[TextEdit::Repeat(0, 1, 3), TextEdit::Truncate(3)], &[]);
+        assert_eq!(out, "aaa", "positions wrap modulo len + 1: 3 of 4 characters kept");
         assert_eq!(apply_edits("", &[TextEdit::ReplaceWithToken(3, 2, 1)], &["x", "y"]), "y");
     }
 

@@ -96,7 +96,8 @@ impl Stepper {
         let state = TrainingState {
             epoch,
             step: self.steps,
-            model: model.named_parameters(),
+            // Parameters and buffers (batch norm's running statistics and batch count).
+            model: model.state_dict().iter().map(|(k, t)| (k.to_string(), t.clone())).collect(),
             optimizer: self.opt.state_dict()?,
             scaler: self.scaler.state_dict(),
             loader_rng,
