@@ -111,12 +111,13 @@ pub fn parse_target(text: &str) -> Result<Target, ObserveError> {
     if path.chars().any(|c| c.is_whitespace() || c.is_control() || c == '#') {
         return Err(bad("the path has spaces or control characters".into()));
     }
-    if authority.bytes().all(|b| b.is_ascii_digit()) && !authority.is_empty() {
-        let port = parse_port(authority).map_err(bad)?;
-        return Ok(Target { host: "127.0.0.1".into(), port, path: path.to_string() });
-    }
-    let (host, port) = split_host_port(authority).map_err(bad)?;
-    let host = if host.is_empty() || host == "0.0.0.0" { "127.0.0.1".to_string() } else { host };
+    let (host, port) = if authority.bytes().all(|b| b.is_ascii_digit()) && !authority.is_empty() {
+        ("127.0.0.1".to_string(), parse_port(authority).map_err(bad)?)
+    } else {
+        let (host, port) = split_host_port(authority).map_err(bad)?;
+        (if host.is_empty() || host == "0.0.0.0" { "127.0.0.1".to_string() } else { host }, port)
+    };
+    // A bare `0` as well as `HOST:0` (fuzzing found the bare form accepted).
     if port == 0 {
         return Err(bad("port 0 is not a port a run listens on; use the port `ferrite train` printed".into()));
     }
@@ -218,6 +219,10 @@ mod tests {
         let e = parse_target("https://node7:9400").unwrap_err().to_string();
         assert!(e.contains("plain HTTP"), "{e}");
         assert!(parse_target("node7:0").unwrap_err().to_string().contains("port 0"));
+        // Found by fuzzing: a bare `0` was a target on port 0 that did not print back to itself.
+        for bare in ["0", "00", "http://0/metrics"] {
+            assert!(parse_target(bare).unwrap_err().to_string().contains("port 0"), "{bare}");
+        }
         assert!(parse_target("node7").unwrap_err().to_string().contains("no port"));
     }
 

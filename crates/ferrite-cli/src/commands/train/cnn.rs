@@ -198,7 +198,9 @@ mod tests {
 
     #[test]
     fn checkpointed_blocks_lower_the_peak_and_keep_gradients_and_statistics() {
-        let dev = Device::parse("sim:1GiB").unwrap();
+        // A device of its own: tests run in parallel, and another test's allocations on a shared
+        // device would count in this one's peak.
+        let dev = Device::parse("sim:1GiB:1").unwrap();
         let x = Tensor::randn_with(&[64, 1, 28, 28], DType::F32, &dev, &mut Generator::new(1)).unwrap();
         let run = |ckpt: bool| {
             let s = CnnSpec { hidden: 8, checkpoint_activations: ckpt, ..spec([1, 28, 28], 2) };

@@ -157,7 +157,9 @@ mod tests {
 
     #[test]
     fn checkpointed_segments_lower_the_peak_and_keep_gradients_identical() {
-        let dev = Device::parse("sim:1GiB").unwrap();
+        // A device of its own: tests run in parallel, and another test's allocations on a shared
+        // device would count in this one's peak.
+        let dev = Device::parse("sim:1GiB:2").unwrap();
         let spec =
             MlpSpec { inputs: 64, hidden: 256, layers: 8, classes: 10, dropout: 0.1, checkpoint_activations: false };
         let x = Tensor::randn_with(&[256, 64], ferrite_tensor::DType::F32, &dev, &mut Generator::new(1)).unwrap();
