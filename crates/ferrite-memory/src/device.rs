@@ -118,7 +118,7 @@ pub(crate) fn parse_capacity(s: &str) -> Option<u64> {
     };
     let v = n * mult;
     // At least one whole byte: `0.9b` would be a device of capacity 0 (found by fuzzing).
-    if v.is_finite() && v >= 1.0 && v < 1.0e18 { Some(v as u64) } else { None }
+    if (1.0..1.0e18).contains(&v) { Some(v as u64) } else { None }
 }
 
 impl FromStr for Device {
