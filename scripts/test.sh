@@ -20,5 +20,8 @@ cargo test --release --workspace
 # Crates that parse user files and strings (checkpoints and pickles, allocator settings and traces,
 # dataset files, command lines) also run in the debug profile: its larger stack frames are where
 # recursion on hostile input shows first, and it is what `cargo test` gives a user.
-echo "== cargo test (debug) -p ferrite-io -p ferrite-memory -p ferrite-data -p ferrite-cli"
-cargo test -p ferrite-io -p ferrite-memory -p ferrite-data -p ferrite-cli
+# ferrite-cli's parsers are its unit tests (addresses, cgroup files, checkpoint metadata), the
+# parser fuzz suite and the bad-input suite; its training runs stay in the release run above.
+echo "== cargo test (debug) -p ferrite-io -p ferrite-memory -p ferrite-data; ferrite-cli's parser tests"
+cargo test -p ferrite-io -p ferrite-memory -p ferrite-data
+cargo test -p ferrite-cli --lib --test parser_fuzz --test bad_inputs
