@@ -2,25 +2,11 @@
 //! and Fashion-MNIST (28×28), with PyTorch's state-dict keys, checkpointed blocks that leave the
 //! result unchanged, bit-identical resume, and the errors a user meets.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn ferrite(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
-}
-
-fn ok(args: &[&str], dir: &Path) -> String {
-    let o = ferrite(args, dir);
-    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
-    assert!(o.status.success(), "{args:?}\n{out}\n{err}");
-    out
-}
-
-/// The `test accuracy N%` of the run's last line of results.
-fn final_accuracy(stdout: &str) -> f64 {
-    let line = stdout.lines().find(|l| l.starts_with("test accuracy ")).expect("a results line");
-    line["test accuracy ".len()..].split('%').next().unwrap().parse().unwrap()
-}
+use common::{ferrite, final_accuracy, ok};
 
 fn weights(path: &Path) -> Vec<(String, Vec<u8>)> {
     let file = ferrite_io::read(path).unwrap();

@@ -2,21 +2,12 @@
 //! the Jargon File and on a text file, truncated BPTT whose memory does not grow with the text,
 //! bit-identical resume, and the errors a user meets.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
+use common::{ferrite, ok};
 use ferrite_data::char_text::JARGON_PATH;
-
-fn ferrite(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
-}
-
-fn ok(args: &[&str], dir: &Path) -> String {
-    let o = ferrite(args, dir);
-    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
-    assert!(o.status.success(), "{args:?}\n{out}\n{err}");
-    out
-}
 
 fn failure(args: &[&str], dir: &Path) -> String {
     let o = ferrite(args, dir);

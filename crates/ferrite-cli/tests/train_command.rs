@@ -1,23 +1,14 @@
 //! `ferrite train` seen from outside: the binary is run as a user runs it.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn ferrite(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
-}
+use common::{ferrite, final_accuracy};
 
 fn text(o: &Output) -> (String, String) {
     (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
-}
-
-/// The figure after `test accuracy ` in the final line, in percent.
-fn final_accuracy(stdout: &str) -> f64 {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("test accuracy "))
-        .unwrap_or_else(|| panic!("no final line in:\n{stdout}"));
-    line["test accuracy ".len()..].split('%').next().unwrap().parse().unwrap()
 }
 
 #[test]

@@ -1,13 +1,37 @@
-//! Helpers shared by the tests that watch a running `ferrite train`: start one that serves
-//! metrics on a free port, find its URL, and end it when the test ends (also on failure).
+//! Helpers shared by the tests that run the `ferrite` binary: run it and read its output, and for
+//! the tests that watch a running `ferrite train`, start one that serves metrics on a free port,
+//! find its URL, and end it when the test ends (also on failure).
 
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+/// Runs `ferrite ARGS` in `dir` to completion.
+pub fn ferrite(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
+}
+
+/// Runs `ferrite ARGS` in `dir`, asserts it succeeded (printing both streams if not), and returns
+/// its stdout.
+pub fn ok(args: &[&str], dir: &Path) -> String {
+    let o = ferrite(args, dir);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert!(o.status.success(), "{args:?}\n{out}\n{err}");
+    out
+}
+
+/// The figure after `test accuracy ` in an image trainer's final line, in percent.
+pub fn final_accuracy(stdout: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("test accuracy "))
+        .unwrap_or_else(|| panic!("no final line in:\n{stdout}"));
+    line["test accuracy ".len()..].split('%').next().unwrap().parse().unwrap()
+}
 
 /// A `ferrite train` child process serving metrics; killed on drop.
 pub struct LiveRun {
