@@ -136,7 +136,10 @@ pub(crate) fn par_ranges(n: usize, cost_per_elem: usize, f: impl Fn(usize, usize
         f(0, n);
         return;
     }
-    let chunks = (threads * 4).min(n.div_ceil(4096)).max(1);
+    // Chunks of at least ~4096 units of work (not 4096 items: a row kernel's item is a whole
+    // row, and 4096 rows of 256 columns used to make one chunk, so softmax, norms, pooling and
+    // im2col over fewer than 8192 rows or planes ran on one thread).
+    let chunks = (threads * 4).min(work.div_ceil(4096)).min(n).max(1);
     let per = n.div_ceil(chunks);
     crate::kernels::team::run(chunks, &|c| {
         let start = c * per;

@@ -101,12 +101,44 @@ fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = T::from_acc(v.to_acc() - m - lse);
         }
+    } else if std::mem::size_of::<T>() == std::mem::size_of::<T::Acc>() {
+        // Full-precision rows: exp once, into the output, then scale (one exp per element
+        // instead of two; the row is still in cache for the second pass).
+        let s = exp_into(x, out, m);
+        let inv = T::Acc::one() / s;
+        for o in out.iter_mut() {
+            *o = T::from_acc(o.to_acc() * inv);
+        }
     } else {
+        // Half-precision rows: storing exp(x - m) in 16 bits before scaling would round twice.
         let inv = T::Acc::one() / sum_exp(x, m);
         for (o, &v) in out.iter_mut().zip(x) {
             *o = T::from_acc((v.to_acc() - m).vexp() * inv);
         }
     }
+}
+
+/// out = exp(x - m), returning Σ out, in lanes.
+#[inline(always)]
+fn exp_into<T: Float>(x: &[T], out: &mut [T], m: T::Acc) -> T::Acc {
+    let mut lanes = [T::Acc::zero(); LANES];
+    let xc = x.chunks_exact(LANES);
+    let xr = xc.remainder();
+    let mut oc = out.chunks_exact_mut(LANES);
+    for (xch, och) in xc.zip(&mut oc) {
+        for k in 0..LANES {
+            let e = (xch[k].to_acc() - m).vexp();
+            och[k] = T::from_acc(e);
+            lanes[k] += e;
+        }
+    }
+    let mut s = T::Acc::zero();
+    for (o, v) in oc.into_remainder().iter_mut().zip(xr) {
+        let e = (v.to_acc() - m).vexp();
+        *o = T::from_acc(e);
+        s += e;
+    }
+    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b) + s
 }
 
 /// Σ f(x) in lanes.
