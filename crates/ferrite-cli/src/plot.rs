@@ -173,9 +173,7 @@ fn draw_panel(
     if tl.categories.is_empty() {
         chart
             .draw_series(AreaSeries::new(points.iter().map(|p| (p.t, y(p.allocated))), 0.0, BLUE.mix(0.25)))
-            .map_err(draw_err)?
-            .label("allocated")
-            .legend(|(x, yy)| Rectangle::new([(x, yy - 5), (x + 16, yy + 5)], BLUE.mix(0.25).filled()));
+            .map_err(draw_err)?;
     } else {
         // Stacked: draw the running sums from the top category down, so each lower one covers
         // the part of the area below it.
@@ -209,19 +207,19 @@ fn draw_panel(
             .label("capacity")
             .legend(|(x, yy)| PathElement::new(vec![(x, yy), (x + 16, yy)], BLACK));
     }
-    // The peaks: a marker and its value.
+    // The peaks: a marker and its value, reserved's label above the point, allocated's below.
     let marks = [
-        (peak_res.t, peak_res.reserved, "peak reserved", RED),
-        (peak_alloc.t, peak_alloc.allocated, "peak allocated", BLUE),
+        (peak_res.t, peak_res.reserved, "peak reserved", RED, -18),
+        (peak_alloc.t, peak_alloc.allocated, "peak allocated", BLUE, 6),
     ];
-    for (t, v, name, color) in marks {
-        chart.draw_series(std::iter::once(Circle::new((t, y(v)), 5, color.filled()))).map_err(draw_err)?;
+    for (t, v, name, color, dy) in marks {
+        let label = format!("{name} {}", ferrite_memory::format_size(v));
         chart
-            .draw_series(std::iter::once(Text::new(
-                format!("{name} {}", ferrite_memory::format_size(v)),
-                (t, y(v)),
-                ("sans-serif", 13).into_font().color(&color),
-            )))
+            .draw_series(std::iter::once(
+                EmptyElement::at((t, y(v)))
+                    + Circle::new((0, 0), 5, color.filled())
+                    + Text::new(label, (8, dy), ("sans-serif", 13).into_font().color(&color)),
+            ))
             .map_err(draw_err)?;
     }
     chart

@@ -165,6 +165,7 @@ pub struct DeviceReplayTrace {
     pub device: usize,
     /// Allocations and frees in ferrite's trace form: first the blocks that were allocated before
     /// the recording began (freed in the trace, or still active in the segments), then the trace.
+    /// Each `oom` entry becomes a probe: its request allocated and released at once.
     pub trace: Trace,
     /// How many of `trace.events` are those earlier allocations.
     pub allocated_before_trace: usize,
@@ -411,7 +412,14 @@ impl TorchSnapshot {
                 }
                 TorchAction::SegmentAlloc | TorchAction::SegmentMap => reserved += e.size as i128,
                 TorchAction::SegmentFree | TorchAction::SegmentUnmap => reserved = (reserved - e.size as i128).max(0),
-                TorchAction::Oom => recorded_ooms += 1,
+                TorchAction::Oom => {
+                    // The request that failed is retried here as a probe (allocated and released
+                    // at once): under other settings it may fit, which is the what-if's answer.
+                    recorded_ooms += 1;
+                    events.push(TraceEvent::Alloc { id: next_id, size: e.size, stream: stream_of(e.stream) });
+                    events.push(TraceEvent::Free { id: next_id });
+                    next_id += 1;
+                }
                 TorchAction::FreeRequested | TorchAction::Snapshot => {}
                 TorchAction::Other(name) => *ignored_actions.entry(name.clone()).or_default() += 1,
             }

@@ -36,7 +36,8 @@ pub fn plot_output(
             Device::Sim { profile, .. } => Some(profile.usable_bytes()),
             _ => None,
         };
-        let label = format!("{device} (alloc conf \"{config}\")");
+        let conf = config.to_string();
+        let label = format!("{device}, alloc conf {}", if conf.is_empty() { "default" } else { conf.as_str() });
         let (_, points) = replay_timeline(&t, device, config)?;
         vec![DeviceTimeline {
             label,
