@@ -239,3 +239,66 @@ fn plot_library_function_marks_the_peak() {
     let doc = roxmltree::Document::parse(&svg).unwrap();
     assert!(doc.descendants().filter(|n| n.has_tag_name("circle")).count() >= 4);
 }
+
+#[test]
+fn train_snapshot_flag_writes_a_pytorch_snapshot_of_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.pickle");
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "128",
+        "--batch-size",
+        "32",
+        "--device",
+        "sim:t4-16gb",
+        "--no-progress",
+        "--snapshot",
+        snap.to_str().unwrap(),
+    ];
+    let o = ferrite(&args, dir.path());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("wrote memory snapshot"));
+    // The run's history replays as a PyTorch snapshot: recorded from the first allocation, so the
+    // default settings reproduce its reserved peak.
+    let v = json(&["memory", "replay", snap.to_str().unwrap(), "--alloc-conf", "default", "--json"], dir.path());
+    let d = &v["devices"][0];
+    assert!(d["trace_entries"].as_u64().unwrap() > 100, "{d}");
+    assert_eq!(d["allocated_before_trace"], 0);
+    let recorded = d["recorded"]["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(recorded > 0);
+    assert_eq!(d["configs"][0]["peak_reserved_bytes"].as_u64().unwrap(), recorded);
+    // And plots.
+    let svg = dir.path().join("run.svg");
+    ok(&["memory", "plot", snap.to_str().unwrap(), "-o", svg.to_str().unwrap()], dir.path());
+    let texts = svg_texts(&std::fs::read_to_string(&svg).unwrap());
+    assert!(texts.contains(&format!("peak reserved {}", ferrite_memory::format_size(recorded))), "{texts:?}");
+
+    // A run that fails (out of memory on a tiny device) still leaves its snapshot.
+    let small = dir.path().join("oom.pickle");
+    let args = [
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--train-subset",
+        "64",
+        "--hidden",
+        "4096",
+        "--device",
+        "sim:8MiB",
+        "--no-progress",
+        "--snapshot",
+        small.to_str().unwrap(),
+    ];
+    let o = ferrite(&args, dir.path());
+    assert!(!o.status.success());
+    assert!(small.exists(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&["memory", "replay", small.to_str().unwrap(), "--json"], dir.path());
+    assert!(v["devices"][0]["recorded"]["ooms"].as_u64().unwrap() >= 1, "{v}");
+}

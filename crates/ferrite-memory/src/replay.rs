@@ -126,10 +126,10 @@ pub struct WhatIf {
     pub alloc_conf: String,
     pub peak_reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
-    /// Allocated bytes at the moment reserved memory peaked.
+    /// The most bytes allocated while reserved memory stood at its peak.
     pub allocated_at_peak_reserved_bytes: u64,
-    /// `(reserved - allocated) / reserved` at the reserved peak: the share of the peak that was
-    /// cached but not handed out (rounding, split remainders, stranded free blocks).
+    /// `(peak reserved - allocated_at_peak_reserved) / peak reserved`: the share of the reserved
+    /// peak that was never handed out at once (rounding, split remainders, stranded free blocks).
     pub fragmentation_at_peak: f64,
     /// Allocations that failed on the replay device (0 on `meta`, which has no capacity).
     pub ooms: usize,
@@ -145,12 +145,11 @@ pub fn what_if(trace: &Trace, device: &Device, configs: &[AllocatorConfig]) -> R
         .iter()
         .map(|config| {
             let (report, points) = replay_timeline(trace, device.clone(), config.clone())?;
-            // The first point at the highest reserved value (peaks are reached, then held).
-            let at_peak = points.iter().fold(None::<ReplayPoint>, |best, p| match best {
-                Some(b) if b.reserved >= p.reserved => Some(b),
-                _ => Some(*p),
-            });
-            let (peak_reserved, alloc_at_peak) = at_peak.map(|p| (p.reserved, p.allocated)).unwrap_or((0, 0));
+            // Reserved memory reaches its peak and is usually held there for a while; the fairest
+            // moment to judge it is when the most of it was handed out.
+            let peak_reserved = points.iter().map(|p| p.reserved).max().unwrap_or(0);
+            let alloc_at_peak =
+                points.iter().filter(|p| p.reserved == peak_reserved).map(|p| p.allocated).max().unwrap_or(0);
             let fragmentation_at_peak = if peak_reserved == 0 {
                 0.0
             } else {

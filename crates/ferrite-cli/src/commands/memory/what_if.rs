@@ -172,7 +172,7 @@ fn text(path: &Path, source: &str, device: &Device, devices: &[DeviceRows]) -> O
     writeln!(
         out,
         "\nPEAK ALLOC counts rounded block sizes as the replayed allocator does; the recorded row counts requested bytes. \
-         FRAG AT PEAK = (reserved - allocated) / reserved when reserved peaked."
+         FRAG AT PEAK = share of the peak reserved bytes not allocated even at the fullest moment of that peak."
     )?;
     Ok(out)
 }
