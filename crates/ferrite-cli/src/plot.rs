@@ -10,6 +10,7 @@
 //! can call it with the timeline of a planned step.
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One device's series.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,11 +133,23 @@ fn reduce(points: &[TimelinePoint]) -> Vec<TimelinePoint> {
         .collect()
 }
 
+/// A step series: memory holds its value until the next event (no slope between two events).
+fn steps(points: &[TimelinePoint]) -> Vec<TimelinePoint> {
+    let mut out = Vec::with_capacity(points.len() * 2);
+    for (i, p) in points.iter().enumerate() {
+        if i > 0 {
+            out.push(TimelinePoint { t: p.t, ..points[i - 1].clone() });
+        }
+        out.push(p.clone());
+    }
+    out
+}
+
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     tl: &DeviceTimeline,
 ) -> Result<(), PlotError> {
-    let points = reduce(&tl.points);
+    let points = steps(&reduce(&tl.points));
     // Peaks from the full series (not the reduced one), first occurrence.
     let peak_res = tl.points.iter().fold(&tl.points[0], |b, p| if p.reserved > b.reserved { p } else { b });
     let peak_alloc = tl.points.iter().fold(&tl.points[0], |b, p| if p.allocated > b.allocated { p } else { b });
@@ -144,7 +157,8 @@ fn draw_panel(
     // The capacity line is drawn when it would not flatten the series into the bottom quarter.
     let capacity_drawn = tl.capacity.filter(|&c| c <= top.saturating_mul(4));
     let (unit, unit_name) = unit_for(capacity_drawn.unwrap_or(0).max(top));
-    let y_max = capacity_drawn.unwrap_or(0).max(top) as f64 / unit * 1.15;
+    // Headroom above the data for the legend (upper left) and the peak labels.
+    let y_max = capacity_drawn.unwrap_or(0).max(top) as f64 / unit * 1.6;
     let x0 = points.first().map(|p| p.t).unwrap_or(0.0);
     let mut x1 = points.last().map(|p| p.t).unwrap_or(1.0);
     if x1 <= x0 {
@@ -207,18 +221,20 @@ fn draw_panel(
             .label("capacity")
             .legend(|(x, yy)| PathElement::new(vec![(x, yy), (x + 16, yy)], BLACK));
     }
-    // The peaks: a marker and its value, reserved's label above the point, allocated's below.
+    // The peaks: a marker and its value, reserved's label above the point, allocated's below;
+    // on the right part of the chart the label ends at the point instead of starting there.
     let marks = [
         (peak_res.t, peak_res.reserved, "peak reserved", RED, -18),
         (peak_alloc.t, peak_alloc.allocated, "peak allocated", BLUE, 6),
     ];
     for (t, v, name, color, dy) in marks {
         let label = format!("{name} {}", ferrite_memory::format_size(v));
+        let right_half = t > x0 + (x1 - x0) * 0.6;
+        let (dx, hpos) = if right_half { (-8, HPos::Right) } else { (8, HPos::Left) };
+        let font = ("sans-serif", 13).into_font().color(&color).pos(Pos::new(hpos, VPos::Top));
         chart
             .draw_series(std::iter::once(
-                EmptyElement::at((t, y(v)))
-                    + Circle::new((0, 0), 5, color.filled())
-                    + Text::new(label, (8, dy), ("sans-serif", 13).into_font().color(&color)),
+                EmptyElement::at((t, y(v))) + Circle::new((0, 0), 5, color.filled()) + Text::new(label, (dx, dy), font),
             ))
             .map_err(draw_err)?;
     }
