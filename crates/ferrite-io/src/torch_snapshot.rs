@@ -300,10 +300,8 @@ impl TorchSnapshot {
                 TorchAction::Alloc => {
                     live.insert(e.addr, e.size);
                 }
-                TorchAction::FreeCompleted => {
-                    if live.remove(&e.addr).is_none() {
-                        before.entry(e.addr).or_insert(e.size);
-                    }
+                TorchAction::FreeCompleted if live.remove(&e.addr).is_none() => {
+                    before.entry(e.addr).or_insert(e.size);
                 }
                 _ => {}
             }
@@ -650,7 +648,17 @@ pub fn memory_snapshot_to_value(snap: &MemorySnapshot) -> Value {
             ])
         })
         .collect();
-    let traces = snap.device_traces.iter().map(|t| Value::List(trace_entries(t))).collect();
+    // ferrite's allocator is per device and lists its history first; PyTorch indexes
+    // `device_traces` by device, so a lone history moves to its segments' device index.
+    let mut traces: Vec<Value> = snap.device_traces.iter().map(|t| Value::List(trace_entries(t))).collect();
+    if let ([_], Some(d)) = (snap.device_traces.as_slice(), snap.segments.first().map(|s| s.device))
+        && d > 0
+        && snap.segments.iter().all(|s| s.device == d)
+    {
+        let history = traces.remove(0);
+        traces = vec![Value::List(Vec::new()); d];
+        traces.push(history);
+    }
     let st = &snap.allocator_settings;
     let settings = dict(vec![
         ("PYTORCH_CUDA_ALLOC_CONF", s(&st.alloc_conf)),
@@ -701,6 +709,18 @@ mod tests {
         assert_eq!(t.recorded_peak_reserved(), snap.reserved_bytes());
         assert_eq!(t.recorded.last().map(|p| p.allocated), Some(1000));
         drop(y);
+    }
+
+    #[test]
+    fn history_of_a_second_device_is_listed_under_its_index() {
+        let a = CachingAllocator::unbacked(Device::parse("sim:1GiB:2").unwrap(), AllocatorConfig::default());
+        a.record_memory_history(Some(100));
+        let _x = a.allocate(4096).unwrap();
+        let snap = a.snapshot();
+        assert!(snap.segments.iter().all(|s| s.device == 2), "{:?}", snap.segments);
+        let back = TorchSnapshot::from_value(&memory_snapshot_to_value(&snap)).unwrap();
+        assert_eq!(back.traced_devices(), vec![2]);
+        assert_eq!(back.device_replay_trace(2).recorded_peak_allocated(), 4096);
     }
 
     #[test]

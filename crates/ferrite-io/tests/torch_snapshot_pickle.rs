@@ -193,3 +193,39 @@ fn snapshot_value_is_what_the_pickle_holds() {
     let v = memory_snapshot_to_value(&snap);
     assert_eq!(from_pickle(&to_pickle(&v).unwrap()).unwrap(), v);
 }
+
+mod mutated_snapshots {
+    use super::*;
+    use ferrite_memory::replay::what_if;
+    use proptest::prelude::*;
+
+    fn snapshot_bytes() -> Vec<u8> {
+        to_pickle(&memory_snapshot_to_value(&ferrite_snapshot())).unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Flipped bytes and truncations of a snapshot give a value or a typed error, never a
+        /// panic, and whatever parses also replays (or is refused) without one.
+        #[test]
+        fn mutated_snapshots_never_panic(
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            cut in any::<prop::sample::Index>(),
+            truncate in any::<bool>(),
+        ) {
+            let mut b = snapshot_bytes();
+            for (i, v) in flips {
+                let i = i.index(b.len());
+                b[i] = v;
+            }
+            if truncate {
+                b.truncate(cut.index(b.len()));
+            }
+            if let Ok(traces) = TorchSnapshot::from_bytes(&b).and_then(|s| s.replay_traces()) {
+                for t in traces {
+                    let _ = what_if(&t.trace, &Device::Meta, &[AllocatorConfig::default()]);
+                }
+            }
+        }
+    }
+}

@@ -220,6 +220,20 @@ mod tests {
     }
 
     #[test]
+    fn several_alloc_confs_compare_a_ferrite_trace() {
+        let confs = ["default".to_string(), "max_split_size_mb:100".to_string()];
+        let out = replay_output(&demo_trace(), None, &confs, true).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["source"], "ferrite trace");
+        assert!(v["devices"][0]["recorded"].is_null());
+        let rows = v["devices"][0]["configs"].as_array().unwrap();
+        assert_eq!((rows[0]["ooms"].as_u64(), rows[1]["ooms"].as_u64()), (Some(1), Some(0)), "{rows:?}");
+        assert_eq!(rows[0]["first_oom_event"], 47);
+        let text = replay_output(&demo_trace(), None, &confs, false).unwrap();
+        assert!(text.contains("lowest peak reserved: max_split_size_mb:100"), "{text}");
+    }
+
+    #[test]
     fn replay_text_reports_the_diagnosis() {
         let out = replay_output(&demo_trace(), Some("sim:1GiB".into()), &[String::new()], false).unwrap();
         assert!(out.contains("OOM at event 47"), "{out}");
