@@ -302,3 +302,22 @@ fn train_snapshot_flag_writes_a_pytorch_snapshot_of_the_run() {
     let v = json(&["memory", "replay", small.to_str().unwrap(), "--json"], dir.path());
     assert!(v["devices"][0]["recorded"]["ooms"].as_u64().unwrap() >= 1, "{v}");
 }
+
+#[test]
+fn output_paths_that_are_directories_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("out_dir")).unwrap();
+    let trace = demo_trace();
+    for args in [
+        &["memory", "snapshot", &trace, "-o", "out_dir"][..],
+        &["memory", "plot", &trace, "-o", "out_dir"][..],
+        &["train", "--epochs", "1", "--train-subset", "64", "--no-progress", "--snapshot", "out_dir"][..],
+    ] {
+        let o = ferrite(args, dir.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains("`out_dir` is a directory, not a file"), "{args:?}: {err}");
+        // train refuses before training (no epoch line printed).
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("epoch"), "{args:?}");
+    }
+}

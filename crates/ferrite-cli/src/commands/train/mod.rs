@@ -418,7 +418,11 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             ferrite_memory::env_alloc_config()?;
         }
     }
-    if args.snapshot.is_some() {
+    if let Some(path) = &args.snapshot {
+        // Refused now rather than after the run it was meant to record.
+        if path.is_dir() {
+            return Err(ferrite_io::IoError::NotAFile { path: path.clone(), found: "directory" }.into());
+        }
         alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
     }
     let result = if args.model.is_language_model() {
