@@ -119,6 +119,7 @@ fn bad_snapshots_are_typed_messages() {
         ("segments_only_v1.pickle", "segments only"),
         ("unknown_layout.pickle", "no \"segments\" key"),
         ("truncated.pickle", "file truncated"),
+        ("runs_code.pickle", "Nothing was executed"),
     ];
     for (name, words) in cases {
         let o = ferrite(&["memory", "replay", &fixture(name)], dir.path());

@@ -161,6 +161,13 @@ def variable_length_training(a, steps=6):
     return weights
 
 
+class RunsCode:
+    """Unpickles as a call to os.system (never loaded here; ferrite must refuse it)."""
+
+    def __reduce__(self):
+        return (os.system, ("echo this snapshot ran a command",))
+
+
 def write(name, obj):
     with open(os.path.join(HERE, name), "wb") as f:
         pickle.dump(obj, f)  # the default protocol, as torch.cuda.memory._dump_snapshot does
@@ -200,6 +207,8 @@ def main():
     # layout, and a truncated pickle.
     write("segments_only_v1.pickle", a0.snapshot_segments())
     write("unknown_layout.pickle", {"version": 9, "blocks": []})
+    # A snapshot-shaped pickle that would run a shell command when loaded with Python's pickle.
+    write("runs_code.pickle", {"segments": [], "device_traces": [[RunsCode()]]})
     good = pickle.dumps({"segments": a0.snapshot_segments(), "device_traces": [a0.trace]})
     with open(os.path.join(HERE, "truncated.pickle"), "wb") as f:
         f.write(good[: len(good) // 2])
