@@ -157,7 +157,13 @@ fn text(path: &Path, source: &str, device: &Device, devices: &[DeviceRows]) -> O
                 vs
             )?;
         }
-        if let Some(best) = d.rows.iter().min_by_key(|r| (r.ooms, r.peak_reserved_bytes)) {
+        let all_equal =
+            d.rows.windows(2).all(|w| (w[0].ooms, w[0].peak_reserved_bytes) == (w[1].ooms, w[1].peak_reserved_bytes));
+        if d.rows.len() > 1 && all_equal {
+            writeln!(out, "  no configuration changes the peak or the OOMs of this trace")?;
+        } else if let Some(best) =
+            d.rows.iter().min_by_key(|r| (r.ooms, r.peak_reserved_bytes)).filter(|_| d.rows.len() > 1)
+        {
             writeln!(
                 out,
                 "  lowest peak reserved: {} ({})",
