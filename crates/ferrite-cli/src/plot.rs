@@ -79,8 +79,11 @@ pub fn memory_timeline_svg(timelines: &[DeviceTimeline]) -> Result<String, PlotE
             SVGBackend::with_string(&mut svg, (WIDTH, PANEL_HEIGHT * timelines.len() as u32)).into_drawing_area();
         root.fill(&WHITE).map_err(draw_err)?;
         let panels = root.split_evenly((timelines.len(), 1));
+        // One y scale for every panel, so devices and configurations compare at a glance.
+        let shared_top =
+            timelines.iter().flat_map(|tl| &tl.points).map(|p| p.reserved.max(p.allocated)).max().unwrap_or(0);
         for (area, tl) in panels.iter().zip(timelines) {
-            draw_panel(area, tl)?;
+            draw_panel(area, tl, shared_top)?;
         }
         root.present().map_err(draw_err)?;
     }
@@ -148,12 +151,13 @@ fn steps(points: &[TimelinePoint]) -> Vec<TimelinePoint> {
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
     tl: &DeviceTimeline,
+    shared_top: u64,
 ) -> Result<(), PlotError> {
     let points = steps(&reduce(&tl.points));
     // Peaks from the full series (not the reduced one), first occurrence.
     let peak_res = tl.points.iter().fold(&tl.points[0], |b, p| if p.reserved > b.reserved { p } else { b });
     let peak_alloc = tl.points.iter().fold(&tl.points[0], |b, p| if p.allocated > b.allocated { p } else { b });
-    let top = peak_res.reserved.max(peak_alloc.allocated).max(1);
+    let top = peak_res.reserved.max(peak_alloc.allocated).max(shared_top).max(1);
     // The capacity line is drawn when it would not flatten the series into the bottom quarter.
     let capacity_drawn = tl.capacity.filter(|&c| c <= top.saturating_mul(4));
     let (unit, unit_name) = unit_for(capacity_drawn.unwrap_or(0).max(top));

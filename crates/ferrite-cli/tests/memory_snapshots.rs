@@ -200,6 +200,23 @@ fn plot_writes_an_svg_with_the_peak_marked() {
         assert!(texts.iter().any(|t| t == c), "{c} not in {texts:?}");
     }
 
+    // With --alloc-conf, each setting's replay gets a panel beside the recording.
+    let what_if = dir.path().join("w.svg");
+    let f = fixture("fragmentation_v2_1.pickle");
+    ok(
+        &["memory", "plot", &f, "-o", what_if.to_str().unwrap(), "--alloc-conf", "expandable_segments:True"],
+        dir.path(),
+    );
+    let texts = svg_texts(&std::fs::read_to_string(&what_if).unwrap());
+    assert!(texts.contains(&"device 0 replayed on meta, alloc conf expandable_segments:True".to_string()), "{texts:?}");
+    let v = json(&["memory", "replay", &f, "--alloc-conf", "expandable_segments:True", "--json"], dir.path());
+    for peak in
+        [&v["devices"][0]["recorded"]["peak_reserved_bytes"], &v["devices"][0]["configs"][0]["peak_reserved_bytes"]]
+    {
+        let label = format!("peak reserved {}", ferrite_memory::format_size(peak.as_u64().unwrap()));
+        assert!(texts.contains(&label), "{label} not in {texts:?}");
+    }
+
     // A ferrite trace, replayed on its device, as HTML with the capacity line.
     let html_path = dir.path().join("t.html");
     ok(&["memory", "plot", &demo_trace(), "-o", html_path.to_str().unwrap(), "--html"], dir.path());

@@ -64,7 +64,8 @@ pub enum MemoryCommand {
     },
     /// Plot allocated and reserved memory over a trace as a self-contained SVG (or HTML with
     /// --html): a ferrite JSON trace (replayed), or a PyTorch snapshot pickle — including the one
-    /// `ferrite train --snapshot` writes (as recorded, one line per device, categories stacked).
+    /// `ferrite train --snapshot` writes (as recorded, one panel per device, categories stacked,
+    /// plus one panel per --alloc-conf replayed).
     Plot {
         /// ferrite JSON trace or PyTorch snapshot pickle.
         trace: PathBuf,
@@ -74,12 +75,14 @@ pub enum MemoryCommand {
         /// Wrap the SVG in an HTML page.
         #[arg(long)]
         html: bool,
-        /// Device to replay a ferrite trace on (its capacity is drawn as a line).
+        /// Device to replay on (its capacity is drawn as a line); a snapshot replays on `meta`
+        /// unless one is given.
         #[arg(long)]
         device: Option<String>,
-        /// Allocator settings for replaying a ferrite trace.
+        /// Allocator settings to replay under (PYTORCH_CUDA_ALLOC_CONF syntax or `default`); repeat
+        /// for one panel each. A ferrite trace without it uses $FERRITE_ALLOC_CONF.
         #[arg(long)]
-        alloc_conf: Option<String>,
+        alloc_conf: Vec<String>,
     },
     /// List the GPU models of the sim catalogue.
     Gpus,
@@ -96,7 +99,7 @@ pub fn run(args: MemoryArgs) -> CliResult {
             Ok(())
         }
         MemoryCommand::Plot { trace, output, html, device, alloc_conf } => {
-            print!("{}", plot_output(&trace, &output, html, device, alloc_conf)?);
+            print!("{}", plot_output(&trace, &output, html, device, &alloc_conf)?);
             Ok(())
         }
         MemoryCommand::Gpus => {

@@ -1,10 +1,10 @@
 //! `ferrite memory plot`: the timelines of a ferrite trace (replayed) or of a PyTorch snapshot
-//! (as recorded), drawn by [`crate::plot`].
+//! (as recorded, and replayed under each `--alloc-conf` given), drawn by [`crate::plot`].
 use std::fmt::Write;
 use std::path::Path;
 
 use ferrite_io::{DeviceReplayTrace, TorchSnapshot};
-use ferrite_memory::replay::replay_timeline;
+use ferrite_memory::replay::{Trace, replay_timeline};
 use ferrite_memory::{AllocatorConfig, Device, format_size};
 
 use super::{OutputResult, is_pickle, parse_alloc_conf, read_ferrite_trace, trace_device};
@@ -16,45 +16,28 @@ pub fn plot_output(
     output: &Path,
     html: bool,
     device: Option<String>,
-    alloc_conf: Option<String>,
+    alloc_conf: &[String],
 ) -> OutputResult {
-    let timelines = if is_pickle(trace)? {
+    let configs = alloc_conf.iter().map(|s| parse_alloc_conf(s)).collect::<Result<Vec<_>, _>>()?;
+    let mut timelines = Vec::new();
+    if is_pickle(trace)? {
         let snap = TorchSnapshot::read(trace).map_err(|e| format!("{}: {e}", trace.display()))?;
-        snap.replay_traces()
-            .map_err(|e| format!("{}: {e}", trace.display()))?
-            .iter()
-            .map(snapshot_timeline)
-            .collect::<Vec<_>>()
+        let replay_device = Device::parse(device.as_deref().unwrap_or("meta"))?;
+        for t in snap.replay_traces().map_err(|e| format!("{}: {e}", trace.display()))? {
+            timelines.push(snapshot_timeline(&t));
+            for config in &configs {
+                let label = format!("device {} replayed on {replay_device}", t.device);
+                timelines.push(replayed(&t.trace, &replay_device, config, label)?);
+            }
+        }
     } else {
         let t = read_ferrite_trace(trace)?;
         let device = trace_device(&t, device)?;
-        let config = match alloc_conf {
-            Some(s) => parse_alloc_conf(&s)?,
-            None => AllocatorConfig::from_env()?,
-        };
-        let capacity = match &device {
-            Device::Sim { profile, .. } => Some(profile.usable_bytes()),
-            _ => None,
-        };
-        let conf = config.to_string();
-        let label = format!("{device}, alloc conf {}", if conf.is_empty() { "default" } else { conf.as_str() });
-        let (_, points) = replay_timeline(&t, device, config)?;
-        vec![DeviceTimeline {
-            label,
-            capacity,
-            x_label: "trace event".into(),
-            categories: Vec::new(),
-            points: points
-                .iter()
-                .map(|p| TimelinePoint {
-                    t: p.event_index as f64,
-                    allocated: p.allocated,
-                    reserved: p.reserved,
-                    by_category: Vec::new(),
-                })
-                .collect(),
-        }]
-    };
+        let configs = if configs.is_empty() { vec![AllocatorConfig::from_env()?] } else { configs };
+        for config in &configs {
+            timelines.push(replayed(&t, &device, config, device.to_string())?);
+        }
+    }
     let title = format!("memory timeline of {}", trace.display());
     let doc = if html { memory_timeline_html(&timelines, &title)? } else { memory_timeline_svg(&timelines)? };
     ferrite_io::write_atomically(output, |f| std::io::Write::write_all(f, doc.as_bytes()))?;
@@ -74,6 +57,37 @@ pub fn plot_output(
     out.pop();
     out.push('\n');
     Ok(out)
+}
+
+/// `trace` replayed on `device` under `config`, one point per event.
+fn replayed(
+    trace: &Trace,
+    device: &Device,
+    config: &AllocatorConfig,
+    label: String,
+) -> Result<DeviceTimeline, ferrite_memory::MemoryError> {
+    let capacity = match device {
+        Device::Sim { profile, .. } => Some(profile.usable_bytes()),
+        _ => None,
+    };
+    let conf = config.to_string();
+    let label = format!("{label}, alloc conf {}", if conf.is_empty() { "default" } else { conf.as_str() });
+    let (_, points) = replay_timeline(trace, device.clone(), config.clone())?;
+    Ok(DeviceTimeline {
+        label,
+        capacity,
+        x_label: "replayed event".into(),
+        categories: Vec::new(),
+        points: points
+            .iter()
+            .map(|p| TimelinePoint {
+                t: p.event_index as f64,
+                allocated: p.allocated,
+                reserved: p.reserved,
+                by_category: Vec::new(),
+            })
+            .collect(),
+    })
 }
 
 /// One device of a snapshot, as recorded; time in ms from the first entry when the snapshot has
