@@ -6,3 +6,4 @@
 
 pub mod commands;
 pub mod observe;
+pub mod plot;

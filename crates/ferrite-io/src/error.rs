@@ -109,6 +109,19 @@ pub enum IoError {
     #[error("cannot place tensor on `{device}`: {reason}")]
     Device { device: String, reason: String },
 
+    /// A pickle is not a PyTorch memory snapshot this reader knows (an unknown layout or version).
+    #[error(
+        "unsupported PyTorch memory snapshot ({found}): {reason}. ferrite reads the pickles that \
+         `torch.cuda.memory._dump_snapshot()` writes in PyTorch 2.0 and later (a dict with \"segments\" \
+         and \"device_traces\"); record one with `torch.cuda.memory._record_memory_history(max_entries=100000)` \
+         before the step and `torch.cuda.memory._dump_snapshot(\"snap.pickle\")` after it"
+    )]
+    UnsupportedSnapshot { found: String, reason: String },
+
+    /// A PyTorch memory snapshot has the known layout but a malformed entry.
+    #[error("invalid PyTorch memory snapshot at `{path}`: {reason}")]
+    InvalidSnapshot { path: String, reason: String },
+
     /// Creating or reading a ferrite `Tensor` failed (e.g. out of memory on the target device).
     #[error("{0}")]
     Tensor(#[from] ferrite_tensor::TensorError),

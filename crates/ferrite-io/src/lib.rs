@@ -32,6 +32,7 @@ mod state_dict;
 mod tensor_data;
 mod tensor_loader;
 mod tensor_state_dict;
+mod torch_snapshot;
 mod training_checkpoint;
 mod value;
 
@@ -42,6 +43,7 @@ pub use format::{FileFormat, detect_format};
 pub use load_options::LoadOptions;
 pub use map_location::MapLocation;
 pub use mapped_file::{map_file, require_file};
+pub use pickle::{from_pickle, to_pickle};
 pub use raw_tensor::{FileElement, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous_strides};
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{
@@ -51,6 +53,10 @@ pub use state_dict::{RawStateDict, check_keys, state_dict_from_value, strip_pref
 pub use tensor_loader::TensorLoader;
 pub use tensor_state_dict::{
     TensorStateDict, load_state_dict, save_state_dict, save_state_dict_with_metadata, state_dict_to_tensors,
+};
+pub use torch_snapshot::{
+    DeviceReplayTrace, RecordedPoint, SnapshotFormat, TorchAction, TorchBlock, TorchSegment, TorchSnapshot,
+    TorchTraceEntry, memory_snapshot_to_value, write_torch_snapshot,
 };
 pub use training_checkpoint::Checkpoint;
 pub use value::Value;

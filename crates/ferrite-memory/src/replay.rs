@@ -93,12 +93,131 @@ impl ReplayReport {
 
 /// Replay `trace` on `device` with `config`.
 pub fn replay(trace: &Trace, device: Device, config: AllocatorConfig) -> Result<ReplayReport, MemoryError> {
+    replay_observed(trace, device, config, |_, _| {})
+}
+
+/// Allocated and reserved bytes right after one event of a replay: the series a memory timeline
+/// plots and the what-if comparison reads its fragmentation from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayPoint {
+    pub event_index: usize,
+    pub allocated: u64,
+    pub reserved: u64,
+}
+
+/// [`replay`], also returning allocated/reserved after every event.
+pub fn replay_timeline(
+    trace: &Trace,
+    device: Device,
+    config: AllocatorConfig,
+) -> Result<(ReplayReport, Vec<ReplayPoint>), MemoryError> {
+    let mut points = Vec::with_capacity(trace.events.len());
+    let report = replay_observed(trace, device, config, |i, a| {
+        points.push(ReplayPoint { event_index: i, allocated: a.memory_allocated(), reserved: a.memory_reserved() })
+    })?;
+    Ok((report, points))
+}
+
+/// What one allocator configuration does with a trace: the row of a what-if comparison
+/// ("would `expandable_segments` or `max_split_size_mb` have saved my run?").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WhatIf {
+    /// The configuration in `PYTORCH_CUDA_ALLOC_CONF` syntax (`""` for PyTorch's defaults).
+    pub alloc_conf: String,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    /// The most bytes allocated while reserved memory stood at its peak.
+    pub allocated_at_peak_reserved_bytes: u64,
+    /// `(peak reserved - allocated_at_peak_reserved) / peak reserved`: the share of the reserved
+    /// peak that was never handed out at once (rounding, split remainders, stranded free blocks).
+    pub fragmentation_at_peak: f64,
+    /// Allocations that failed on the replay device (0 on `meta`, which has no capacity).
+    pub ooms: usize,
+    /// Index of the first failed event, if any.
+    pub first_oom_event: Option<usize>,
+    /// Allocations that succeeded only after the allocator freed its cache.
+    pub alloc_retries: i64,
+}
+
+/// Replays `trace` once per configuration and compares peaks and fragmentation.
+pub fn what_if(trace: &Trace, device: &Device, configs: &[AllocatorConfig]) -> Result<Vec<WhatIf>, MemoryError> {
+    configs
+        .iter()
+        .map(|config| {
+            let (report, points) = replay_timeline(trace, device.clone(), config.clone())?;
+            // Reserved memory reaches its peak and is usually held there for a while; the fairest
+            // moment to judge it is when the most of it was handed out.
+            let peak_reserved = points.iter().map(|p| p.reserved).max().unwrap_or(0);
+            let alloc_at_peak =
+                points.iter().filter(|p| p.reserved == peak_reserved).map(|p| p.allocated).max().unwrap_or(0);
+            let fragmentation_at_peak = if peak_reserved == 0 {
+                0.0
+            } else {
+                (peak_reserved - alloc_at_peak.min(peak_reserved)) as f64 / peak_reserved as f64
+            };
+            Ok(WhatIf {
+                alloc_conf: config.to_string(),
+                peak_reserved_bytes: peak_reserved,
+                peak_allocated_bytes: points.iter().map(|p| p.allocated).max().unwrap_or(0),
+                allocated_at_peak_reserved_bytes: alloc_at_peak,
+                fragmentation_at_peak,
+                ooms: report.ooms.len(),
+                first_oom_event: report.ooms.first().map(|o| o.event_index),
+                alloc_retries: report.stats.num_alloc_retries,
+            })
+        })
+        .collect()
+}
+
+/// [`replay`] with allocation history recorded, returning the allocator's snapshot (segments,
+/// blocks, history) taken after the last event, before the trace's live blocks are released:
+/// what `ferrite memory snapshot` writes as a PyTorch snapshot pickle.
+pub fn replay_with_snapshot(
+    trace: &Trace,
+    device: Device,
+    config: AllocatorConfig,
+) -> Result<(ReplayReport, crate::MemorySnapshot), MemoryError> {
+    let mut snap = None;
+    let n = trace.events.len();
+    let report = replay_observed_with(trace, device, config, Some(n.saturating_mul(2).max(16)), |i, a| {
+        if i + 1 == n {
+            snap = Some(a.snapshot());
+        }
+    })?;
+    let snap = match snap {
+        Some(s) => s,
+        None => return Err(MemoryError::InvalidTrace { reason: "the trace has no events".into() }),
+    };
+    Ok((report, snap))
+}
+
+/// The replay loop; `observe` sees the allocator after every event.
+fn replay_observed(
+    trace: &Trace,
+    device: Device,
+    config: AllocatorConfig,
+    observe: impl FnMut(usize, &CachingAllocator),
+) -> Result<ReplayReport, MemoryError> {
+    replay_observed_with(trace, device, config, None, observe)
+}
+
+/// The replay loop, recording `history` entries when asked.
+fn replay_observed_with(
+    trace: &Trace,
+    device: Device,
+    config: AllocatorConfig,
+    history: Option<usize>,
+    mut observe: impl FnMut(usize, &CachingAllocator),
+) -> Result<ReplayReport, MemoryError> {
     if let Device::Gpu { index } = &device {
         // A replay on a real GPU uses its capacity (when known); a GPU that is not there is an
         // error, not an address-only replay.
         crate::gpu::context(*index)?;
     }
     let alloc = CachingAllocator::unbacked(device.clone(), config.clone());
+    if history.is_some() {
+        alloc.record_memory_history(history);
+    }
     let mut live: HashMap<u64, Block> = HashMap::new();
     let mut failed: HashSet<u64> = HashSet::new();
     let mut ooms = Vec::new();
@@ -141,6 +260,7 @@ pub fn replay(trace: &Trace, device: Device, config: AllocatorConfig) -> Result<
             TraceEvent::EmptyCache => alloc.empty_cache(),
             TraceEvent::ResetPeakMemoryStats => alloc.reset_peak_memory_stats(),
         }
+        observe(i, &alloc);
     }
     let stats = alloc.memory_stats();
     let summary = alloc.memory_summary(false);
@@ -173,6 +293,36 @@ mod tests {
         assert_eq!(j["reserved_bytes.all.current"], 0);
         assert_eq!(j["num_ooms"], 1);
         assert_eq!(j["ooms"][0]["diagnosis"], "exhausted");
+    }
+
+    #[test]
+    fn what_if_compares_configurations() {
+        // A 500 MiB block freed and a 300 MiB request: by default the 300 MiB is split from the
+        // cached 500 MiB block; with max_split_size_mb:200 it is not split, so a new segment is
+        // reserved and the peak grows.
+        let t = Trace::from_json(
+            r#"{"events": [
+                {"action": "alloc", "id": 1, "size": 524288000},
+                {"action": "free", "id": 1},
+                {"action": "alloc", "id": 2, "size": 314572800},
+                {"action": "alloc", "id": 3, "size": 1048576}
+            ]}"#,
+        )
+        .unwrap();
+        let configs = [AllocatorConfig::default(), AllocatorConfig::parse("max_split_size_mb:200").unwrap()];
+        let rows = what_if(&t, &Device::Meta, &configs).unwrap();
+        assert_eq!(rows[0].alloc_conf, "");
+        assert_eq!(rows[0].peak_reserved_bytes, 524288000 + (2 << 20));
+        assert!(rows[1].peak_reserved_bytes > rows[0].peak_reserved_bytes, "{rows:?}");
+        assert!(rows[0].fragmentation_at_peak > 0.0 && rows[0].fragmentation_at_peak < 1.0);
+        assert_eq!(rows[0].ooms, 0);
+        let (_, snap) = replay_with_snapshot(&t, Device::Meta, AllocatorConfig::default()).unwrap();
+        assert_eq!(snap.reserved_bytes(), 524288000 + (2 << 20));
+        assert!(snap.device_traces.iter().flatten().count() >= 6, "{:?}", snap.device_traces);
+        let (_, points) = replay_timeline(&t, Device::Meta, AllocatorConfig::default()).unwrap();
+        assert_eq!(points.len(), 4);
+        assert_eq!(points[1].allocated, 0);
+        assert_eq!(points[1].reserved, 524288000);
     }
 
     #[test]

@@ -23,14 +23,19 @@ pub(crate) type StorageResolver<'r> = dyn FnMut(&StorageRef) -> Result<Bytes> + 
 
 /// Converts `root` to a `Value`, resolving every storage through `resolve`.
 pub(crate) fn to_value(heap: &Heap, root: &Obj, input_len: usize, resolve: &mut StorageResolver<'_>) -> Result<Value> {
-    let mut m = Materializer {
-        heap,
-        resolve,
-        storages: HashMap::new(),
-        budget: 4 * input_len as u64 + 100_000,
-        initial_budget: 4 * input_len as u64 + 100_000,
-        path: Vec::new(),
-    };
+    to_value_with_budget(heap, root, 4 * input_len as u64 + 100_000, resolve)
+}
+
+/// [`to_value`] with an explicit output budget (nodes of the tree), for data whose memo sharing is
+/// legitimately heavy (a memory snapshot refers to the same stack frames thousands of times).
+pub(crate) fn to_value_with_budget(
+    heap: &Heap,
+    root: &Obj,
+    budget: u64,
+    resolve: &mut StorageResolver<'_>,
+) -> Result<Value> {
+    let mut m =
+        Materializer { heap, resolve, storages: HashMap::new(), budget, initial_budget: budget, path: Vec::new() };
     m.run(root)
 }
 

@@ -15,10 +15,12 @@ mod allowed_globals;
 mod heap;
 mod machine;
 mod materialize;
+mod writer;
 
 pub(crate) use heap::StorageRef;
 pub(crate) use machine::{Program, run};
 pub(crate) use materialize::StorageResolver;
+pub use writer::to_pickle;
 
 use crate::error::{IoError, Result};
 use crate::value::Value;
@@ -42,4 +44,17 @@ pub(crate) fn unpickle_plain(data: &[u8]) -> Result<(Value, usize)> {
         Err(IoError::structure("", format!("unexpected storage reference `{}` in a header pickle", s.key)))
     })?;
     Ok((v, prog.end))
+}
+
+/// Reads a pickle of plain data (dicts, lists, tuples, strings, numbers, `None`) — such as a
+/// `torch.cuda.memory._dump_snapshot()` file — with the same restricted machine as checkpoints: a
+/// global other than the few containers PyTorch uses is refused, nothing is executed. The output
+/// may be up to 64 nodes per input byte (memo references to shared frames are legitimate in
+/// snapshots); more is refused as [`IoError::LimitExceeded`].
+pub fn from_pickle(data: &[u8]) -> Result<Value> {
+    let prog = run(data)?;
+    let budget = 64 * data.len() as u64 + (1 << 20);
+    materialize::to_value_with_budget(&prog.heap, &prog.root, budget, &mut |s: &StorageRef| {
+        Err(IoError::structure("", format!("unexpected tensor storage `{}` in a plain-data pickle", s.key)))
+    })
 }

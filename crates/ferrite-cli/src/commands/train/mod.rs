@@ -191,6 +191,11 @@ pub struct TrainArgs {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+    /// Record the allocator's history (the last 100,000 events) and write it with the segments
+    /// as a PyTorch memory snapshot pickle here when the run ends, also when it fails (open it at
+    /// pytorch.org/memory_viz, or `ferrite memory replay|plot FILE`).
+    #[arg(long)]
+    pub snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub observe: ObserveArgs,
 }
@@ -224,6 +229,7 @@ impl TrainArgs {
             resume: None,
             alloc_conf: None,
             no_progress: false,
+            snapshot: None,
             observe: ObserveArgs::default(),
         }
     }
@@ -412,13 +418,41 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             ferrite_memory::env_alloc_config()?;
         }
     }
-    if args.model.is_language_model() {
+    if let Some(path) = &args.snapshot {
+        // Refused now rather than after the run it was meant to record.
+        if path.is_dir() {
+            return Err(ferrite_io::IoError::NotAFile { path: path.clone(), found: "directory" }.into());
+        }
+        alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
+    }
+    let result = if args.model.is_language_model() {
         language::train(args, &device)
     } else {
-        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-        image::train(args, kind, &device)
+        args.dataset
+            .as_deref()
+            .unwrap_or("digits")
+            .parse::<DatasetKind>()
+            .map_err(TrainError::from)
+            .and_then(|kind| image::train(args, kind, &device))
+    };
+    if let Some(path) = &args.snapshot {
+        // Written after a failure too: the snapshot of an out-of-memory run is the one wanted.
+        let written = ferrite_io::write_torch_snapshot(path, &alloc.snapshot());
+        alloc.record_memory_history(None);
+        match (&result, written) {
+            (_, Ok(())) => eprintln!(
+                "wrote memory snapshot {} (ferrite memory replay|plot, or pytorch.org/memory_viz)",
+                path.display()
+            ),
+            (Ok(()), Err(e)) => return Err(e.into()),
+            (Err(_), Err(e)) => eprintln!("could not write memory snapshot {}: {e}", path.display()),
+        }
     }
+    result
 }
+
+/// History entries `--snapshot` keeps (the newest; PyTorch's docs suggest 100,000).
+const SNAPSHOT_MAX_ENTRIES: usize = 100_000;
 
 #[cfg(test)]
 mod tests {
