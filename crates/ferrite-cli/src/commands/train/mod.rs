@@ -25,14 +25,14 @@
 //! - `--save-checkpoint PATH` writes a training checkpoint after every epoch (atomically);
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
-mod cnn;
+pub(crate) mod cnn;
 mod common;
 mod image;
 mod language;
-mod lstm_lm;
-mod mlp;
+pub(crate) mod lstm_lm;
+pub(crate) mod mlp;
 pub mod resume;
-mod transformer_lm;
+pub(crate) mod transformer_lm;
 
 use std::path::PathBuf;
 
