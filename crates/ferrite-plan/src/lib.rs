@@ -32,8 +32,8 @@ pub use evaluate::{Breakdown, LayerBytes, MemoryPlan, PeakSite, PlanOom, Target,
 pub use hf::{Decoder, HfConfig, HfDecoder, HfStyle};
 pub use measure::{Measured, measure};
 pub use search::{
-    BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, plan, plan_jobs,
-    relative_cost, remedies, sweep_batch, target_batch,
+    BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,
+    plan, plan_jobs, relative_cost, remedies, sweep_batch, target_batch,
 };
 pub use step::{Phase, STEPS, mark_layer};
 pub use trace::{AllocInfo, Category, Event, StepTrace, record};

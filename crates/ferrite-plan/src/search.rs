@@ -58,6 +58,17 @@ pub fn find_batch_size(
     config: &StepConfig,
     target: &Target,
 ) -> Result<BatchSearch, PlanError> {
+    find_batch_size_up_to(workload, config, target, MAX_BATCH)
+}
+
+/// As [`find_batch_size`], answering at most `limit`.
+pub fn find_batch_size_up_to(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    target: &Target,
+    limit: usize,
+) -> Result<BatchSearch, PlanError> {
+    let limit = limit.clamp(1, MAX_BATCH);
     let mut tried: Vec<(usize, MemoryPlan)> = Vec::new();
     let at = |b: usize, tried: &mut Vec<(usize, MemoryPlan)>| -> Result<bool, PlanError> {
         if let Some((_, p)) = tried.iter().find(|(x, _)| *x == b) {
@@ -81,8 +92,8 @@ pub fn find_batch_size(
         });
     }
     let (mut lo, mut hi) = (1usize, None::<usize>);
-    while hi.is_none() && lo < MAX_BATCH {
-        let b = lo * 2;
+    while hi.is_none() && lo < limit {
+        let b = (lo * 2).min(limit);
         if at(b, &mut tried)? { lo = b } else { hi = Some(b) }
     }
     if let Some(mut hi) = hi {

@@ -7,6 +7,7 @@
 //! with `ferrite train`'s flags) or a Hugging Face decoder (`--hf-config config.json`).
 
 mod builtin;
+pub mod from_train;
 mod render;
 
 use std::path::PathBuf;

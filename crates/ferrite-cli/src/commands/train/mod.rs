@@ -116,8 +116,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Micro-batch size (samples in memory at once; for a language model, the number of
-    /// parallel text streams).
-    #[arg(long, default_value_t = 64)]
+    /// parallel text streams), or `auto`: the largest that `ferrite plan` finds fits on the
+    /// (simulated) GPU, printed with its plan.
+    #[arg(long, default_value = "64", value_parser = parse_batch_size)]
     pub batch_size: usize,
     /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps).
     #[arg(long, default_value_t = 1)]
@@ -193,6 +194,20 @@ pub struct TrainArgs {
     pub no_progress: bool,
     #[command(flatten)]
     pub observe: ObserveArgs,
+}
+
+/// `--batch-size auto` is held as this value until the planner resolves it.
+pub const BATCH_SIZE_AUTO: usize = 0;
+
+/// `--batch-size N` (N ≥ 1) or `auto`.
+fn parse_batch_size(s: &str) -> Result<usize, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(BATCH_SIZE_AUTO);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a batch size: a whole number of at least 1, or `auto`")),
+    }
 }
 
 impl TrainArgs {
@@ -281,6 +296,8 @@ pub enum TrainError {
     Io(#[from] ferrite_io::IoError),
     #[error(transparent)]
     Observe(#[from] crate::observe::ObserveError),
+    #[error(transparent)]
+    Plan(#[from] ferrite_plan::PlanError),
 }
 
 impl TrainError {
@@ -367,8 +384,14 @@ impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
 }
 
 pub fn run(args: TrainArgs) -> CliResult {
-    train(&args)?;
-    Ok(())
+    match train(&args) {
+        Ok(()) => Ok(()),
+        // The planner ranks what would have helped, with the bytes each saves for this model.
+        Err(e) if e.is_out_of_memory() => {
+            Err(format!("{e}{}", crate::commands::plan::from_train::oom_remedies(&args)).into())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
@@ -381,6 +404,15 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
     }
+    let resolved;
+    let args = if args.batch_size == BATCH_SIZE_AUTO {
+        let mut a = args.clone();
+        a.batch_size = crate::commands::plan::from_train::auto_batch_size(args)?;
+        resolved = a;
+        &resolved
+    } else {
+        args
+    };
     check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
     check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;
