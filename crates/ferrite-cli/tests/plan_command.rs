@@ -96,3 +96,35 @@ fn bad_input_is_an_error_not_a_panic() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn train_batch_size_auto_prints_the_chosen_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "sim:t4-16gb", "--batch-size", "auto", "--epochs", "1", "--train-subset", "64"])
+        .args(["--no-progress", "--out", "w.safetensors"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("batch size auto:") && text.contains("fits on sim:t4-16gb"), "{text}");
+    let (ok, _, err) = ferrite(&["train", "--batch-size", "auto", "--epochs", "1"]);
+    assert!(!ok && err.contains("simulated GPU"), "{err}");
+}
+
+#[test]
+fn an_out_of_memory_run_ends_with_the_planners_remedies() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "sim:24MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "1024"])
+        .args(["--epochs", "1", "--no-progress"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("out of memory") || err.contains("Out of memory") || err.contains("exhausted"), "{err}");
+    assert!(err.contains("Remedies planned for this model on sim:24MiB") && err.contains("saves"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

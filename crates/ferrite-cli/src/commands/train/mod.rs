@@ -197,17 +197,27 @@ pub struct TrainArgs {
 }
 
 /// `--batch-size auto` is held as this value until the planner resolves it.
-pub const BATCH_SIZE_AUTO: usize = 0;
+pub const BATCH_SIZE_AUTO: usize = usize::MAX;
 
-/// `--batch-size N` (N ≥ 1) or `auto`.
+/// `--batch-size N` or `auto` (0 is refused later with the other settings' checks).
 fn parse_batch_size(s: &str) -> Result<usize, String> {
     if s.eq_ignore_ascii_case("auto") {
         return Ok(BATCH_SIZE_AUTO);
     }
     match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(n),
+        Ok(n) if n != BATCH_SIZE_AUTO => Ok(n),
         _ => Err(format!("`{s}` is not a batch size: a whole number of at least 1, or `auto`")),
     }
+}
+
+/// `args` with `--batch-size auto` replaced by the planner's answer.
+fn resolve_batch_size(args: &TrainArgs) -> Result<Option<TrainArgs>, TrainError> {
+    if args.batch_size != BATCH_SIZE_AUTO {
+        return Ok(None);
+    }
+    let mut a = args.clone();
+    a.batch_size = crate::commands::plan::from_train::auto_batch_size(args)?;
+    Ok(Some(a))
 }
 
 impl TrainArgs {
@@ -384,6 +394,7 @@ impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
 }
 
 pub fn run(args: TrainArgs) -> CliResult {
+    let args = resolve_batch_size(&args)?.unwrap_or(args);
     match train(&args) {
         Ok(()) => Ok(()),
         // The planner ranks what would have helped, with the bytes each saves for this model.
@@ -404,15 +415,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
     }
-    let resolved;
-    let args = if args.batch_size == BATCH_SIZE_AUTO {
-        let mut a = args.clone();
-        a.batch_size = crate::commands::plan::from_train::auto_batch_size(args)?;
-        resolved = a;
-        &resolved
-    } else {
-        args
-    };
+    let resolved = resolve_batch_size(args)?;
+    let args = resolved.as_ref().unwrap_or(args);
     check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
     check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;
