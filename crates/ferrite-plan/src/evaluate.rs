@@ -297,3 +297,18 @@ pub fn evaluate(trace: &StepTrace, target: &Target) -> Result<MemoryPlan, PlanEr
 pub fn alloc_conf_string(config: &AllocatorConfig) -> String {
     config.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fraction_caps_what_the_allocator_may_use() {
+        let mut t = Target::parse("a100-40gb", AllocatorConfig::default()).unwrap();
+        assert_eq!(t.device_name(), "sim:a100-40gb");
+        assert_eq!(t.usable_bytes(), t.profile.total_bytes - t.profile.context_overhead_bytes);
+        t.memory_fraction = Some(0.25);
+        assert_eq!(t.usable_bytes(), (0.25 * t.profile.total_bytes as f64) as u64);
+        assert!(matches!(Target::parse("sim:nope", AllocatorConfig::default()), Err(PlanError::UnknownGpu { .. })));
+    }
+}

@@ -396,3 +396,15 @@ pub fn remedies(workload: &dyn Workload, config: &StepConfig, target: &Target) -
     out.sort_by(|a, b| b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)));
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recompute_and_micro_steps_cost_more() {
+        assert_eq!(relative_cost(1, false), 1.0);
+        assert!((relative_cost(1, true) - 4.0 / 3.0).abs() < 1e-12);
+        assert!(relative_cost(4, false) > relative_cost(2, false));
+    }
+}

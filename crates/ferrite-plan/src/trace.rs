@@ -215,3 +215,17 @@ fn short_site(file: &str, line: u32) -> String {
     let f = file.rsplit_once("crates/").map_or(file, |(_, rest)| rest);
     format!("{f}:{line}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sites_are_shortened_to_the_crate_path() {
+        assert_eq!(
+            short_site("/work/x/crates/ferrite-tensor/src/ops/matmul.rs", 42),
+            "ferrite-tensor/src/ops/matmul.rs:42"
+        );
+        assert_eq!(short_site("src/lib.rs", 1), "src/lib.rs:1");
+    }
+}
