@@ -20,6 +20,9 @@ struct Cli {
 enum Command {
     /// Train a model (default: an MLP on the built-in digits dataset).
     Train(commands::train::TrainArgs),
+    /// Predict a training step's memory on a named GPU without it: fits, peak, breakdown, the
+    /// largest batch, ranked plans.
+    Plan(commands::plan::PlanArgs),
     /// Allocator tools: replay a trace, list the GPU catalogue.
     Memory(commands::memory::MemoryArgs),
     /// List the tensors of a .pt/.pth/.safetensors file.
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => commands::train::run(commands::train::TrainArgs::default_demo()),
         Some(Command::Train(a)) => commands::train::run(a),
+        Some(Command::Plan(a)) => commands::plan::run(a),
         Some(Command::Memory(a)) => commands::memory::run(a),
         Some(Command::Inspect(a)) => commands::inspect::run(a),
         Some(Command::Convert(a)) => commands::convert::run(a),

@@ -216,6 +216,10 @@ impl AllocatorCore {
         self.history.as_ref().map(|h| h.entries()).unwrap_or_default()
     }
 
+    pub fn history_len(&self) -> usize {
+        self.history.as_ref().map_or(0, |h| h.len())
+    }
+
     #[inline]
     fn trace(
         &mut self,

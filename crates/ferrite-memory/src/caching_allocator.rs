@@ -285,6 +285,11 @@ impl CachingAllocator {
     pub fn memory_history(&self) -> Vec<TraceEntry> {
         self.shared.core.lock().history()
     }
+    /// How many events the history holds now (cheap: nothing is copied). A planner marks phases
+    /// of a recorded workload with it.
+    pub fn memory_history_len(&self) -> usize {
+        self.shared.core.lock().history_len()
+    }
     /// Segments, blocks, history and settings (`torch.cuda.memory._snapshot`).
     pub fn snapshot(&self) -> MemorySnapshot {
         self.shared.core.lock().snapshot()

@@ -17,6 +17,14 @@
 //! CUDA version and architecture; we take 300 MiB for Volta/Turing, 400 MiB for Ampere/Ada and
 //! 500 MiB for Hopper (larger kernel images). It is an estimate, documented as such: use a bare
 //! capacity (`sim:39GiB`) to model a different figure.
+//!
+//! MIG slices (`a100-40gb-mig-3g.20gb`): a Multi-Instance GPU instance is a device of its own
+//! with a fixed share of the card's memory, which is what a job placed on it can use. The
+//! memory of each GPU-instance profile is the `Memory` column of `nvidia-smi mig -lgip`
+//! (A100-SXM4-40GB: 4.75 / 9.75 / 19.62 / 19.62 / 39.50 GiB for 1g.5gb / 2g.10gb / 3g.20gb /
+//! 4g.20gb / 7g.40gb; H100 80GB HBM3: 9.75 / 19.62 / 19.62 / 39.50 / 39.50 / 79.25 GiB for
+//! 1g.10gb / 1g.20gb / 2g.20gb / 3g.40gb / 4g.40gb / 7g.80gb), taken as whole MiB (19.62 GiB =
+//! 20096 MiB). Each instance runs its own CUDA context, so it keeps its card's context overhead.
 
 /// A GPU model whose memory a `sim` device reproduces.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -42,6 +50,17 @@ pub static GPU_CATALOGUE: &[(&str, &str, u64, u64)] = &[
     ("a100-40gb", "NVIDIA A100-SXM4-40GB", 42_505_273_344, 400 * MIB),
     ("a100-80gb", "NVIDIA A100-SXM4-80GB", 85_198_045_184, 400 * MIB),
     ("h100-80gb", "NVIDIA H100 80GB HBM3", 85_520_809_984, 500 * MIB),
+    ("a100-40gb-mig-1g.5gb", "NVIDIA A100-SXM4-40GB MIG 1g.5gb", 4864 * MIB, 400 * MIB),
+    ("a100-40gb-mig-2g.10gb", "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 9984 * MIB, 400 * MIB),
+    ("a100-40gb-mig-3g.20gb", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20096 * MIB, 400 * MIB),
+    ("a100-40gb-mig-4g.20gb", "NVIDIA A100-SXM4-40GB MIG 4g.20gb", 20096 * MIB, 400 * MIB),
+    ("a100-40gb-mig-7g.40gb", "NVIDIA A100-SXM4-40GB MIG 7g.40gb", 40448 * MIB, 400 * MIB),
+    ("h100-80gb-mig-1g.10gb", "NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9984 * MIB, 500 * MIB),
+    ("h100-80gb-mig-1g.20gb", "NVIDIA H100 80GB HBM3 MIG 1g.20gb", 20096 * MIB, 500 * MIB),
+    ("h100-80gb-mig-2g.20gb", "NVIDIA H100 80GB HBM3 MIG 2g.20gb", 20096 * MIB, 500 * MIB),
+    ("h100-80gb-mig-3g.40gb", "NVIDIA H100 80GB HBM3 MIG 3g.40gb", 40448 * MIB, 500 * MIB),
+    ("h100-80gb-mig-4g.40gb", "NVIDIA H100 80GB HBM3 MIG 4g.40gb", 40448 * MIB, 500 * MIB),
+    ("h100-80gb-mig-7g.80gb", "NVIDIA H100 80GB HBM3 MIG 7g.80gb", 81152 * MIB, 500 * MIB),
 ];
 
 impl GpuProfile {
@@ -84,5 +103,19 @@ mod tests {
         }
         assert_eq!(GpuProfile::lookup("A100-40GB").unwrap().total_bytes, 42_505_273_344);
         assert!(GpuProfile::lookup("nope").is_none());
+    }
+
+    #[test]
+    fn mig_slices_are_smaller_than_their_card() {
+        let card = GpuProfile::lookup("a100-40gb").unwrap();
+        let slice = GpuProfile::lookup("a100-40gb-mig-3g.20gb").unwrap();
+        assert_eq!(slice.total_bytes, 20096 * MIB);
+        assert!(slice.total_bytes < card.total_bytes);
+        let d = crate::Device::parse("sim:a100-40gb-mig-3g.20gb").unwrap();
+        assert_eq!(d.to_string(), "sim:a100-40gb-mig-3g.20gb:0");
+        for (k, _, total, _) in GPU_CATALOGUE.iter().filter(|e| e.0.contains("-mig-")) {
+            let parent = GpuProfile::lookup(k.split("-mig-").next().unwrap()).unwrap();
+            assert!(*total <= parent.total_bytes, "{k}");
+        }
     }
 }

@@ -90,6 +90,10 @@ impl HistoryRing {
         self.entries.push_back((action, addr, size, stream, time_us, location));
     }
 
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn entries(&self) -> Vec<TraceEntry> {
         self.entries
             .iter()

@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod inspect;
 pub mod memory;
 pub mod monitor;
+pub mod plan;
 pub mod train;
 
 /// Errors reach `main` as displayable values; `main` prints them and exits non-zero.

@@ -25,14 +25,14 @@
 //! - `--save-checkpoint PATH` writes a training checkpoint after every epoch (atomically);
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
-mod cnn;
+pub(crate) mod cnn;
 mod common;
 mod image;
 mod language;
-mod lstm_lm;
-mod mlp;
+pub(crate) mod lstm_lm;
+pub(crate) mod mlp;
 pub mod resume;
-mod transformer_lm;
+pub(crate) mod transformer_lm;
 
 use std::path::PathBuf;
 
@@ -116,8 +116,9 @@ pub struct TrainArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Micro-batch size (samples in memory at once; for a language model, the number of
-    /// parallel text streams).
-    #[arg(long, default_value_t = 64)]
+    /// parallel text streams), or `auto`: the largest that `ferrite plan` finds fits on the
+    /// (simulated) GPU, printed with its plan.
+    #[arg(long, default_value = "64", value_parser = parse_batch_size)]
     pub batch_size: usize,
     /// Micro-batches per optimizer step (effective batch = batch-size × accum-steps).
     #[arg(long, default_value_t = 1)]
@@ -198,6 +199,30 @@ pub struct TrainArgs {
     pub snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub observe: ObserveArgs,
+}
+
+/// `--batch-size auto` is held as this value until the planner resolves it.
+pub const BATCH_SIZE_AUTO: usize = usize::MAX;
+
+/// `--batch-size N` or `auto` (0 is refused later with the other settings' checks).
+fn parse_batch_size(s: &str) -> Result<usize, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(BATCH_SIZE_AUTO);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n != BATCH_SIZE_AUTO => Ok(n),
+        _ => Err(format!("`{s}` is not a batch size: a whole number of at least 1, or `auto`")),
+    }
+}
+
+/// `args` with `--batch-size auto` replaced by the planner's answer.
+fn resolve_batch_size(args: &TrainArgs) -> Result<Option<TrainArgs>, TrainError> {
+    if args.batch_size != BATCH_SIZE_AUTO {
+        return Ok(None);
+    }
+    let mut a = args.clone();
+    a.batch_size = crate::commands::plan::from_train::auto_batch_size(args)?;
+    Ok(Some(a))
 }
 
 impl TrainArgs {
@@ -287,6 +312,8 @@ pub enum TrainError {
     Io(#[from] ferrite_io::IoError),
     #[error(transparent)]
     Observe(#[from] crate::observe::ObserveError),
+    #[error(transparent)]
+    Plan(#[from] ferrite_plan::PlanError),
 }
 
 impl TrainError {
@@ -373,8 +400,15 @@ impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
 }
 
 pub fn run(args: TrainArgs) -> CliResult {
-    train(&args)?;
-    Ok(())
+    let args = resolve_batch_size(&args)?.unwrap_or(args);
+    match train(&args) {
+        Ok(()) => Ok(()),
+        // The planner ranks what would have helped, with the bytes each saves for this model.
+        Err(e) if e.is_out_of_memory() => {
+            Err(format!("{e}{}", crate::commands::plan::from_train::oom_remedies(&args)).into())
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
@@ -387,6 +421,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
     }
+    let resolved = resolve_batch_size(args)?;
+    let args = resolved.as_ref().unwrap_or(args);
     check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
     check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;

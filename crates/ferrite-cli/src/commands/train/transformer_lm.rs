@@ -121,7 +121,9 @@ impl Module for TransformerLm {
         }
         let positions = Tensor::arange(0.0, seq as f64, 1.0, DType::I64, ids.device())?;
         let mut h = self.tok_emb.forward(ids)?.add(&self.pos_emb.forward(&positions)?)?;
-        for block in &self.blocks {
+        for (i, block) in self.blocks.iter().enumerate() {
+            // Names the activations of this block in a `ferrite plan` (a no-op outside a plan).
+            ferrite_plan::mark_layer(&format!("blocks.{i}"));
             h = if self.checkpoint_activations && is_grad_enabled() {
                 let b = block.clone();
                 checkpoint(move |xs| b.forward(&xs[0]), &[&h])?
@@ -129,6 +131,7 @@ impl Module for TransformerLm {
                 block.forward(&h)?
             };
         }
+        ferrite_plan::mark_layer("norm and head");
         self.head.forward(&self.norm.forward(&h)?)
     }
 

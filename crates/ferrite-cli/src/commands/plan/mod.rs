@@ -1,0 +1,280 @@
+//! `ferrite plan`: will a training step fit on a named GPU, and if not, what to change —
+//! predicted on `meta`, without the GPU (see the `ferrite-plan` crate for how).
+//!
+//! One command for the questions asked before a run: the plan of one step (text or `--json`),
+//! `--measure` (the same step run on the `sim` device, side by side), `--find-batch-size`,
+//! `--sweep-batch`, `--target-batch`, `--jobs`; the model is a built-in trainer's (`--model`,
+//! with `ferrite train`'s flags) or a Hugging Face decoder (`--hf-config config.json`).
+
+mod builtin;
+pub mod from_train;
+mod render;
+
+use std::path::PathBuf;
+
+use ferrite_memory::AllocatorConfig;
+use ferrite_plan::{AmpMode, OptimizerKind, PlanError, StepConfig, Target, Workload};
+
+pub use builtin::Builtin;
+
+use super::CliResult;
+use super::train::{Amp, ModelKind};
+
+/// Optimizer of the planned step (`--optimizer`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerArg {
+    Adamw,
+    Adam,
+    /// SGD with momentum 0.9.
+    Sgd,
+    /// SGD without momentum (no optimizer state).
+    SgdPlain,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// A built-in trainer's model (the flags below shape it as for `ferrite train`).
+    #[arg(long, value_enum, default_value = "transformer")]
+    pub model: ModelKind,
+    /// A Hugging Face `config.json` of a decoder-only model (GPT-2, Llama, Mistral styles)
+    /// instead of --model.
+    #[arg(long)]
+    pub hf_config: Option<PathBuf>,
+    /// The GPU to plan for: `sim:<gpu>` from `ferrite memory gpus` (MIG slices included, e.g.
+    /// `sim:a100-40gb-mig-3g.20gb`) or a capacity (`sim:24GiB`).
+    #[arg(long, default_value = "sim:a100-40gb")]
+    pub device: String,
+    /// Micro-batch size (samples in memory at once).
+    #[arg(long, visible_alias = "batch-size", default_value_t = 8)]
+    pub batch: usize,
+    /// Micro-batches per optimizer step.
+    #[arg(long, default_value_t = 1)]
+    pub accum_steps: usize,
+    /// Mixed precision under autocast (f16 adds the GradScaler).
+    #[arg(long, value_enum)]
+    pub amp: Option<Amp>,
+    /// Recompute activations in backward (as `ferrite train --checkpoint-activations`).
+    #[arg(long)]
+    pub checkpoint_activations: bool,
+    /// Optimizer (its state is created lazily in the first step, as in PyTorch).
+    #[arg(long, value_enum, default_value = "adamw")]
+    pub optimizer: OptimizerArg,
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax (default: FERRITE_ALLOC_CONF).
+    #[arg(long)]
+    pub alloc_conf: Option<String>,
+    /// The run's `set_per_process_memory_fraction`.
+    #[arg(long)]
+    pub memory_fraction: Option<f64>,
+    /// Sequence length (language models; for --hf-config the tokens per sample).
+    #[arg(long, default_value_t = 64)]
+    pub seq: usize,
+    /// Vocabulary of the character-level language models (the Jargon File has about 100).
+    #[arg(long, default_value_t = 128)]
+    pub vocab: usize,
+    /// Width of the transformer.
+    #[arg(long, default_value_t = 128)]
+    pub d_model: usize,
+    /// Attention heads of the transformer (must divide --d-model).
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Hidden width (MLP, LSTM) or first conv block's channels (CNN). Default as `ferrite train`.
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Layers / blocks. Default as `ferrite train`.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Images of the image models: `digits` (1×8×8) or `fashion-mnist` (1×28×28).
+    #[arg(long, default_value = "digits")]
+    pub dataset: String,
+    /// Dropout probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Also run the step on the `sim` device (small models only) and show measured next to predicted.
+    #[arg(long)]
+    pub measure: bool,
+    /// The largest micro-batch that fits.
+    #[arg(long)]
+    pub find_batch_size: bool,
+    /// Peak memory for each of these batch sizes (comma-separated), against the card's capacity.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_batch: Option<Vec<usize>>,
+    /// Ranked plans that reach this effective batch (micro-batch × accumulation, AMP,
+    /// checkpointing, allocator settings).
+    #[arg(long)]
+    pub target_batch: Option<usize>,
+    /// Whether this many copies of the run fit together on the card, and the memory fraction each
+    /// should set.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+/// Largest model `--measure` runs for real: its predicted peak reserved, against host memory.
+const MEASURE_LIMIT: u64 = 6 << 30;
+
+impl PlanArgs {
+    /// The step settings of the flags.
+    pub fn step_config(&self) -> StepConfig {
+        StepConfig {
+            batch: self.batch,
+            accum_steps: self.accum_steps,
+            amp: self.amp.map(amp_mode),
+            checkpoint_activations: self.checkpoint_activations,
+            optimizer: match self.optimizer {
+                OptimizerArg::Adamw => OptimizerKind::Adamw,
+                OptimizerArg::Adam => OptimizerKind::Adam,
+                OptimizerArg::Sgd => OptimizerKind::Sgd,
+                OptimizerArg::SgdPlain => OptimizerKind::SgdPlain,
+            },
+        }
+    }
+
+    /// The target GPU with the allocator settings and fraction of the flags.
+    pub fn target(&self) -> Result<Target, PlanError> {
+        let mut config = match &self.alloc_conf {
+            Some(_) => AllocatorConfig::default(),
+            None => ferrite_memory::env_alloc_config()?,
+        };
+        if let Some(spec) = &self.alloc_conf {
+            config.apply(spec)?;
+        }
+        let mut t = Target::parse(&self.device, config)?;
+        if let Some(f) = self.memory_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(PlanError::InvalidSetting {
+                    what: format!("--memory-fraction {f}"),
+                    reason: "must be in (0, 1]".into(),
+                });
+            }
+            t.memory_fraction = Some(f);
+        }
+        Ok(t)
+    }
+
+    /// The model to plan.
+    pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
+        if let Some(path) = &self.hf_config {
+            let cfg = ferrite_plan::HfConfig::from_file(path)?;
+            return Ok(Box::new(ferrite_plan::HfDecoder::new(cfg, self.seq)?));
+        }
+        let bad = |what: String, reason: &str| PlanError::InvalidSetting { what, reason: reason.to_string() };
+        let hidden = self.hidden.unwrap_or(match self.model {
+            ModelKind::Lstm => 256,
+            ModelKind::Cnn => 32,
+            ModelKind::Mlp | ModelKind::Transformer => 128,
+        });
+        let layers = self.layers.unwrap_or(if self.model == ModelKind::Lstm { 1 } else { 2 });
+        if hidden == 0 || layers == 0 || self.seq == 0 || self.vocab == 0 {
+            return Err(bad(
+                format!("--hidden {hidden} --layers {layers} --seq {} --vocab {}", self.seq, self.vocab),
+                "every size must be at least 1",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(bad(format!("--dropout {}", self.dropout), "must be in [0, 1)"));
+        }
+        let input = match self.dataset.as_str() {
+            "digits" => [1, 8, 8],
+            "fashion-mnist" => [1, 28, 28],
+            other => {
+                return Err(bad(format!("--dataset {other}"), "the image models plan for `digits` or `fashion-mnist`"));
+            }
+        };
+        Ok(Box::new(match self.model {
+            ModelKind::Mlp => Builtin::Mlp { input, hidden, layers, classes: 10, dropout: self.dropout },
+            ModelKind::Cnn => {
+                let max = super::train::cnn::CnnSpec::max_layers(input);
+                if layers > max {
+                    return Err(bad(
+                        format!("--layers {layers}"),
+                        "more conv blocks than 2x2 poolings the images allow",
+                    ));
+                }
+                Builtin::Cnn { input, hidden, layers, classes: 10 }
+            }
+            ModelKind::Lstm => {
+                Builtin::Lstm { vocab: self.vocab, hidden, layers, seq: self.seq, dropout: self.dropout }
+            }
+            ModelKind::Transformer => {
+                if self.heads == 0 || self.d_model == 0 || !self.d_model.is_multiple_of(self.heads) {
+                    return Err(bad(
+                        format!("--heads {} with --d-model {}", self.heads, self.d_model),
+                        "the heads must divide the width (each head gets d_model / heads dimensions)",
+                    ));
+                }
+                Builtin::Transformer {
+                    vocab: self.vocab,
+                    d_model: self.d_model,
+                    heads: self.heads,
+                    layers,
+                    seq: self.seq,
+                    dropout: self.dropout,
+                }
+            }
+        }))
+    }
+}
+
+pub fn amp_mode(a: Amp) -> AmpMode {
+    match a {
+        Amp::Bf16 => AmpMode::Bf16,
+        Amp::F16 => AmpMode::F16,
+    }
+}
+
+pub fn run(args: PlanArgs) -> CliResult {
+    let workload = args.workload()?;
+    let config = args.step_config();
+    let target = args.target()?;
+    let w = &*workload;
+    if let Some(batches) = &args.sweep_batch {
+        if batches.is_empty() || batches.contains(&0) {
+            return Err(PlanError::InvalidSetting {
+                what: "--sweep-batch".into(),
+                reason: "a comma-separated list of batch sizes of at least 1, e.g. 1,2,4,8".into(),
+            }
+            .into());
+        }
+        let plans = ferrite_plan::sweep_batch(w, &config, &target, batches)?;
+        render::sweep(&plans, &target, args.json);
+        return Ok(());
+    }
+    if args.find_batch_size {
+        let s = ferrite_plan::find_batch_size(w, &config, &target)?;
+        render::batch_search(&s, args.json);
+        return Ok(());
+    }
+    if let Some(n) = args.target_batch {
+        let t = ferrite_plan::target_batch(w, &config, &target, n)?;
+        render::target_batch(&t, &target, args.json);
+        return Ok(());
+    }
+    if let Some(n) = args.jobs {
+        let j = ferrite_plan::plan_jobs(w, &config, &target, n)?;
+        render::jobs(&j, &target, args.json);
+        return Ok(());
+    }
+    let mut plan = ferrite_plan::plan(w, &config, &target)?;
+    if args.measure {
+        if plan.peak_reserved_bytes > MEASURE_LIMIT {
+            return Err(
+                PlanError::TooLargeToMeasure { needed: plan.peak_reserved_bytes, allowed: MEASURE_LIMIT }.into()
+            );
+        }
+        match ferrite_plan::measure(w, &config, &target) {
+            Ok(m) => {
+                plan.measured_peak_allocated_bytes = Some(m.peak_allocated_bytes);
+                plan.measured_peak_reserved_bytes = Some(m.peak_reserved_bytes);
+            }
+            // The measured run ran out of memory: that is the measurement.
+            Err(e) if e.oom_report().is_some() && !plan.fits => {
+                eprintln!("measured: the step ran out of memory on {}, as predicted", target.device_name());
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    render::plan(&plan, args.json);
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Text and JSON output of `ferrite plan`.
+use ferrite_memory::format_size;
+use ferrite_plan::{BatchSearch, JobsPlan, MemoryPlan, Target, TargetBatchPlan};
+
+fn json(v: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("error: cannot write JSON: {e}"),
+    }
+}
+
+fn settings(p: &MemoryPlan) -> String {
+    let mut s = format!("batch {}", p.batch_size);
+    if p.accum_steps > 1 {
+        s += &format!(" x {} accumulation steps", p.accum_steps);
+    }
+    s += &format!(", {}", p.optimizer);
+    s += &format!(", amp {}", p.amp.unwrap_or("off"));
+    s += if p.checkpoint_activations { ", activation checkpointing" } else { "" };
+    if !p.alloc_conf.is_empty() {
+        s += &format!(", alloc-conf {}", p.alloc_conf);
+    }
+    if let Some(f) = p.memory_fraction {
+        s += &format!(", memory fraction {f}");
+    }
+    s
+}
+
+fn signed(bytes: i64) -> String {
+    if bytes < 0 { format!("-{}", format_size(bytes.unsigned_abs())) } else { format_size(bytes as u64) }
+}
+
+fn pct(pred: u64, meas: u64) -> String {
+    if meas == 0 {
+        return "n/a".into();
+    }
+    format!("{:+.2}%", (pred as f64 - meas as f64) / meas as f64 * 100.0)
+}
+
+/// One plan, as text or JSON.
+pub fn plan(p: &MemoryPlan, as_json: bool) {
+    if as_json {
+        return json(p);
+    }
+    println!("ferrite plan: {} — {} parameters", p.model, p.parameters);
+    println!(
+        "  on {} ({}, {} total, {} CUDA context): {}",
+        p.device,
+        p.gpu,
+        format_size(p.capacity_bytes),
+        format_size(p.breakdown.context_overhead),
+        settings(p)
+    );
+    if p.fits {
+        println!(
+            "  FITS: peak reserved {} of {} the allocator may use (headroom {}); peak allocated {}",
+            format_size(p.peak_reserved_bytes),
+            format_size(p.usable_bytes),
+            signed(p.headroom_bytes),
+            format_size(p.peak_allocated_bytes)
+        );
+    } else {
+        println!(
+            "  DOES NOT FIT: the step needs {} reserved ({} allocated); the allocator may use {} ({} missing)",
+            format_size(p.peak_reserved_bytes),
+            format_size(p.peak_allocated_bytes),
+            format_size(p.usable_bytes),
+            signed(-p.headroom_bytes)
+        );
+        if let Some(o) = &p.oom {
+            println!(
+                "  it runs out of memory in the {} of step {} asking for {} ({})",
+                o.phase.name(),
+                o.step,
+                format_size(o.requested_bytes),
+                o.diagnosis
+            );
+        }
+    }
+    println!("  breakdown at the peak:");
+    for (name, bytes) in p.breakdown.parts() {
+        println!("    {name:<32} {:>12}", format_size(bytes));
+    }
+    println!("    {:<32} {:>12}", "device total", format_size(p.peak_reserved_bytes + p.breakdown.context_overhead));
+    if let Some(s) = &p.peak_at {
+        let layer = s.layer.as_deref().map(|l| format!(", {l}")).unwrap_or_default();
+        println!(
+            "  peak at: {} of step {}{layer}, op {} allocating {}",
+            s.phase.name(),
+            s.step,
+            if s.op.is_empty() { "?" } else { &s.op },
+            format_size(s.bytes)
+        );
+    }
+    if p.activations_by_layer.len() > 1 {
+        println!("  activations saved for backward, by layer:");
+        for l in &p.activations_by_layer {
+            println!("    {:<32} {:>12}", l.layer, format_size(l.bytes));
+        }
+    }
+    if let (Some(a), Some(r)) = (p.measured_peak_allocated_bytes, p.measured_peak_reserved_bytes) {
+        println!("  measured by running the step on {}:", p.device);
+        println!(
+            "    peak allocated  predicted {:>12}  measured {:>12}  ({})",
+            format_size(p.peak_allocated_bytes),
+            format_size(a),
+            pct(p.peak_allocated_bytes, a)
+        );
+        println!(
+            "    peak reserved   predicted {:>12}  measured {:>12}  ({})",
+            format_size(p.peak_reserved_bytes),
+            format_size(r),
+            pct(p.peak_reserved_bytes, r)
+        );
+    }
+}
+
+/// `--sweep-batch`: a table and a text chart against the capacity line.
+pub fn sweep(plans: &[MemoryPlan], target: &Target, as_json: bool) {
+    let usable = target.usable_bytes();
+    if as_json {
+        let rows: Vec<_> = plans
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "batch": p.batch_size,
+                    "fits": p.fits,
+                    "peak_allocated_bytes": p.peak_allocated_bytes,
+                    "peak_reserved_bytes": p.peak_reserved_bytes,
+                })
+            })
+            .collect();
+        return json(&serde_json::json!({
+            "device": target.device_name(),
+            "capacity_bytes": target.profile.total_bytes,
+            "usable_bytes": usable,
+            "sweep": rows,
+        }));
+    }
+    let Some(first) = plans.first() else { return };
+    println!(
+        "ferrite plan --sweep-batch: {} on {} ({} usable)",
+        first.model,
+        target.device_name(),
+        format_size(usable)
+    );
+    let top = plans.iter().map(|p| p.peak_reserved_bytes).max().unwrap_or(0).max(usable).max(1);
+    const WIDTH: usize = 50;
+    let col = |b: u64| ((b as f64 / top as f64) * WIDTH as f64).round() as usize;
+    let cap = col(usable).min(WIDTH);
+    println!("  {:>6}  {:>12}  {:>12}  {:<5} 0{}| capacity", "batch", "allocated", "reserved", "fits", " ".repeat(cap));
+    for p in plans {
+        let (a, r) = (col(p.peak_allocated_bytes).min(WIDTH), col(p.peak_reserved_bytes).min(WIDTH));
+        let mut bar: Vec<char> = (0..=WIDTH)
+            .map(|i| {
+                if i < a {
+                    '#'
+                } else if i < r {
+                    '+'
+                } else {
+                    ' '
+                }
+            })
+            .collect();
+        if cap <= WIDTH {
+            bar[cap] = '|';
+        }
+        println!(
+            "  {:>6}  {:>12}  {:>12}  {:<5}  {}",
+            p.batch_size,
+            format_size(p.peak_allocated_bytes),
+            format_size(p.peak_reserved_bytes),
+            if p.fits { "yes" } else { "no" },
+            bar.into_iter().collect::<String>()
+        );
+    }
+    println!("  # allocated, + reserved, | what the allocator may use");
+}
+
+pub fn batch_search(s: &BatchSearch, as_json: bool) {
+    if as_json {
+        return json(&serde_json::json!({
+            "max_batch_size": s.max_batch_size,
+            "monotone": s.monotone,
+            "tried": s.tried,
+            "plan": s.plan,
+        }));
+    }
+    println!(
+        "ferrite plan --find-batch-size: the largest micro-batch that fits on {} is {}",
+        s.plan.device, s.max_batch_size
+    );
+    println!(
+        "  at {}: peak reserved {} of {} usable (headroom {})",
+        s.max_batch_size,
+        format_size(s.plan.peak_reserved_bytes),
+        format_size(s.plan.usable_bytes),
+        signed(s.plan.headroom_bytes)
+    );
+    let tried: Vec<String> =
+        s.tried.iter().map(|p| format!("{}{}", p.batch, if p.fits { "" } else { " (no)" })).collect();
+    println!("  batches tried: {}", tried.join(", "));
+    if s.monotone {
+        println!("  fitting is monotone in the batch over the batches tried");
+    } else {
+        println!(
+            "  warning: fitting is NOT monotone in the batch over the batches tried; check the neighbours of the answer"
+        );
+    }
+}
+
+pub fn target_batch(t: &TargetBatchPlan, target: &Target, as_json: bool) {
+    if as_json {
+        return json(t);
+    }
+    println!("ferrite plan --target-batch {} on {}:", t.target_batch, target.device_name());
+    if let Some(a) = &t.advice {
+        println!("  {a}");
+        return;
+    }
+    println!(
+        "  {:>4}  {:>6} x {:<5}  {:<5}  {:<5}  {:<26}  {:>12}  {:>5}",
+        "rank", "micro", "accum", "amp", "ckpt", "alloc-conf", "peak resv", "cost"
+    );
+    for (i, c) in t.fitting.iter().enumerate() {
+        println!(
+            "  {:>4}  {:>6} x {:<5}  {:<5}  {:<5}  {:<26}  {:>12}  {:>5.2}",
+            i + 1,
+            c.micro_batch,
+            c.accum_steps,
+            c.amp.unwrap_or("off"),
+            if c.checkpoint_activations { "on" } else { "off" },
+            if c.alloc_conf.is_empty() { "(default)" } else { &c.alloc_conf },
+            format_size(c.peak_reserved_bytes),
+            c.relative_cost
+        );
+    }
+    println!(
+        "  cost: compute per effective batch relative to one plain step (recompute +1/3, +2% per extra micro-step)"
+    );
+}
+
+pub fn jobs(j: &JobsPlan, target: &Target, as_json: bool) {
+    if as_json {
+        return json(j);
+    }
+    println!(
+        "ferrite plan --jobs {}: {} on {}",
+        j.jobs,
+        if j.fit_together { "they fit together" } else { "they do NOT fit together" },
+        target.device_name()
+    );
+    println!(
+        "  each job: set_per_process_memory_fraction({:.2}) (--memory-fraction {:.2}); its peak reserved {} + CUDA context {}",
+        j.memory_fraction,
+        j.memory_fraction,
+        format_size(j.per_job.peak_reserved_bytes),
+        format_size(target.profile.context_overhead_bytes)
+    );
+    println!(
+        "  all {} jobs at their peaks: {} of {}",
+        j.jobs,
+        format_size(j.total_bytes),
+        format_size(target.profile.total_bytes)
+    );
+}

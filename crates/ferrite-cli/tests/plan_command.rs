@@ -1,0 +1,130 @@
+//! `ferrite plan` from the command line: the JSON keys tools read, text output, bad input.
+use std::process::Command;
+
+fn ferrite(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).output().expect("run ferrite");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn data(name: &str) -> String {
+    format!("{}/../ferrite-plan/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn json_has_the_keys_and_measure_adds_the_measured_peaks() {
+    let (ok, out, err) = ferrite(&[
+        "plan",
+        "--model",
+        "transformer",
+        "--layers",
+        "2",
+        "--d-model",
+        "64",
+        "--heads",
+        "4",
+        "--seq",
+        "32",
+        "--batch",
+        "4",
+        "--device",
+        "sim:a100-40gb",
+        "--amp",
+        "bf16",
+        "--json",
+        "--measure",
+    ]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for k in [
+        "fits",
+        "parameters",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "capacity_bytes",
+        "breakdown",
+        "measured_peak_allocated_bytes",
+        "measured_peak_reserved_bytes",
+    ] {
+        assert!(j.get(k).is_some(), "{k} missing in {out}");
+    }
+    assert_eq!(j["fits"], true);
+    assert_eq!(j["capacity_bytes"], 42_505_273_344u64);
+}
+
+#[test]
+fn text_output_names_the_peak_and_the_breakdown() {
+    let (ok, out, err) = ferrite(&["plan", "--hf-config", &data("gpt2.json"), "--batch", "2", "--seq", "256"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("124439808 parameters"), "{out}");
+    assert!(out.contains("FITS") && out.contains("optimizer state") && out.contains("peak at:"), "{out}");
+    assert!(out.contains("layers.11"), "{out}");
+}
+
+#[test]
+fn searches_answer_in_json() {
+    let base = ["plan", "--hf-config", &data("tiny-gpt2.json"), "--seq", "32", "--device", "sim:64MiB", "--json"];
+    let (ok, out, err) = ferrite(&[&base[..], &["--find-batch-size"]].concat());
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["max_batch_size"].as_u64().unwrap() >= 1);
+    let (ok, out, err) = ferrite(&[&base[..], &["--sweep-batch", "1,2,4"]].concat());
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["sweep"].as_array().unwrap().len(), 3);
+    let (ok, out, err) = ferrite(&[&base[..], &["--jobs", "2"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("memory_fraction"), "{out}");
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    for (args, expect) in [
+        (vec!["plan", "--device", "sim:a100-41gb"], "a100-41gb"),
+        (vec!["plan", "--d-model", "100", "--heads", "3"], "divide"),
+        (vec!["plan", "--hf-config", "/no/such/config.json"], "config.json"),
+        (vec!["plan", "--batch", "0"], "--batch 0"),
+        (vec!["plan", "--device", "sim:1MiB", "--find-batch-size"], "even --batch 1"),
+        (vec!["plan", "--sweep-batch", "0,2"], "sweep-batch"),
+    ] {
+        let (ok, _, err) = ferrite(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(expect), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn train_batch_size_auto_prints_the_chosen_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "sim:t4-16gb", "--batch-size", "auto", "--epochs", "1", "--train-subset", "64"])
+        .args(["--no-progress", "--out", "w.safetensors"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("batch size auto:") && text.contains("fits on sim:t4-16gb"), "{text}");
+    let (ok, _, err) = ferrite(&["train", "--batch-size", "auto", "--epochs", "1"]);
+    assert!(!ok && err.contains("simulated GPU"), "{err}");
+}
+
+#[test]
+fn an_out_of_memory_run_ends_with_the_planners_remedies() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "sim:24MiB", "--hidden", "1024", "--layers", "3", "--batch-size", "1024"])
+        .args(["--epochs", "1", "--no-progress"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("out of memory") || err.contains("Out of memory") || err.contains("exhausted"), "{err}");
+    assert!(err.contains("Remedies planned for this model on sim:24MiB") && err.contains("saves"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -1,0 +1,170 @@
+//! The training step the planner runs — on `meta` to predict, on `sim` to measure — and the
+//! marks it leaves in the allocator's history (phases, layers, gradients).
+//!
+//! Two optimizer steps: the first creates the optimizer's state lazily (as PyTorch does), the
+//! second is the steady state. Each is forward and loss under autocast, backward of the loss
+//! (scaled by the GradScaler for f16 and by the accumulation), the optimizer step through the
+//! GradScaler, and `zero_grad(set_to_none)`: what `ferrite train` does per step.
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use ferrite_memory::CachingAllocator;
+use ferrite_nn::autocast;
+use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig, Optimizer, Sgd, SgdConfig};
+use ferrite_tensor::Device;
+
+use crate::PlanError;
+use crate::workload::{AmpMode, OptimizerKind, StepConfig, Workload};
+
+/// Optimizer steps the planner runs: the first creates state, the second is the steady state.
+pub const STEPS: usize = 2;
+
+/// Which part of the step an allocation belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Building the model: parameters and buffers.
+    Build,
+    /// Forward pass and loss (the batch included).
+    Forward,
+    /// Backward pass (recomputation of checkpointed segments included).
+    Backward,
+    /// The optimizer step and `zero_grad`.
+    OptimizerStep,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Build => "building the model",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::OptimizerStep => "optimizer step",
+        }
+    }
+}
+
+/// A point in the recorded history.
+#[derive(Debug, Clone)]
+pub(crate) enum MarkKind {
+    Phase {
+        phase: Phase,
+        step: usize,
+    },
+    /// The forward pass enters a layer (set by [`mark_layer`]).
+    Layer(String),
+    /// Addresses of the gradients after a backward pass.
+    Grads(Vec<u64>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Mark {
+    /// History length when the mark was set.
+    pub at: usize,
+    pub kind: MarkKind,
+}
+
+/// Collects marks against one allocator's history (none when measuring).
+pub(crate) struct Recorder {
+    alloc: Option<Arc<CachingAllocator>>,
+    pub marks: Vec<Mark>,
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<Recorder>> = const { RefCell::new(None) };
+}
+
+/// Marks that the forward pass now enters `layer` (e.g. `layers.3`): the activations it saves
+/// are reported under that name. Costs nothing outside a plan; model code may call it freely.
+pub fn mark_layer(layer: &str) {
+    ACTIVE.with(|a| {
+        if let Some(r) = a.borrow_mut().as_mut() {
+            r.mark(MarkKind::Layer(layer.to_string()));
+        }
+    });
+}
+
+impl Recorder {
+    fn mark(&mut self, kind: MarkKind) {
+        if let Some(a) = &self.alloc {
+            self.marks.push(Mark { at: a.memory_history_len(), kind });
+        }
+    }
+}
+
+fn mark(kind: MarkKind) {
+    ACTIVE.with(|a| {
+        if let Some(r) = a.borrow_mut().as_mut() {
+            r.mark(kind);
+        }
+    });
+}
+
+/// What a run of the step reports besides the allocator's history.
+pub(crate) struct StepRun {
+    pub parameters: u64,
+    pub marks: Vec<Mark>,
+}
+
+/// Run the step on `device`; with `recording`, set marks against that allocator's history.
+pub(crate) fn run_step(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    device: &Device,
+    recording: Option<Arc<CachingAllocator>>,
+) -> Result<StepRun, PlanError> {
+    config.check()?;
+    ACTIVE.with(|a| *a.borrow_mut() = Some(Recorder { alloc: recording, marks: Vec::new() }));
+    let result = run_step_inner(workload, config, device);
+    let marks = ACTIVE.with(|a| a.borrow_mut().take()).map(|r| r.marks).unwrap_or_default();
+    result.map(|parameters| StepRun { parameters, marks })
+}
+
+fn run_step_inner(workload: &dyn Workload, config: &StepConfig, device: &Device) -> Result<u64, PlanError> {
+    mark(MarkKind::Phase { phase: Phase::Build, step: 0 });
+    let model = workload.build(config, device)?;
+    let params = model.parameters();
+    let parameters: u64 = params.iter().map(|p| p.numel() as u64).sum();
+    let named = model.named_parameters();
+    let mut opt: Box<dyn Optimizer> = match config.optimizer {
+        OptimizerKind::Adamw => Box::new(Adam::named(named, AdamConfig::adamw(1e-3).weight_decay(0.01))?),
+        OptimizerKind::Adam => Box::new(Adam::named(named, AdamConfig::adam(1e-3))?),
+        OptimizerKind::Sgd => Box::new(Sgd::named(named, SgdConfig::new(1e-2).momentum(0.9))?),
+        OptimizerKind::SgdPlain => Box::new(Sgd::named(named, SgdConfig::new(1e-2))?),
+    };
+    let mut scaler =
+        GradScaler::new(GradScalerConfig { enabled: config.amp == Some(AmpMode::F16), ..GradScalerConfig::default() })?;
+    let acc = Accumulator::new(config.accum_steps)?;
+    for step in 0..STEPS {
+        // What the trainer holds until the optimizer step has run: the batch, the loss and
+        // what the workload keeps (logits).
+        let mut held = Vec::new();
+        for _ in 0..config.accum_steps {
+            held.clear();
+            mark(MarkKind::Phase { phase: Phase::Forward, step });
+            let (x, y) = workload.batch(config, device)?;
+            let (loss, keep) = {
+                let _amp = config.amp.map(|a| autocast(a.dtype())).transpose()?;
+                workload.loss(&*model, &x, &y)?
+            };
+            mark(MarkKind::Phase { phase: Phase::Backward, step });
+            scaler.scale(&acc.scale_loss(&loss)?)?.backward()?;
+            let grads = params.iter().filter_map(|p| p.grad()).map(|g| g.storage().addr()).collect();
+            mark(MarkKind::Grads(grads));
+            held.push(x);
+            held.push(y);
+            held.push(loss);
+            held.extend(keep);
+        }
+        mark(MarkKind::Phase { phase: Phase::OptimizerStep, step });
+        scaler.step(&mut *opt)?;
+        scaler.update()?;
+        opt.zero_grad()?;
+        drop(held);
+    }
+    // The end of the run: everything of this step is freed by the drops below.
+    mark(MarkKind::Phase { phase: Phase::Build, step: STEPS });
+    drop(opt);
+    drop(model);
+    Ok(parameters)
+}
