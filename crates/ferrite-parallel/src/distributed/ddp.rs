@@ -60,6 +60,13 @@ impl DdpOptions {
 /// `mpirun`, which ends the job when a rank exits.
 pub struct DistributedDataParallel<M: Module> {
     module: M,
+    sync: GradientSync,
+}
+
+/// The gradient averaging of [`DistributedDataParallel`] without owning the model: for training
+/// loops that keep the model elsewhere (`ferrite train --distributed`). Built from the model's
+/// parameters; the same protocol (status exchange, buckets, `no_sync`, failure reports).
+pub struct GradientSync {
     comm: Comm,
     reducer: Arc<Reducer>,
     options: DdpOptions,
@@ -90,6 +97,73 @@ impl<M: Module> DistributedDataParallel<M> {
 
     /// As [`new`](Self::new), from a [`Comm`] handle.
     pub fn with_comm(module: M, comm: Comm, options: DdpOptions) -> Result<Self> {
+        let sync = GradientSync::new(&module, comm, options)?;
+        Ok(DistributedDataParallel { module, sync })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.sync.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.sync.world_size()
+    }
+
+    /// The wrapped model.
+    pub fn module(&self) -> &M {
+        &self.module
+    }
+
+    pub fn module_mut(&mut self) -> &mut M {
+        &mut self.module
+    }
+
+    /// The wrapped model's state dict: the plain names, no `module.` prefix.
+    pub fn state_dict(&self) -> StateDict {
+        self.module.state_dict()
+    }
+
+    /// The wrapped model's forward.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.module.forward(x)?)
+    }
+
+    /// How many parameters each gradient bucket holds (the first bucket = the last parameters,
+    /// started first).
+    pub fn bucket_sizes(&self) -> Vec<usize> {
+        self.sync.bucket_sizes()
+    }
+
+    /// Until the guard drops, [`backward`](Self::backward) accumulates gradients locally without
+    /// communicating; the first backward after it averages the accumulated gradients.
+    pub fn no_sync(&self) -> NoSync<'_> {
+        self.sync.no_sync()
+    }
+
+    /// `loss.backward()`, then (outside [`no_sync`](Self::no_sync)) the gradients averaged over
+    /// every rank. Every rank must call it the same number of times.
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
+        self.sync.backward(loss)
+    }
+
+    /// See [`GradientSync::announce_failure`].
+    pub fn announce_failure(&self, message: &str) {
+        self.sync.announce_failure(message)
+    }
+
+    /// End of training: one last status exchange, so a rank that failed after the last step is
+    /// reported too. Returns the module.
+    pub fn finish(self) -> Result<M> {
+        self.sync.finish()?;
+        Ok(self.module)
+    }
+}
+
+impl GradientSync {
+    /// Check that every rank's `module` has the same parameter names and shapes (the error names
+    /// the first difference), copy rank 0's parameters and buffers to every rank, and install
+    /// the grad-ready hooks.
+    pub fn new(module: &dyn Module, comm: Comm, options: DdpOptions) -> Result<Self> {
         let params = module.named_parameters();
         let buffers = if options.broadcast_buffers { module.named_buffers() } else { Vec::new() };
         let signature = |items: &[(String, Tensor)], kind: &str| -> String {
@@ -121,8 +195,7 @@ impl<M: Module> DistributedDataParallel<M> {
         let trainable: Vec<(String, Tensor)> = params.into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let reducer = Arc::new(Reducer::new(comm.clone(), trainable, options.bucket_cap_bytes));
         reducer.install_hooks();
-        Ok(DistributedDataParallel {
-            module,
+        Ok(GradientSync {
             comm,
             reducer,
             options,
@@ -138,25 +211,6 @@ impl<M: Module> DistributedDataParallel<M> {
 
     pub fn world_size(&self) -> usize {
         self.comm.world_size()
-    }
-
-    /// The wrapped model.
-    pub fn module(&self) -> &M {
-        &self.module
-    }
-
-    pub fn module_mut(&mut self) -> &mut M {
-        &mut self.module
-    }
-
-    /// The wrapped model's state dict: the plain names, no `module.` prefix.
-    pub fn state_dict(&self) -> StateDict {
-        self.module.state_dict()
-    }
-
-    /// The wrapped model's forward.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.module.forward(x)?)
     }
 
     /// How many gradient buckets there are and how many parameters each holds (first = the
@@ -221,20 +275,19 @@ impl<M: Module> DistributedDataParallel<M> {
     }
 
     /// End of training: one last status exchange, so a rank that failed after the last step is
-    /// reported too. Returns the module.
-    pub fn finish(mut self) -> Result<M> {
+    /// reported too.
+    pub fn finish(mut self) -> Result<()> {
         if self.failed.load(Ordering::SeqCst) {
             return Err(DistributedError::AlreadyFailed { rank: self.rank() });
         }
         self.finished = true;
         self.check_peers()?;
         self.reducer.remove_hooks();
-        let module = dyn_clone::clone(&self.module);
-        Ok(module)
+        Ok(())
     }
 }
 
-impl<M: Module> Drop for DistributedDataParallel<M> {
+impl Drop for GradientSync {
     fn drop(&mut self) {
         self.reducer.remove_hooks();
         if !self.finished && !std::thread::panicking() {

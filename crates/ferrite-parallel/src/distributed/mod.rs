@@ -18,7 +18,7 @@ mod process_group;
 mod reducer;
 
 #[cfg(feature = "mpi")]
-pub use ddp::{DdpOptions, DistributedDataParallel, NoSync};
+pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
 pub use error::{DistributedError, Result};
 #[cfg(feature = "mpi")]
 pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus};
