@@ -244,6 +244,17 @@ impl GradientSync {
         result.map_err(|e| self.fail_with(e, true))
     }
 
+    /// Average the gradients the parameters hold now, without a backward (e.g. a partial
+    /// accumulation group at the end of an epoch, accumulated under [`no_sync`](Self::no_sync)).
+    pub fn synchronize(&self) -> Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(DistributedError::AlreadyFailed { rank: self.rank() });
+        }
+        self.check_peers()?;
+        self.reducer.begin();
+        self.reducer.finish(true).map_err(|e| self.fail_with(e, true))
+    }
+
     /// Every rank's status before a step: an error naming the first rank that failed.
     fn check_peers(&self) -> Result<()> {
         let statuses = self.comm.all_gather_status(None).inspect_err(|_| self.failed.store(true, Ordering::SeqCst))?;

@@ -27,6 +27,7 @@
 
 mod cnn;
 mod common;
+mod distributed;
 mod image;
 mod language;
 mod lstm_lm;
@@ -191,6 +192,11 @@ pub struct TrainArgs {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long)]
     pub no_progress: bool,
+    /// One rank of an MPI job: `mpirun -np 2 ferrite train --distributed ...` averages gradients
+    /// over the ranks (DistributedDataParallel); each rank reads its own share of the data.
+    /// Needs a build with `--features mpi`. Image models (mlp, cnn).
+    #[arg(long)]
+    pub distributed: bool,
     #[command(flatten)]
     pub observe: ObserveArgs,
 }
@@ -224,6 +230,7 @@ impl TrainArgs {
             resume: None,
             alloc_conf: None,
             no_progress: false,
+            distributed: false,
             observe: ObserveArgs::default(),
         }
     }
@@ -281,6 +288,8 @@ pub enum TrainError {
     Io(#[from] ferrite_io::IoError),
     #[error(transparent)]
     Observe(#[from] crate::observe::ObserveError),
+    #[error(transparent)]
+    Distributed(#[from] ferrite_parallel::distributed::DistributedError),
 }
 
 impl TrainError {
@@ -375,6 +384,33 @@ fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static 
     if ok { Ok(()) } else { Err(TrainError::InvalidArgument { flag, value: value.to_string(), expected }) }
 }
 
+/// `--distributed`: join the MPI job and train; a failure is reported to the other ranks, which
+/// then stop with an error naming this rank.
+fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
+    if args.model.is_language_model() {
+        return Err(TrainError::InvalidArgument {
+            flag: "distributed",
+            value: args.model.name().to_string(),
+            expected: "an image model (--model mlp or cnn); the language models do not run distributed yet",
+        });
+    }
+    let dist = distributed::Distributed::init()?;
+    let quiet;
+    let args = if dist.rank() == 0 {
+        args
+    } else {
+        quiet = TrainArgs { no_progress: true, ..args.clone() };
+        &quiet
+    };
+    let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
+    let result = image::train(args, kind, device, Some(&dist));
+    if result.is_err() {
+        // Let the other ranks print their report before mpirun ends the job on this exit.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    result
+}
+
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     let device = Device::parse(&args.device)?;
@@ -412,11 +448,14 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             ferrite_memory::env_alloc_config()?;
         }
     }
+    if args.distributed {
+        return train_distributed(args, &device);
+    }
     if args.model.is_language_model() {
         language::train(args, &device)
     } else {
         let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-        image::train(args, kind, &device)
+        image::train(args, kind, &device, None)
     }
 }
 
