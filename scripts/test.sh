@@ -10,7 +10,7 @@ export NODEVICE_SELECT=1
 
 # Off-by-default features that CI builds and tests: MPI data parallelism (needs OpenMPI; see
 # .ci/run). The feature list is added to the clippy and test runs below.
-FEATURES=(--features ferrite-parallel/mpi)
+FEATURES=(--features ferrite-parallel/mpi,ferrite-cli/mpi)
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
