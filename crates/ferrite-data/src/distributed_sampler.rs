@@ -185,6 +185,32 @@ mod tests {
     }
 
     #[test]
+    fn composes_with_loader_workers_and_per_rank_loader_seeds() {
+        use crate::{DataLoader, InMemory};
+        let load = |rank: usize, epoch: u64| -> Vec<u32> {
+            let sampler = DistributedSampler::new(2, rank).unwrap().seed(3);
+            let mut loader = DataLoader::builder(InMemory::new((0..37u32).collect()))
+                .batch_size(4)
+                .sampler(sampler.clone())
+                .num_workers(2)
+                .seed(100 + rank as u64)
+                .build()
+                .unwrap();
+            sampler.set_epoch(epoch);
+            loader.epoch().flat_map(|b| b.unwrap()).collect()
+        };
+        for epoch in 0..2 {
+            let (a, b) = (load(0, epoch), load(1, epoch));
+            assert_eq!((a.len(), b.len()), (19, 19));
+            let mut all: Vec<u32> = a.iter().chain(&b).copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len(), 37, "37 samples, one padded: every sample seen");
+        }
+        assert_ne!(load(0, 0), load(0, 1), "set_epoch reshuffles through the loader");
+    }
+
+    #[test]
     fn bad_rank_is_a_typed_error() {
         assert!(DistributedSampler::new(2, 2).is_err());
         assert!(DistributedSampler::new(0, 0).is_err());

@@ -146,6 +146,11 @@ impl<M: Module> DistributedDataParallel<M> {
         self.sync.backward(loss)
     }
 
+    /// See [`GradientSync::synchronize`].
+    pub fn synchronize(&self) -> Result<()> {
+        self.sync.synchronize()
+    }
+
     /// See [`GradientSync::announce_failure`].
     pub fn announce_failure(&self, message: &str) {
         self.sync.announce_failure(message)
