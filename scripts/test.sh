@@ -8,14 +8,18 @@ cd "$(dirname "$0")/.."
 # only orders adapters, and the GPU tests enumerate every adapter themselves.
 export NODEVICE_SELECT=1
 
+# Off-by-default features that CI builds and tests: MPI data parallelism (needs OpenMPI; see
+# .ci/run). The feature list is added to the clippy and test runs below.
+FEATURES=(--features ferrite-parallel/mpi,ferrite-cli/mpi)
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 
-echo "== cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --release --workspace --all-targets -- -D warnings
+echo "== cargo clippy --workspace --all-targets ${FEATURES[*]} -- -D warnings"
+cargo clippy --release --workspace --all-targets "${FEATURES[@]}" -- -D warnings
 
-echo "== cargo test --release --workspace"
-cargo test --release --workspace
+echo "== cargo test --release --workspace ${FEATURES[*]}"
+cargo test --release --workspace "${FEATURES[@]}"
 
 # Crates that parse user files and strings (checkpoints and pickles, allocator settings and traces,
 # dataset files, command lines) also run in the debug profile: its larger stack frames are where

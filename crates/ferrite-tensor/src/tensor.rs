@@ -329,6 +329,12 @@ impl Tensor {
         Ok(())
     }
 
+    /// Run `hook` once per backward pass, right after this leaf's gradient for the pass is
+    /// complete (`None` removes it). The hook reads the gradient with [`grad`](Self::grad).
+    pub fn set_grad_ready_hook(&self, hook: Option<autograd::GradReadyHook>) {
+        *self.grad_slot().ready_hook.lock() = hook;
+    }
+
     /// Keep this non-leaf's gradient after backward.
     pub fn retain_grad(&self) {
         let slot = self.grad_slot();

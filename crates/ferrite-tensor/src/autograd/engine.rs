@@ -80,7 +80,11 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
                         detail: "element 0 of tensors does not require grad and does not have a grad_fn; call requires_grad_(true) on the leaves you want gradients for, and make sure the loss is not computed under no_grad".into(),
                     });
                 }
-                accumulate(&t.grad_slot(), g.clone())?;
+                let slot = t.grad_slot();
+                accumulate(&slot, g.clone())?;
+                if let Some(hook) = slot.ready_hook() {
+                    hook();
+                }
             }
         }
     }
@@ -89,6 +93,8 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
     }
     // Dependency counts: how many edges point at each node within the reachable graph.
     let mut deps: HashMap<usize, usize> = HashMap::new();
+    // Leaves with a grad-ready hook: how many edges still have to deliver into them.
+    let mut pending_leaves: HashMap<usize, usize> = HashMap::new();
     let mut seen: HashMap<usize, ()> = HashMap::new();
     let mut stack: Vec<Arc<Node>> = Vec::new();
     for n in &start_nodes {
@@ -98,10 +104,17 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
     }
     while let Some(n) = stack.pop() {
         for e in n.edges.iter().flatten() {
-            if let Edge::Node { node, .. } = e {
-                *deps.entry(key(node)).or_insert(0) += 1;
-                if seen.insert(key(node), ()).is_none() {
-                    stack.push(node.clone());
+            match e {
+                Edge::Node { node, .. } => {
+                    *deps.entry(key(node)).or_insert(0) += 1;
+                    if seen.insert(key(node), ()).is_none() {
+                        stack.push(node.clone());
+                    }
+                }
+                Edge::Leaf(slot) => {
+                    if slot.ready_hook.lock().is_some() {
+                        *pending_leaves.entry(Arc::as_ptr(slot) as usize).or_insert(0) += 1;
+                    }
                 }
             }
         }
@@ -151,6 +164,14 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
                 Edge::Leaf(slot) => {
                     if let Some(g) = g {
                         accumulate(slot, g)?;
+                    }
+                    if let Some(left) = pending_leaves.get_mut(&(Arc::as_ptr(slot) as usize)) {
+                        *left -= 1;
+                        if *left == 0
+                            && let Some(hook) = slot.ready_hook()
+                        {
+                            hook();
+                        }
                     }
                 }
                 Edge::Node { node: next, output_nr } => {

@@ -17,5 +17,5 @@ mod saved;
 
 pub use engine::backward;
 pub use grad_mode::{GradModeGuard, enable_grad, is_grad_enabled, no_grad, set_grad_enabled};
-pub use node::{BackwardFn, Edge, GradSlot, Node};
+pub use node::{BackwardFn, Edge, GradReadyHook, GradSlot, Node};
 pub use saved::SavedTensor;

@@ -28,10 +28,16 @@ pub enum Edge {
     Leaf(Arc<GradSlot>),
 }
 
+/// Called once per backward pass when a leaf's gradient for that pass is complete (every edge
+/// into the leaf has accumulated), like PyTorch's `register_post_accumulate_grad_hook`. Data
+/// parallelism uses it to start reducing a gradient while backward is still running.
+pub type GradReadyHook = Arc<dyn Fn() + Send + Sync>;
+
 /// A leaf's accumulated gradient (also used for `retain_grad` on non-leaves).
 #[derive(Default)]
 pub struct GradSlot {
     pub(crate) grad: Mutex<Option<Tensor>>,
+    pub(crate) ready_hook: Mutex<Option<GradReadyHook>>,
 }
 
 impl GradSlot {
@@ -40,6 +46,10 @@ impl GradSlot {
     }
     pub fn set(&self, g: Option<Tensor>) {
         *self.grad.lock() = g;
+    }
+
+    pub(crate) fn ready_hook(&self) -> Option<GradReadyHook> {
+        self.ready_hook.lock().clone()
     }
 }
 

@@ -29,6 +29,8 @@ pub struct Stepper {
     clip: Option<f64>,
     /// Optimizer steps taken (a resumed run starts at its checkpoint's).
     pub steps: u64,
+    /// `--distributed`: gradients averaged over the MPI ranks before each step.
+    pub sync: Option<super::distributed::StepSync>,
 }
 
 impl Stepper {
@@ -38,13 +40,24 @@ impl Stepper {
         let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
         let scaler =
             GradScaler::new(GradScalerConfig { enabled: args.amp == Some(Amp::F16), ..GradScalerConfig::default() })?;
-        Ok(Stepper { opt, scaler, acc: Accumulator::new(args.accum_steps)?, clip: args.clip_grad_norm, steps: 0 })
+        Ok(Stepper {
+            opt,
+            scaler,
+            acc: Accumulator::new(args.accum_steps)?,
+            clip: args.clip_grad_norm,
+            steps: 0,
+            sync: None,
+        })
     }
 
     /// Backward of one micro-batch's loss (scaled for accumulation and f16), and the optimizer
     /// step when the accumulation group is complete.
     pub fn backward(&mut self, loss: &Tensor, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
-        self.scaler.scale(&self.acc.scale_loss(loss)?)?.backward().during("backward pass", device)?;
+        let scaled = self.scaler.scale(&self.acc.scale_loss(loss)?)?;
+        match &self.sync {
+            Some(sync) => sync.backward(&scaled, self.acc.pending() + 1 == self.acc.steps())?,
+            None => scaled.backward().during("backward pass", device)?,
+        }
         if self.acc.micro_step() {
             self.step(device, run)?;
         }
@@ -54,6 +67,9 @@ impl Stepper {
     /// At the end of an epoch: steps on a partial accumulation group, so no gradient carries over.
     pub fn finish_epoch(&mut self, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
         if self.acc.pending() > 0 {
+            if let Some(sync) = &self.sync {
+                sync.synchronize()?;
+            }
             self.step(device, run)?;
             self.acc.reset();
         }

@@ -4,13 +4,16 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_data::{DataLoader, Dataset, DatasetKind, ImageClassification, ImageCollate, Tensors, builtin_dataset};
+use ferrite_data::{
+    DataLoader, Dataset, DatasetKind, DistributedSampler, ImageClassification, ImageCollate, Tensors, builtin_dataset,
+};
 use ferrite_memory::{MemoryScope, allocator, format_size};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
 use ferrite_tensor::{Device, Generator, Tensor};
 
 use super::cnn::{CnnSpec, build_cnn};
 use super::common::{self, EpochMeter, Stepper};
+use super::distributed::Distributed;
 use super::mlp::{MlpSpec, build_mlp};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 use crate::observe::BatchReport;
@@ -18,7 +21,12 @@ use crate::observe::BatchReport;
 type ImageLoader = DataLoader<ImageClassification, Tensors<ImageCollate>>;
 
 /// Trains `args.model` (an image model) on `kind`.
-pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(), TrainError> {
+pub fn train(
+    args: &TrainArgs,
+    kind: DatasetKind,
+    device: &Device,
+    dist: Option<&Distributed>,
+) -> Result<(), TrainError> {
     let epochs = args.epochs.unwrap_or(match kind {
         DatasetKind::Digits => 20,
         DatasetKind::FashionMnist => 5,
@@ -34,8 +42,17 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     let (train_len, test_len) = (Dataset::len(&train_set), Dataset::len(&splits.test));
     let mut seeds = Generator::new(args.seed);
     let loader_seed = seeds.next_u64();
+    let sampler = match dist {
+        Some(d) => Some(DistributedSampler::new(d.world_size(), d.rank())?.seed(loader_seed)),
+        None => None,
+    };
     let mut train_loader = {
-        let b = train_set.tensor_loader(args.batch_size).shuffle(true).seed(loader_seed).num_workers(args.workers);
+        let b = train_set.tensor_loader(args.batch_size).seed(loader_seed).num_workers(args.workers);
+        // Distributed: this rank's share, the same permutation on every rank (seeded alike).
+        let b = match (dist, &sampler) {
+            (Some(_), Some(s)) => b.sampler(s.clone()),
+            _ => b.shuffle(true),
+        };
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut test_loader = {
@@ -115,6 +132,9 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     };
     let mut model = built.during_hint("building the model", device, too_big)?;
     let mut stepper = Stepper::new(&*model, args)?;
+    if let Some(d) = dist {
+        stepper.sync = Some(d.sync_for(&*model)?);
+    }
     let loss_fn = CrossEntropyLoss::new();
 
     let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
@@ -127,6 +147,9 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     let start = Instant::now();
     let mut test_accuracy = f64::NAN;
     for epoch in first_epoch..epochs {
+        if let Some(s) = &sampler {
+            s.set_epoch(epoch as u64);
+        }
         let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
         let (mut correct, mut seen) = (0usize, 0usize);
         run.epoch_started(epoch + 1, epochs);
@@ -157,7 +180,7 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
             100.0 * test_accuracy,
             common::seconds(epoch_start.elapsed().as_secs_f64()),
         );
-        if let Some(path) = &args.save_checkpoint {
+        if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
             stepper.save_checkpoint(
                 path,
                 epoch + 1,
@@ -176,7 +199,9 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
     let weights =
         args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{kind}-{}.safetensors", args.model.name())));
     let sd = model.state_dict();
-    ferrite_io::save_state_dict(&weights, sd.iter())?;
+    if dist.is_none_or(|d| d.rank() == 0) {
+        ferrite_io::save_state_dict(&weights, sd.iter())?;
+    }
     let run_epochs = epochs.saturating_sub(first_epoch);
     println!(
         "test accuracy {:.2}% after {epochs} epochs ({run_epochs} run here, {:.1}s); weights written to {}",
@@ -185,6 +210,15 @@ pub fn train(args: &TrainArgs, kind: DatasetKind, device: &Device) -> Result<(),
         weights.display()
     );
     println!("{}", allocator(device).memory_summary(true));
+    if let Some(d) = dist {
+        if let Some(sync) = stepper.sync.take() {
+            sync.finish()?;
+        }
+        println!("memory of every rank ({} ranks):", d.world_size());
+        for line in d.memory_lines(device)? {
+            println!("  {line}");
+        }
+    }
     run.finish();
     Ok(())
 }

@@ -27,6 +27,7 @@
 
 pub(crate) mod cnn;
 mod common;
+mod distributed;
 mod image;
 mod language;
 pub(crate) mod lstm_lm;
@@ -197,6 +198,11 @@ pub struct TrainArgs {
     /// pytorch.org/memory_viz, or `ferrite memory replay|plot FILE`).
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
+    /// One rank of an MPI job: `mpirun -np 2 ferrite train --distributed ...` averages gradients
+    /// over the ranks (DistributedDataParallel); each rank reads its own share of the data.
+    /// Needs a build with `--features mpi`. Image models (mlp, cnn).
+    #[arg(long)]
+    pub distributed: bool,
     #[command(flatten)]
     pub observe: ObserveArgs,
 }
@@ -255,6 +261,7 @@ impl TrainArgs {
             alloc_conf: None,
             no_progress: false,
             snapshot: None,
+            distributed: false,
             observe: ObserveArgs::default(),
         }
     }
@@ -314,6 +321,7 @@ pub enum TrainError {
     Observe(#[from] crate::observe::ObserveError),
     #[error(transparent)]
     Plan(#[from] ferrite_plan::PlanError),
+    Distributed(#[from] ferrite_parallel::distributed::DistributedError),
 }
 
 impl TrainError {
@@ -415,6 +423,33 @@ fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static 
     if ok { Ok(()) } else { Err(TrainError::InvalidArgument { flag, value: value.to_string(), expected }) }
 }
 
+/// `--distributed`: join the MPI job and train; a failure is reported to the other ranks, which
+/// then stop with an error naming this rank.
+fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
+    if args.model.is_language_model() {
+        return Err(TrainError::InvalidArgument {
+            flag: "distributed",
+            value: args.model.name().to_string(),
+            expected: "an image model (--model mlp or cnn); the language models do not run distributed yet",
+        });
+    }
+    let dist = distributed::Distributed::init()?;
+    let quiet;
+    let args = if dist.rank() == 0 {
+        args
+    } else {
+        quiet = TrainArgs { no_progress: true, ..args.clone() };
+        &quiet
+    };
+    let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
+    let result = image::train(args, kind, device, Some(&dist));
+    if result.is_err() {
+        // Let the other ranks print their report before mpirun ends the job on this exit.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    result
+}
+
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     let device = Device::parse(&args.device)?;
@@ -461,6 +496,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         }
         alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
     }
+    if args.distributed {
+        return train_distributed(args, &device);
+    }
     let result = if args.model.is_language_model() {
         language::train(args, &device)
     } else {
@@ -469,7 +507,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             .unwrap_or("digits")
             .parse::<DatasetKind>()
             .map_err(TrainError::from)
-            .and_then(|kind| image::train(args, kind, &device))
+            .and_then(|kind| image::train(args, kind, &device, None))
     };
     if let Some(path) = &args.snapshot {
         // Written after a failure too: the snapshot of an out-of-memory run is the one wanted.

@@ -1,0 +1,282 @@
+//! The MPI world of this process, driven from one communication thread.
+//!
+//! MPI is initialized once per process (with `MPI_THREAD_MULTIPLE`, at least `SERIALIZED`); after
+//! that only the communication thread calls MPI, one collective at a time in the order jobs were
+//! queued, so every rank issues the same collectives in the same order. The training thread
+//! queues jobs and waits for their replies with a deadline ([`Comm::timeout`]): a peer that died
+//! or hangs becomes a [`DistributedError::Timeout`] instead of a hang, and the blocked thread is
+//! left behind (the process must then exit; MPI_Finalize is skipped, as it would wait for the
+//! dead peer too).
+
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use mpi::Threading;
+use mpi::collective::SystemOperation;
+use mpi::environment::Universe;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::{CommunicatorCollectives, Root};
+
+use super::error::{DistributedError, Result};
+
+/// Bytes of one rank's status message in [`Comm::all_gather_status`].
+const STATUS_BYTES: usize = 512;
+
+/// Default deadline of one collective; `FERRITE_DDP_TIMEOUT_S` overrides it.
+pub const DEFAULT_TIMEOUT_S: u64 = 30;
+
+/// This process's place in an MPI job: rank, world size, and the communication thread.
+///
+/// Create one per process with [`ProcessGroup::init`] (under `mpirun -np N`, or alone as a world
+/// of one) and keep it alive until training ends; dropping it finalizes MPI.
+pub struct ProcessGroup {
+    comm: Comm,
+    thread: Option<JoinHandle<()>>,
+    stopped: Receiver<()>,
+    universe: ManuallyDrop<Universe>,
+}
+
+/// A cheap handle for queueing collectives (what wrappers and hooks keep).
+#[derive(Clone)]
+pub struct Comm {
+    rank: usize,
+    size: usize,
+    jobs: Sender<Job>,
+    timeout: Duration,
+    broken: Arc<AtomicBool>,
+}
+
+enum Job {
+    AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
+    AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
+    AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
+    BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
+    BroadcastBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
+    Shutdown,
+}
+
+impl ProcessGroup {
+    /// Initialize MPI and start the communication thread.
+    pub fn init() -> Result<ProcessGroup> {
+        let Some((universe, provided)) = mpi::initialize_with_threading(Threading::Multiple) else {
+            return Err(DistributedError::AlreadyInitialized);
+        };
+        if provided < Threading::Serialized {
+            return Err(DistributedError::ThreadSupport { provided: format!("{provided:?}") });
+        }
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        let timeout_s = std::env::var("FERRITE_DDP_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(DEFAULT_TIMEOUT_S);
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (stopped_tx, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("ferrite-mpi-rank{rank}"))
+            .spawn(move || {
+                comm_thread(rx);
+                let _ = stopped_tx.send(());
+            })
+            .map_err(|e| DistributedError::CommunicationStopped { rank, detail: format!("cannot start it: {e}") })?;
+        let comm = Comm { rank, size, jobs, timeout: Duration::from_secs(timeout_s), broken: Arc::default() };
+        Ok(ProcessGroup { comm, thread: Some(thread), stopped, universe: ManuallyDrop::new(universe) })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.comm.size
+    }
+
+    /// A handle for queueing collectives on this group.
+    pub fn comm(&self) -> Comm {
+        self.comm.clone()
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if self.comm.is_broken() || self.comm.jobs.send(Job::Shutdown).is_err() {
+            // A collective never finished: MPI_Finalize would wait for the dead peer as well.
+            return;
+        }
+        if self.stopped.recv_timeout(self.comm.timeout).is_ok() {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+            // SAFETY: dropped exactly once, here, after the communication thread (the only other
+            // MPI caller) has returned; dropping the Universe calls MPI_Finalize.
+            unsafe { ManuallyDrop::drop(&mut self.universe) };
+        }
+    }
+}
+
+fn comm_thread(rx: Receiver<Job>) {
+    // MPI_COMM_WORLD; only this thread calls MPI after initialization.
+    let world = SimpleCommunicator::world();
+    let root = world.process_at_rank(0);
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::AllReduceSumF32 { data, reply } => {
+                let mut out = vec![0f32; data.len()];
+                world.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum());
+                let _ = reply.send(out);
+            }
+            Job::AllGatherF64 { data, reply } => {
+                let mut out = vec![0f64; data.len() * world.size() as usize];
+                world.all_gather_into(&data[..], &mut out[..]);
+                let _ = reply.send(out);
+            }
+            Job::AllGatherBytes { data, reply } => {
+                let mut out = vec![0u8; data.len() * world.size() as usize];
+                world.all_gather_into(&data[..], &mut out[..]);
+                let _ = reply.send(out);
+            }
+            Job::BroadcastF64 { mut data, reply } => {
+                let mut len = data.len() as u64;
+                root.broadcast_into(&mut len);
+                data.resize(len as usize, 0.0);
+                root.broadcast_into(&mut data[..]);
+                let _ = reply.send(data);
+            }
+            Job::BroadcastBytes { mut data, reply } => {
+                let mut len = data.len() as u64;
+                root.broadcast_into(&mut len);
+                data.resize(len as usize, 0);
+                root.broadcast_into(&mut data[..]);
+                let _ = reply.send(data);
+            }
+            Job::Shutdown => break,
+        }
+    }
+}
+
+/// A collective queued on the communication thread; [`wait`](Pending::wait) for its result.
+pub struct Pending<T> {
+    rx: Receiver<T>,
+    comm: Comm,
+    op: &'static str,
+}
+
+impl<T> Pending<T> {
+    /// The result, or a typed error once the group's deadline passes.
+    pub fn wait(self) -> Result<T> {
+        match self.rx.recv_timeout(self.comm.timeout) {
+            Ok(v) => Ok(v),
+            Err(RecvTimeoutError::Timeout) => {
+                self.comm.broken.store(true, Ordering::SeqCst);
+                Err(DistributedError::Timeout {
+                    rank: self.comm.rank,
+                    op: self.op,
+                    waited_s: self.comm.timeout.as_secs(),
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                self.comm.broken.store(true, Ordering::SeqCst);
+                Err(DistributedError::CommunicationStopped {
+                    rank: self.comm.rank,
+                    detail: format!("it ended during {}", self.op),
+                })
+            }
+        }
+    }
+}
+
+/// One rank's answer in [`Comm::all_gather_status`]: `None` when healthy, else its message.
+pub type RankStatus = Option<String>;
+
+impl Comm {
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.size
+    }
+
+    /// How long one collective may take before the peers are declared lost.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether a collective timed out or the thread stopped (no further collective is safe).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
+    fn queue<T>(&self, op: &'static str, make: impl FnOnce(Sender<T>) -> Job) -> Result<Pending<T>> {
+        if self.is_broken() {
+            return Err(DistributedError::CommunicationStopped {
+                rank: self.rank,
+                detail: "an earlier collective did not finish".into(),
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        self.jobs.send(make(tx)).map_err(|_| DistributedError::CommunicationStopped {
+            rank: self.rank,
+            detail: format!("it ended before {op}"),
+        })?;
+        Ok(Pending { rx, comm: self.clone(), op })
+    }
+
+    /// Element-wise sum over ranks, started now, finished by [`Pending::wait`].
+    pub fn all_reduce_sum(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
+        self.queue("all-reduce", |reply| Job::AllReduceSumF32 { data, reply })
+    }
+
+    /// Every rank's `data` (same length on every rank), concatenated in rank order.
+    pub fn all_gather_f64(&self, data: Vec<f64>) -> Result<Vec<f64>> {
+        self.queue("all-gather", |reply| Job::AllGatherF64 { data, reply })?.wait()
+    }
+
+    /// Rank 0's `data` on every rank (other ranks' input is ignored).
+    pub fn broadcast_f64(&self, data: Vec<f64>) -> Result<Vec<f64>> {
+        self.queue("broadcast", |reply| Job::BroadcastF64 { data, reply })?.wait()
+    }
+
+    /// Rank 0's bytes on every rank.
+    pub fn broadcast_bytes(&self, data: Vec<u8>) -> Result<Vec<u8>> {
+        self.queue("broadcast", |reply| Job::BroadcastBytes { data, reply })?.wait()
+    }
+
+    /// Every rank's status, in rank order: how ranks agree that all of them are healthy, or
+    /// learn which one failed and why (messages are cut to 511 bytes).
+    pub fn all_gather_status(&self, mine: Option<&str>) -> Result<Vec<RankStatus>> {
+        let mut data = vec![0u8; STATUS_BYTES];
+        if let Some(msg) = mine {
+            data[0] = 1;
+            let mut end = msg.len().min(STATUS_BYTES - 1);
+            while !msg.is_char_boundary(end) {
+                end -= 1;
+            }
+            data[1..1 + end].copy_from_slice(&msg.as_bytes()[..end]);
+        }
+        let all = self.queue("status exchange", |reply| Job::AllGatherBytes { data, reply })?.wait()?;
+        Ok(all
+            .chunks(STATUS_BYTES)
+            .map(|c| {
+                (c[0] != 0).then(|| {
+                    let text = &c[1..];
+                    let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+                    String::from_utf8_lossy(&text[..end]).into_owned()
+                })
+            })
+            .collect())
+    }
+
+    /// The first failed rank in `statuses`, as an error.
+    pub fn first_failure(statuses: &[RankStatus]) -> Option<DistributedError> {
+        statuses.iter().enumerate().find_map(|(rank, s)| {
+            s.as_ref().map(|message| DistributedError::PeerFailed { rank, message: message.clone() })
+        })
+    }
+}
