@@ -45,7 +45,14 @@ pub struct DeviceInfo {
 impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let size = |b: Option<u64>| b.map_or_else(|| "unknown".to_string(), format_size);
-        write!(f, "{:<20} {:<28} capacity {:>10}  free {:>10}", self.device.to_string(), self.name, size(self.capacity), size(self.free))?;
+        write!(
+            f,
+            "{:<20} {:<28} capacity {:>10}  free {:>10}",
+            self.device.to_string(),
+            self.name,
+            size(self.capacity),
+            size(self.free)
+        )?;
         if let Some(p) = self.physical_index
             && p != self.device.index()
         {
@@ -180,14 +187,24 @@ pub fn devices() -> Result<Vec<DeviceInfo>, MemoryError> {
 /// --devices 0,1`): `cpu`, then `sims`, then the visible real GPUs.
 pub fn list_devices(sims: &[Device]) -> Result<Vec<DeviceInfo>, MemoryError> {
     let (host_total, host_free) = host_memory();
-    let mut out =
-        vec![DeviceInfo { device: Device::Cpu, physical_index: None, name: Device::Cpu.hardware_name(), capacity: host_total, free: host_free }];
+    let mut out = vec![DeviceInfo {
+        device: Device::Cpu,
+        physical_index: None,
+        name: Device::Cpu.hardware_name(),
+        capacity: host_total,
+        free: host_free,
+    }];
     for d in sims {
         let Device::Sim { profile, index } = d else { continue };
-        let (free, total) = crate::registry::allocator(d)
-            .mem_get_info()
-            .unwrap_or((profile.usable_bytes(), profile.usable_bytes()));
-        out.push(DeviceInfo { device: d.clone(), physical_index: Some(*index), name: profile.name.clone(), capacity: Some(total), free: Some(free) });
+        let (free, total) =
+            crate::registry::allocator(d).mem_get_info().unwrap_or((profile.usable_bytes(), profile.usable_bytes()));
+        out.push(DeviceInfo {
+            device: d.clone(),
+            physical_index: Some(*index),
+            name: profile.name.clone(),
+            capacity: Some(total),
+            free: Some(free),
+        });
     }
     let physical = crate::gpu::physical_adapter_count();
     let selection = gpu_selection(physical)?;

@@ -201,7 +201,10 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         let losses = self.parallel_apply(&shards, |replica, shard| {
             let loss = loss_fn(replica, shard)?;
             if loss.numel() != 1 {
-                return Err(ParallelError::LossNotScalar { device: shard.device.to_string(), shape: loss.shape().to_vec() });
+                return Err(ParallelError::LossNotScalar {
+                    device: shard.device.to_string(),
+                    shape: loss.shape().to_vec(),
+                });
             }
             let value = loss.item()?;
             loss.mul_scalar(shard.weight())?.backward()?;

@@ -28,7 +28,9 @@ pub enum ParallelError {
     #[error("DataParallel: the replica on {device} panicked: {message}")]
     ReplicaPanicked { device: String, message: String },
     /// A loss that is not a single number.
-    #[error("DataParallel: the loss of the replica on {device} has shape {shape:?}; the loss function must return one number (a mean over its samples)")]
+    #[error(
+        "DataParallel: the loss of the replica on {device} has shape {shape:?}; the loss function must return one number (a mean over its samples)"
+    )]
     LossNotScalar { device: String, shape: Vec<usize> },
     /// A layer, loss or tensor op failed on a replica.
     #[error(transparent)]

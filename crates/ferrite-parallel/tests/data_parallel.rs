@@ -71,11 +71,15 @@ fn dp_equals_single_device(profile: &str, k: usize, make_opt: &dyn Fn(Vec<Tensor
             single_opt.step().unwrap();
 
             dp_opt.zero_grad().unwrap();
-            let dp_loss = dp
-                .forward_backward(&[x, y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?))
-                .unwrap();
+            let dp_loss =
+                dp.forward_backward(&[x, y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?)).unwrap();
             assert_eq!(dp_loss.replicas.len(), k.min(x.shape()[0]));
-            assert!((dp_loss.loss - loss.item().unwrap()).abs() < 1e-5, "loss {} vs {}", dp_loss.loss, loss.item().unwrap());
+            assert!(
+                (dp_loss.loss - loss.item().unwrap()).abs() < 1e-5,
+                "loss {} vs {}",
+                dp_loss.loss,
+                loss.item().unwrap()
+            );
             dp.step(dp_opt.as_mut()).unwrap();
 
             let what = format!("{k} devices, epoch {epoch} step {step}");
@@ -196,7 +200,12 @@ impl Module for Net {
         self.fc2.forward(&self.norm.forward(&self.fc1.forward(&self.emb.forward(x)?)?)?)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
-        vec![("emb".into(), &self.emb), ("fc1".into(), &self.fc1), ("fc2".into(), &self.fc2), ("norm".into(), &self.norm)]
+        vec![
+            ("emb".into(), &self.emb),
+            ("fc1".into(), &self.fc1),
+            ("fc2".into(), &self.fc2),
+            ("norm".into(), &self.norm),
+        ]
     }
     fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
         vec![

@@ -69,8 +69,10 @@ fn training_on_packed_sequences_equals_the_single_device_gradients() {
         Ok(out.sub(t)?.mul(mask)?.square()?.sum()?.mul_scalar(1.0 / n as f64)?)
     };
     let mask_of = |lengths: &[usize], device: &Device| {
-        let v: Vec<f32> =
-            lengths.iter().flat_map(|&l| (0..6).flat_map(move |t| std::iter::repeat_n(if t < l { 1.0 } else { 0.0 }, 4))).collect();
+        let v: Vec<f32> = lengths
+            .iter()
+            .flat_map(|&l| (0..6).flat_map(move |t| std::iter::repeat_n(if t < l { 1.0 } else { 0.0 }, 4)))
+            .collect();
         Tensor::from_vec(v, &[lengths.len(), 6, 4], device).unwrap()
     };
     let step = dp

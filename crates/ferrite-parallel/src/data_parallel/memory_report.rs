@@ -52,7 +52,11 @@ impl MemoryReport {
 
 impl fmt::Display for MemoryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "{:<20} {:>12} {:>12} {:>12} {:>12}", "device", "allocated", "peak alloc", "reserved", "peak resv")?;
+        writeln!(
+            f,
+            "{:<20} {:>12} {:>12} {:>12} {:>12}",
+            "device", "allocated", "peak alloc", "reserved", "peak resv"
+        )?;
         for d in &self.devices {
             writeln!(
                 f,

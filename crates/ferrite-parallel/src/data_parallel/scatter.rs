@@ -90,10 +90,8 @@ pub(crate) fn scatter(batch: &[&Tensor], lengths: Option<&[usize]>, devices: &[D
         if len == 0 {
             continue;
         }
-        let tensors = batch
-            .iter()
-            .map(|t| Ok(t.narrow(0, start, len)?.to_device(device)?))
-            .collect::<Result<Vec<Tensor>>>()?;
+        let tensors =
+            batch.iter().map(|t| Ok(t.narrow(0, start, len)?.to_device(device)?)).collect::<Result<Vec<Tensor>>>()?;
         shards.push(Shard {
             replica,
             device: device.clone(),
@@ -131,7 +129,11 @@ mod tests {
     fn scatter_skips_empty_shards_and_checks_the_batch() {
         let cpu = Device::Cpu;
         let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2, 1], &cpu).unwrap();
-        let devs = [Device::parse("sim:1GiB:0").unwrap(), Device::parse("sim:1GiB:1").unwrap(), Device::parse("sim:1GiB:2").unwrap()];
+        let devs = [
+            Device::parse("sim:1GiB:0").unwrap(),
+            Device::parse("sim:1GiB:1").unwrap(),
+            Device::parse("sim:1GiB:2").unwrap(),
+        ];
         let shards = scatter(&[&x], None, &devs).unwrap();
         assert_eq!(shards.len(), 2);
         assert_eq!(shards[1].tensors[0].device(), &devs[1]);

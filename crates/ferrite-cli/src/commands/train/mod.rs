@@ -27,6 +27,7 @@
 
 mod cnn;
 mod common;
+mod data_parallel;
 mod image;
 mod language;
 mod lstm_lm;
@@ -193,6 +194,14 @@ pub struct TrainArgs {
     pub no_progress: bool,
     #[command(flatten)]
     pub observe: ObserveArgs,
+    /// Train with DataParallel on these devices of the `--device` kind, renumbered from 0 like
+    /// CUDA_VISIBLE_DEVICES (`--device sim:a100-40gb --devices 0,1,2,3`: four simulated A100s).
+    /// Default: FERRITE_VISIBLE_DEVICES, else one device.
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Train with DataParallel on every visible device (see --devices).
+    #[arg(long)]
+    pub data_parallel: bool,
 }
 
 impl TrainArgs {
@@ -225,6 +234,8 @@ impl TrainArgs {
             alloc_conf: None,
             no_progress: false,
             observe: ObserveArgs::default(),
+            devices: None,
+            data_parallel: false,
         }
     }
 
@@ -281,6 +292,8 @@ pub enum TrainError {
     Io(#[from] ferrite_io::IoError),
     #[error(transparent)]
     Observe(#[from] crate::observe::ObserveError),
+    #[error(transparent)]
+    Parallel(Box<ferrite_parallel::ParallelError>),
 }
 
 impl TrainError {
@@ -301,6 +314,7 @@ impl TrainError {
             TrainError::Nn(e) => e.oom_report().is_some(),
             TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report().is_some(),
             TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report().is_some(),
+            TrainError::Parallel(e) => e.oom_report().is_some(),
             // A loader wraps what collation or staging to the device returned.
             TrainError::Data(e) => oom_in_sources(e),
             _ => false,
@@ -411,6 +425,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         None => {
             ferrite_memory::env_alloc_config()?;
         }
+    }
+    if data_parallel::requested(args) {
+        return data_parallel::train(args, &device);
     }
     if args.model.is_language_model() {
         language::train(args, &device)
