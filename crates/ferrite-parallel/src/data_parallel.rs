@@ -256,15 +256,19 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     }
 
     /// Run `f(replica, shard)` for every shard, each in its own thread (the primary's on the
-    /// calling thread), results in shard order. The first error (or a replica's panic) wins.
+    /// calling thread, under the caller's grad mode and autocast), results in shard order. The
+    /// first error (or a replica's panic) wins.
     fn parallel_apply<T, F>(&self, shards: &[Shard], f: F) -> Result<Vec<T>>
     where
         T: Send,
         F: Fn(&M, &Shard) -> Result<T> + Sync,
     {
+        // Grad mode and autocast are per thread: the replicas' threads take the caller's.
         let grad_enabled = ferrite_tensor::is_grad_enabled();
+        let amp = ferrite_tensor::autocast::autocast_dtype();
         let run = |s: &Shard| {
             let _g = (!grad_enabled).then(no_grad);
+            let _amp = ferrite_tensor::autocast::set_autocast(amp)?;
             f(&self.replicas[s.replica], s)
         };
         let Some((first, rest)) = shards.split_first() else { return Ok(Vec::new()) };
