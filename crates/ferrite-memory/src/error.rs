@@ -39,6 +39,12 @@ pub enum MemoryError {
         "cannot allocate {requested} bytes on {device}: larger than the largest buffer this GPU can create ({max} bytes, the adapter's max_buffer_size); split the tensor or use a smaller batch"
     )]
     BufferTooLarge { device: String, requested: u64, max: u64 },
+    /// A visible-device list (`--devices`, `FERRITE_VISIBLE_DEVICES`) that is empty, garbage, has
+    /// a duplicate or names a device this machine does not have.
+    #[error(
+        "invalid device list `{list}`: {reason}; valid indices: {valid} (write e.g. `--devices 0,1` or FERRITE_VISIBLE_DEVICES=0,1)"
+    )]
+    InvalidDeviceList { list: String, reason: String, valid: String },
     /// An allocation trace that cannot be replayed.
     #[error("invalid allocation trace: {reason}")]
     InvalidTrace { reason: String },

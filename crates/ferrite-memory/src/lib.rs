@@ -43,6 +43,7 @@ pub mod replay;
 pub mod size_rules;
 pub mod snapshot;
 pub mod stats;
+pub mod visible_devices;
 
 pub use caching_allocator::{Block, CachingAllocator};
 pub use config::{ALLOC_CONF_ENV, AllocatorConfig};
@@ -52,9 +53,13 @@ pub use gpu_catalogue::{GPU_CATALOGUE, GpuProfile};
 pub use history::{Frame, TraceAction, TraceEntry};
 pub use memory_scope::{MemoryScope, ScopeReport};
 pub use oom::{OomDiagnosis, OutOfMemoryReport, Suggestion, SuggestionKind, format_size};
-pub use registry::{allocator, configure, env_alloc_config};
+pub use registry::{allocator, configure, env_alloc_config, registered_devices};
 pub use snapshot::{BlockSnapshot, BlockState, MemorySnapshot, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat, StatArray, StatType};
+pub use visible_devices::{
+    DeviceInfo, SIM_BOX_GPUS, VISIBLE_DEVICES_ENV, devices, list_devices, parse_device_list, select_devices,
+    set_visible_devices,
+};
 
 /// Convenience result alias for this crate.
 pub type Result<T, E = MemoryError> = std::result::Result<T, E>;

@@ -16,11 +16,19 @@ fn env_config() -> &'static Result<AllocatorConfig, MemoryError> {
     ENV.get_or_init(AllocatorConfig::from_env)
 }
 
+fn registry() -> &'static Mutex<HashMap<Device, Arc<CachingAllocator>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<Device, Arc<CachingAllocator>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The devices whose allocator exists in this process (those used so far), in no fixed order.
+pub fn registered_devices() -> Vec<Device> {
+    registry().lock().keys().cloned().collect()
+}
+
 /// The allocator of `device`: one per device per process, created on first use.
 pub fn allocator(device: &Device) -> Arc<CachingAllocator> {
-    static REGISTRY: OnceLock<Mutex<HashMap<Device, Arc<CachingAllocator>>>> = OnceLock::new();
-    let map = REGISTRY.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = map.lock();
+    let mut map = registry().lock();
     map.entry(device.clone())
         .or_insert_with(|| {
             let a = match env_config() {

@@ -1,7 +1,15 @@
 //! Data parallelism across devices (see `docs/architecture.md` in the repository, "The map of crates").
 //!
-//! Intentionally empty: no open issue asks for it yet. It exists so the workspace has the layout
-//! of the design and the facade crate can re-export it once it is filled.
+//! - [`DataParallel`]: one process, one replica per device, the batch split between them, the loss
+//!   computed on every replica (balanced memory), gradients reduced onto the primary.
+//! - [`distributed`]: several processes (MPI ranks, feature `mpi`): `DistributedDataParallel`,
+//!   bucketed gradient all-reduce overlapping backward, `no_sync`, rank-0 checkpoints.
+//! - Devices are chosen with `ferrite_memory::select_devices` (`--devices`, `FERRITE_VISIBLE_DEVICES`).
 
+pub mod data_parallel;
 /// Several processes (MPI ranks), one replica each: `DistributedDataParallel` (feature `mpi`).
 pub mod distributed;
+mod error;
+
+pub use data_parallel::{DataParallel, DeviceMemory, MemoryReport, Shard, StepLoss, split_sizes};
+pub use error::{ParallelError, Result};

@@ -19,5 +19,5 @@ pub use ferrite_nn as nn;
 pub use ferrite_optim as optim;
 pub use ferrite_tensor as tensor;
 
-pub use ferrite_memory::{Device, MemoryScope};
+pub use ferrite_memory::{Device, DeviceInfo, MemoryScope, devices};
 pub use ferrite_tensor::{DType, Tensor};

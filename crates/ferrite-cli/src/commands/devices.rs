@@ -13,16 +13,65 @@ pub struct DevicesArgs {
     /// Print one JSON object (`{"devices": [...]}`) instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also list the devices this kind gives with `--devices` (`sim:a100-40gb`: a simulated box).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Visible devices, renumbered from 0 like CUDA_VISIBLE_DEVICES (`0,1,2,3`; default:
+    /// FERRITE_VISIBLE_DEVICES).
+    #[arg(long)]
+    pub devices: Option<String>,
 }
 
 pub fn run(args: DevicesArgs) -> CliResult {
+    // The chosen devices first: a bad list is an error before anything is printed.
+    let sims = match &args.device {
+        Some(d) => ferrite_memory::select_devices(&d.parse()?, args.devices.as_deref())?,
+        None => {
+            if let Some(l) = &args.devices {
+                ferrite_memory::set_visible_devices(l)?;
+            }
+            Vec::new()
+        }
+    };
+    let sims: Vec<ferrite_memory::Device> =
+        sims.into_iter().filter(|d| matches!(d, ferrite_memory::Device::Sim { .. })).collect();
+    let visible = ferrite_memory::list_devices(&sims)?;
     let adapters = list_adapters();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json(&adapters))?);
+        let mut v = json(&adapters);
+        v["visible"] = visible_json(&visible);
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        print!("{}", visible_table(&visible));
         print!("{}", table(&adapters));
     }
     Ok(())
+}
+
+/// What this process may use, renumbered (`ferrite::devices()`): index, name, capacity, free.
+pub fn visible_table(visible: &[ferrite_memory::DeviceInfo]) -> String {
+    let mut s = String::from("Devices this process may use:\n");
+    for d in visible {
+        s.push_str(&format!("  {d}\n"));
+    }
+    s.push('\n');
+    s
+}
+
+fn visible_json(visible: &[ferrite_memory::DeviceInfo]) -> serde_json::Value {
+    visible
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "device": d.device.to_string(),
+                "index": d.device.index(),
+                "physical_index": d.physical_index,
+                "name": d.name,
+                "capacity_bytes": d.capacity,
+                "free_bytes": d.free,
+            })
+        })
+        .collect()
 }
 
 fn capacity_text(a: &AdapterSummary) -> String {

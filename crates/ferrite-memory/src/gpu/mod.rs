@@ -64,8 +64,35 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
-/// The adapters ferrite can use, in `gpu:N` order (enumerated once per process).
-fn adapters() -> &'static [wgpu::Adapter] {
+/// The adapters this process may use, in `gpu:N` order: the physical ones, chosen and renumbered
+/// by `--devices` / `FERRITE_VISIBLE_DEVICES` (see [`crate::visible_devices`]). A bad list leaves
+/// none visible; opening a GPU then reports the list's error.
+fn adapters() -> &'static [&'static wgpu::Adapter] {
+    static VISIBLE: OnceLock<Vec<&'static wgpu::Adapter>> = OnceLock::new();
+    VISIBLE.get_or_init(|| {
+        let all = physical_adapters();
+        match crate::visible_devices::gpu_selection(all.len()) {
+            Ok(None) => all.iter().collect(),
+            Ok(Some(chosen)) => chosen.into_iter().filter_map(|i| all.get(i)).collect(),
+            Err(_) => Vec::new(),
+        }
+    })
+}
+
+/// How many GPU adapters the machine has, before any visible-device list.
+pub fn physical_adapter_count() -> usize {
+    physical_adapters().len()
+}
+
+/// Bytes the caching allocator of `gpu:<index>` reserves, if that GPU was opened (0 otherwise;
+/// listing devices never opens one).
+pub(crate) fn reserved_if_open(index: usize) -> u64 {
+    let opened = crate::registry::registered_devices().contains(&crate::Device::Gpu { index });
+    if opened { crate::registry::allocator(&crate::Device::Gpu { index }).memory_reserved() } else { 0 }
+}
+
+/// Every adapter ferrite can use, in physical order (enumerated once per process).
+fn physical_adapters() -> &'static [wgpu::Adapter] {
     static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
     ADAPTERS.get_or_init(|| {
         let mut v = pollster::block_on(
@@ -270,6 +297,7 @@ impl GpuContext {
 /// The context of `gpu:<index>`, created on first use. Errors name the GPUs that exist.
 pub fn context(index: usize) -> Result<Arc<GpuContext>, MemoryError> {
     static CONTEXTS: OnceLock<Mutex<Vec<Option<Arc<GpuContext>>>>> = OnceLock::new();
+    crate::visible_devices::visible_gpu_error()?;
     let all = adapters();
     if all.is_empty() {
         return Err(MemoryError::GpuUnavailable {

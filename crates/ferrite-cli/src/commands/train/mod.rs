@@ -28,6 +28,7 @@
 pub(crate) mod cnn;
 mod common;
 mod distributed;
+mod data_parallel;
 mod image;
 mod language;
 pub(crate) mod lstm_lm;
@@ -205,6 +206,14 @@ pub struct TrainArgs {
     pub distributed: bool,
     #[command(flatten)]
     pub observe: ObserveArgs,
+    /// Train with DataParallel on these devices of the `--device` kind, renumbered from 0 like
+    /// CUDA_VISIBLE_DEVICES (`--device sim:a100-40gb --devices 0,1,2,3`: four simulated A100s).
+    /// Default: FERRITE_VISIBLE_DEVICES, else one device.
+    #[arg(long)]
+    pub devices: Option<String>,
+    /// Train with DataParallel on every visible device (see --devices).
+    #[arg(long)]
+    pub data_parallel: bool,
 }
 
 /// `--batch-size auto` is held as this value until the planner resolves it.
@@ -263,6 +272,8 @@ impl TrainArgs {
             snapshot: None,
             distributed: false,
             observe: ObserveArgs::default(),
+            devices: None,
+            data_parallel: false,
         }
     }
 
@@ -321,7 +332,10 @@ pub enum TrainError {
     Observe(#[from] crate::observe::ObserveError),
     #[error(transparent)]
     Plan(#[from] ferrite_plan::PlanError),
+    #[error(transparent)]
     Distributed(#[from] ferrite_parallel::distributed::DistributedError),
+    #[error(transparent)]
+    Parallel(Box<ferrite_parallel::ParallelError>),
 }
 
 impl TrainError {
@@ -342,6 +356,7 @@ impl TrainError {
             TrainError::Nn(e) => e.oom_report().is_some(),
             TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report().is_some(),
             TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report().is_some(),
+            TrainError::Parallel(e) => e.oom_report().is_some(),
             // A loader wraps what collation or staging to the device returned.
             TrainError::Data(e) => oom_in_sources(e),
             _ => false,
@@ -498,6 +513,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     }
     if args.distributed {
         return train_distributed(args, &device);
+    }
+    if data_parallel::requested(args) {
+        return data_parallel::train(args, &device);
     }
     let result = if args.model.is_language_model() {
         language::train(args, &device)

@@ -1,0 +1,303 @@
+//! `DataParallel`: one process, one model replica per device, each step's batch split between
+//! them (PyTorch's `nn.DataParallel`, with its footguns removed).
+//!
+//! A step: the batch is [scattered](scatter) along dim 0 (as evenly as possible; replicas with
+//! no samples sit the step out), every replica runs forward, **its own loss** and backward in its
+//! own thread, only the scalar losses come back, and the replicas' gradients are summed onto the
+//! primary replica (device 0) — each replica's loss weighted by its share of the samples, so the
+//! result equals the single-device step on the whole batch with a mean loss. The optimizer steps
+//! the primary's parameters; [`DataParallel::step`] then copies parameters and buffers back to the
+//! replicas, which stay in sync.
+//!
+//! Where this differs from PyTorch, on purpose:
+//! - **Balanced memory.** PyTorch gathers every replica's output on GPU 0 and computes the loss
+//!   there, which is why GPU 0 runs out first. Here the loss is computed per replica and only
+//!   scalars are gathered; [`DataParallel::memory_report`] shows every device's peak.
+//! - **No `module.` prefix.** [`DataParallel::state_dict`] has the plain model's names, and
+//!   [`DataParallel::load_state_dict`] / [`DataParallel::load_file`] strip a `module.` prefix
+//!   left by PyTorch's wrappers.
+//! - **Packed sequences keep their length.** Every replica unpacks to the whole batch's padded
+//!   length ([`Shard::pad_packed`], [`DataParallel::forward_packed`]), so outputs of replicas
+//!   that saw shorter sequences still gather.
+//!
+//! ```
+//! use ferrite_memory::{Device, select_devices};
+//! use ferrite_nn::{Linear, Module};
+//! use ferrite_optim::{Sgd, SgdConfig};
+//! use ferrite_parallel::DataParallel;
+//! use ferrite_tensor::{DType, Tensor, functional::mse_loss};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let devices = select_devices(&Device::parse("sim:a100-40gb")?, Some("0,1"))?;
+//! let dp = DataParallel::new(Linear::new(4, 1)?, &devices)?;
+//! let mut opt = Sgd::new(dp.parameters(), SgdConfig::new(0.1))?;
+//! let (x, y) = (Tensor::randn(&[6, 4], DType::F32, &Device::Cpu)?, Tensor::zeros(&[6, 1], DType::F32, &Device::Cpu)?);
+//! let loss = dp.forward_backward(&[&x, &y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?))?;
+//! dp.step(&mut opt)?;
+//! println!("loss {:.4}; {}", loss.loss, dp.memory_report());
+//! # Ok(()) }
+//! ```
+
+pub mod memory_report;
+pub mod replicate;
+pub mod scatter;
+
+use std::path::Path;
+
+use ferrite_memory::Device;
+use ferrite_nn::state_dict::{IncompatibleKeys, LoadOptions as NnLoadOptions, StateDict};
+use ferrite_nn::{Module, PackedSequence, pack_padded_sequence};
+use ferrite_optim::Optimizer;
+use ferrite_tensor::{Tensor, no_grad};
+
+pub use memory_report::{DeviceMemory, MemoryReport};
+pub use scatter::{Shard, split_sizes};
+
+use crate::error::{ParallelError, Result};
+
+/// The prefix PyTorch's `DataParallel`/`DistributedDataParallel` put before every key.
+pub const MODULE_PREFIX: &str = "module.";
+
+/// A model replicated on several devices (see the module documentation).
+pub struct DataParallel<M: Module + Clone + 'static> {
+    replicas: Vec<M>,
+    devices: Vec<Device>,
+}
+
+/// What one data-parallel forward/backward gave: the batch's loss and each replica's part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLoss {
+    /// The whole batch's mean loss (the sample-weighted mean of the replicas' losses): the number
+    /// a single-device step would report.
+    pub loss: f64,
+    /// `(device, samples, loss)` of every replica that had samples.
+    pub replicas: Vec<(Device, usize, f64)>,
+}
+
+impl<M: Module + Clone + 'static> DataParallel<M> {
+    /// Replicate `module` on `devices` (the first is the primary, holding the parameters the
+    /// optimizer updates). The module is moved to `devices[0]`; build the optimizer from
+    /// [`parameters`](Self::parameters) afterwards.
+    pub fn new(module: M, devices: &[Device]) -> Result<Self> {
+        replicate::check_devices(devices)?;
+        let replicas = replicate::replicate(module, devices)?;
+        Ok(DataParallel { replicas, devices: devices.to_vec() })
+    }
+
+    /// The devices, primary first.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// The primary replica: the model as a single-device user sees it.
+    pub fn module(&self) -> &M {
+        &self.replicas[0]
+    }
+
+    /// The primary replica, mutable. Call [`sync_replicas`](Self::sync_replicas) after changing
+    /// its parameters or buffers.
+    pub fn module_mut(&mut self) -> &mut M {
+        &mut self.replicas[0]
+    }
+
+    /// Every replica, primary first.
+    pub fn replicas(&self) -> &[M] {
+        &self.replicas
+    }
+
+    /// The primary's model, unwrapped.
+    pub fn into_inner(mut self) -> M {
+        self.replicas.swap_remove(0)
+    }
+
+    /// The primary's parameters: give these to the optimizer.
+    pub fn parameters(&self) -> Vec<Tensor> {
+        self.module().parameters()
+    }
+
+    /// The plain model's state_dict (no `module.` prefix), from the primary.
+    pub fn state_dict(&self) -> StateDict {
+        self.module().state_dict()
+    }
+
+    /// Load a state_dict into every replica. A state_dict whose every key starts with `module.`
+    /// (saved from PyTorch's wrappers) is loaded with the prefix stripped.
+    pub fn load_state_dict(&mut self, state_dict: &StateDict, strict: bool) -> Result<IncompatibleKeys> {
+        let prefixed = !state_dict.is_empty() && state_dict.keys().all(|k| k.starts_with(MODULE_PREFIX));
+        let options = NnLoadOptions { strict, strip_prefix: prefixed.then(|| MODULE_PREFIX.to_string()) };
+        let keys = self.replicas[0].load_state_dict_with(state_dict, &options)?;
+        self.sync_replicas()?;
+        Ok(keys)
+    }
+
+    /// Load a checkpoint file (safetensors or a PyTorch `.pt`/`.pth`, read by ferrite-io) into
+    /// every replica, stripping a `module.` prefix when every key has one.
+    pub fn load_file(&mut self, path: impl AsRef<Path>, strict: bool) -> Result<IncompatibleKeys> {
+        let tensors = ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::new())?;
+        let mut sd = StateDict::new();
+        for (k, t) in tensors {
+            sd.insert(k, t);
+        }
+        self.load_state_dict(&sd, strict)
+    }
+
+    /// Training or evaluation mode on every replica.
+    pub fn train(&mut self, training: bool) {
+        for r in &mut self.replicas {
+            r.train(training);
+        }
+    }
+
+    /// Free every replica's gradients.
+    pub fn zero_grad(&self) -> Result<()> {
+        for r in &self.replicas {
+            r.zero_grad()?;
+        }
+        Ok(())
+    }
+
+    /// Copy the primary's parameters and buffers into every other replica (after an optimizer
+    /// step or a load).
+    pub fn sync_replicas(&self) -> Result<()> {
+        replicate::sync(&self.replicas)
+    }
+
+    /// The optimizer's step on the primary's parameters, then [`sync_replicas`](Self::sync_replicas).
+    pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        optimizer.step()?;
+        self.sync_replicas()
+    }
+
+    /// Forward, loss and backward of one batch on all replicas in parallel, gradients reduced onto
+    /// the primary (added to any it already holds, so gradient accumulation works as on one
+    /// device). `batch` are tensors sharing dim 0 (inputs, targets, …), on any device; each
+    /// replica receives its [`Shard`] of them on its own device. `loss_fn` returns the **mean**
+    /// loss over its shard's samples, as a one-element tensor.
+    pub fn forward_backward<F>(&self, batch: &[&Tensor], loss_fn: F) -> Result<StepLoss>
+    where
+        F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
+    {
+        self.forward_backward_shards(scatter::scatter(batch, None, &self.devices)?, &loss_fn)
+    }
+
+    /// [`forward_backward`](Self::forward_backward) for batch-first padded sequences with their
+    /// `lengths`: each shard carries its lengths and the batch's padded length
+    /// ([`Shard::total_length`]), so [`Shard::pad_packed`] unpacks every replica to the same
+    /// number of steps.
+    pub fn forward_backward_sequences<F>(&self, batch: &[&Tensor], lengths: &[usize], loss_fn: F) -> Result<StepLoss>
+    where
+        F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
+    {
+        self.forward_backward_shards(scatter::scatter(batch, Some(lengths), &self.devices)?, &loss_fn)
+    }
+
+    fn forward_backward_shards<F>(&self, shards: Vec<Shard>, loss_fn: &F) -> Result<StepLoss>
+    where
+        F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
+    {
+        // Gradients of the other replicas are per-step scratch: start from none.
+        for r in &self.replicas[1..] {
+            r.zero_grad()?;
+        }
+        let losses = self.parallel_apply(&shards, |replica, shard| {
+            let loss = loss_fn(replica, shard)?;
+            if loss.numel() != 1 {
+                return Err(ParallelError::LossNotScalar {
+                    device: shard.device.to_string(),
+                    shape: loss.shape().to_vec(),
+                });
+            }
+            let value = loss.item()?;
+            loss.mul_scalar(shard.weight())?.backward()?;
+            Ok(value)
+        })?;
+        replicate::reduce_gradients(&self.replicas, shards.iter().map(|s| s.replica))?;
+        let replicas: Vec<(Device, usize, f64)> =
+            shards.iter().zip(&losses).map(|(s, &l)| (s.device.clone(), s.samples, l)).collect();
+        let loss = shards.iter().zip(&losses).map(|(s, l)| s.weight() * l).sum();
+        Ok(StepLoss { loss, replicas })
+    }
+
+    /// Run `f` on every replica with its shard of `batch` in parallel and gather the outputs
+    /// along dim 0 on the primary device (PyTorch's `DataParallel.forward`; for evaluation —
+    /// training should use [`forward_backward`](Self::forward_backward), which keeps memory
+    /// balanced).
+    pub fn forward<F>(&self, batch: &[&Tensor], f: F) -> Result<Tensor>
+    where
+        F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
+    {
+        let shards = scatter::scatter(batch, None, &self.devices)?;
+        let outs = self.parallel_apply(&shards, &f)?;
+        self.gather(outs)
+    }
+
+    /// A recurrent forward of batch-first padded sequences: each replica packs its shard
+    /// (`pack_padded_sequence`, unsorted allowed), runs `f` and unpacks to the **whole batch's**
+    /// padded length, so the outputs gather on the primary whatever each replica's longest
+    /// sequence (PyTorch's replicas each unpack to their own longest and the gather fails).
+    /// Returns the padded outputs `[batch, steps, *]` and the lengths.
+    pub fn forward_packed<F>(&self, padded: &Tensor, lengths: &[usize], f: F) -> Result<(Tensor, Vec<usize>)>
+    where
+        F: Fn(&M, &PackedSequence) -> Result<PackedSequence> + Sync,
+    {
+        let shards = scatter::scatter(&[padded], Some(lengths), &self.devices)?;
+        let outs = self.parallel_apply(&shards, |m, s| {
+            let lengths = s.lengths.as_deref().unwrap_or_default();
+            let packed = pack_padded_sequence(&s.tensors[0], lengths, true, false)?;
+            Ok(s.pad_packed(&f(m, &packed)?, 0.0)?.0)
+        })?;
+        Ok((self.gather(outs)?, lengths.to_vec()))
+    }
+
+    /// Outputs of the replicas concatenated along dim 0 on the primary device.
+    fn gather(&self, outs: Vec<Tensor>) -> Result<Tensor> {
+        let moved = outs.iter().map(|t| t.to_device(&self.devices[0])).collect::<std::result::Result<Vec<_>, _>>()?;
+        let refs: Vec<&Tensor> = moved.iter().collect();
+        Ok(Tensor::cat(&refs, 0)?)
+    }
+
+    /// Run `f(replica, shard)` for every shard, each in its own thread (the primary's on the
+    /// calling thread, under the caller's grad mode and autocast), results in shard order. The
+    /// first error (or a replica's panic) wins.
+    fn parallel_apply<T, F>(&self, shards: &[Shard], f: F) -> Result<Vec<T>>
+    where
+        T: Send,
+        F: Fn(&M, &Shard) -> Result<T> + Sync,
+    {
+        // Grad mode and autocast are per thread: the replicas' threads take the caller's.
+        let grad_enabled = ferrite_tensor::is_grad_enabled();
+        let amp = ferrite_tensor::autocast::autocast_dtype();
+        let run = |s: &Shard| {
+            let _g = (!grad_enabled).then(no_grad);
+            let _amp = ferrite_tensor::autocast::set_autocast(amp)?;
+            f(&self.replicas[s.replica], s)
+        };
+        let Some((first, rest)) = shards.split_first() else { return Ok(Vec::new()) };
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = rest.iter().map(|s| (s, scope.spawn(|| run(s)))).collect();
+            let mut out = vec![run(first)];
+            for (s, h) in handles {
+                out.push(h.join().unwrap_or_else(|p| {
+                    let message = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|m| m.to_string()))
+                        .unwrap_or_else(|| "unknown panic".into());
+                    Err(ParallelError::ReplicaPanicked { device: s.device.to_string(), message })
+                }));
+            }
+            out.into_iter().collect()
+        })
+    }
+
+    /// Every device's memory (allocated, reserved and their peaks) from its allocator.
+    pub fn memory_report(&self) -> MemoryReport {
+        MemoryReport::of(&self.devices)
+    }
+
+    /// Reset every device's peak statistics (to measure one step's peaks).
+    pub fn reset_peak_memory_stats(&self) {
+        for d in &self.devices {
+            ferrite_memory::allocator(d).reset_peak_memory_stats();
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The one error type of the parallel layer.
+use thiserror::Error;
+
+/// Every failure `ferrite-parallel` reports. Errors of the layers below (a tensor op, an OOM on one
+/// replica's device, a bad device list) pass through unchanged, so a trainer can still ask for the
+/// allocator's OOM diagnosis.
+#[derive(Debug, Error)]
+pub enum ParallelError {
+    /// `DataParallel` was given no device.
+    #[error("DataParallel needs at least one device; pass e.g. `--device sim:a100-40gb --devices 0,1`")]
+    NoDevices,
+    /// The same device listed twice: two replicas would share one allocator and one copy of the
+    /// parameters.
+    #[error("DataParallel: device {device} is listed twice (devices: {devices}); list each device once")]
+    DuplicateDevice { device: String, devices: String },
+    /// A batch whose tensors disagree on dim 0, or have no dim 0 to scatter along.
+    #[error(
+        "DataParallel: cannot scatter the batch along dim 0: tensor {index} has shape {shape:?}, the first has {batch} samples; every tensor of a batch needs the same dim 0"
+    )]
+    BatchMismatch { index: usize, shape: Vec<usize>, batch: usize },
+    /// An empty batch (nothing to scatter) or no tensor at all.
+    #[error("DataParallel: the batch is empty (0 samples or no tensors); there is nothing to run")]
+    EmptyBatch,
+    /// Sequence lengths that do not match the batch.
+    #[error("DataParallel: {lengths} sequence lengths for a batch of {batch}; give one length per sample")]
+    LengthsMismatch { lengths: usize, batch: usize },
+    /// A replica's thread panicked (a bug in the model code); the step is abandoned.
+    #[error("DataParallel: the replica on {device} panicked: {message}")]
+    ReplicaPanicked { device: String, message: String },
+    /// A loss that is not a single number.
+    #[error(
+        "DataParallel: the loss of the replica on {device} has shape {shape:?}; the loss function must return one number (a mean over its samples)"
+    )]
+    LossNotScalar { device: String, shape: Vec<usize> },
+    /// A layer, loss or tensor op failed on a replica.
+    #[error(transparent)]
+    Nn(#[from] ferrite_nn::NnError),
+    /// A tensor op failed (shapes, devices, out of memory).
+    #[error(transparent)]
+    Tensor(#[from] ferrite_tensor::TensorError),
+    /// The optimizer refused its step.
+    #[error(transparent)]
+    Optim(#[from] ferrite_optim::OptimError),
+    /// A checkpoint file that cannot be read.
+    #[error(transparent)]
+    Io(#[from] ferrite_io::IoError),
+    /// A device or device list that cannot be used.
+    #[error(transparent)]
+    Memory(#[from] ferrite_memory::MemoryError),
+}
+
+impl ParallelError {
+    /// The allocator's out-of-memory report, if this error is an OOM on some replica.
+    pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
+        match self {
+            ParallelError::Nn(e) => e.oom_report(),
+            ParallelError::Tensor(e) => e.oom_report(),
+            ParallelError::Memory(e) => e.oom_report(),
+            _ => None,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ParallelError> = std::result::Result<T, E>;

@@ -1,0 +1,252 @@
+//! DataParallel seen from outside: over 2 and 3 simulated devices a training step equals the
+//! single-device step (SGD with momentum and AdamW, several steps, an uneven last batch), the
+//! replicas stay in sync, the state_dict has the plain names, and bad device lists are typed
+//! errors.
+//!
+//! Every test uses its own simulated GPU model, so the tests of this binary (run in parallel
+//! threads) never share an allocator.
+
+use ferrite_memory::{Device, MemoryError, select_devices};
+use ferrite_nn::{Linear, Module, Sequential, Tanh};
+use ferrite_optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use ferrite_parallel::{DataParallel, ParallelError};
+use ferrite_tensor::functional::mse_loss;
+use ferrite_tensor::{DType, Generator, Tensor};
+
+fn mlp(seed: u64) -> Sequential {
+    let mut g = Generator::new(seed);
+    Sequential::new()
+        .append(Linear::new_with(6, 16, true, &Device::Cpu, &mut g).unwrap())
+        .append(Tanh::new())
+        .append(Linear::new_with(16, 3, true, &Device::Cpu, &mut g).unwrap())
+}
+
+/// Batches of 8, 8, 8 and a last one of 5 (uneven over 2 and 3 devices).
+fn batches() -> Vec<(Tensor, Tensor)> {
+    let mut g = Generator::new(42);
+    [8, 8, 8, 5]
+        .into_iter()
+        .map(|n| {
+            let x = Tensor::randn_with(&[n, 6], DType::F32, &Device::Cpu, &mut g).unwrap();
+            let y = Tensor::randn_with(&[n, 3], DType::F32, &Device::Cpu, &mut g).unwrap();
+            (x, y)
+        })
+        .collect()
+}
+
+fn values(m: &impl Module) -> Vec<Vec<f32>> {
+    m.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
+}
+
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        for (u, v) in x.iter().zip(y) {
+            // f32 reduction tolerance: the replicas sum their gradients in another order.
+            assert!((u - v).abs() <= 2e-5 + 2e-5 * v.abs(), "{what}: parameter {i}: {u} vs {v}");
+        }
+    }
+}
+
+/// Train `steps` passes over the batches on one device and on `k` simulated devices of
+/// `profile`; compare parameters after every step.
+fn dp_equals_single_device(profile: &str, k: usize, make_opt: &dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>) {
+    let single_dev = Device::parse(&format!("sim:{profile}:7")).unwrap();
+    let mut single = mlp(1);
+    single.to_device(&single_dev).unwrap();
+    let mut single_opt = make_opt(single.parameters());
+
+    let list: Vec<String> = (0..k).map(|i| i.to_string()).collect();
+    let devices = select_devices(&Device::parse(&format!("sim:{profile}")).unwrap(), Some(&list.join(","))).unwrap();
+    let dp = DataParallel::new(mlp(1), &devices).unwrap();
+    let mut dp_opt = make_opt(dp.parameters());
+    assert_close(&values(dp.module()), &values(&single), "initial");
+
+    for epoch in 0..2 {
+        for (step, (x, y)) in batches().iter().enumerate() {
+            single_opt.zero_grad().unwrap();
+            let out = single.forward(&x.to_device(&single_dev).unwrap()).unwrap();
+            let loss = mse_loss(&out, &y.to_device(&single_dev).unwrap()).unwrap();
+            loss.backward().unwrap();
+            single_opt.step().unwrap();
+
+            dp_opt.zero_grad().unwrap();
+            let dp_loss =
+                dp.forward_backward(&[x, y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?)).unwrap();
+            assert_eq!(dp_loss.replicas.len(), k.min(x.shape()[0]));
+            assert!(
+                (dp_loss.loss - loss.item().unwrap()).abs() < 1e-5,
+                "loss {} vs {}",
+                dp_loss.loss,
+                loss.item().unwrap()
+            );
+            dp.step(dp_opt.as_mut()).unwrap();
+
+            let what = format!("{k} devices, epoch {epoch} step {step}");
+            assert_close(&values(dp.module()), &values(&single), &what);
+            for r in &dp.replicas()[1..] {
+                assert_close(&values(r), &values(dp.module()), &format!("replica in sync, {what}"));
+                assert!(r.parameters().iter().all(|p| p.grad().is_none()), "replica gradients are freed");
+            }
+        }
+    }
+}
+
+fn sgd(p: Vec<Tensor>) -> Box<dyn Optimizer> {
+    Box::new(Sgd::new(p, SgdConfig::new(0.05).momentum(0.9)).unwrap())
+}
+
+fn adamw(p: Vec<Tensor>) -> Box<dyn Optimizer> {
+    Box::new(Adam::new(p, AdamConfig::adamw(0.01).weight_decay(0.01)).unwrap())
+}
+
+#[test]
+fn two_devices_sgd_equals_one_device() {
+    dp_equals_single_device("t4-16gb", 2, &sgd);
+}
+
+#[test]
+fn three_devices_sgd_equals_one_device() {
+    dp_equals_single_device("rtx3090-24gb", 3, &sgd);
+}
+
+#[test]
+fn two_devices_adamw_equals_one_device() {
+    dp_equals_single_device("rtx4090-24gb", 2, &adamw);
+}
+
+#[test]
+fn three_devices_adamw_equals_one_device() {
+    dp_equals_single_device("a100-80gb", 3, &adamw);
+}
+
+#[test]
+fn a_batch_smaller_than_the_device_count_skips_the_empty_replicas() {
+    let devices = select_devices(&Device::parse("sim:3GiB").unwrap(), Some("0,1,2")).unwrap();
+    let dp = DataParallel::new(mlp(3), &devices).unwrap();
+    let x = Tensor::randn(&[2, 6], DType::F32, &Device::Cpu).unwrap();
+    let y = Tensor::zeros(&[2, 3], DType::F32, &Device::Cpu).unwrap();
+    let l = dp.forward_backward(&[&x, &y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?)).unwrap();
+    assert_eq!(l.replicas.iter().map(|r| r.1).collect::<Vec<_>>(), vec![1, 1]);
+    assert!(dp.parameters().iter().all(|p| p.grad().is_some()));
+    // Evaluation gathers outputs on the primary.
+    let out = dp.forward(&[&x], |m, s| Ok(m.forward(&s.tensors[0])?)).unwrap();
+    assert_eq!(out.shape(), [2, 3]);
+    assert_eq!(out.device(), &devices[0]);
+}
+
+#[test]
+fn the_state_dict_has_the_plain_names_and_a_module_prefix_is_stripped_on_load() {
+    let devices = select_devices(&Device::parse("sim:5GiB").unwrap(), Some("0,1")).unwrap();
+    let plain = mlp(4);
+    let names: Vec<String> = plain.state_dict().keys().map(String::from).collect();
+    let mut dp = DataParallel::new(mlp(5), &devices).unwrap();
+    assert_eq!(dp.state_dict().keys().map(String::from).collect::<Vec<_>>(), names);
+    assert!(names.iter().all(|k| !k.starts_with("module.")));
+    // A state_dict saved from PyTorch's wrapper: every key `module.`-prefixed.
+    let prefixed = plain.state_dict().with_prefix("module.");
+    dp.load_state_dict(&prefixed, true).unwrap();
+    assert_close(&values(dp.module()), &values(&plain), "loaded primary");
+    assert_close(&values(&dp.replicas()[1]), &values(&plain), "loaded replica");
+    // The plain names load as they are.
+    dp.load_state_dict(&mlp(6).state_dict(), true).unwrap();
+    assert_close(&values(&dp.replicas()[1]), &values(&mlp(6)), "plain load");
+}
+
+#[test]
+fn bad_device_lists_are_typed_errors_naming_the_valid_indices() {
+    let sim = Device::parse("sim:6GiB").unwrap();
+    for list in ["", "0,,1", "1,1", "16", "x", "0;1"] {
+        match select_devices(&sim, Some(list)) {
+            Err(MemoryError::InvalidDeviceList { valid, .. }) => assert_eq!(valid, "0..=15 (16 devices)", "{list}"),
+            other => panic!("{list}: {other:?}"),
+        }
+    }
+    assert!(matches!(select_devices(&Device::Cpu, Some("0,1")), Err(MemoryError::InvalidDeviceList { .. })));
+    assert!(matches!(DataParallel::new(mlp(0), &[]), Err(ParallelError::NoDevices)));
+    let d = Device::parse("sim:6GiB:1").unwrap();
+    let e = DataParallel::new(mlp(0), &[d.clone(), d]).err().unwrap();
+    assert!(matches!(e, ParallelError::DuplicateDevice { .. }), "{e}");
+    assert!(e.to_string().contains("sim:6GiB:1"), "{e}");
+}
+
+#[test]
+fn a_non_scalar_loss_and_a_ragged_batch_are_errors() {
+    let devices = select_devices(&Device::parse("sim:7GiB").unwrap(), Some("0,1")).unwrap();
+    let dp = DataParallel::new(mlp(0), &devices).unwrap();
+    let x = Tensor::randn(&[4, 6], DType::F32, &Device::Cpu).unwrap();
+    let y = Tensor::zeros(&[3, 3], DType::F32, &Device::Cpu).unwrap();
+    let e = dp.forward_backward(&[&x, &y], |m, s| Ok(m.forward(&s.tensors[0])?)).unwrap_err();
+    assert!(matches!(e, ParallelError::BatchMismatch { index: 1, batch: 4, .. }), "{e}");
+    let e = dp.forward_backward(&[&x], |m, s| Ok(m.forward(&s.tensors[0])?)).unwrap_err();
+    assert!(matches!(e, ParallelError::LossNotScalar { .. }), "{e}");
+}
+
+/// PyTorch's `Net` of the fixture script: emb, fc1, fc2, norm (registration order).
+#[derive(Clone)]
+struct Net {
+    emb: ferrite_nn::Embedding,
+    fc1: Linear,
+    fc2: Linear,
+    norm: ferrite_nn::LayerNorm,
+    training: bool,
+}
+
+impl Module for Net {
+    fn type_name(&self) -> &'static str {
+        "Net"
+    }
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        self.fc2.forward(&self.norm.forward(&self.fc1.forward(&self.emb.forward(x)?)?)?)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        vec![
+            ("emb".into(), &self.emb),
+            ("fc1".into(), &self.fc1),
+            ("fc2".into(), &self.fc2),
+            ("norm".into(), &self.norm),
+        ]
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        vec![
+            ("emb".into(), &mut self.emb),
+            ("fc1".into(), &mut self.fc1),
+            ("fc2".into(), &mut self.fc2),
+            ("norm".into(), &mut self.norm),
+        ]
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+#[test]
+fn a_pytorch_dataparallel_checkpoint_loads_without_its_prefix() {
+    let Some(path) = ferrite_test_support::pytorch_file_or_skip("dataparallel_state_dict.pt") else { return };
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path.with_file_name("expected.json")).unwrap()).unwrap();
+    let net = Net {
+        emb: ferrite_nn::Embedding::new(11, 4, None).unwrap(),
+        fc1: Linear::new(4, 6).unwrap(),
+        fc2: Linear::new(6, 11).unwrap(),
+        norm: ferrite_nn::LayerNorm::new(&[6]).unwrap(),
+        training: true,
+    };
+    let devices = select_devices(&Device::parse("sim:9GiB").unwrap(), Some("0,1")).unwrap();
+    let mut dp = DataParallel::new(net, &devices).unwrap();
+    // Every key of the file is `module.`-prefixed; strict loading succeeds.
+    let keys = dp.load_file(&path, true).unwrap();
+    assert!(keys.missing_keys.is_empty() && keys.unexpected_keys.is_empty());
+    assert!(dp.state_dict().keys().all(|k| !k.starts_with("module.")));
+    for (name, want) in expected["plain_state_dict"].as_object().unwrap() {
+        let want = want["sum"].as_f64().unwrap();
+        for r in dp.replicas() {
+            let sd = r.state_dict();
+            let got: f64 = sd.get(name).unwrap().to_vec::<f32>().unwrap().iter().map(|&v| v as f64).sum();
+            assert!((got - want).abs() < 1e-4, "{name} on {}: {got} vs {want}", sd.get(name).unwrap().device());
+        }
+    }
+}
