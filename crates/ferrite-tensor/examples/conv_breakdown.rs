@@ -9,13 +9,39 @@ use std::time::Instant;
 use ferrite_tensor::functional::{Conv2dOptions, conv2d};
 use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
+/// With `CONV_CPU_TIME=1`: the process's CPU time (Linux) instead of wall time, to compare
+/// variants on a machine shared with other jobs (preemption does not count; run with
+/// `RAYON_NUM_THREADS=1` so idle helpers do not count either).
+fn cpu_seconds() -> Option<f64> {
+    if std::env::var_os("CONV_CPU_TIME").is_none() || !cfg!(target_os = "linux") {
+        return None;
+    }
+    #[repr(C)]
+    struct Timespec {
+        sec: i64,
+        nsec: i64,
+    }
+    unsafe extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec { sec: 0, nsec: 0 };
+    // SAFETY: glibc's clock_gettime with a valid clock id and a timespec-sized struct.
+    let r = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
+}
+
 fn med(mut f: impl FnMut()) -> f64 {
     f();
     let mut v: Vec<f64> = (0..20)
         .map(|_| {
             let t = Instant::now();
+            let c0 = cpu_seconds();
             f();
-            t.elapsed().as_secs_f64() * 1e3
+            match (c0, cpu_seconds()) {
+                (Some(c0), Some(c1)) => (c1 - c0) * 1e3,
+                _ => t.elapsed().as_secs_f64() * 1e3,
+            }
         })
         .collect();
     v.sort_by(|a, b| a.total_cmp(b));

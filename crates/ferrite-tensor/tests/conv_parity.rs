@@ -293,8 +293,8 @@ fn unbatched_inputs_and_f64_and_bf16_follow_the_batched_f32_result() {
 
 #[test]
 fn batches_larger_than_one_unfold_chunk_give_the_same_result() {
-    // One sample's unfolded matrix (16·9 rows × 96·96 windows × 4 B ≈ 5.3 MB): 13 samples exceed
-    // the 64 MiB budget, so the batch runs in two chunks; every sample must equal its own run.
+    // One sample's unfolded matrix (16·9 rows × 96·96 windows × 4 B ≈ 5.3 MB) exceeds half the
+    // unfold budget, so the batch runs in several chunks; every sample must equal its own run.
     let mut g = Generator::new(7);
     let x = randn(&[13, 16, 96, 96], &mut g).requires_grad_(true).unwrap();
     let w = randn(&[4, 16, 3, 3], &mut g).requires_grad_(true).unwrap();
@@ -314,7 +314,7 @@ fn batches_larger_than_one_unfold_chunk_give_the_same_result() {
         }
     }
     // The weight gradient of the whole batch is the sum over samples: samples 0 and 12 (above)
-    // plus samples 1..12 run as one chunk.
+    // plus samples 1..12 run as one batch.
     let rest = x.detach().narrow(0, 1, 11).unwrap().contiguous().unwrap();
     let wr = w.detach().requires_grad_(true).unwrap();
     conv2d(&rest, &wr, None, &o).unwrap().sum().unwrap().backward().unwrap();
