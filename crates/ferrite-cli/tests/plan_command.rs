@@ -128,3 +128,42 @@ fn an_out_of_memory_run_ends_with_the_planners_remedies() {
     assert!(err.contains("Remedies planned for this model on sim:24MiB") && err.contains("saves"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn plot_draws_the_planned_step_with_its_peak_and_categories() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("plan.svg");
+    let (ok, out, err) = ferrite(&[
+        "plan",
+        "--model",
+        "mlp",
+        "--batch",
+        "64",
+        "--device",
+        "sim:t4-16gb",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("the plot parses as SVG");
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let labels: Vec<String> =
+        doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::to_string).collect();
+    // The peak marked is the plan's peak reserved, in the plot's units.
+    let peak = plan["peak_reserved_bytes"].as_u64().unwrap();
+    let peak_label = format!("peak reserved {}", ferrite_memory::format_size(peak));
+    assert!(labels.iter().any(|l| l.contains(&peak_label)), "no `{peak_label}` among {labels:?}");
+    for category in ["parameters", "gradients", "optimizer state", "activations"] {
+        assert!(labels.iter().any(|l| l.contains(category)), "no legend entry `{category}` in {labels:?}");
+    }
+    // HTML by extension; a directory is refused with an error, not a panic.
+    let html = dir.path().join("plan.html");
+    let (ok, _, err) = ferrite(&["plan", "--model", "mlp", "--plot", html.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<svg"));
+    let (ok, _, err) = ferrite(&["plan", "--model", "mlp", "--plot", dir.path().to_str().unwrap()]);
+    assert!(!ok && err.starts_with("error:") && !err.contains("panicked"), "{err}");
+}

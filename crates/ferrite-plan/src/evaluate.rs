@@ -293,6 +293,64 @@ pub fn evaluate(trace: &StepTrace, target: &Target) -> Result<MemoryPlan, PlanEr
     })
 }
 
+/// Memory after one event of a replayed step (`ferrite plan --plot` draws these).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepPoint {
+    /// Index of the allocation or free in the recorded step.
+    pub event: usize,
+    /// Bytes allocated (rounded blocks, as `memory_allocated`).
+    pub allocated: u64,
+    /// Bytes reserved (segments, as `memory_reserved`).
+    pub reserved: u64,
+    /// Requested bytes of the live blocks per category, in [`Category::ALL`] order.
+    pub by_category: [u64; 5],
+}
+
+/// Replay `trace` on `target` and return memory after every event, so the step can be drawn as
+/// a timeline. A step that does not fit is replayed without the capacity limit (same allocator
+/// rules), so the picture shows what it would need against the card's capacity line.
+pub fn step_timeline(trace: &StepTrace, target: &Target) -> Result<Vec<StepPoint>, PlanError> {
+    let run = |device: Device, fraction: Option<f64>| -> Result<Option<Vec<StepPoint>>, PlanError> {
+        let alloc = CachingAllocator::unbacked(device, target.config.clone());
+        if let Some(f) = fraction {
+            alloc.set_per_process_memory_fraction(f)?;
+        }
+        let mut live: HashMap<u64, (Block, usize)> = HashMap::with_capacity(1024);
+        let mut by_category = [0u64; 5];
+        let mut points = Vec::with_capacity(trace.events.len());
+        for (i, ev) in trace.events.iter().enumerate() {
+            if ev.alloc {
+                let size = usize::try_from(ev.size).map_err(|_| {
+                    PlanError::setting("model", format!("a tensor of {} bytes does not fit this platform", ev.size))
+                })?;
+                let slot = trace.info[i].as_ref().map_or(Category::Temporaries, |inf| inf.category).index();
+                match alloc.allocate(size) {
+                    Ok(b) => {
+                        by_category[slot] += ev.size;
+                        live.insert(ev.addr, (b, slot));
+                    }
+                    Err(MemoryError::OutOfMemory { .. } | MemoryError::DriverRefused { .. }) => return Ok(None),
+                    Err(e) => return Err(e.into()),
+                }
+            } else if let Some((b, slot)) = live.remove(&ev.addr) {
+                by_category[slot] = by_category[slot].saturating_sub(b.requested_size() as u64);
+            }
+            points.push(StepPoint {
+                event: i,
+                allocated: alloc.memory_allocated(),
+                reserved: alloc.memory_reserved(),
+                by_category,
+            });
+        }
+        Ok(Some(points))
+    };
+    let device = Device::Sim { profile: target.profile.clone(), index: 0 };
+    match run(device, target.memory_fraction)? {
+        Some(points) => Ok(points),
+        None => Ok(run(unbounded(), None)?.unwrap_or_default()),
+    }
+}
+
 /// The non-default allocator settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax.
 pub fn alloc_conf_string(config: &AllocatorConfig) -> String {
     config.to_string()

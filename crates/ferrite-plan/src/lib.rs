@@ -28,7 +28,9 @@ mod trace;
 mod workload;
 
 pub use error::PlanError;
-pub use evaluate::{Breakdown, LayerBytes, MemoryPlan, PeakSite, PlanOom, Target, alloc_conf_string, evaluate};
+pub use evaluate::{
+    Breakdown, LayerBytes, MemoryPlan, PeakSite, PlanOom, StepPoint, Target, alloc_conf_string, evaluate, step_timeline,
+};
 pub use hf::{Decoder, HfConfig, HfDecoder, HfStyle};
 pub use measure::{Measured, measure};
 pub use search::{

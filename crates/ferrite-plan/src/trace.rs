@@ -36,6 +36,33 @@ pub enum Category {
     Temporaries,
 }
 
+impl Category {
+    /// Every category, in the order of [`crate::StepPoint::by_category`].
+    pub const ALL: [Category; 5] = [
+        Category::Parameters,
+        Category::Gradients,
+        Category::OptimizerState,
+        Category::Activations,
+        Category::Temporaries,
+    ];
+
+    /// Position in [`Category::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A label for tables and plots.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters",
+            Category::Gradients => "gradients",
+            Category::OptimizerState => "optimizer state",
+            Category::Activations => "activations",
+            Category::Temporaries => "temporaries",
+        }
+    }
+}
+
 /// One allocation or free of the recorded step.
 #[derive(Debug, Clone)]
 pub struct Event {

@@ -42,6 +42,7 @@ pub fn plan_args(args: &TrainArgs) -> PlanArgs {
         json: false,
         measure: false,
         find_batch_size: false,
+        plot: None,
         sweep_batch: None,
         target_batch: None,
         jobs: None,

@@ -98,6 +98,10 @@ pub struct PlanArgs {
     /// The largest micro-batch that fits.
     #[arg(long)]
     pub find_batch_size: bool,
+    /// Draw the planned step as a timeline of allocated (stacked by category) and reserved memory
+    /// with the card's capacity and the peak marked: an `.svg` file, or `.html` (the SVG in a page).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
     /// Peak memory for each of these batch sizes (comma-separated), against the card's capacity.
     #[arg(long, value_delimiter = ',')]
     pub sweep_batch: Option<Vec<usize>>,
@@ -256,7 +260,8 @@ pub fn run(args: PlanArgs) -> CliResult {
         render::jobs(&j, &target, args.json);
         return Ok(());
     }
-    let mut plan = ferrite_plan::plan(w, &config, &target)?;
+    let trace = ferrite_plan::record(w, &config)?;
+    let mut plan = ferrite_plan::evaluate(&trace, &target)?;
     if args.measure {
         if plan.peak_reserved_bytes > MEASURE_LIMIT {
             return Err(
@@ -276,5 +281,44 @@ pub fn run(args: PlanArgs) -> CliResult {
         }
     }
     render::plan(&plan, args.json);
+    if let Some(path) = &args.plot {
+        write_plot(path, &trace, &plan, &target)?;
+        if !args.json {
+            println!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// `--plot FILE`: the replayed step as a picture (`crate::plot`), SVG or HTML by the extension.
+fn write_plot(
+    path: &std::path::Path,
+    trace: &ferrite_plan::StepTrace,
+    plan: &ferrite_plan::MemoryPlan,
+    target: &Target,
+) -> CliResult {
+    let points = ferrite_plan::step_timeline(trace, target)?;
+    let timeline = crate::plot::DeviceTimeline {
+        label: format!("{} on {} (batch {})", plan.model, target.device_name(), plan.batch_size),
+        capacity: Some(target.usable_bytes()),
+        x_label: "allocation event of the planned step".into(),
+        categories: ferrite_plan::Category::ALL.iter().map(|c| c.label().to_string()).collect(),
+        points: points
+            .iter()
+            .map(|p| crate::plot::TimelinePoint {
+                t: p.event as f64,
+                allocated: p.allocated,
+                reserved: p.reserved,
+                by_category: p.by_category.to_vec(),
+            })
+            .collect(),
+    };
+    let html = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
+    let text = if html {
+        crate::plot::memory_timeline_html(std::slice::from_ref(&timeline), "ferrite plan")?
+    } else {
+        crate::plot::memory_timeline_svg(std::slice::from_ref(&timeline))?
+    };
+    ferrite_io::write_atomically(path, |f| std::io::Write::write_all(f, text.as_bytes()))?;
     Ok(())
 }

@@ -27,8 +27,8 @@
 
 pub(crate) mod cnn;
 mod common;
-mod distributed;
 mod data_parallel;
+mod distributed;
 mod image;
 mod language;
 pub(crate) mod lstm_lm;

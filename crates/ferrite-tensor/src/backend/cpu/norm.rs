@@ -36,7 +36,8 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
     while width > 1 {
         width /= 2;
         for k in 0..width {
-            lanes[k] = lanes[k] + lanes[k + width];
+            let v = lanes[k + width];
+            lanes[k] += v;
         }
     }
     let mut t = lanes[0];
