@@ -333,9 +333,14 @@ pub enum TrainError {
     #[error(transparent)]
     Plan(#[from] ferrite_plan::PlanError),
     #[error(transparent)]
-    Distributed(#[from] ferrite_parallel::distributed::DistributedError),
-    #[error(transparent)]
     Parallel(Box<ferrite_parallel::ParallelError>),
+}
+
+/// DataParallel's and DistributedDataParallel's errors (one enum, boxed: it is large).
+impl From<ferrite_parallel::ParallelError> for TrainError {
+    fn from(e: ferrite_parallel::ParallelError) -> Self {
+        TrainError::Parallel(Box::new(e))
+    }
 }
 
 impl TrainError {
