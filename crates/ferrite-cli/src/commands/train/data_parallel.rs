@@ -15,7 +15,7 @@ use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
 use ferrite_optim::{Adam, AdamConfig, Optimizer, clip_grad_norm_};
-use ferrite_parallel::{DataParallel, ParallelError};
+use ferrite_parallel::DataParallel;
 use ferrite_tensor::{Generator, no_grad};
 
 use super::cnn::{CnnSpec, build_cnn};
@@ -73,27 +73,13 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(
-                args,
-                kind,
-                epochs,
-                DataParallel::new(model, &devices).map_err(parallel)?,
-                &mut train_loader,
-                &mut test_loader,
-            )
+            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(
-                args,
-                kind,
-                epochs,
-                DataParallel::new(model, &devices).map_err(parallel)?,
-                &mut train_loader,
-                &mut test_loader,
-            )
+            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -127,13 +113,12 @@ fn run<M: Module + Clone + 'static>(
         for batch in train_loader.epoch() {
             let (x, y) = batch?;
             opt.zero_grad()?;
-            let step = dp
-                .forward_backward(&[&x, &y], |m, s| Ok(loss_fn.forward(&m.forward(&s.tensors[0])?, &s.tensors[1])?))
-                .map_err(parallel)?;
+            let step =
+                dp.forward_backward(&[&x, &y], |m, s| Ok(loss_fn.forward(&m.forward(&s.tensors[0])?, &s.tensors[1])?))?;
             if let Some(max) = args.clip_grad_norm {
                 clip_grad_norm_(&dp.parameters(), max)?;
             }
-            dp.step(&mut opt).map_err(parallel)?;
+            dp.step(&mut opt)?;
             loss_sum += step.loss * y.numel() as f64;
             samples += y.numel();
         }
@@ -170,7 +155,7 @@ fn evaluate<M: Module + Clone + 'static>(dp: &DataParallel<M>, loader: &mut Load
     let (mut correct, mut seen) = (0usize, 0usize);
     for batch in loader {
         let (x, y) = batch?;
-        let logits = dp.forward(&[&x], |m, s| Ok(m.forward(&s.tensors[0])?)).map_err(parallel)?;
+        let logits = dp.forward(&[&x], |m, s| Ok(m.forward(&s.tensors[0])?))?;
         let hits = logits.argmax(1, false)?.eq(&y.to_device(logits.device())?)?.to_vec_bool()?;
         correct += hits.into_iter().filter(|h| *h).count();
         seen += y.numel();
@@ -196,9 +181,4 @@ fn refuse_unsupported(args: &TrainArgs) -> Result<(), TrainError> {
         }
     }
     Ok(())
-}
-
-/// DataParallel's errors as the trainer's.
-fn parallel(e: ParallelError) -> TrainError {
-    TrainError::Parallel(Box::new(e))
 }
