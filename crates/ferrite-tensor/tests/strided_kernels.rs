@@ -249,3 +249,38 @@ proptest! {
         assert_close(&host_of(&p), &want, 0.0, "permute+reshape");
     }
 }
+
+/// Sums over leading dims of contiguous inputs (bias and norm-weight gradients) take a path of
+/// their own: tall, narrow inputs are summed in blocks of rows whose f64 partials are added in a
+/// fixed order, wide ones by column chunks. Shapes straddle the block size (64 rows), the
+/// 256-column chunk and the 8192-column switch, in f32 and bf16, for sum and mean.
+#[test]
+fn leading_dim_sums_match_reference_across_block_and_column_splits() {
+    let cases: &[(&[usize], &[i64])] = &[
+        (&[65, 3], &[0]),
+        (&[64, 257], &[0]),
+        (&[64 * 5 + 7, 257], &[0]),
+        (&[4096, 256], &[0]),
+        (&[3, 70, 5], &[0, 1]),
+        (&[130, 8193], &[0]),
+        (&[2, 9000], &[0]),
+    ];
+    for &dtype in &[DType::F32, DType::BF16] {
+        for (shape, dims) in cases {
+            let mut g = Generator::new(7);
+            let a = Tensor::randn_with(shape, DType::F32, &Device::Cpu, &mut g).unwrap().to_dtype(dtype).unwrap();
+            let x = host_of(&a);
+            let rn: usize = shape[..dims.len()].iter().product();
+            let m = x.data.len() / rn;
+            let want: Vec<f64> = (0..m).map(|c| (0..rn).map(|r| x.data[r * m + c]).sum()).collect();
+            let got = host_of(&a.sum_dims(dims, false).unwrap());
+            assert_eq!(got.shape, shape[dims.len()..].to_vec(), "{shape:?}");
+            // One rounding of the f64 sum to the output dtype.
+            let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            assert_close(&got, &Host { shape: got.shape.clone(), data: want.clone() }, tol, &format!("sum {shape:?}"));
+            let mean = host_of(&a.mean_dims(dims, false).unwrap());
+            let want_mean: Vec<f64> = want.iter().map(|s| s / rn as f64).collect();
+            assert_close(&mean, &Host { shape: mean.shape.clone(), data: want_mean }, tol, &format!("mean {shape:?}"));
+        }
+    }
+}

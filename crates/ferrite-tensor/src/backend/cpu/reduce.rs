@@ -86,36 +86,7 @@ fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Resul
     };
     if prefix && p.rn > 1 {
         let xp = SendPtr(x.ptr::<T>("sum")?);
-        let m = n_out;
-        let rn = p.rn;
-        par_ranges(m, rn, |s, e| {
-            let (xp, op) = (xp, op);
-            // Accumulate in chunks of 256 columns in f64 on the stack, then round once.
-            let mut acc = [0f64; 256];
-            let mut c0 = s;
-            vectorize(
-                #[inline(always)]
-                || {
-                    while c0 < e {
-                        let c1 = (c0 + 256).min(e);
-                        let a = &mut acc[..c1 - c0];
-                        a.fill(0.0);
-                        for r in 0..rn {
-                            // SAFETY: row r, columns [c0, c1) of a contiguous [rn, m] input.
-                            let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), c1 - c0) };
-                            for (a, &v) in a.iter_mut().zip(row) {
-                                *a += T::acc_to_f64(v.to_acc());
-                            }
-                        }
-                        for (i, &a) in acc[..c1 - c0].iter().enumerate() {
-                            // SAFETY: this task owns output columns [s, e).
-                            unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
-                        }
-                        c0 = c1;
-                    }
-                },
-            );
-        });
+        prefix_sum::<T>(xp, p.rn, n_out, op, scale);
         return Ok(());
     }
     let base = SendPtr(x.storage_base_ptr::<T>("sum")?);
@@ -146,6 +117,104 @@ fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Resul
         unsafe { *op.0.add(o) = T::from_f64(total * scale) };
     });
     Ok(())
+}
+
+/// Rows per partial sum when a short, tall input is split along the reduced dim. Fixed (never
+/// derived from the thread count) so the association of the f64 sums, and so the result, is the
+/// same on every machine.
+const ROW_BLOCK: usize = 64;
+/// Widest output that is split along the reduced dim (wider ones split their columns, which is
+/// enough parallelism and keeps the partial sums small).
+const ROW_SPLIT_MAX_COLS: usize = 8192;
+/// Columns accumulated at once (their f64 sums stay in L1).
+const COL_CHUNK: usize = 256;
+
+/// Σ over the leading `rn` rows of a contiguous `[rn, m]` input (bias and norm-weight
+/// gradients, `x.sum(0)`). Short, tall inputs (`m` ≤ [`ROW_SPLIT_MAX_COLS`]) are cut into blocks of
+/// [`ROW_BLOCK`] rows summed in parallel into f64 partials, which are then added in block order:
+/// every thread streams whole contiguous rows (splitting the columns instead made each task read a
+/// few cache lines per row, strided by the row length, at a third of the bandwidth). Wide inputs split
+/// their columns.
+fn prefix_sum<T: Float>(xp: SendPtr<T>, rn: usize, m: usize, op: SendPtr<T>, scale: f64) {
+    // Σ of rows [r0, r1), columns [c0, c1) added into `acc` (len c1 - c0).
+    #[inline(always)]
+    fn add_rows<T: Float>(xp: SendPtr<T>, m: usize, r0: usize, r1: usize, c0: usize, acc: &mut [f64]) {
+        for r in r0..r1 {
+            // SAFETY: row r, columns [c0, c0 + acc.len()) of a contiguous [rn, m] input.
+            let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), acc.len()) };
+            for (a, &v) in acc.iter_mut().zip(row) {
+                *a += T::acc_to_f64(v.to_acc());
+            }
+        }
+    }
+    let blocks = rn.div_ceil(ROW_BLOCK);
+    if m <= ROW_SPLIT_MAX_COLS && blocks >= 2 {
+        let mut partial = vec![0f64; blocks * m];
+        let pp = SendPtr(partial.as_mut_ptr());
+        par_ranges(blocks, ROW_BLOCK * m, |s, e| {
+            let pp = pp;
+            vectorize(
+                #[inline(always)]
+                || {
+                    for b in s..e {
+                        let (r0, r1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(rn));
+                        // SAFETY: this task owns partial rows [s, e) of the [blocks, m] buffer.
+                        let part = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * m), m) };
+                        for (ci, acc) in part.chunks_mut(COL_CHUNK).enumerate() {
+                            add_rows::<T>(xp, m, r0, r1, ci * COL_CHUNK, acc);
+                        }
+                    }
+                },
+            )
+        });
+        par_ranges(m, blocks, |s, e| {
+            let op = op;
+            vectorize(
+                #[inline(always)]
+                || {
+                    let mut acc = [0f64; COL_CHUNK];
+                    let mut c0 = s;
+                    while c0 < e {
+                        let c1 = (c0 + COL_CHUNK).min(e);
+                        let a = &mut acc[..c1 - c0];
+                        a.fill(0.0);
+                        for b in 0..blocks {
+                            for (a, &v) in a.iter_mut().zip(&partial[b * m + c0..b * m + c1]) {
+                                *a += v;
+                            }
+                        }
+                        for (i, &a) in a.iter().enumerate() {
+                            // SAFETY: this task owns output columns [s, e).
+                            unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
+                        }
+                        c0 = c1;
+                    }
+                },
+            )
+        });
+        return;
+    }
+    par_ranges(m, rn, |s, e| {
+        let op = op;
+        vectorize(
+            #[inline(always)]
+            || {
+                let mut acc = [0f64; COL_CHUNK];
+                let mut c0 = s;
+                while c0 < e {
+                    let c1 = (c0 + COL_CHUNK).min(e);
+                    let a = &mut acc[..c1 - c0];
+                    a.fill(0.0);
+                    add_rows::<T>(xp, m, 0, rn, c0, a);
+                    for (i, &a) in a.iter().enumerate() {
+                        // SAFETY: this task owns output columns [s, e).
+                        unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
+                    }
+                    c0 = c1;
+                }
+            },
+        )
+    });
 }
 
 fn sum_int_kernel<T: Element>(x: &Tensor, p: &Plan, out: &Tensor) -> Result<()> {
