@@ -552,3 +552,22 @@ impl Module for Decoder {
         self.training = training;
     }
 }
+
+/// The planner workload of a Hugging Face `config.json`: a T5-style encoder-decoder when its
+/// `model_type` is `t5` (see [`crate::T5Workload`]), a decoder-only model otherwise.
+pub fn hf_workload(path: &Path, seq: usize) -> Result<Box<dyn Workload>, PlanError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| PlanError::HfConfig {
+        path: name.clone(),
+        problem: format!("cannot read it ({e}); pass the config.json of a Hugging Face model"),
+    })?;
+    let is_t5 = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v.as_object().map(crate::t5::T5Config::describes))
+        .unwrap_or(false);
+    if is_t5 {
+        let cfg = crate::t5::T5Config::from_json(&text, &name)?;
+        return Ok(Box::new(crate::t5::T5Workload::new(cfg, seq)?));
+    }
+    Ok(Box::new(HfDecoder::new(HfConfig::from_json(&text, &name)?, seq)?))
+}
