@@ -1,4 +1,5 @@
-//! Hugging Face decoder-only models from their `config.json`, built as ferrite models.
+//! Hugging Face decoder-only models from their `config.json`, built as ferrite models (T5-style
+//! encoder-decoders live in `t5.rs`; [`hf_workload`] picks by `model_type`).
 //!
 //! Two families cover GPT-2, Llama, Mistral and their relatives:
 //! - GPT-2 style (`model_type: gpt2`, or `n_embd`/`n_layer`/`n_head` keys): learned positions,
@@ -66,6 +67,11 @@ impl HfConfig {
         let err = |problem: String| PlanError::HfConfig { path: origin.to_string(), problem };
         let v: Value = serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| err("expected a JSON object".into()))?;
+        if crate::t5::T5Config::describes(obj) {
+            return Err(err(
+                "a T5 encoder-decoder, not a decoder: read it with `T5Config` (or `hf_workload`, which picks)".into(),
+            ));
+        }
         let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
         let style = if model_type == "gpt2" || obj.contains_key("n_embd") { HfStyle::Gpt2 } else { HfStyle::Llama };
         // The first of `keys` present, as a positive integer.

@@ -238,7 +238,12 @@ impl T5Workload {
             } else {
                 Wi::Plain(Linear::new_with(d, c.d_ff, false, device, g)?)
             };
-            Ok(T5DenseFf { wi, wo: Linear::new_with(c.d_ff, d, false, device, g)?, act: c.feed_forward, training: true })
+            Ok(T5DenseFf {
+                wi,
+                wo: Linear::new_with(c.d_ff, d, false, device, g)?,
+                act: c.feed_forward,
+                training: true,
+            })
         };
         let stack = |layers: usize, decoder: bool, g: &mut Generator| -> Result<T5Stack, PlanError> {
             let mut blocks = Vec::with_capacity(layers);
@@ -511,7 +516,10 @@ impl Module for T5Block {
         if let Some((attn, norm)) = &self.cross {
             c.extend([(format!("{l1}.EncDecAttention"), attn as &dyn Module), (format!("{l1}.layer_norm"), norm)]);
         }
-        c.extend([(format!("{lf}.DenseReluDense"), &self.ff as &dyn Module), (format!("{lf}.layer_norm"), &self.ff_norm)]);
+        c.extend([
+            (format!("{lf}.DenseReluDense"), &self.ff as &dyn Module),
+            (format!("{lf}.layer_norm"), &self.ff_norm),
+        ]);
         c
     }
     fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {

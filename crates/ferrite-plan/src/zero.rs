@@ -322,12 +322,7 @@ pub fn zero_report(sizes: &ModelSizes, trace: &StepTrace, setup: &ZeroSetup) -> 
     }
 }
 
-fn differences(
-    sizes: &ModelSizes,
-    setup: &ZeroSetup,
-    ds: &ZeroEstimate,
-    fe: &FerriteModelStates,
-) -> Vec<Difference> {
+fn differences(sizes: &ModelSizes, setup: &ZeroSetup, ds: &ZeroEstimate, fe: &FerriteModelStates) -> Vec<Difference> {
     let p = sizes.total_params;
     let n = setup.total_gpus();
     let row = |component: &str, deepspeed_bytes: u64, ferrite_bytes: u64, reason: String| Difference {
@@ -392,7 +387,7 @@ fn differences(
         }
     }
     out.push(row(
-        "units",
+        "total",
         ds.per_gpu_bytes,
         fe.total,
         "DeepSpeed's `GB` is 2^30 bytes (GiB); ferrite counts requested bytes, before its allocator rounds each \

@@ -74,6 +74,10 @@ fn hf_config_dispatches_t5_to_the_encoder_decoder() {
     assert!(w.describe().contains("encoder-decoder"), "{}", w.describe());
     let w = hf_workload(&data("gpt2.json"), 16).unwrap();
     assert!(!w.describe().contains("encoder-decoder"));
+    let msg = ferrite_plan::HfConfig::from_file(&data("t5-small.json")).unwrap_err().to_string();
+    assert!(msg.contains("T5") && msg.contains("t5-small.json"), "{msg}");
+    let msg = hf_workload(&data("no-such-config.json"), 16).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(msg.contains("cannot read"), "{msg}");
 }
 
 fn within(pred: u64, meas: u64, tol: f64) -> bool {
@@ -172,9 +176,40 @@ fn deepspeed_zero_estimates_of_t5_3b_come_out_of_the_plan() {
     assert_eq!(z2.ferrite.optimizer_state, 8 * p);
     assert_eq!(z2.ferrite.total, 16 * p);
     // Every DeepSpeed byte is attributed to a stated component.
-    let parts: u64 = z2.differences.iter().filter(|d| d.component != "units").map(|d| d.deepspeed_bytes).sum();
+    let parts: u64 = z2.differences.iter().filter(|d| d.component != "total").map(|d| d.deepspeed_bytes).sum();
     assert_eq!(parts, z2.deepspeed.per_gpu_bytes);
-    let parts: u64 = z3.differences.iter().filter(|d| d.component != "units").map(|d| d.deepspeed_bytes).sum();
+    let parts: u64 = z3.differences.iter().filter(|d| d.component != "total").map(|d| d.deepspeed_bytes).sum();
     assert_eq!(parts, z3.deepspeed.per_gpu_bytes);
     assert!(z2.differences.iter().all(|d| !d.reason.is_empty()));
+}
+
+#[test]
+fn relative_position_buckets_match_transformers() {
+    // tests/data/t5-buckets.txt: transformers' `_relative_position_bucket` (t5_buckets.py).
+    let text = std::fs::read_to_string(data("t5-buckets.txt")).unwrap();
+    let mut n = 0;
+    for line in text.lines() {
+        let f: Vec<i64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+        let got = ferrite_plan::relative_position_bucket(f[3], f[2] == 1, f[0] as usize, f[1] as usize);
+        assert_eq!(got as i64, f[4], "{line}");
+        n += 1;
+    }
+    assert_eq!(n, 4 * 601);
+}
+
+#[test]
+fn deepspeed_zero3_rows_of_t5_small_on_one_gpu() {
+    // DeepSpeed's `estimate_zero3_model_states_mem_needs_all_live(AutoModel("t5-small"),
+    // num_gpus_per_node=1, num_nodes=1)` as printed (blog.csdn.net/u012327567/article/details/132278598):
+    // "60M total params, 16M largest layer params", (per CPU, per GPU) in DeepSpeed's row order.
+    const ROWS: [(&str, &str); 6] =
+        [("1.52", "0.06"), ("1.52", "0.06"), ("1.35", "0.17"), ("1.35", "0.17"), ("0.09", "1.08"), ("0.34", "1.08")];
+    let w = hf_workload(&data("t5-small.json"), 8).unwrap();
+    let step = StepConfig::new(1);
+    let sizes = ModelSizes::of_workload(&*w, &step).unwrap();
+    let trace = record(&*w, &step).unwrap();
+    let z = zero_report(&sizes, &trace, &ZeroSetup::new(3, 1, 1, Offload::None).unwrap());
+    let got: Vec<(&str, &str)> =
+        z.deepspeed_table.iter().map(|r| (r.per_cpu_printed.as_str(), r.per_gpu_printed.as_str())).collect();
+    assert_eq!(got, ROWS);
 }
