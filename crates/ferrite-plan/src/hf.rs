@@ -1,4 +1,5 @@
-//! Hugging Face decoder-only models from their `config.json`, built as ferrite models.
+//! Hugging Face decoder-only models from their `config.json`, built as ferrite models (T5-style
+//! encoder-decoders live in `t5.rs`; [`hf_workload`] picks by `model_type`).
 //!
 //! Two families cover GPT-2, Llama, Mistral and their relatives:
 //! - GPT-2 style (`model_type: gpt2`, or `n_embd`/`n_layer`/`n_head` keys): learned positions,
@@ -66,6 +67,11 @@ impl HfConfig {
         let err = |problem: String| PlanError::HfConfig { path: origin.to_string(), problem };
         let v: Value = serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| err("expected a JSON object".into()))?;
+        if crate::t5::T5Config::describes(obj) {
+            return Err(err(
+                "a T5 encoder-decoder, not a decoder: read it with `T5Config` (or `hf_workload`, which picks)".into(),
+            ));
+        }
         let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
         let style = if model_type == "gpt2" || obj.contains_key("n_embd") { HfStyle::Gpt2 } else { HfStyle::Llama };
         // The first of `keys` present, as a positive integer.
@@ -551,4 +557,23 @@ impl Module for Decoder {
     fn set_own_training(&mut self, training: bool) {
         self.training = training;
     }
+}
+
+/// The planner workload of a Hugging Face `config.json`: a T5-style encoder-decoder when its
+/// `model_type` is `t5` (see [`crate::T5Workload`]), a decoder-only model otherwise.
+pub fn hf_workload(path: &Path, seq: usize) -> Result<Box<dyn Workload>, PlanError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| PlanError::HfConfig {
+        path: name.clone(),
+        problem: format!("cannot read it ({e}); pass the config.json of a Hugging Face model"),
+    })?;
+    let is_t5 = serde_json::from_str::<Value>(&text)
+        .ok()
+        .and_then(|v| v.as_object().map(crate::t5::T5Config::describes))
+        .unwrap_or(false);
+    if is_t5 {
+        let cfg = crate::t5::T5Config::from_json(&text, &name)?;
+        return Ok(Box::new(crate::t5::T5Workload::new(cfg, seq)?));
+    }
+    Ok(Box::new(HfDecoder::new(HfConfig::from_json(&text, &name)?, seq)?))
 }

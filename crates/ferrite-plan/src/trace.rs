@@ -22,6 +22,12 @@ use crate::workload::{StepConfig, Workload};
 /// allocations never land in another's trace.
 static PLAN_LOCK: Mutex<()> = Mutex::new(());
 
+/// Hold the planner's `meta` lock while building a model on `meta` outside [`record`] (to count
+/// it, say), so a plan recording at the same time does not see its allocations.
+pub fn plan_lock() -> std::sync::MutexGuard<'static, ()> {
+    PLAN_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Most events a recording keeps (far above what a 100-layer model's two steps allocate).
 const MAX_EVENTS: usize = 1 << 26;
 

@@ -20,6 +20,7 @@ pub fn plan_args(args: &TrainArgs) -> PlanArgs {
     PlanArgs {
         model: args.model,
         hf_config: None,
+        zero: Default::default(),
         device: args.device.clone(),
         batch: args.batch_size.max(1),
         accum_steps: args.accum_steps,

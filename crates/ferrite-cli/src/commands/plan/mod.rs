@@ -36,10 +36,13 @@ pub struct PlanArgs {
     /// A built-in trainer's model (the flags below shape it as for `ferrite train`).
     #[arg(long, value_enum, default_value = "transformer")]
     pub model: ModelKind,
-    /// A Hugging Face `config.json` of a decoder-only model (GPT-2, Llama, Mistral styles)
-    /// instead of --model.
+    /// A Hugging Face `config.json` of a decoder-only model (GPT-2, Llama, Mistral styles) or a
+    /// T5-style encoder-decoder (`model_type: t5`; --seq tokens into each side) instead of --model.
     #[arg(long)]
     pub hf_config: Option<PathBuf>,
+    /// DeepSpeed ZeRO's model-state estimate of this model (`--zero 2|3`).
+    #[command(flatten)]
+    pub zero: ZeroArgs,
     /// The GPU to plan for: `sim:<gpu>` from `ferrite memory gpus` (MIG slices included, e.g.
     /// `sim:a100-40gb-mig-3g.20gb`) or a capacity (`sim:24GiB`).
     #[arg(long, default_value = "sim:a100-40gb")]
@@ -115,6 +118,54 @@ pub struct PlanArgs {
     pub jobs: Option<usize>,
 }
 
+/// What to offload to CPU memory under ZeRO (`--offload`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffloadArg {
+    #[default]
+    None,
+    /// `offload_optimizer: cpu`: gradients and optimizer state in CPU memory.
+    Optimizer,
+    /// `offload_param: cpu` as well (ZeRO-3): parameters in CPU memory too.
+    Param,
+}
+
+/// `--zero`: DeepSpeed's ZeRO model-state estimate of the planned model (its parameter count and
+/// largest layer read from the built model), beside ferrite's own unsharded model states.
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+pub struct ZeroArgs {
+    /// ZeRO stage (1, 2 or 3; DeepSpeed estimates stage 1 as stage 2).
+    #[arg(long, value_name = "STAGE")]
+    pub zero: Option<u8>,
+    /// GPUs per node for --zero.
+    #[arg(long, default_value_t = 1)]
+    pub gpus_per_node: usize,
+    /// Nodes for --zero.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
+    /// What ZeRO offloads to CPU memory.
+    #[arg(long, value_enum, default_value = "none")]
+    pub offload: OffloadArg,
+}
+
+impl Default for ZeroArgs {
+    fn default() -> Self {
+        ZeroArgs { zero: None, gpus_per_node: 1, nodes: 1, offload: OffloadArg::None }
+    }
+}
+
+impl ZeroArgs {
+    /// The ZeRO setup of the flags, if `--zero` is given.
+    pub fn setup(&self) -> Result<Option<ferrite_plan::ZeroSetup>, PlanError> {
+        let Some(stage) = self.zero else { return Ok(None) };
+        let offload = match self.offload {
+            OffloadArg::None => ferrite_plan::Offload::None,
+            OffloadArg::Optimizer => ferrite_plan::Offload::Optimizer,
+            OffloadArg::Param => ferrite_plan::Offload::OptimizerAndParams,
+        };
+        ferrite_plan::ZeroSetup::new(stage, self.gpus_per_node, self.nodes, offload).map(Some)
+    }
+}
+
 /// Largest model `--measure` runs for real: its predicted peak reserved, against host memory.
 const MEASURE_LIMIT: u64 = 6 << 30;
 
@@ -160,8 +211,7 @@ impl PlanArgs {
     /// The model to plan.
     pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
         if let Some(path) = &self.hf_config {
-            let cfg = ferrite_plan::HfConfig::from_file(path)?;
-            return Ok(Box::new(ferrite_plan::HfDecoder::new(cfg, self.seq)?));
+            return ferrite_plan::hf_workload(path, self.seq);
         }
         let bad = |what: String, reason: &str| PlanError::InvalidSetting { what, reason: reason.to_string() };
         let hidden = self.hidden.unwrap_or(match self.model {
@@ -229,6 +279,7 @@ pub fn amp_mode(a: Amp) -> AmpMode {
 }
 
 pub fn run(args: PlanArgs) -> CliResult {
+    let zero = args.zero.setup()?;
     let workload = args.workload()?;
     let config = args.step_config();
     let target = args.target()?;
@@ -280,7 +331,14 @@ pub fn run(args: PlanArgs) -> CliResult {
             Err(e) => return Err(e.into()),
         }
     }
-    render::plan(&plan, args.json);
+    match &zero {
+        Some(setup) => {
+            let sizes = ferrite_plan::ModelSizes::of_workload(w, &config)?;
+            let report = ferrite_plan::zero_report(&sizes, &trace, setup);
+            render::plan_with_zero(&plan, &report, args.json);
+        }
+        None => render::plan(&plan, args.json),
+    }
     if let Some(path) = &args.plot {
         write_plot(path, &trace, &plan, &target)?;
         if !args.json {

@@ -1,6 +1,6 @@
 //! Text and JSON output of `ferrite plan`.
 use ferrite_memory::format_size;
-use ferrite_plan::{BatchSearch, JobsPlan, MemoryPlan, Target, TargetBatchPlan};
+use ferrite_plan::{BatchSearch, JobsPlan, MemoryPlan, Target, TargetBatchPlan, ZeroReport, ZeroStage};
 
 fn json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
@@ -263,4 +263,69 @@ pub fn jobs(j: &JobsPlan, target: &Target, as_json: bool) {
         format_size(j.total_bytes),
         format_size(target.profile.total_bytes)
     );
+}
+
+/// A plan with `--zero`: the plan, then DeepSpeed's ZeRO model-state estimate of its model beside
+/// ferrite's own model states (JSON: the plan's object with a `zero` key).
+pub fn plan_with_zero(p: &MemoryPlan, z: &ZeroReport, as_json: bool) {
+    if as_json {
+        let mut v = match serde_json::to_value(p) {
+            Ok(v) => v,
+            Err(e) => return eprintln!("error: cannot write JSON: {e}"),
+        };
+        if let (Some(obj), Ok(zv)) = (v.as_object_mut(), serde_json::to_value(z)) {
+            obj.insert("zero".into(), zv);
+        }
+        return json(&v);
+    }
+    plan(p, false);
+    zero(z);
+}
+
+fn zero(z: &ZeroReport) {
+    let s = &z.setup;
+    let stage = match s.stage {
+        ZeroStage::Two => "ZeRO-2 (and ZeRO-1)",
+        ZeroStage::Three => "ZeRO-3",
+    };
+    let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+    println!(
+        "  {stage} model states, DeepSpeed's estimate from this model ({} parameters, largest layer `{}` {}) on {} x {}:",
+        z.sizes.total_params,
+        z.sizes.largest_layer,
+        z.sizes.largest_layer_params,
+        plural(s.nodes, "node", "nodes"),
+        plural(s.gpus_per_node, "GPU", "GPUs")
+    );
+    println!("      per CPU |  per GPU | options");
+    for r in &z.deepspeed_table {
+        let mark = if r.options == z.deepspeed.options { "  <- this run" } else { "" };
+        println!("    {:>7}GB | {:>6}GB | {}{mark}", r.per_cpu_printed, r.per_gpu_printed, r.options);
+    }
+    let cold: Vec<String> =
+        z.deepspeed_table_as_printed.iter().map(|r| format!("{}/{}", r.per_cpu_printed, r.per_gpu_printed)).collect();
+    println!(
+        "    (DeepSpeed's GB is GiB. From the sizes as DeepSpeed prints them, {}M / {}M, its docs' `_all_cold` call gives CPU/GPU {})",
+        z.sizes.total_params / 1_000_000,
+        z.sizes.largest_layer_params / 1_000_000,
+        cold.join(", ")
+    );
+    let f = &z.ferrite;
+    println!(
+        "  ferrite (no ZeRO) keeps {} of model states on every GPU: weights {}, gradients {}, optimizer state {}",
+        format_size(f.total),
+        format_size(f.parameters),
+        format_size(f.gradients),
+        format_size(f.optimizer_state)
+    );
+    println!("  per GPU, DeepSpeed against ferrite:");
+    for d in &z.differences {
+        println!(
+            "    {}: {} against {} ({})",
+            d.component,
+            format_size(d.deepspeed_bytes),
+            format_size(d.ferrite_bytes),
+            d.reason
+        );
+    }
 }

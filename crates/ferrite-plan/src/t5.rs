@@ -1,0 +1,730 @@
+//! T5-style encoder-decoder models from a Hugging Face `config.json` (`model_type: t5`), built as
+//! ferrite models so the planner can run their training step on `meta` like the decoders'.
+//!
+//! Why its own module: an encoder-decoder has two inputs (the encoder's tokens and the decoder's,
+//! the labels shifted right), cross-attention, and T5's own details that change memory — a
+//! relative position bias computed once per stack and added to every layer's attention scores,
+//! unscaled attention, RMS-style LayerNorm without bias or mean, and a head tied to the shared
+//! embedding and scaled by `d_model^-0.5` (T5 v1.0) or untied (v1.1). Module and parameter
+//! names follow Hugging Face's `T5ForConditionalGeneration` (`shared.weight`,
+//! `encoder.block.0.layer.0.SelfAttention.q.weight`, …), and the parameter count equals the real
+//! model's: t5-small 60,506,624; t5-3b 2,851,598,336; t5-v1_1-small 76,961,152 (tests).
+use ferrite_nn::{CrossEntropyLoss, Embedding, Linear, Module, RMSNorm, checkpoint};
+use ferrite_tensor::{DType, Device, Generator, Tensor, is_grad_enabled};
+use serde_json::{Map, Value};
+
+use crate::PlanError;
+use crate::step::mark_layer;
+use crate::workload::{StepConfig, Workload};
+
+/// The activation of T5's feed-forward (`feed_forward_proj`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum T5FeedForward {
+    /// `wo(relu(wi(x)))` (T5 v1.0).
+    Relu,
+    /// `wo(gelu(wi(x)))`.
+    Gelu,
+    /// `wo(gelu_tanh(wi_0(x)) · wi_1(x))` (T5 v1.1, Flan-T5: `gated-gelu`).
+    GatedGelu,
+    /// `wo(relu(wi_0(x)) · wi_1(x))`.
+    GatedRelu,
+    /// `wo(silu(wi_0(x)) · wi_1(x))`.
+    GatedSilu,
+}
+
+impl T5FeedForward {
+    fn gated(self) -> bool {
+        matches!(self, T5FeedForward::GatedGelu | T5FeedForward::GatedRelu | T5FeedForward::GatedSilu)
+    }
+    fn name(self) -> &'static str {
+        match self {
+            T5FeedForward::Relu => "relu",
+            T5FeedForward::Gelu => "gelu",
+            T5FeedForward::GatedGelu => "gated-gelu",
+            T5FeedForward::GatedRelu => "gated-relu",
+            T5FeedForward::GatedSilu => "gated-silu",
+        }
+    }
+    fn act(self, x: &Tensor) -> ferrite_tensor::Result<Tensor> {
+        match self {
+            T5FeedForward::Relu | T5FeedForward::GatedRelu => x.relu(),
+            T5FeedForward::Gelu => x.gelu(),
+            // HF maps `gated-gelu` to `gelu_new`, the tanh approximation.
+            T5FeedForward::GatedGelu => x.gelu_tanh(),
+            T5FeedForward::GatedSilu => x.silu(),
+        }
+    }
+}
+
+/// What the planner reads from a T5 `config.json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct T5Config {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub d_model: usize,
+    /// Width of one attention head (`d_kv`; `num_heads · d_kv` need not equal `d_model`).
+    pub d_kv: usize,
+    pub d_ff: usize,
+    pub num_layers: usize,
+    pub num_decoder_layers: usize,
+    pub num_heads: usize,
+    pub relative_attention_num_buckets: usize,
+    pub relative_attention_max_distance: usize,
+    pub feed_forward: T5FeedForward,
+    pub tie_word_embeddings: bool,
+    pub layer_norm_epsilon: f64,
+}
+
+impl T5Config {
+    /// Whether the parsed `config.json` object describes a T5-style encoder-decoder.
+    pub fn describes(obj: &Map<String, Value>) -> bool {
+        matches!(obj.get("model_type").and_then(Value::as_str), Some("t5" | "mt5" | "umt5"))
+    }
+
+    /// Parse the text of a T5 `config.json` (`origin` names it in errors).
+    pub fn from_json(text: &str, origin: &str) -> Result<T5Config, PlanError> {
+        let err = |problem: String| PlanError::HfConfig { path: origin.to_string(), problem };
+        let v: Value = serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let obj = v.as_object().ok_or_else(|| err("expected a JSON object".into()))?;
+        let int = |key: &str, default: Option<usize>| -> Result<usize, PlanError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => {
+                    default.ok_or_else(|| err(format!("missing key `{key}` (a T5 config needs it)")))
+                }
+                Some(x) => x
+                    .as_u64()
+                    .filter(|n| *n >= 1)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| err(format!("key `{key}` must be a positive integer, found {x}"))),
+            }
+        };
+        let num_layers = int("num_layers", None)?;
+        let buckets = int("relative_attention_num_buckets", Some(32))?;
+        if buckets < 2 {
+            return Err(err(format!(
+                "`relative_attention_num_buckets` ({buckets}) must be at least 2: half the buckets hold exact distances"
+            )));
+        }
+        let proj = match obj.get("feed_forward_proj") {
+            None | Some(Value::Null) => "relu",
+            Some(Value::String(s)) => s.as_str(),
+            Some(x) => return Err(err(format!("key `feed_forward_proj` must be a string, found {x}"))),
+        };
+        let feed_forward = match proj {
+            "relu" => T5FeedForward::Relu,
+            "gelu" => T5FeedForward::Gelu,
+            "gated-gelu" => T5FeedForward::GatedGelu,
+            "gated-relu" => T5FeedForward::GatedRelu,
+            "gated-silu" => T5FeedForward::GatedSilu,
+            other => {
+                return Err(err(format!(
+                    "`feed_forward_proj` is `{other}`; the planner builds relu, gelu, gated-gelu, gated-relu and gated-silu"
+                )));
+            }
+        };
+        let tie_word_embeddings = match obj.get("tie_word_embeddings") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(x) => return Err(err(format!("key `tie_word_embeddings` must be true or false, found {x}"))),
+        };
+        let layer_norm_epsilon = match obj.get("layer_norm_epsilon") {
+            None | Some(Value::Null) => 1e-6,
+            Some(x) => x
+                .as_f64()
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or_else(|| err(format!("key `layer_norm_epsilon` must be a positive number, found {x}")))?,
+        };
+        Ok(T5Config {
+            model_type: obj.get("model_type").and_then(Value::as_str).unwrap_or("t5").to_string(),
+            vocab_size: int("vocab_size", None)?,
+            d_model: int("d_model", None)?,
+            d_kv: int("d_kv", None)?,
+            d_ff: int("d_ff", None)?,
+            num_layers,
+            num_decoder_layers: int("num_decoder_layers", Some(num_layers))?,
+            num_heads: int("num_heads", None)?,
+            relative_attention_num_buckets: buckets,
+            relative_attention_max_distance: int("relative_attention_max_distance", Some(128))?,
+            feed_forward,
+            tie_word_embeddings,
+            layer_norm_epsilon,
+        })
+    }
+
+    /// Parameters of the model, from the shapes (the built model is checked against it).
+    pub fn num_parameters(&self) -> u64 {
+        let (v, d, f) = (self.vocab_size as u64, self.d_model as u64, self.d_ff as u64);
+        let inner = (self.num_heads * self.d_kv) as u64;
+        let attn = 4 * d * inner;
+        let ff = if self.feed_forward.gated() { 3 * d * f } else { 2 * d * f };
+        let bias = (self.relative_attention_num_buckets * self.num_heads) as u64;
+        let encoder = self.num_layers as u64 * (attn + ff + 2 * d) + bias + d;
+        let decoder = self.num_decoder_layers as u64 * (2 * attn + ff + 3 * d) + bias + d;
+        let head = if self.tie_word_embeddings { 0 } else { v * d };
+        v * d + encoder + decoder + head
+    }
+}
+
+/// T5's `_relative_position_bucket`: the bucket of `relative = key − query` positions.
+/// Bidirectional (encoder): half the buckets for keys after the query. Within a direction, half
+/// the buckets hold exact distances, the rest grow logarithmically up to `max_distance`.
+pub fn relative_position_bucket(relative: i64, bidirectional: bool, num_buckets: usize, max_distance: usize) -> usize {
+    let mut buckets = num_buckets as i64;
+    let mut ret = 0i64;
+    let n = if bidirectional {
+        buckets /= 2;
+        if relative > 0 {
+            ret += buckets;
+        }
+        relative.abs()
+    } else {
+        (-relative).max(0)
+    };
+    let max_exact = buckets / 2;
+    if n < max_exact {
+        return (ret + n) as usize;
+    }
+    // As HF: computed in f32, truncated towards zero, capped at the last bucket.
+    let large = max_exact
+        + ((n as f32 / max_exact as f32).ln() / (max_distance as f32 / max_exact as f32).ln()
+            * (buckets - max_exact) as f32) as i64;
+    (ret + large.min(buckets - 1)) as usize
+}
+
+/// A T5 model as a planner workload: `seq` tokens into the encoder and `seq` into the decoder.
+#[derive(Debug, Clone)]
+pub struct T5Workload {
+    pub config: T5Config,
+    pub seq: usize,
+}
+
+impl T5Workload {
+    pub fn new(config: T5Config, seq: usize) -> Result<T5Workload, PlanError> {
+        if seq == 0 {
+            return Err(PlanError::setting("--seq 0", "at least one token per sample"));
+        }
+        Ok(T5Workload { config, seq })
+    }
+
+    /// The model on `device` (initialised; values do not matter on `meta`).
+    pub fn build_model(&self, device: &Device, checkpoint_activations: bool) -> Result<T5Model, PlanError> {
+        let c = &self.config;
+        let mut g = Generator::new(0);
+        let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
+        let norm = || RMSNorm::with_config(&[d], Some(c.layer_norm_epsilon), true, device);
+        let attention = |has_bias: bool, g: &mut Generator| -> Result<T5Attention, PlanError> {
+            Ok(T5Attention {
+                q: Linear::new_with(d, inner, false, device, g)?,
+                k: Linear::new_with(d, inner, false, device, g)?,
+                v: Linear::new_with(d, inner, false, device, g)?,
+                o: Linear::new_with(inner, d, false, device, g)?,
+                relative_attention_bias: if has_bias {
+                    Some(Embedding::new_with(c.relative_attention_num_buckets, c.num_heads, None, device, g)?)
+                } else {
+                    None
+                },
+                heads: c.num_heads,
+                d_kv: c.d_kv,
+                training: true,
+            })
+        };
+        let ff = |g: &mut Generator| -> Result<T5DenseFf, PlanError> {
+            let wi = if c.feed_forward.gated() {
+                Wi::Gated {
+                    wi_0: Linear::new_with(d, c.d_ff, false, device, g)?,
+                    wi_1: Linear::new_with(d, c.d_ff, false, device, g)?,
+                }
+            } else {
+                Wi::Plain(Linear::new_with(d, c.d_ff, false, device, g)?)
+            };
+            Ok(T5DenseFf {
+                wi,
+                wo: Linear::new_with(c.d_ff, d, false, device, g)?,
+                act: c.feed_forward,
+                training: true,
+            })
+        };
+        let stack = |layers: usize, decoder: bool, g: &mut Generator| -> Result<T5Stack, PlanError> {
+            let mut blocks = Vec::with_capacity(layers);
+            for i in 0..layers {
+                blocks.push(T5Block {
+                    self_attn: attention(i == 0, g)?,
+                    self_norm: norm()?,
+                    cross: if decoder { Some((attention(false, g)?, norm()?)) } else { None },
+                    ff: ff(g)?,
+                    ff_norm: norm()?,
+                    training: true,
+                });
+            }
+            Ok(T5Stack {
+                blocks,
+                final_layer_norm: norm()?,
+                decoder,
+                num_buckets: c.relative_attention_num_buckets,
+                max_distance: c.relative_attention_max_distance,
+                checkpoint_activations,
+                training: true,
+            })
+        };
+        let shared = Embedding::new_with(c.vocab_size, d, None, device, &mut g)?;
+        let encoder = stack(c.num_layers, false, &mut g)?;
+        let decoder = stack(c.num_decoder_layers, true, &mut g)?;
+        let lm_head =
+            if c.tie_word_embeddings { None } else { Some(Linear::new_with(d, c.vocab_size, false, device, &mut g)?) };
+        Ok(T5Model { shared, encoder, decoder, lm_head, d_model: d, training: true })
+    }
+}
+
+impl Workload for T5Workload {
+    fn describe(&self) -> String {
+        let c = &self.config;
+        format!(
+            "{} encoder-decoder {}+{} layers x {}, {} heads of {}, d_ff {} {}, vocab {}, seq {} (encoder) + {} (decoder){}",
+            c.model_type,
+            c.num_layers,
+            c.num_decoder_layers,
+            c.d_model,
+            c.num_heads,
+            c.d_kv,
+            c.d_ff,
+            c.feed_forward.name(),
+            c.vocab_size,
+            self.seq,
+            self.seq,
+            if c.tie_word_embeddings { ", tied embeddings" } else { "" }
+        )
+    }
+
+    fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
+        Ok(Box::new(self.build_model(device, config.checkpoint_activations)?))
+    }
+
+    /// Input `[batch, 2, seq]`: the encoder's tokens and the decoder's (the labels shifted right
+    /// with the start token, as HF's `_shift_right`); target: the labels `[batch, seq]`. The same
+    /// three `[batch, seq]` token tensors a HF training step holds.
+    fn batch(&self, config: &StepConfig, device: &Device) -> Result<(Tensor, Tensor), PlanError> {
+        Ok((
+            Tensor::zeros(&[config.batch, 2, self.seq], DType::I64, device)?,
+            Tensor::zeros(&[config.batch, self.seq], DType::I64, device)?,
+        ))
+    }
+
+    fn loss(&self, model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<(Tensor, Vec<Tensor>), PlanError> {
+        let logits = model.forward(x)?;
+        let v = self.config.vocab_size as i64;
+        Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()))
+    }
+}
+
+/// `[b, s, n·d]` → `[b, n, s, d]`.
+fn split_heads(x: &Tensor, n: usize, d: usize) -> ferrite_tensor::Result<Tensor> {
+    let (b, s) = (x.shape()[0] as i64, x.shape()[1] as i64);
+    x.reshape(&[b, s, n as i64, d as i64])?.transpose(1, 2)
+}
+
+/// HF's `T5Attention`: q, k, v, o without biases, unscaled scores, the position bias added.
+#[derive(Clone, Debug)]
+pub struct T5Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    /// Only in the first block of each stack (`has_relative_attention_bias`).
+    relative_attention_bias: Option<Embedding>,
+    heads: usize,
+    d_kv: usize,
+    training: bool,
+}
+
+impl T5Attention {
+    /// Queries from `x`, keys and values from `kv` (`x` itself, or the encoder's output),
+    /// `softmax(q kᵀ + bias) v`, then `o`.
+    fn attend(&self, x: &Tensor, kv: &Tensor, bias: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        let (b, s) = (x.shape()[0] as i64, x.shape()[1] as i64);
+        let q = split_heads(&self.q.forward(x)?, self.heads, self.d_kv)?;
+        let k = split_heads(&self.k.forward(kv)?, self.heads, self.d_kv)?;
+        let v = split_heads(&self.v.forward(kv)?, self.heads, self.d_kv)?;
+        // T5 does not scale by 1/√d_kv (its initialisation accounts for it).
+        let mut scores = q.matmul(&k.transpose(-2, -1)?)?;
+        if let Some(bias) = bias {
+            scores = scores.add(bias)?;
+        }
+        let a = scores.softmax(-1)?.to_dtype(v.dtype())?.matmul(&v)?;
+        let a = a.transpose(1, 2)?.reshape(&[b, s, (self.heads * self.d_kv) as i64])?;
+        self.o.forward(&a)
+    }
+
+    /// HF's `compute_bias`: `[1, heads, q, k]` from the learned bucket embedding, plus (decoder)
+    /// the causal mask, computed once per stack and shared by its blocks.
+    fn position_bias(
+        &self,
+        len: usize,
+        decoder: bool,
+        num_buckets: usize,
+        max_distance: usize,
+        device: &Device,
+    ) -> ferrite_nn::Result<Option<Tensor>> {
+        let Some(table) = &self.relative_attention_bias else { return Ok(None) };
+        let (buckets, mask) = if matches!(device, Device::Meta) {
+            (Tensor::zeros(&[len, len], DType::I64, device)?, Tensor::zeros(&[len, len], DType::F32, device)?)
+        } else {
+            let mut ids = Vec::with_capacity(len * len);
+            let mut mask = Vec::with_capacity(len * len);
+            for q in 0..len as i64 {
+                for k in 0..len as i64 {
+                    ids.push(relative_position_bucket(k - q, !decoder, num_buckets, max_distance) as i64);
+                    // HF adds `finfo(dtype).min` where a decoder query may not look.
+                    mask.push(if decoder && k > q { f32::MIN } else { 0.0 });
+                }
+            }
+            (Tensor::from_vec(ids, &[len, len], device)?, Tensor::from_vec(mask, &[len, len], device)?)
+        };
+        let bias = table.forward(&buckets)?.permute(&[2, 0, 1])?.unsqueeze(0)?;
+        Ok(Some(if decoder { bias.add(&mask)? } else { bias }))
+    }
+}
+
+impl Module for T5Attention {
+    fn type_name(&self) -> &'static str {
+        "T5Attention"
+    }
+    /// Self-attention without a position bias.
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        self.attend(x, x, None)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut c: Vec<(String, &dyn Module)> =
+            vec![("q".into(), &self.q), ("k".into(), &self.k), ("v".into(), &self.v), ("o".into(), &self.o)];
+        if let Some(b) = &self.relative_attention_bias {
+            c.push(("relative_attention_bias".into(), b));
+        }
+        c
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let mut c: Vec<(String, &mut dyn Module)> = vec![
+            ("q".into(), &mut self.q),
+            ("k".into(), &mut self.k),
+            ("v".into(), &mut self.v),
+            ("o".into(), &mut self.o),
+        ];
+        if let Some(b) = &mut self.relative_attention_bias {
+            c.push(("relative_attention_bias".into(), b));
+        }
+        c
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Wi {
+    Plain(Linear),
+    Gated { wi_0: Linear, wi_1: Linear },
+}
+
+/// HF's `T5DenseActDense` / `T5DenseGatedActDense`.
+#[derive(Clone, Debug)]
+pub struct T5DenseFf {
+    wi: Wi,
+    wo: Linear,
+    act: T5FeedForward,
+    training: bool,
+}
+
+impl Module for T5DenseFf {
+    fn type_name(&self) -> &'static str {
+        "T5DenseFf"
+    }
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        let h = match &self.wi {
+            Wi::Plain(wi) => self.act.act(&wi.forward(x)?)?,
+            Wi::Gated { wi_0, wi_1 } => self.act.act(&wi_0.forward(x)?)?.mul(&wi_1.forward(x)?)?,
+        };
+        self.wo.forward(&h)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut c: Vec<(String, &dyn Module)> = match &self.wi {
+            Wi::Plain(wi) => vec![("wi".into(), wi)],
+            Wi::Gated { wi_0, wi_1 } => vec![("wi_0".into(), wi_0), ("wi_1".into(), wi_1)],
+        };
+        c.push(("wo".into(), &self.wo));
+        c
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let mut c: Vec<(String, &mut dyn Module)> = match &mut self.wi {
+            Wi::Plain(wi) => vec![("wi".into(), wi)],
+            Wi::Gated { wi_0, wi_1 } => vec![("wi_0".into(), wi_0), ("wi_1".into(), wi_1)],
+        };
+        c.push(("wo".into(), &mut self.wo));
+        c
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// One pre-norm block: self-attention, (decoder) cross-attention, feed-forward, each residual.
+#[derive(Clone, Debug)]
+pub struct T5Block {
+    self_attn: T5Attention,
+    self_norm: RMSNorm,
+    cross: Option<(T5Attention, RMSNorm)>,
+    ff: T5DenseFf,
+    ff_norm: RMSNorm,
+    training: bool,
+}
+
+impl T5Block {
+    fn run(&self, x: &Tensor, bias: Option<&Tensor>, encoded: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        let n = self.self_norm.forward(x)?;
+        let mut h = x.add(&self.self_attn.attend(&n, &n, bias)?)?;
+        if let (Some((attn, norm)), Some(enc)) = (&self.cross, encoded) {
+            let n = norm.forward(&h)?;
+            h = h.add(&attn.attend(&n, enc, None)?)?;
+        }
+        Ok(h.add(&self.ff.forward(&self.ff_norm.forward(&h)?)?)?)
+    }
+
+    /// HF's names: `layer.0` self-attention, `layer.1` cross-attention (decoder), then the
+    /// feed-forward.
+    fn names(&self) -> [String; 3] {
+        let ff = if self.cross.is_some() { 2 } else { 1 };
+        ["layer.0".into(), "layer.1".into(), format!("layer.{ff}")]
+    }
+}
+
+impl Module for T5Block {
+    fn type_name(&self) -> &'static str {
+        "T5Block"
+    }
+    /// An encoder block without a position bias.
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        self.run(x, None, None)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let [l0, l1, lf] = self.names();
+        let mut c: Vec<(String, &dyn Module)> =
+            vec![(format!("{l0}.SelfAttention"), &self.self_attn), (format!("{l0}.layer_norm"), &self.self_norm)];
+        if let Some((attn, norm)) = &self.cross {
+            c.extend([(format!("{l1}.EncDecAttention"), attn as &dyn Module), (format!("{l1}.layer_norm"), norm)]);
+        }
+        c.extend([
+            (format!("{lf}.DenseReluDense"), &self.ff as &dyn Module),
+            (format!("{lf}.layer_norm"), &self.ff_norm),
+        ]);
+        c
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let [l0, l1, lf] = self.names();
+        let mut c: Vec<(String, &mut dyn Module)> = vec![
+            (format!("{l0}.SelfAttention"), &mut self.self_attn),
+            (format!("{l0}.layer_norm"), &mut self.self_norm),
+        ];
+        if let Some((attn, norm)) = &mut self.cross {
+            c.extend([(format!("{l1}.EncDecAttention"), attn as &mut dyn Module), (format!("{l1}.layer_norm"), norm)]);
+        }
+        c.extend([
+            (format!("{lf}.DenseReluDense"), &mut self.ff as &mut dyn Module),
+            (format!("{lf}.layer_norm"), &mut self.ff_norm),
+        ]);
+        c
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// HF's `T5Stack` without its (shared) embedding: blocks and the final norm.
+#[derive(Clone, Debug)]
+pub struct T5Stack {
+    blocks: Vec<T5Block>,
+    final_layer_norm: RMSNorm,
+    decoder: bool,
+    num_buckets: usize,
+    max_distance: usize,
+    checkpoint_activations: bool,
+    training: bool,
+}
+
+impl T5Stack {
+    /// Embedded tokens `[b, s, d]` through the blocks; the decoder attends to `encoded`.
+    fn run(&self, h: Tensor, encoded: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        let name = if self.decoder { "decoder" } else { "encoder" };
+        let len = h.shape().get(1).copied().unwrap_or(0);
+        let bias = match self.blocks.first() {
+            Some(b) => {
+                mark_layer(&format!("{name}.block.0"));
+                b.self_attn.position_bias(len, self.decoder, self.num_buckets, self.max_distance, h.device())?
+            }
+            None => None,
+        };
+        let mut h = h;
+        for (i, block) in self.blocks.iter().enumerate() {
+            mark_layer(&format!("{name}.block.{i}"));
+            h = if self.checkpoint_activations && is_grad_enabled() {
+                let b = block.clone();
+                let mut inputs = vec![&h];
+                inputs.extend(bias.as_ref());
+                inputs.extend(encoded);
+                let (has_bias, has_enc) = (bias.is_some(), encoded.is_some());
+                checkpoint(
+                    move |xs| {
+                        let bias = if has_bias { xs.get(1) } else { None };
+                        let enc = if has_enc { xs.last() } else { None };
+                        b.run(&xs[0], bias, enc)
+                    },
+                    &inputs,
+                )?
+            } else {
+                block.run(&h, bias.as_ref(), encoded)?
+            };
+        }
+        mark_layer(&format!("{name}.final_layer_norm"));
+        self.final_layer_norm.forward(&h)
+    }
+}
+
+impl Module for T5Stack {
+    fn type_name(&self) -> &'static str {
+        "T5Stack"
+    }
+    /// An encoder stack over embedded tokens.
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        self.run(x.clone(), None)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut c: Vec<(String, &dyn Module)> =
+            self.blocks.iter().enumerate().map(|(i, b)| (format!("block.{i}"), b as &dyn Module)).collect();
+        c.push(("final_layer_norm".into(), &self.final_layer_norm));
+        c
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let mut c: Vec<(String, &mut dyn Module)> =
+            self.blocks.iter_mut().enumerate().map(|(i, b)| (format!("block.{i}"), b as &mut dyn Module)).collect();
+        c.push(("final_layer_norm".into(), &mut self.final_layer_norm));
+        c
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+/// HF's `T5ForConditionalGeneration`: shared embedding, encoder, decoder, head.
+#[derive(Clone, Debug)]
+pub struct T5Model {
+    shared: Embedding,
+    encoder: T5Stack,
+    decoder: T5Stack,
+    /// `None`: tied to `shared` (T5 v1.0), the decoder's output scaled by `d_model^-0.5`.
+    lm_head: Option<Linear>,
+    d_model: usize,
+    training: bool,
+}
+
+impl Module for T5Model {
+    fn type_name(&self) -> &'static str {
+        "T5ForConditionalGeneration"
+    }
+
+    /// Token ids `[batch, 2, seq]` (encoder input, decoder input) to logits `[batch, seq, vocab]`.
+    fn forward(&self, ids: &Tensor) -> ferrite_nn::Result<Tensor> {
+        if ids.rank() != 3 || ids.shape()[1] != 2 {
+            return Err(ferrite_nn::NnError::InvalidConfig {
+                layer: "T5ForConditionalGeneration",
+                detail: format!(
+                    "input must be [batch, 2, seq] (encoder tokens, decoder tokens), got {:?}",
+                    ids.shape()
+                ),
+            });
+        }
+        let enc_ids = ids.select(1, 0)?;
+        let dec_ids = ids.select(1, 1)?;
+        let encoded = self.encoder.run(self.shared.forward(&enc_ids)?, None)?;
+        let h = self.decoder.run(self.shared.forward(&dec_ids)?, Some(&encoded))?;
+        mark_layer("lm_head");
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => Ok(h.mul_scalar((self.d_model as f64).powf(-0.5))?.matmul(&self.shared.weight.t()?)?),
+        }
+    }
+
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut c: Vec<(String, &dyn Module)> =
+            vec![("shared".into(), &self.shared), ("encoder".into(), &self.encoder), ("decoder".into(), &self.decoder)];
+        if let Some(h) = &self.lm_head {
+            c.push(("lm_head".into(), h));
+        }
+        c
+    }
+
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let mut c: Vec<(String, &mut dyn Module)> = vec![
+            ("shared".into(), &mut self.shared),
+            ("encoder".into(), &mut self.encoder),
+            ("decoder".into(), &mut self.decoder),
+        ];
+        if let Some(h) = &mut self.lm_head {
+            c.push(("lm_head".into(), h));
+        }
+        c
+    }
+
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_t5_rules() {
+        // Encoder (bidirectional, 32 buckets): 16 per direction, 8 exact distances each.
+        assert_eq!(relative_position_bucket(0, true, 32, 128), 0);
+        assert_eq!(relative_position_bucket(-7, true, 32, 128), 7);
+        assert_eq!(relative_position_bucket(7, true, 32, 128), 16 + 7);
+        // Beyond max_distance everything lands in the last bucket of its direction.
+        assert_eq!(relative_position_bucket(-1000, true, 32, 128), 15);
+        assert_eq!(relative_position_bucket(1000, true, 32, 128), 31);
+        // Decoder (causal): future keys share bucket 0, 16 exact distances into the past.
+        assert_eq!(relative_position_bucket(5, false, 32, 128), 0);
+        assert_eq!(relative_position_bucket(-15, false, 32, 128), 15);
+        assert_eq!(relative_position_bucket(-1000, false, 32, 128), 31);
+        // Logarithmic buckets grow monotonically with distance.
+        let mut last = 0;
+        for n in 0..200 {
+            let b = relative_position_bucket(-n, false, 32, 128);
+            assert!(b >= last && b < 32);
+            last = b;
+        }
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        let e = |json: &str| T5Config::from_json(json, "config.json").unwrap_err().to_string();
+        let msg = e(r#"{"model_type": "t5", "d_model": 8, "d_kv": 4, "d_ff": 16, "num_heads": 2, "vocab_size": 10}"#);
+        assert!(msg.contains("num_layers"), "{msg}");
+        let msg = e(
+            r#"{"model_type": "t5", "d_model": 8, "d_kv": 4, "d_ff": 16, "num_heads": 2, "num_layers": 1, "vocab_size": 10, "feed_forward_proj": "swish"}"#,
+        );
+        assert!(msg.contains("feed_forward_proj") && msg.contains("swish"), "{msg}");
+    }
+}
