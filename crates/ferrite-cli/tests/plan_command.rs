@@ -167,3 +167,31 @@ fn plot_draws_the_planned_step_with_its_peak_and_categories() {
     let (ok, _, err) = ferrite(&["plan", "--model", "mlp", "--plot", dir.path().to_str().unwrap()]);
     assert!(!ok && err.starts_with("error:") && !err.contains("panicked"), "{err}");
 }
+
+/// `--zero` from the command line: DeepSpeed's rows for t5-3b on 1 node x 8 GPUs come out of the
+/// plan's own model (the oracle is DeepSpeed's docs, memory.rst: ZeRO-2 15.93 GB per GPU without
+/// offload, 5.31 with the optimizer offloaded; ZeRO-3 6.10 from the real counts), in text and JSON.
+#[test]
+fn zero_estimate_reproduces_deepspeeds_t5_3b_rows_in_text_and_json() {
+    let base = ["plan", "--hf-config", &data("t5-3b.json"), "--seq", "8", "--batch", "1", "--device", "sim:a100-80gb"];
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--zero", "2", "--gpus-per-node", "8", "--json"]);
+    let (ok, out, err) = ferrite(&args);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["parameters"], 2_851_598_336u64, "{out}");
+    assert_eq!(j["zero"]["deepspeed"]["per_gpu_printed"], "15.93", "{out}");
+    let rows = j["zero"]["deepspeed_table"].as_array().unwrap();
+    assert!(rows.iter().any(|r| r["per_gpu_printed"] == "5.31"), "{out}");
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--zero", "3", "--gpus-per-node", "8"]);
+    let (ok, out, err) = ferrite(&args);
+    assert!(ok, "{err}");
+    assert!(out.contains("6.10GB") && out.contains("<- this run"), "{out}");
+    assert!(out.contains("ferrite (no ZeRO) keeps"), "{out}");
+    // ZeRO-2 cannot offload parameters: a typed error, not a panic.
+    let mut args: Vec<&str> = base.to_vec();
+    args.extend(["--zero", "2", "--offload", "param"]);
+    let (ok, _, err) = ferrite(&args);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+}
