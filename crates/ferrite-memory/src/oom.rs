@@ -425,7 +425,10 @@ impl fmt::Display for OutOfMemoryReport {
             )?;
         }
         if let Some(reason) = &self.planner_unavailable {
-            write!(f, "\nThe planner cannot model this run ({reason}): the suggestions below are fixed rules, not measured for this model.")?;
+            write!(
+                f,
+                "\nThe planner cannot model this run ({reason}): the suggestions below are fixed rules, not measured for this model."
+            )?;
         }
         if !self.suggestions.is_empty() {
             write!(f, "\nSuggestions, most effective first:")?;
@@ -504,7 +507,10 @@ mod tests {
         assert_eq!(lines.len(), 3, "{msg}");
         assert_eq!(lines[0], "  1. --checkpoint-activations: saves 5.00 GiB (peak reserved 12.00 GiB), fits");
         assert_eq!(lines[1], "  2. --amp bf16: saves 3.00 GiB (peak reserved 14.00 GiB), fits");
-        assert!(lines[2].starts_with("  3. --alloc-conf expandable_segments:True: saves 2.00 MiB") && lines[2].ends_with("still does not fit"));
+        assert!(
+            lines[2].starts_with("  3. --alloc-conf expandable_segments:True: saves 2.00 MiB")
+                && lines[2].ends_with("still does not fit")
+        );
         // The report keeps its numbers and round-trips with the remedies.
         let back: OutOfMemoryReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);

@@ -157,7 +157,12 @@ mod tests {
     fn oom() -> TrainError {
         let sim = Device::parse("sim:1GiB").unwrap();
         let e = Tensor::zeros(&[1 << 30], DType::F32, &sim).unwrap_err();
-        TrainError::During { phase: "forward pass", device: sim.to_string(), source: Box::new(e.into()), hint: String::new() }
+        TrainError::During {
+            phase: "forward pass",
+            device: sim.to_string(),
+            source: Box::new(e.into()),
+            hint: String::new(),
+        }
     }
 
     /// The same error with its report edited (to stand for another device).
@@ -182,7 +187,9 @@ mod tests {
         assert!(planned.remedies.iter().any(|r| r.change.starts_with("--batch-size 256 --accum-steps 2")));
         let msg = e.to_string();
         assert!(msg.starts_with("forward pass on sim:1GiB:0: CUDA out of memory."), "{msg}");
-        assert!(msg.contains("Ranked remedies (ferrite plan, for this model on sim:1GiB):") && !msg.contains("Suggestions"));
+        assert!(
+            msg.contains("Ranked remedies (ferrite plan, for this model on sim:1GiB):") && !msg.contains("Suggestions")
+        );
         // Not an OOM: unchanged.
         let other = with_planned_remedies(TrainError::MetaDevice, &args("sim:1GiB"));
         assert!(matches!(other, TrainError::MetaDevice));
@@ -211,7 +218,10 @@ mod tests {
         assert!(r.planned.is_none());
         assert_eq!(r.planner_unavailable.as_deref(), Some("cpu has no fixed capacity"));
         let msg = e.to_string();
-        assert!(msg.contains("The planner cannot model this run (cpu has no fixed capacity)") && msg.contains("Suggestions"));
+        assert!(
+            msg.contains("The planner cannot model this run (cpu has no fixed capacity)")
+                && msg.contains("Suggestions")
+        );
 
         let several = TrainArgs { data_parallel: true, ..args("sim:1GiB") };
         let e = with_planned_remedies(oom(), &several);
