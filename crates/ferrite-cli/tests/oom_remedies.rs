@@ -88,3 +88,23 @@ fn a_sim_oom_error_ranks_the_planners_remedies_by_bytes_saved() {
         assert!(base > peak, "{change} lowers the planned peak for this model");
     }
 }
+
+/// On `gpu:N` with a capacity (FERRITE_GPU_MEMORY) the planner models a device of that capacity;
+/// expandable segments, which wgpu buffers cannot do, are not offered. Skips without an adapter.
+#[test]
+fn a_gpu_with_a_capacity_gets_the_planners_remedies() {
+    if !ferrite_test_support::gpu_adapter_or_skip() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["train", "--device", "gpu:0", "--hidden", "4096", "--epochs", "1", "--no-progress"])
+        .env("FERRITE_GPU_MEMORY", "64MiB")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("GPU out of memory"), "{err}");
+    assert!(err.contains("Ranked remedies (ferrite plan, for this model on gpu:0 (64.00 MiB)):\n  1. "), "{err}");
+    assert!(!err.contains("expandable_segments") && !err.contains("Suggestions"), "{err}");
+}
