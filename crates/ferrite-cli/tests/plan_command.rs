@@ -125,7 +125,10 @@ fn an_out_of_memory_run_ends_with_the_planners_remedies() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("out of memory") || err.contains("Out of memory") || err.contains("exhausted"), "{err}");
-    assert!(err.contains("Remedies planned for this model on sim:24MiB") && err.contains("saves"), "{err}");
+    assert!(
+        err.contains("Ranked remedies (ferrite plan, for this model on sim:24MiB):") && err.contains("saves"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 

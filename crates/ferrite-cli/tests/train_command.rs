@@ -58,7 +58,7 @@ fn a_model_that_does_not_fit_a_sim_gpu_is_a_diagnosed_error_not_a_panic() {
         "out of memory",
         "Tesla T4",
         "Diagnosis: exhausted",
-        "Suggestions",
+        "Ranked remedies (ferrite plan, for this model on sim:t4-16gb)",
         "The model alone does not fit",
         "596.27 GiB",
     ] {

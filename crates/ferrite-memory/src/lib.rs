@@ -52,7 +52,9 @@ pub use error::MemoryError;
 pub use gpu_catalogue::{GPU_CATALOGUE, GpuProfile};
 pub use history::{Frame, TraceAction, TraceEntry};
 pub use memory_scope::{MemoryScope, ScopeReport};
-pub use oom::{OomDiagnosis, OutOfMemoryReport, Suggestion, SuggestionKind, format_size};
+pub use oom::{
+    OomDiagnosis, OutOfMemoryReport, PlannedRemedies, PlannedRemedy, Suggestion, SuggestionKind, format_size,
+};
 pub use registry::{allocator, configure, env_alloc_config, registered_devices};
 pub use snapshot::{BlockSnapshot, BlockState, MemorySnapshot, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat, StatArray, StatType};

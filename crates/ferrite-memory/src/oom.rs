@@ -52,6 +52,32 @@ pub struct Suggestion {
     pub text: String,
 }
 
+/// One remedy a planner measured for the model that ran out of memory: the change, the bytes it
+/// saves at the peak and the peak it leads to. Why it lives here: the memory layer cannot run a
+/// model, but its report is what the user reads, so a layer above (the planner) attaches these
+/// with [`OutOfMemoryReport::set_planned_remedies`] and they replace the fixed-rule suggestions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedRemedy {
+    /// The change, as the user would type it, e.g. `--amp bf16`.
+    pub change: String,
+    /// Peak reserved bytes the change removes (planned peak of the run as it was minus the
+    /// planned peak with the change).
+    pub saves_bytes: u64,
+    /// Planned peak reserved bytes with the change.
+    pub peak_reserved_bytes: u64,
+    /// Whether the run fits the device with the change.
+    pub fits: bool,
+}
+
+/// The planner's ranked remedies for this model on this device (see [`PlannedRemedy`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedRemedies {
+    /// What the planner modelled, e.g. `sim:t4-16gb` or `gpu:0 (64.00 MiB)`.
+    pub target: String,
+    /// Most effective first: those that fit before those that do not, then most bytes saved.
+    pub remedies: Vec<PlannedRemedy>,
+}
+
 /// Everything known about a failed allocation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutOfMemoryReport {
@@ -92,8 +118,17 @@ pub struct OutOfMemoryReport {
     #[serde(default)]
     pub driver_refused: bool,
     pub diagnosis: OomDiagnosis,
-    /// Ranked remedies, most effective first.
+    /// Ranked remedies from fixed rules, most effective first: what the allocator alone can say.
+    /// Shown only when no [`planned`](Self::planned) remedies replace them.
     pub suggestions: Vec<Suggestion>,
+    /// The planner's ranked remedies for this model, with bytes; when set, the message shows
+    /// these instead of [`suggestions`](Self::suggestions).
+    #[serde(default)]
+    pub planned: Option<PlannedRemedies>,
+    /// Why no planner could model the run, when one was asked (the message then says so above
+    /// the fixed-rule suggestions).
+    #[serde(default)]
+    pub planner_unavailable: Option<String>,
 }
 
 /// PyTorch's `format_size`: `N bytes`, then KiB / MiB / GiB with two decimals.
@@ -248,7 +283,36 @@ impl OutOfMemoryReport {
             driver_refused: f.driver_refused,
             diagnosis,
             suggestions: s,
+            planned: None,
+            planner_unavailable: None,
         }
+    }
+
+    /// Replace the fixed-rule suggestions with a planner's remedies for this model on `target`.
+    /// They are ranked here (those that fit first, then by bytes saved, larger first; the order
+    /// given breaks ties), so the message is ranked whatever the caller passed.
+    pub fn set_planned_remedies(&mut self, target: impl Into<String>, mut remedies: Vec<PlannedRemedy>) {
+        remedies.sort_by(|a, b| b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)));
+        self.planned = Some(PlannedRemedies { target: target.into(), remedies });
+        self.planner_unavailable = None;
+    }
+
+    /// As [`set_planned_remedies`](Self::set_planned_remedies), by value.
+    pub fn with_planned_remedies(mut self, target: impl Into<String>, remedies: Vec<PlannedRemedy>) -> Self {
+        self.set_planned_remedies(target, remedies);
+        self
+    }
+
+    /// Keep the fixed-rule suggestions and say in the message why no planner could rank
+    /// remedies for this run (e.g. `cpu has no fixed capacity`).
+    pub fn set_planner_unavailable(&mut self, reason: impl Into<String>) {
+        self.planned = None;
+        self.planner_unavailable = Some(reason.into());
+    }
+
+    /// The planner's remedies, most effective first, if a planner replaced the suggestions.
+    pub fn planned_remedies(&self) -> Option<&[PlannedRemedy]> {
+        self.planned.as_ref().map(|p| p.remedies.as_slice())
     }
 
     /// One-sentence explanation of the diagnosis with the numbers behind it.
@@ -336,6 +400,36 @@ impl fmt::Display for OutOfMemoryReport {
             format_size(self.requested_bytes),
             format_size(self.rounded_bytes)
         )?;
+        if let Some(p) = &self.planned
+            && !p.remedies.is_empty()
+        {
+            write!(f, "\nRanked remedies (ferrite plan, for this model on {}):", p.target)?;
+            for (i, r) in p.remedies.iter().enumerate() {
+                write!(
+                    f,
+                    "\n  {}. {}: saves {} (peak reserved {}){}",
+                    i + 1,
+                    r.change,
+                    format_size(r.saves_bytes),
+                    format_size(r.peak_reserved_bytes),
+                    if r.fits { ", fits" } else { ", still does not fit" }
+                )?;
+            }
+            return Ok(());
+        }
+        if let Some(p) = &self.planned {
+            write!(
+                f,
+                "\nferrite plan found no change to try for this model on {} (it already uses its settings); fixed rules follow.",
+                p.target
+            )?;
+        }
+        if let Some(reason) = &self.planner_unavailable {
+            write!(
+                f,
+                "\nThe planner cannot model this run ({reason}): the suggestions below are fixed rules, not measured for this model."
+            )?;
+        }
         if !self.suggestions.is_empty() {
             write!(f, "\nSuggestions, most effective first:")?;
             for (i, s) in self.suggestions.iter().enumerate() {
@@ -360,5 +454,79 @@ mod tests {
         assert_eq!(format_size(20 << 20), "20.00 MiB");
         assert_eq!(format_size(1 << 30), "1024.00 MiB");
         assert_eq!(format_size(42_505_273_344), "39.59 GiB");
+    }
+
+    fn exhausted() -> OutOfMemoryReport {
+        OutOfMemoryReport::diagnose(OomFacts {
+            device: "sim:t4-16gb:0".into(),
+            device_kind: DeviceKind::Sim,
+            device_index: 0,
+            device_name: "NVIDIA Tesla T4".into(),
+            requested_bytes: 3 << 30,
+            rounded_bytes: 3 << 30,
+            segment_bytes: 3 << 30,
+            total_capacity: Some(16 << 30),
+            usable_capacity: Some(15 << 30),
+            device_free: Some(1 << 30),
+            allowed_bytes: None,
+            allocated_bytes: 14 << 30,
+            reserved_bytes: 14 << 30,
+            largest_free_block: 0,
+            max_split_size: None,
+            host_refused: false,
+            driver_refused: false,
+            expandable_segments: false,
+        })
+    }
+
+    fn remedy(change: &str, saves: u64, fits: bool) -> PlannedRemedy {
+        PlannedRemedy { change: change.into(), saves_bytes: saves, peak_reserved_bytes: (17 << 30) - saves, fits }
+    }
+
+    #[test]
+    fn planned_remedies_replace_the_fixed_rules_ranked_by_bytes_saved() {
+        let mut r = exhausted();
+        assert!(r.to_string().contains("Suggestions, most effective first:"));
+        assert!(r.planned_remedies().is_none());
+        r.set_planned_remedies(
+            "sim:t4-16gb",
+            vec![
+                remedy("--alloc-conf expandable_segments:True", 2 << 20, false),
+                remedy("--amp bf16", 3 << 30, true),
+                remedy("--checkpoint-activations", 5 << 30, true),
+            ],
+        );
+        let changes: Vec<&str> = r.planned_remedies().unwrap().iter().map(|p| p.change.as_str()).collect();
+        assert_eq!(changes, ["--checkpoint-activations", "--amp bf16", "--alloc-conf expandable_segments:True"]);
+        let msg = r.to_string();
+        assert!(msg.starts_with("CUDA out of memory. Tried to allocate 3.00 GiB."), "{msg}");
+        assert!(msg.contains("Diagnosis: exhausted"), "{msg}");
+        assert!(!msg.contains("Suggestions"), "the fixed rules are replaced: {msg}");
+        let tail = msg.split("Ranked remedies (ferrite plan, for this model on sim:t4-16gb):").nth(1).unwrap();
+        let lines: Vec<&str> = tail.lines().filter(|l| !l.is_empty()).collect();
+        assert_eq!(lines.len(), 3, "{msg}");
+        assert_eq!(lines[0], "  1. --checkpoint-activations: saves 5.00 GiB (peak reserved 12.00 GiB), fits");
+        assert_eq!(lines[1], "  2. --amp bf16: saves 3.00 GiB (peak reserved 14.00 GiB), fits");
+        assert!(
+            lines[2].starts_with("  3. --alloc-conf expandable_segments:True: saves 2.00 MiB")
+                && lines[2].ends_with("still does not fit")
+        );
+        // The report keeps its numbers and round-trips with the remedies.
+        let back: OutOfMemoryReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn without_a_planner_the_fixed_rules_stay_and_the_message_says_why() {
+        let mut r = exhausted().with_planned_remedies("sim:t4-16gb", vec![remedy("--amp bf16", 1, true)]);
+        r.set_planner_unavailable("cpu has no fixed capacity");
+        assert!(r.planned_remedies().is_none());
+        let msg = r.to_string();
+        assert!(msg.contains("The planner cannot model this run (cpu has no fixed capacity)"), "{msg}");
+        assert!(msg.contains("Suggestions, most effective first:\n  1. reduce the batch size"), "{msg}");
+        assert_eq!(msg.matches("The planner cannot").count(), 1);
+        // An empty plan (nothing left to try) keeps the rules too, and says so.
+        let msg = exhausted().with_planned_remedies("sim:t4-16gb", Vec::new()).to_string();
+        assert!(msg.contains("found no change to try") && msg.contains("Suggestions"), "{msg}");
     }
 }

@@ -1,7 +1,7 @@
 //! The built-in trainers' models as planner workloads: the same builders `ferrite train`
 //! uses, fed with a batch of the trainer's shapes, so a plan is of the model the trainer runs.
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
-use ferrite_plan::{PlanError, StepConfig, Workload};
+use ferrite_plan::{PlanError, StepConfig, Workload, mark_layer};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 use crate::commands::train::cnn::{CnnSpec, build_cnn};
@@ -95,10 +95,13 @@ impl Workload for Builtin {
             Builtin::Mlp { .. } | Builtin::Cnn { .. } => {
                 // The image trainer keeps the logits until the step ends (for the accuracy).
                 let logits = model.forward(x)?;
+                // What the loss saves is its own line in the activations by layer.
+                mark_layer("loss");
                 Ok((loss_fn.forward(&logits, y)?, vec![logits]))
             }
             Builtin::Lstm { .. } | Builtin::Transformer { .. } => {
                 let logits = model.forward(x)?;
+                mark_layer("loss");
                 let vocab = logits.shape().last().copied().unwrap_or(1) as i64;
                 let loss = loss_fn.forward(&logits.reshape(&[-1, vocab])?, &y.reshape(&[-1])?)?;
                 Ok((loss, Vec::new()))

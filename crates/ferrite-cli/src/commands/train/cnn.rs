@@ -122,7 +122,10 @@ impl Module for Cnn {
     /// `x` is an image batch `[batch, channels, height, width]`.
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
         let mut h = x.clone();
-        for block in &self.blocks {
+        // Each child is marked as a layer for the planner's activations by layer (a no-op
+        // outside a plan); the names are the children's.
+        for (i, block) in self.blocks.iter().enumerate() {
+            ferrite_plan::mark_layer(&i.to_string());
             h = if self.checkpointed && is_grad_enabled() {
                 // The clone shares the parameters and buffers; the graph keeps it until backward.
                 let region = block.clone();
@@ -132,7 +135,11 @@ impl Module for Cnn {
                 block.forward(&h)?
             };
         }
-        self.head.forward(&self.flatten.forward(&h)?)
+        let n = self.blocks.len();
+        ferrite_plan::mark_layer(&n.to_string());
+        let flat = self.flatten.forward(&h)?;
+        ferrite_plan::mark_layer(&(n + 1).to_string());
+        self.head.forward(&flat)
     }
 
     fn children(&self) -> Vec<(String, &dyn Module)> {

@@ -75,7 +75,11 @@ impl LstmLm {
     /// `[batch, seq, vocab]` and the state after it (still attached to this chunk's graph; the
     /// trainer detaches it before the next chunk).
     pub fn forward_chunk(&self, ids: &Tensor, state: &LstmState) -> ferrite_nn::Result<(Tensor, LstmState)> {
+        // Each child is marked as a layer for the planner's activations by layer (a no-op
+        // outside a plan); dropout counts with the child whose output it drops.
+        ferrite_plan::mark_layer("encoder");
         let x = self.drop.forward(&self.encoder.forward(ids)?)?;
+        ferrite_plan::mark_layer("rnn");
         let (out, h, c) = if self.checkpoint_activations && is_grad_enabled() {
             // Keep only the chunk's input and state; backward recomputes the recurrence.
             let rnn = self.rnn.clone();
@@ -101,7 +105,9 @@ impl LstmLm {
             let (out, (h, c)) = self.rnn.forward_with_state(&x, Some((&state.0, &state.1)))?;
             (out, h, c)
         };
-        Ok((self.decoder.forward(&self.drop.forward(&out)?)?, (h, c)))
+        let out = self.drop.forward(&out)?;
+        ferrite_plan::mark_layer("decoder");
+        Ok((self.decoder.forward(&out)?, (h, c)))
     }
 }
 

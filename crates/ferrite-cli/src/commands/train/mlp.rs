@@ -74,9 +74,12 @@ pub fn build_mlp(
     Ok(Mlp { blocks, head, segment, training: true })
 }
 
-fn run_blocks(blocks: &[Sequential], x: &Tensor) -> ferrite_nn::Result<Tensor> {
+/// Runs `blocks`, the first of which is child `first` of the model; each is marked as a layer
+/// for the planner's activations by layer (a no-op outside a plan).
+fn run_blocks(blocks: &[Sequential], first: usize, x: &Tensor) -> ferrite_nn::Result<Tensor> {
     let mut h = x.clone();
-    for b in blocks {
+    for (i, b) in blocks.iter().enumerate() {
+        ferrite_plan::mark_layer(&(first + i).to_string());
         h = b.forward(&h)?;
     }
     Ok(h)
@@ -91,17 +94,19 @@ impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
         let x = &x.flatten(1, -1)?;
         let h = if self.segment == 0 || !is_grad_enabled() {
-            run_blocks(&self.blocks, x)?
+            run_blocks(&self.blocks, 0, x)?
         } else {
             let mut h = x.clone();
-            for chunk in self.blocks.chunks(self.segment) {
+            for (n, chunk) in self.blocks.chunks(self.segment).enumerate() {
                 // Clones share the parameters; the autograd node keeps them until backward.
                 let seg: Vec<Sequential> = chunk.to_vec();
+                let first = n * self.segment;
                 let params: Vec<Tensor> = seg.iter().flat_map(|b| b.parameters()).collect();
-                h = checkpoint_with_params(move |xs| run_blocks(&seg, &xs[0]), &[&h], &params)?;
+                h = checkpoint_with_params(move |xs| run_blocks(&seg, first, &xs[0]), &[&h], &params)?;
             }
             h
         };
+        ferrite_plan::mark_layer(&self.blocks.len().to_string());
         self.head.forward(&h)
     }
 

@@ -316,6 +316,11 @@ pub enum TrainError {
     TextTooShort { what: String, chars: usize, needed: usize, why: String },
     #[error("{phase} on {device}: {source}{hint}")]
     During { phase: &'static str, device: String, source: Box<TrainError>, hint: String },
+    /// A device ran out of memory. `fn run` puts the report here, whichever layer returned it,
+    /// once its suggestions are the planner's ranked remedies for this model (or the fixed rules
+    /// with the reason the planner could not model the run).
+    #[error("{report}")]
+    OutOfMemory { report: Box<ferrite_memory::OutOfMemoryReport> },
     #[error(transparent)]
     Data(#[from] ferrite_data::DataError),
     #[error(transparent)]
@@ -354,34 +359,64 @@ impl TrainError {
 
     /// Whether this is a device running out of memory (whatever layer reported it).
     pub fn is_out_of_memory(&self) -> bool {
+        self.oom_report().is_some()
+    }
+
+    /// The out-of-memory report, whatever layer returned it.
+    pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
         match self {
-            TrainError::During { source, .. } => source.is_out_of_memory(),
-            TrainError::Memory(e) => e.oom_report().is_some(),
-            TrainError::Tensor(e) => e.oom_report().is_some(),
-            TrainError::Nn(e) => e.oom_report().is_some(),
-            TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report().is_some(),
-            TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report().is_some(),
-            TrainError::Parallel(e) => e.oom_report().is_some(),
+            TrainError::During { source, .. } => source.oom_report(),
+            TrainError::OutOfMemory { report } => Some(report),
+            TrainError::Memory(e) => e.oom_report(),
+            TrainError::Tensor(e) => e.oom_report(),
+            TrainError::Nn(e) => e.oom_report(),
+            TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report(),
+            TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report(),
+            TrainError::Parallel(e) => e.oom_report(),
             // A loader wraps what collation or staging to the device returned.
             TrainError::Data(e) => oom_in_sources(e),
-            _ => false,
+            _ => None,
+        }
+    }
+
+    /// This error with its out-of-memory report edited by `edit` (e.g. to attach the planner's
+    /// remedies): the report becomes [`TrainError::OutOfMemory`] under the same phase and hint.
+    /// Any other error is returned unchanged.
+    pub fn map_oom_report(self, edit: impl FnOnce(&mut ferrite_memory::OutOfMemoryReport)) -> TrainError {
+        match self {
+            TrainError::During { phase, device, source, hint } => {
+                TrainError::During { phase, device, source: Box::new(source.map_oom_report(edit)), hint }
+            }
+            TrainError::OutOfMemory { mut report } => {
+                edit(&mut report);
+                TrainError::OutOfMemory { report }
+            }
+            other => match other.oom_report().cloned() {
+                Some(mut report) => {
+                    edit(&mut report);
+                    TrainError::OutOfMemory { report: Box::new(report) }
+                }
+                None => other,
+            },
         }
     }
 }
 
-/// Whether an error in `e`'s source chain is an out-of-memory error.
-fn oom_in_sources(e: &(dyn std::error::Error + 'static)) -> bool {
+/// The out-of-memory report in `e`'s source chain, if any.
+fn oom_in_sources<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a ferrite_memory::OutOfMemoryReport> {
     let mut cur = e.source();
     while let Some(s) = cur {
-        let oom = s.downcast_ref::<ferrite_memory::MemoryError>().is_some_and(|m| m.oom_report().is_some())
-            || s.downcast_ref::<ferrite_tensor::TensorError>().is_some_and(|t| t.oom_report().is_some())
-            || s.downcast_ref::<ferrite_nn::NnError>().is_some_and(|n| n.oom_report().is_some());
-        if oom {
-            return true;
+        let report = s
+            .downcast_ref::<ferrite_memory::MemoryError>()
+            .and_then(|m| m.oom_report())
+            .or_else(|| s.downcast_ref::<ferrite_tensor::TensorError>().and_then(|t| t.oom_report()))
+            .or_else(|| s.downcast_ref::<ferrite_nn::NnError>().and_then(|n| n.oom_report()));
+        if report.is_some() {
+            return report;
         }
         cur = s.source();
     }
-    false
+    None
 }
 
 /// A trainer-level explanation added after an error — only after the kind of error it explains:
@@ -429,14 +464,14 @@ impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
 
 pub fn run(args: TrainArgs) -> CliResult {
     let args = resolve_batch_size(&args)?.unwrap_or(args);
-    match train(&args) {
-        Ok(()) => Ok(()),
-        // The planner ranks what would have helped, with the bytes each saves for this model.
-        Err(e) if e.is_out_of_memory() => {
-            Err(format!("{e}{}", crate::commands::plan::from_train::oom_remedies(&args)).into())
-        }
-        Err(e) => Err(e.into()),
-    }
+    // Out of memory: the report's ranked suggestions become the planner's, with the bytes each
+    // saves for this model (the fixed rules stay, saying why, where the planner cannot model it).
+    train(&args).map_err(|e| crate::commands::plan::from_train::with_planned_remedies(e, &args).into())
+}
+
+/// Whether the run trains with DataParallel on several devices (`--devices`, `--data-parallel`).
+pub(crate) fn data_parallel_requested(args: &TrainArgs) -> bool {
+    data_parallel::requested(args)
 }
 
 fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
