@@ -110,10 +110,7 @@ impl Fixture {
 
     /// PyTorch's final parameters of `case`, in `param_names` order.
     fn final_params(&self, case: &str) -> Vec<Vec<f32>> {
-        self.param_names()
-            .iter()
-            .map(|n| self.tensor(&format!("{case}.final.{n}")).to_vec::<f32>().unwrap())
-            .collect()
+        self.param_names().iter().map(|n| self.tensor(&format!("{case}.final.{n}")).to_vec::<f32>().unwrap()).collect()
     }
 }
 
