@@ -1,10 +1,13 @@
-//! `mpirun -np 2 ferrite train --distributed`: trains, rank 0 alone prints, the summary has every
-//! rank's memory, and rank 0's checkpoint resumes in a single process without MPI. Without the
-//! `mpi` feature the flag is a typed error. Skips loudly without MPI unless
+//! `mpirun -np 2 ferrite train --distributed`: trains every built-in model (mlp on digits here; the
+//! transformer and the LSTM on a text file), rank 0 alone prints, the summary has every rank's
+//! memory, rank 0's checkpoint resumes in a single process without MPI, and rank 0 writes the
+//! `--snapshot`. The language models also match one process reading twice the streams. Without
+//! the `mpi` feature the flag is a typed error. Skips loudly without MPI unless
 //! FERRITE_REQUIRE_SYSTEM_DEPS=1.
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 
 fn mpirun_ferrite(args: &[&str], dir: &std::path::Path) -> (bool, String, String) {
@@ -19,6 +22,140 @@ fn mpirun_ferrite(args: &[&str], dir: &std::path::Path) -> (bool, String, String
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
+}
+
+/// Whether the mpirun tests can run here (else they skip loudly, or fail when required).
+fn mpi_ready(test: &str) -> bool {
+    if !cfg!(feature = "mpi") {
+        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
+        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
+        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
+        return false;
+    }
+    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
+}
+
+/// A text a small model learns from: words of a small vocabulary in a pseudo-random order.
+fn write_text(dir: &Path, chars: usize) -> String {
+    let words = ["the ", "cat ", "sat ", "on ", "a ", "mat ", "and ", "dog ", "ran ", "far. ", "then ", "slept.\n"];
+    let (mut text, mut state) = (String::new(), 11u64);
+    while text.len() < chars {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        text.push_str(words[(state >> 33) as usize % words.len()]);
+    }
+    text.truncate(chars);
+    std::fs::write(dir.join("text.txt"), &text).unwrap();
+    "text.txt".to_string()
+}
+
+/// Every parameter of a safetensors weights file, by name.
+fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
+    ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+/// The figure after `key ` in a language model's closing line (`validation loss 2.78 (…unigram 3.1)…`).
+fn figure(out: &str, key: &str) -> f64 {
+    let line =
+        out.lines().find(|l| l.starts_with("validation loss ")).unwrap_or_else(|| panic!("no final line:\n{out}"));
+    let at = line.find(key).unwrap_or_else(|| panic!("no `{key}` in {line}")) + key.len();
+    line[at..].trim_start().split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
+}
+
+/// `mpirun -np 2 ferrite train --distributed --model MODEL ARGS --batch-size 2`, then checks what
+/// a user sees, that rank 0's checkpoint resumes without MPI, that rank 0 wrote the snapshot, and
+/// that one process with `--batch-size 4` (the same 4 streams) ends with the same weights. (Not the
+/// same validation loss for the LSTM: its validation streams follow `--batch-size`.)
+fn language_model_case(test: &str, model: &str, model_args: &[&str]) {
+    if !mpi_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = write_text(dir.path(), 2000);
+    let common: Vec<&str> =
+        ["train", "--model", model, "--dataset", &text, "--seq", "16", "--lr", "0.01", "--no-progress"]
+            .into_iter()
+            .chain(model_args.iter().copied())
+            .collect();
+    let with = |extra: &[&str]| -> Vec<String> { common.iter().chain(extra).map(|s| s.to_string()).collect() };
+    let dist = with(&[
+        "--distributed",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "2",
+        "--save-checkpoint",
+        "ck.ft",
+        "--snapshot",
+        "snap.pickle",
+        "--out",
+        "dist.safetensors",
+    ]);
+    let dist: Vec<&str> = dist.iter().map(String::as_str).collect();
+    let (ok, out, err) = mpirun_ferrite(&dist, dir.path());
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("2 ranks x 2 streams x 16 characters per chunk"), "{out}");
+    assert_eq!(out.matches("epoch   1/2").count(), 1, "one rank prints:\n{out}");
+    assert_eq!(out.matches("epoch   2/2").count(), 1, "{out}");
+    assert!(out.contains("rank 0: peak allocated") && out.contains("rank 1: peak allocated"), "{out}");
+    let (val, unigram) = (figure(&out, "validation loss"), figure(&out, "unigram"));
+    assert!(val.is_finite() && val < unigram + 0.5, "{out}");
+    // Rank 0 alone wrote the snapshot, and it reads back.
+    assert_eq!(err.matches("wrote memory snapshot snap.pickle").count(), 1, "{err}");
+    let replay = common::ok(&["memory", "replay", "snap.pickle", "--json"], dir.path());
+    assert!(replay.contains("\"devices\""), "{replay}");
+
+    // One process, 4 streams: the same text rows and the same averaged gradients per step.
+    let single = with(&["--batch-size", "4", "--epochs", "2", "--out", "single.safetensors"]);
+    let single: Vec<&str> = single.iter().map(String::as_str).collect();
+    let one = common::ok(&single, dir.path());
+    let (d, s) = (weights(&dir.path().join("dist.safetensors")), weights(&dir.path().join("single.safetensors")));
+    assert_eq!(d.iter().map(|(n, _)| n).collect::<Vec<_>>(), s.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    let worst = d
+        .iter()
+        .zip(&s)
+        .flat_map(|((name, a), (_, b))| {
+            // Attention's key bias (the middle third of in_proj_bias) gets a gradient that is zero
+            // but for rounding (softmax ignores a shift shared by all keys), which AdamW turns into
+            // lr-sized steps of either sign: it is not compared.
+            let key_bias = if name.ends_with("in_proj_bias") { a.len() / 3..2 * a.len() / 3 } else { 0..0 };
+            a.iter()
+                .zip(b)
+                .enumerate()
+                .filter(move |(i, _)| !key_bias.contains(i))
+                .map(|(_, (x, y))| (x - y).abs() / (1.0 + y.abs()))
+        })
+        .fold(0f32, f32::max);
+    println!("{model}: 2 ranks x 2 streams vs 1 process x 4 streams, largest relative weight difference {worst:e}");
+    assert!(worst < 1e-4, "{model}: the distributed weights differ from one process's by {worst}\n{out}\n{one}");
+
+    // Rank 0's checkpoint continues in a plain process (2 streams per step now).
+    let resume = with(&["--batch-size", "2", "--resume", "ck.ft", "--epochs", "3"]);
+    let resume: Vec<&str> = resume.iter().map(String::as_str).collect();
+    let resumed = common::ok(&resume, dir.path());
+    assert!(resumed.contains("resumed from ck.ft after epoch 2"), "{resumed}");
+    assert_eq!(resumed.matches("epoch   3/3").count(), 1, "{resumed}");
+}
+
+#[test]
+fn two_ranks_train_the_transformer_like_one_process_with_twice_the_streams() {
+    language_model_case(
+        "two_ranks_train_the_transformer_like_one_process_with_twice_the_streams",
+        "transformer",
+        &["--d-model", "32", "--heads", "2", "--layers", "1"],
+    );
+}
+
+#[test]
+fn two_ranks_train_the_lstm_like_one_process_with_twice_the_streams() {
+    language_model_case(
+        "two_ranks_train_the_lstm_like_one_process_with_twice_the_streams",
+        "lstm",
+        &["--hidden", "32"],
+    );
 }
 
 #[test]

@@ -5,12 +5,19 @@
 //! training set through a `DistributedSampler`, evaluates the whole test set, and steps the same
 //! optimizer on the same averaged gradients, so the replicas stay identical. Rank 0 alone prints
 //! (the other ranks' stdout goes to /dev/null; their errors still reach stderr), draws the
-//! progress bar and writes checkpoints and weights; the closing summary lists every rank's peak
-//! memory.
+//! progress bar and writes checkpoints, weights and the `--snapshot` (rank 0's allocator); the
+//! closing summary lists every rank's peak memory.
+//!
+//! The image models read their share through a `DistributedSampler` over the images. The language
+//! models read text streams, whose rows must continue from chunk to chunk (truncated BPTT), so the
+//! unit shared out is a stream, not a chunk: [`StreamShare`] cuts the text into `ranks × batch`
+//! streams and gives each rank a disjoint `batch` of them, reshuffled per epoch. One step of 2
+//! ranks × `--batch-size B` then averages the same gradients as one process with `--batch-size 2B`.
 
+use ferrite_data::{DistributedSampler, Sampler};
 use ferrite_memory::{Device, allocator, format_size};
 use ferrite_nn::Module;
-use ferrite_tensor::Tensor;
+use ferrite_tensor::{Generator, Tensor};
 
 use super::TrainError;
 
@@ -92,6 +99,53 @@ impl Distributed {
     }
 }
 
+/// One rank's share of a language model's text streams (see the module docs): a
+/// [`DistributedSampler`] over the `ranks × per_rank` streams of a `TextStreams` dataset, expanded
+/// so that batch `c` is chunk `c` of this rank's streams and row `b` stays stream `b` of the share
+/// for the whole epoch. Clones share the epoch: keep one to call [`set_epoch`](Self::set_epoch).
+#[derive(Debug, Clone)]
+pub struct StreamShare {
+    streams: DistributedSampler,
+    per_rank: usize,
+    total: usize,
+}
+
+impl StreamShare {
+    /// Rank `rank` of `ranks`, `per_rank` streams each, shuffled with `seed` (the same on every rank).
+    pub fn new(ranks: usize, rank: usize, per_rank: usize, seed: u64) -> Result<StreamShare, TrainError> {
+        let total = ranks.checked_mul(per_rank).filter(|t| *t > 0).ok_or(TrainError::InvalidArgument {
+            flag: "batch-size",
+            value: format!("{per_rank} on {ranks} ranks"),
+            expected: "at least 1 stream per rank, and ranks x streams must fit in memory",
+        })?;
+        Ok(StreamShare { streams: DistributedSampler::new(ranks, rank)?.seed(seed), per_rank, total })
+    }
+
+    /// Streams over all ranks: the `TextStreams` dataset must be cut into this many.
+    pub fn total_streams(&self) -> usize {
+        self.total
+    }
+
+    /// The epoch whose assignment of streams to ranks the next pass uses.
+    pub fn set_epoch(&self, epoch: u64) {
+        self.streams.set_epoch(epoch);
+    }
+}
+
+impl Sampler for StreamShare {
+    fn epoch_indices(&mut self, dataset_len: usize, rng: &mut Generator) -> Vec<usize> {
+        // `total` divides evenly over the ranks: no padding, no repeated stream.
+        let mine = self.streams.epoch_indices(self.total, rng);
+        let chunks = dataset_len / self.total;
+        let total = self.total;
+        (0..chunks).flat_map(|c| mine.iter().map(move |&s| c * total + s)).collect()
+    }
+
+    fn num_indices(&self, dataset_len: usize) -> usize {
+        dataset_len / self.total * self.per_rank
+    }
+}
+
 impl StepSync {
     /// Backward of one micro-batch; gradients are averaged over ranks when `last_micro_step`
     /// (the accumulation group is complete), else only accumulated locally (`no_sync`).
@@ -151,3 +205,55 @@ fn silence_stdout() {
 
 #[cfg(all(feature = "mpi", not(unix)))]
 fn silence_stdout() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (chunk, stream) of every index rank `rank` of `ranks` reads in `epoch`, over `chunks` chunks.
+    fn read(ranks: usize, rank: usize, per_rank: usize, chunks: usize, epoch: u64) -> Vec<(usize, usize)> {
+        let mut share = StreamShare::new(ranks, rank, per_rank, 42).unwrap();
+        share.set_epoch(epoch);
+        let total = share.total_streams();
+        let len = chunks * total;
+        let idx = share.epoch_indices(len, &mut Generator::new(0));
+        assert_eq!(idx.len(), share.num_indices(len));
+        idx.into_iter().map(|i| (i / total, i % total)).collect()
+    }
+
+    #[test]
+    fn ranks_read_disjoint_equal_shares_of_whole_streams() {
+        let (ranks, per_rank, chunks) = (3, 4, 5);
+        let mut seen = Vec::new();
+        for rank in 0..ranks {
+            let got = read(ranks, rank, per_rank, chunks, 0);
+            assert_eq!(got.len(), per_rank * chunks);
+            // Batch c (per_rank consecutive indices) is chunk c; row b keeps its stream.
+            let rows: Vec<usize> = got[..per_rank].iter().map(|&(_, s)| s).collect();
+            for (c, batch) in got.chunks(per_rank).enumerate() {
+                assert!(batch.iter().all(|&(chunk, _)| chunk == c));
+                assert_eq!(batch.iter().map(|&(_, s)| s).collect::<Vec<_>>(), rows);
+            }
+            seen.extend(rows);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..ranks * per_rank).collect::<Vec<_>>(), "every stream read by exactly one rank");
+    }
+
+    #[test]
+    fn the_streams_are_reshuffled_per_epoch_alike_on_every_rank() {
+        let streams = |rank, epoch| -> Vec<usize> { read(2, rank, 8, 1, epoch).into_iter().map(|(_, s)| s).collect() };
+        assert_ne!(streams(0, 0), streams(0, 1), "epoch 1 reassigns the streams");
+        for epoch in 0..3 {
+            let (a, b) = (streams(0, epoch), streams(1, epoch));
+            assert!(a.iter().all(|s| !b.contains(s)), "epoch {epoch}: shares overlap");
+        }
+    }
+
+    #[test]
+    fn no_streams_is_a_typed_error() {
+        let e = StreamShare::new(2, 0, 0, 0).unwrap_err().to_string();
+        assert!(e.contains("--batch-size") && e.contains("at least 1"), "{e}");
+        assert!(StreamShare::new(2, 2, 4, 0).is_err(), "rank out of range");
+    }
+}

@@ -16,6 +16,7 @@ use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast};
 use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
 use super::common::{self, EpochMeter, Stepper};
+use super::distributed::{Distributed, StreamShare};
 use super::lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 use super::transformer_lm::{TransformerLm, TransformerSpec, build_transformer};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
@@ -73,14 +74,24 @@ impl LanguageModel {
     }
 }
 
-/// Trains `args.model` (a language model) on the text `args.dataset` names.
-pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
+/// Trains `args.model` (a language model) on the text `args.dataset` names; with `dist`, as one
+/// rank reading its [`StreamShare`] of the streams.
+pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> Result<(), TrainError> {
     let epochs = args.epochs.unwrap_or(1);
     if args.model == ModelKind::Transformer {
         // The model's own settings are checked before the text is read.
         transformer_spec(args, 0)?;
     }
     let (text, dataset) = load_text(args)?;
+    let mut seeds = Generator::new(args.seed);
+    let loader_seed = seeds.next_u64();
+    // Distributed: the text is cut into ranks x batch streams, of which this rank reads its batch.
+    let share = dist.map(|d| StreamShare::new(d.world_size(), d.rank(), args.batch_size, loader_seed)).transpose()?;
+    let all_streams = share.as_ref().map_or(args.batch_size, StreamShare::total_streams);
+    let streams_text = match dist {
+        Some(d) => format!("{} ranks x --batch-size {}", d.world_size(), args.batch_size),
+        None => format!("--batch-size {}", args.batch_size),
+    };
     // The split must leave a validation chunk and a training chunk per stream: say so in the
     // trainer's terms before the dataset says it in its own.
     let cut = (text.num_chars() as f64 * TRAIN_FRACTION).round() as usize;
@@ -93,9 +104,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         ),
         (
             args.train_subset.unwrap_or(cut).min(cut),
-            args.batch_size * args.seq + 1,
+            all_streams.saturating_mul(args.seq).saturating_add(1),
             "the training text",
-            format!("--batch-size {} streams of one --seq {} chunk", args.batch_size, args.seq),
+            format!("{streams_text} streams of one --seq {} chunk", args.seq),
         ),
     ];
     for (chars, needed, what, why) in needs {
@@ -109,17 +120,19 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         _ => train_text,
     };
     let vocab = text.vocab_size();
-    let streams = TextStreams::new(&train_text, args.batch_size, args.seq)?;
+    let streams = TextStreams::new(&train_text, all_streams, args.seq)?;
     let chunks = streams.chunks();
     // Validation streams: as many as the batch, or fewer when the validation text is short.
     let val_batch = args.batch_size.min(val_text.num_chars().saturating_sub(1) / args.seq).max(1);
     let val_streams = TextStreams::new(&val_text, val_batch, args.seq)?;
     let unigram = unigram_loss(&train_text, &val_text);
 
-    let mut seeds = Generator::new(args.seed);
-    let loader_seed = seeds.next_u64();
     let mut train_loader: TextLoader = {
         let b = streams.tensor_loader().seed(loader_seed).num_workers(args.workers);
+        let b = match &share {
+            Some(s) => b.batch_size(args.batch_size).sampler(s.clone()),
+            None => b,
+        };
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut val_loader: TextLoader = {
@@ -144,7 +157,7 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     );
     println!(
         "  {} streams x {} characters per chunk ({} chunks per epoch); {}",
-        args.batch_size,
+        dist.map_or(args.batch_size.to_string(), |d| format!("{} ranks x {}", d.world_size(), args.batch_size)),
         args.seq,
         chunks,
         common::describe_settings(args)
@@ -161,6 +174,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     let mut model =
         build_model(args, vocab, device, &mut init, &dropout_rng).during_hint("building the model", device, too_big)?;
     let mut stepper = Stepper::new(model.module(), args)?;
+    if let Some(d) = dist {
+        stepper.sync = Some(d.sync_for(model.module())?);
+    }
     let loss_fn = CrossEntropyLoss::new();
 
     let settings = common::run_settings(args, &dataset, specific);
@@ -179,6 +195,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     let start = Instant::now();
     let mut val_loss = f64::NAN;
     for epoch in first_epoch..epochs {
+        if let Some(s) = &share {
+            s.set_epoch(epoch as u64);
+        }
         let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
         let mut state = model.start_state(args.batch_size, device)?;
         run.epoch_started(epoch + 1, epochs);
@@ -206,7 +225,7 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
             val_loss.exp(),
             common::seconds(epoch_start.elapsed().as_secs_f64()),
         );
-        if let Some(path) = &args.save_checkpoint {
+        if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
             stepper.save_checkpoint(
                 path,
                 epoch + 1,
@@ -227,7 +246,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         PathBuf::from(format!("ferrite-{stem}-{}.safetensors", args.model.name()))
     });
     let sd = model.module().state_dict();
-    ferrite_io::save_state_dict(&weights, sd.iter())?;
+    if dist.is_none_or(|d| d.rank() == 0) {
+        ferrite_io::save_state_dict(&weights, sd.iter())?;
+    }
     let sample = sample_text(&mut model, &text, device, args.seq, args.seed).during("sampling", device)?;
     println!("sample: {}", sample.replace('\n', " ").trim());
     println!(
@@ -238,6 +259,15 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         weights.display()
     );
     println!("{}", allocator(device).memory_summary(true));
+    if let Some(d) = dist {
+        if let Some(sync) = stepper.sync.take() {
+            sync.finish()?;
+        }
+        println!("memory of every rank ({} ranks):", d.world_size());
+        for line in d.memory_lines(device)? {
+            println!("  {line}");
+        }
+    }
     run.finish();
     Ok(())
 }

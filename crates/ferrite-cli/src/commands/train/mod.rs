@@ -200,8 +200,9 @@ pub struct TrainArgs {
     #[arg(long)]
     pub snapshot: Option<PathBuf>,
     /// One rank of an MPI job: `mpirun -np 2 ferrite train --distributed ...` averages gradients
-    /// over the ranks (DistributedDataParallel); each rank reads its own share of the data.
-    /// Needs a build with `--features mpi`. Image models (mlp, cnn).
+    /// over the ranks (DistributedDataParallel); each rank reads its own share of the data (images,
+    /// or text streams). Every model. Rank 0 prints and writes weights, checkpoints and
+    /// `--snapshot` (its own allocator's). Needs a build with `--features mpi`.
     #[arg(long)]
     pub distributed: bool,
     #[command(flatten)]
@@ -481,13 +482,6 @@ fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static 
 /// `--distributed`: join the MPI job and train; a failure is reported to the other ranks, which
 /// then stop with an error naming this rank.
 fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
-    if args.model.is_language_model() {
-        return Err(TrainError::InvalidArgument {
-            flag: "distributed",
-            value: args.model.name().to_string(),
-            expected: "an image model (--model mlp or cnn); the language models do not run distributed yet",
-        });
-    }
     let dist = distributed::Distributed::init()?;
     let quiet;
     let args = if dist.rank() == 0 {
@@ -496,8 +490,19 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
         quiet = TrainArgs { no_progress: true, ..args.clone() };
         &quiet
     };
-    let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-    let result = image::train(args, kind, device, Some(&dist));
+    let result = if args.model.is_language_model() {
+        language::train(args, device, Some(&dist))
+    } else {
+        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
+        image::train(args, kind, device, Some(&dist))
+    };
+    // Rank 0 writes the memory snapshot; the others only stop recording.
+    let result = if dist.rank() == 0 {
+        write_snapshot(args, device, result)
+    } else {
+        allocator(device).record_memory_history(None);
+        result
+    };
     if result.is_err() {
         // Let the other ranks print their report before mpirun ends the job on this exit.
         std::thread::sleep(std::time::Duration::from_secs(2));
@@ -558,7 +563,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         return data_parallel::train(args, &device);
     }
     let result = if args.model.is_language_model() {
-        language::train(args, &device)
+        language::train(args, &device, None)
     } else {
         args.dataset
             .as_deref()
@@ -567,6 +572,13 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             .map_err(TrainError::from)
             .and_then(|kind| image::train(args, kind, &device, None))
     };
+    write_snapshot(args, &device, result)
+}
+
+/// With `--snapshot`: writes the allocator's history and segments after the run, also after a
+/// failed one (the snapshot of an out-of-memory run is the one wanted); returns the run's result.
+fn write_snapshot(args: &TrainArgs, device: &Device, result: Result<(), TrainError>) -> Result<(), TrainError> {
+    let alloc = allocator(device);
     if let Some(path) = &args.snapshot {
         // Written after a failure too: the snapshot of an out-of-memory run is the one wanted.
         let written = ferrite_io::write_torch_snapshot(path, &alloc.snapshot());
