@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::collective::SystemOperation;
@@ -52,6 +52,7 @@ pub struct Comm {
 
 enum Job {
     AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
+    AllReduceBuffers { buffers: ReduceBuffers, reply: Sender<ReduceBuffers> },
     AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
     AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
     BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
@@ -131,6 +132,14 @@ fn comm_thread(rx: Receiver<Job>) {
                 world.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum());
                 let _ = reply.send(out);
             }
+            Job::AllReduceBuffers { mut buffers, reply } => {
+                buffers.started = Some(Instant::now());
+                let n = buffers.send.len();
+                buffers.recv.resize(n, 0.0);
+                world.all_reduce_into(&buffers.send[..], &mut buffers.recv[..], SystemOperation::sum());
+                buffers.finished = Some(Instant::now());
+                let _ = reply.send(buffers);
+            }
             Job::AllGatherF64 { data, reply } => {
                 let mut out = vec![0f64; data.len() * world.size() as usize];
                 world.all_gather_into(&data[..], &mut out[..]);
@@ -157,6 +166,24 @@ fn comm_thread(rx: Receiver<Job>) {
             }
             Job::Shutdown => break,
         }
+    }
+}
+
+/// The two buffers of one all-reduce that are reused from step to step (no allocation per
+/// step): `send` holds this rank's values, `recv` receives the sum over ranks. `started` and
+/// `finished` say when the communication thread ran the collective (for overlap figures).
+#[derive(Debug, Default)]
+pub struct ReduceBuffers {
+    pub send: Vec<f32>,
+    pub recv: Vec<f32>,
+    pub started: Option<Instant>,
+    pub finished: Option<Instant>,
+}
+
+impl ReduceBuffers {
+    /// Buffers for all-reduces of `len` values.
+    pub fn with_len(len: usize) -> ReduceBuffers {
+        ReduceBuffers { send: vec![0.0; len], recv: vec![0.0; len], started: None, finished: None }
     }
 }
 
@@ -231,6 +258,12 @@ impl Comm {
     /// Element-wise sum over ranks, started now, finished by [`Pending::wait`].
     pub fn all_reduce_sum(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
         self.queue("all-reduce", |reply| Job::AllReduceSumF32 { data, reply })
+    }
+
+    /// Element-wise sum over ranks of `buffers.send` into `buffers.recv` (resized to match),
+    /// started now; [`Pending::wait`] hands the buffers back for the next step.
+    pub fn all_reduce_buffers(&self, buffers: ReduceBuffers) -> Result<Pending<ReduceBuffers>> {
+        self.queue("all-reduce", |reply| Job::AllReduceBuffers { buffers, reply })
     }
 
     /// Every rank's `data` (same length on every rank), concatenated in rank order.
