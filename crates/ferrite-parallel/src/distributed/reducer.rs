@@ -17,7 +17,7 @@ use ferrite_tensor::{DType, Tensor, no_grad};
 use parking_lot::Mutex;
 
 use super::error::{DistributedError, Result};
-use super::process_group::{Comm, Pending, ReduceBuffers};
+use super::process_group::{Comm, InFlight, Pending, ReduceBuffers};
 
 /// Where the time of the last synchronizing backward went, like the timings of PyTorch's DDP
 /// logging data: read it to see whether communication hides behind backward on your machine.
@@ -30,11 +30,14 @@ pub struct StepTimings {
     /// The buckets' all-reduces on the communication thread, added up.
     pub communication: Duration,
     /// The part of [`communication`](Self::communication) that ran while backward was still
-    /// computing (hidden behind it).
+    /// computing (hidden behind it). An all-reduce started on the training thread counts from
+    /// its start until it was seen finished (MPI advances it inside the grad-ready hooks).
     pub hidden: Duration,
-    /// Time after backward spent waiting for the last all-reduce to finish.
+    /// Time after backward until the last all-reduce finished (starting the buckets that were
+    /// still waiting included).
     pub exposed_wait: Duration,
-    /// Copying gradients into the bucket buffers.
+    /// Copying gradients into the bucket buffers (during backward or, for buckets started by
+    /// `finish`, inside `exposed_wait`).
     pub flatten: Duration,
     /// Averaging the sums and writing them back into the gradients.
     pub write_back: Duration,
@@ -45,6 +48,28 @@ impl StepTimings {
     pub fn hidden_share(&self) -> f64 {
         let c = self.communication.as_secs_f64();
         if c > 0.0 { (self.hidden.as_secs_f64() / c).clamp(0.0, 1.0) } else { 1.0 }
+    }
+}
+
+/// A bucket's all-reduce in flight: started on the training thread with non-blocking MPI (the
+/// default), or queued on the communication thread (`FERRITE_DDP_COMM_THREAD=1`).
+enum Started {
+    Inline(InFlight),
+    Thread(Pending<ReduceBuffers>),
+}
+
+impl Started {
+    fn progress(&mut self) {
+        if let Started::Inline(f) = self {
+            f.test();
+        }
+    }
+
+    fn wait(self) -> Result<ReduceBuffers> {
+        match self {
+            Started::Inline(f) => f.wait(),
+            Started::Thread(p) => p.wait(),
+        }
     }
 }
 
@@ -68,7 +93,7 @@ struct StepState {
     next_launch: usize,
     /// Each bucket's buffers while no all-reduce holds them (kept across steps).
     buffers: Vec<Option<ReduceBuffers>>,
-    pending: Vec<Option<Pending<ReduceBuffers>>>,
+    pending: Vec<Option<Started>>,
     error: Option<DistributedError>,
     started: Option<Instant>,
     flatten: Duration,
@@ -81,6 +106,8 @@ pub(crate) struct Reducer {
     pub(crate) params: Vec<Tensor>,
     pub(crate) buckets: Vec<Bucket>,
     param_bucket: Vec<usize>,
+    /// Queue buckets on the communication thread instead of starting them here.
+    on_thread: bool,
     state: Mutex<StepState>,
 }
 
@@ -132,6 +159,7 @@ impl Reducer {
             names,
             params,
             param_bucket,
+            on_thread: std::env::var("FERRITE_DDP_COMM_THREAD").is_ok_and(|v| v.trim() == "1"),
             state: Mutex::new(StepState {
                 active: false,
                 ready: vec![false; n],
@@ -192,6 +220,8 @@ impl Reducer {
         }
         s.ready[param] = true;
         s.remaining[self.param_bucket[param]] -= 1;
+        // Let MPI advance the buckets already started (it only progresses inside MPI calls).
+        s.pending.iter_mut().flatten().for_each(Started::progress);
         while s.next_launch < self.buckets.len() && s.remaining[s.next_launch] == 0 {
             let bi = s.next_launch;
             self.launch(&mut s, bi);
@@ -212,7 +242,11 @@ impl Reducer {
             buffers.send.iter_mut().for_each(|v| *v = 0.0);
         }
         s.flatten += t.elapsed();
-        s.pending[bi] = self.comm.all_reduce_buffers(buffers).ok();
+        s.pending[bi] = if self.on_thread {
+            self.comm.all_reduce_buffers(buffers).ok().map(Started::Thread)
+        } else {
+            self.comm.start_all_reduce(buffers).ok().map(Started::Inline)
+        };
     }
 
     /// The bucket's gradients into `flat` (its length is the bucket's), then one "used" flag
