@@ -10,6 +10,8 @@
 //! PyTorch's defaults 25 and 1 otherwise), `--steps N`.
 //!
 //! Prints (rank 0; step times are the slower rank's):
+//! - one rank's step alone (rank 0 while the others wait), measured in the same run, and the
+//!   scaling of the world against it (issue 19's target: 1.7x at 2 ranks);
 //! - the transformer step's samples/s with DDP, and the same step with no communication at all
 //!   (every rank on its own under `no_sync`: the ceiling that two processes sharing the cores and
 //!   the memory bandwidth allow);
@@ -131,6 +133,17 @@ fn main() -> Res<()> {
     let step_ddp = slowest(&comm, median(step_ddp))?;
     let step_alone = slowest(&comm, median(step_alone))?;
 
+    // The one-rank reference in the same minute: rank 0 steps alone (no communication) while
+    // the other ranks wait, so the scaling figure does not mix two runs on a shared machine.
+    let mut step_single = Vec::new();
+    if rank == 0 {
+        for _ in 0..steps {
+            step_single.push(full_step(false)?);
+        }
+    }
+    comm.all_gather_f64(vec![0.0])?;
+    let step_single = if rank == 0 { median(step_single) } else { 0.0 };
+
     // Backward alone (no communication), backward with the overlapped all-reduce, the bucketed
     // all-reduce alone, and one plain MPI_Allreduce of the same bytes.
     let world_comm = SimpleCommunicator::world();
@@ -202,6 +215,13 @@ fn main() -> Res<()> {
             ms(step_alone),
             sps(step_alone),
             100.0 * step_alone / step_ddp
+        );
+        let single = LOCAL_BATCH as f64 / step_single;
+        println!(
+            "one rank alone (rank 0 while the others wait) {:.1} ms, {single:.1} samples/s: {world} ranks with DDP {:.2}x, with no communication {:.2}x (target 1.7x at 2 ranks)",
+            ms(step_single),
+            sps(step_ddp) / single,
+            sps(step_alone) / single
         );
         println!(
             "backward local {:.1} ms, with all-reduce {:.1} ms (+{:.1} ms)",
