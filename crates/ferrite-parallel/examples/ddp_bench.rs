@@ -27,8 +27,8 @@ use ferrite_optim::{AdamConfig, AdamRule, Optim, Optimizer};
 use ferrite_parallel::distributed::{Comm, DdpOptions, DistributedDataParallel, ProcessGroup, StepTimings};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 use mpi::collective::SystemOperation;
-use mpi::traits::CommunicatorCollectives;
 use mpi::topology::SimpleCommunicator;
+use mpi::traits::CommunicatorCollectives;
 
 const D_MODEL: usize = 128;
 const SEQ: usize = 64;

@@ -19,11 +19,11 @@ mod reducer;
 
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
-#[cfg(feature = "mpi")]
-pub use reducer::StepTimings;
 pub use error::{DistributedError, Result};
 #[cfg(feature = "mpi")]
 pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus, ReduceBuffers};
+#[cfg(feature = "mpi")]
+pub use reducer::StepTimings;
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");

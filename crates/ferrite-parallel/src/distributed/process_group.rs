@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use mpi::Threading;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
+use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::raw::AsRaw;
-use mpi::environment::Universe;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
@@ -260,10 +260,10 @@ impl InFlight {
         // SAFETY: `request` is an active request started by MPI_Iallreduce; MPI_Test sets it to
         // MPI_REQUEST_NULL once complete, and the status is ignored.
         unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
-        if flag != 0 {
-            if let Some(b) = self.buffers.as_mut() {
-                b.finished = Some(Instant::now());
-            }
+        if flag != 0
+            && let Some(b) = self.buffers.as_mut()
+        {
+            b.finished = Some(Instant::now());
         }
         flag != 0
     }

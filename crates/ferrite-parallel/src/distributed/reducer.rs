@@ -405,7 +405,19 @@ impl Reducer {
 
 #[cfg(test)]
 mod tests {
-    use super::assign_buckets;
+    use std::time::Duration;
+
+    use super::{StepTimings, assign_buckets};
+
+    #[test]
+    fn hidden_share_is_the_part_of_communication_during_backward() {
+        let ms = Duration::from_millis;
+        let t = StepTimings { communication: ms(4), hidden: ms(1), ..StepTimings::default() };
+        assert!((t.hidden_share() - 0.25).abs() < 1e-9);
+        assert_eq!(StepTimings::default().hidden_share(), 1.0, "no communication: nothing exposed");
+        let t = StepTimings { communication: ms(2), hidden: ms(3), ..StepTimings::default() };
+        assert_eq!(t.hidden_share(), 1.0);
+    }
 
     #[test]
     fn first_bucket_is_small_and_later_buckets_use_the_cap() {
