@@ -8,13 +8,17 @@ use ferrite_tensor::{Tensor, no_grad};
 
 use super::error::{DistributedError, Result};
 use super::process_group::{Comm, ProcessGroup};
-use super::reducer::Reducer;
+use super::reducer::{Reducer, StepTimings};
 
 /// How a [`DistributedDataParallel`] buckets and checks gradients.
 #[derive(Debug, Clone)]
 pub struct DdpOptions {
     /// Bytes of gradients per all-reduce (PyTorch's `bucket_cap_mb`, 25 MiB by default).
     pub bucket_cap_bytes: usize,
+    /// Bytes of the first bucket, the last parameters, whose gradients backward produces first
+    /// (PyTorch's 1 MiB `first_bucket_bytes`): small, so the first all-reduce starts early in
+    /// backward instead of when 25 MiB of gradients are ready.
+    pub first_bucket_bytes: usize,
     /// Allow parameters that receive no gradient in a step (PyTorch's `find_unused_parameters`);
     /// without it such a parameter is a [`DistributedError::UnusedParameters`].
     pub find_unused_parameters: bool,
@@ -24,13 +28,27 @@ pub struct DdpOptions {
 
 impl Default for DdpOptions {
     fn default() -> Self {
-        DdpOptions { bucket_cap_bytes: 25 * 1024 * 1024, find_unused_parameters: false, broadcast_buffers: true }
+        DdpOptions {
+            bucket_cap_bytes: 25 * 1024 * 1024,
+            first_bucket_bytes: 1024 * 1024,
+            find_unused_parameters: false,
+            broadcast_buffers: true,
+        }
     }
 }
 
 impl DdpOptions {
+    /// Bucket size in MiB. As in PyTorch, a bucket size given explicitly applies to the first
+    /// bucket as well; call [`first_bucket_mb`](Self::first_bucket_mb) after it to change that.
     pub fn bucket_cap_mb(mut self, mb: f64) -> Self {
         self.bucket_cap_bytes = ((mb * 1024.0 * 1024.0) as usize).max(1);
+        self.first_bucket_bytes = self.bucket_cap_bytes;
+        self
+    }
+
+    /// Size of the first bucket in MiB (1 MiB by default).
+    pub fn first_bucket_mb(mut self, mb: f64) -> Self {
+        self.first_bucket_bytes = ((mb * 1024.0 * 1024.0) as usize).max(1);
         self
     }
 
@@ -151,6 +169,11 @@ impl<M: Module> DistributedDataParallel<M> {
         self.sync.synchronize()
     }
 
+    /// See [`GradientSync::last_timings`].
+    pub fn last_timings(&self) -> StepTimings {
+        self.sync.last_timings()
+    }
+
     /// See [`GradientSync::announce_failure`].
     pub fn announce_failure(&self, message: &str) {
         self.sync.announce_failure(message)
@@ -198,7 +221,8 @@ impl GradientSync {
             }
         }
         let trainable: Vec<(String, Tensor)> = params.into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        let reducer = Arc::new(Reducer::new(comm.clone(), trainable, options.bucket_cap_bytes));
+        let reducer =
+            Arc::new(Reducer::new(comm.clone(), trainable, options.first_bucket_bytes, options.bucket_cap_bytes));
         reducer.install_hooks();
         Ok(GradientSync {
             comm,
@@ -222,6 +246,12 @@ impl GradientSync {
     /// last parameters, started first).
     pub fn bucket_sizes(&self) -> Vec<usize> {
         self.reducer.buckets.iter().map(|b| b.params.len()).collect()
+    }
+
+    /// Where the time of the last synchronizing backward (or [`synchronize`](Self::synchronize))
+    /// went: backward, communication, how much of it was hidden behind backward, copying.
+    pub fn last_timings(&self) -> StepTimings {
+        self.reducer.timings()
     }
 
     /// Until the guard drops, [`backward`](Self::backward) accumulates gradients locally without

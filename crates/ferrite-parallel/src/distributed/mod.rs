@@ -21,7 +21,9 @@ mod reducer;
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
 pub use error::{DistributedError, Result};
 #[cfg(feature = "mpi")]
-pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus};
+pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus, ReduceBuffers};
+#[cfg(feature = "mpi")]
+pub use reducer::StepTimings;
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");

@@ -1,8 +1,11 @@
 //! The MPI world of this process, driven from one communication thread.
 //!
 //! MPI is initialized once per process (with `MPI_THREAD_MULTIPLE`, at least `SERIALIZED`); after
-//! that only the communication thread calls MPI, one collective at a time in the order jobs were
-//! queued, so every rank issues the same collectives in the same order. The training thread
+//! that the communication thread calls MPI, one collective at a time in the order jobs were
+//! queued, so every rank issues the same collectives in the same order. The one exception is a
+//! step's gradient buckets, started with non-blocking MPI on the training thread
+//! ([`Comm::start_all_reduce`]) while the communication thread is idle: no hand-off between
+//! threads and no second thread spinning in MPI beside backward on a busy core. The training thread
 //! queues jobs and waits for their replies with a deadline ([`Comm::timeout`]): a peer that died
 //! or hangs becomes a [`DistributedError::Timeout`] instead of a hang, and the blocked thread is
 //! left behind (the process must then exit; MPI_Finalize is skipped, as it would wait for the
@@ -13,11 +16,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::collective::SystemOperation;
+use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
+use mpi::ffi;
+use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
@@ -52,6 +58,7 @@ pub struct Comm {
 
 enum Job {
     AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
+    AllReduceBuffers { buffers: ReduceBuffers, reply: Sender<ReduceBuffers> },
     AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
     AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
     BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
@@ -131,6 +138,14 @@ fn comm_thread(rx: Receiver<Job>) {
                 world.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum());
                 let _ = reply.send(out);
             }
+            Job::AllReduceBuffers { mut buffers, reply } => {
+                buffers.started = Some(Instant::now());
+                let n = buffers.send.len();
+                buffers.recv.resize(n, 0.0);
+                world.all_reduce_into(&buffers.send[..], &mut buffers.recv[..], SystemOperation::sum());
+                buffers.finished = Some(Instant::now());
+                let _ = reply.send(buffers);
+            }
             Job::AllGatherF64 { data, reply } => {
                 let mut out = vec![0f64; data.len() * world.size() as usize];
                 world.all_gather_into(&data[..], &mut out[..]);
@@ -157,6 +172,24 @@ fn comm_thread(rx: Receiver<Job>) {
             }
             Job::Shutdown => break,
         }
+    }
+}
+
+/// The two buffers of one all-reduce that are reused from step to step (no allocation per
+/// step): `send` holds this rank's values, `recv` receives the sum over ranks. `started` and
+/// `finished` say when the communication thread ran the collective (for overlap figures).
+#[derive(Debug, Default)]
+pub struct ReduceBuffers {
+    pub send: Vec<f32>,
+    pub recv: Vec<f32>,
+    pub started: Option<Instant>,
+    pub finished: Option<Instant>,
+}
+
+impl ReduceBuffers {
+    /// Buffers for all-reduces of `len` values.
+    pub fn with_len(len: usize) -> ReduceBuffers {
+        ReduceBuffers { send: vec![0.0; len], recv: vec![0.0; len], started: None, finished: None }
     }
 }
 
@@ -187,6 +220,87 @@ impl<T> Pending<T> {
                     detail: format!("it ended during {}", self.op),
                 })
             }
+        }
+    }
+}
+
+/// How long [`InFlight::wait`] polls MPI without pausing before it sleeps between polls: an
+/// all-reduce that is on time finishes at full speed; one waiting for a late peer stops taking
+/// the core that peer may need.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
+
+/// An all-reduce started with `MPI_Iallreduce` on the calling thread ([`Comm::start_all_reduce`]):
+/// no hand-off to the communication thread and no thread spinning beside backward; MPI advances
+/// it when [`test`](Self::test) or [`wait`](Self::wait) is called.
+pub(crate) struct InFlight {
+    request: ffi::MPI_Request,
+    /// Read and written by MPI until the request completes: never touched, moved out or freed
+    /// before that (a Vec's heap memory stays put when the Vec itself moves).
+    buffers: Option<ReduceBuffers>,
+    comm: Comm,
+}
+
+// SAFETY: an MPI request handle may be completed from any thread under MPI_THREAD_SERIALIZED or
+// MULTIPLE (ProcessGroup::init requires one of them); the reducer keeps every InFlight behind
+// its mutex, so no two threads call MPI on it at once.
+unsafe impl Send for InFlight {}
+
+fn request_is_null(r: ffi::MPI_Request) -> bool {
+    // SAFETY: reading an immutable constant that mpi-sys exports.
+    r == unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+impl InFlight {
+    /// Let MPI advance the all-reduce; whether it has finished.
+    pub(crate) fn test(&mut self) -> bool {
+        if request_is_null(self.request) {
+            return true;
+        }
+        let mut flag: std::os::raw::c_int = 0;
+        // SAFETY: `request` is an active request started by MPI_Iallreduce; MPI_Test sets it to
+        // MPI_REQUEST_NULL once complete, and the status is ignored.
+        unsafe { ffi::MPI_Test(&mut self.request, &mut flag, ffi::RSMPI_STATUS_IGNORE) };
+        if flag != 0
+            && let Some(b) = self.buffers.as_mut()
+        {
+            b.finished = Some(Instant::now());
+        }
+        flag != 0
+    }
+
+    /// The buffers once the all-reduce has finished, or a [`DistributedError::Timeout`] after the
+    /// group's deadline (the buffers are then left to MPI and the group is marked broken).
+    pub(crate) fn wait(mut self) -> Result<ReduceBuffers> {
+        let start = Instant::now();
+        while !self.test() {
+            let waited = start.elapsed();
+            if waited > self.comm.timeout {
+                self.comm.broken.store(true, Ordering::SeqCst);
+                return Err(DistributedError::Timeout {
+                    rank: self.comm.rank,
+                    op: "all-reduce",
+                    waited_s: self.comm.timeout.as_secs(),
+                });
+            }
+            if waited > SPIN_BEFORE_SLEEP {
+                std::thread::sleep(Duration::from_micros(100));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        self.buffers.take().ok_or_else(|| DistributedError::CommunicationStopped {
+            rank: self.comm.rank,
+            detail: "an all-reduce lost its buffers".into(),
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !request_is_null(self.request) {
+            // MPI may still write into the buffers: leak them rather than free memory in use.
+            self.comm.broken.store(true, Ordering::SeqCst);
+            std::mem::forget(self.buffers.take());
         }
     }
 }
@@ -231,6 +345,51 @@ impl Comm {
     /// Element-wise sum over ranks, started now, finished by [`Pending::wait`].
     pub fn all_reduce_sum(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
         self.queue("all-reduce", |reply| Job::AllReduceSumF32 { data, reply })
+    }
+
+    /// Element-wise sum over ranks of `buffers.send` into `buffers.recv` (resized to match),
+    /// started now; [`Pending::wait`] hands the buffers back for the next step.
+    pub fn all_reduce_buffers(&self, buffers: ReduceBuffers) -> Result<Pending<ReduceBuffers>> {
+        self.queue("all-reduce", |reply| Job::AllReduceBuffers { buffers, reply })
+    }
+
+    /// Start an element-wise sum over ranks of `buffers.send` into `buffers.recv` with
+    /// `MPI_Iallreduce` on the calling thread. Only for a step's gradient buckets: the
+    /// communication thread must be idle (every collective queued on it waited for), and every
+    /// rank must start the same all-reduces in the same order.
+    pub(crate) fn start_all_reduce(&self, mut buffers: ReduceBuffers) -> Result<InFlight> {
+        if self.is_broken() {
+            return Err(DistributedError::CommunicationStopped {
+                rank: self.rank,
+                detail: "an earlier collective did not finish".into(),
+            });
+        }
+        let n = buffers.send.len();
+        buffers.recv.resize(n, 0.0);
+        let count = i32::try_from(n).map_err(|_| DistributedError::CommunicationStopped {
+            rank: self.rank,
+            detail: format!("a bucket of {n} values is over MPI's count limit; lower bucket_cap_mb"),
+        })?;
+        buffers.started = Some(Instant::now());
+        buffers.finished = None;
+        let world = SimpleCommunicator::world();
+        // SAFETY: reading an immutable constant that mpi-sys exports.
+        let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` and `recv` hold `count` f32 each and are kept alive and untouched in the
+        // returned InFlight until MPI completes the request (or leaked if it never does); the
+        // datatype, operation and communicator handles are valid for the life of MPI.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                buffers.send.as_ptr().cast(),
+                buffers.recv.as_mut_ptr().cast(),
+                count,
+                f32::equivalent_datatype().as_raw(),
+                SystemOperation::sum().as_raw(),
+                world.as_raw(),
+                &mut request,
+            )
+        };
+        Ok(InFlight { request, buffers: Some(buffers), comm: self.clone() })
     }
 
     /// Every rank's `data` (same length on every rank), concatenated in rank order.

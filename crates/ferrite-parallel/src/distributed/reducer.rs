@@ -3,22 +3,87 @@
 //! Parameters are packed into buckets of about `bucket_cap_bytes` in reverse registration order
 //! (roughly the order backward produces their gradients, as in PyTorch). A grad-ready hook on
 //! every parameter marks it ready; when every parameter of the next bucket in order is ready,
-//! the bucket is copied into one flat buffer and its all-reduce is queued on the communication
-//! thread while backward goes on. Buckets start strictly in index order on every rank, so the
+//! the bucket's gradients are copied into its flat send buffer (kept from step to step) and its
+//! all-reduce is queued on the communication thread while backward goes on. The first bucket is
+//! small (PyTorch's `first_bucket_bytes`, 1 MiB) so that communication starts early in backward. Buckets start strictly in index order on every rank, so the
 //! collectives of all ranks pair up. Each bucket carries one extra number per parameter, 1 where
 //! the rank produced a gradient, so a parameter no rank used keeps `grad = None`.
 
 use std::sync::Weak;
+use std::time::{Duration, Instant};
 
+use ferrite_tensor::backend::kernels_for;
 use ferrite_tensor::{DType, Tensor, no_grad};
 use parking_lot::Mutex;
 
 use super::error::{DistributedError, Result};
-use super::process_group::{Comm, Pending};
+use super::process_group::{Comm, InFlight, Pending, ReduceBuffers};
+
+/// Where the time of the last synchronizing backward went, like the timings of PyTorch's DDP
+/// logging data: read it to see whether communication hides behind backward on your machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimings {
+    /// Gradient buckets exchanged.
+    pub buckets: usize,
+    /// Backward itself, from its start until it returned (the hooks' copying included).
+    pub backward: Duration,
+    /// The buckets' all-reduces on the communication thread, added up.
+    pub communication: Duration,
+    /// The part of [`communication`](Self::communication) that ran while backward was still
+    /// computing (hidden behind it). An all-reduce started on the training thread counts from
+    /// its start until it was seen finished (MPI advances it inside the grad-ready hooks).
+    pub hidden: Duration,
+    /// Time after backward until the last all-reduce finished (starting the buckets that were
+    /// still waiting included).
+    pub exposed_wait: Duration,
+    /// Copying gradients into the bucket buffers (during backward or, for buckets started by
+    /// `finish`, inside `exposed_wait`).
+    pub flatten: Duration,
+    /// Averaging the sums and writing them back into the gradients.
+    pub write_back: Duration,
+}
+
+impl StepTimings {
+    /// The share of communication hidden behind backward, 0 to 1 (1 without communication).
+    pub fn hidden_share(&self) -> f64 {
+        let c = self.communication.as_secs_f64();
+        if c > 0.0 { (self.hidden.as_secs_f64() / c).clamp(0.0, 1.0) } else { 1.0 }
+    }
+}
+
+/// A bucket's all-reduce in flight: started on the training thread with non-blocking MPI (the
+/// default), or queued on the communication thread (`FERRITE_DDP_COMM_THREAD=1`).
+enum Started {
+    Inline(InFlight),
+    Thread(Pending<ReduceBuffers>),
+}
+
+impl Started {
+    fn progress(&mut self) {
+        if let Started::Inline(f) = self {
+            f.test();
+        }
+    }
+
+    fn wait(self) -> Result<ReduceBuffers> {
+        match self {
+            Started::Inline(f) => f.wait(),
+            Started::Thread(p) => p.wait(),
+        }
+    }
+}
 
 pub(crate) struct Bucket {
     /// Indices into the reducer's parameters, in the order backward tends to fill them.
     pub(crate) params: Vec<usize>,
+    /// Gradient values in the bucket (its buffers hold one more per parameter: the used flags).
+    numel: usize,
+}
+
+impl Bucket {
+    fn len(&self) -> usize {
+        self.numel + self.params.len()
+    }
 }
 
 struct StepState {
@@ -26,8 +91,13 @@ struct StepState {
     ready: Vec<bool>,
     remaining: Vec<usize>,
     next_launch: usize,
-    pending: Vec<Option<Pending<Vec<f32>>>>,
+    /// Each bucket's buffers while no all-reduce holds them (kept across steps).
+    buffers: Vec<Option<ReduceBuffers>>,
+    pending: Vec<Option<Started>>,
     error: Option<DistributedError>,
+    started: Option<Instant>,
+    flatten: Duration,
+    timings: StepTimings,
 }
 
 pub(crate) struct Reducer {
@@ -36,28 +106,47 @@ pub(crate) struct Reducer {
     pub(crate) params: Vec<Tensor>,
     pub(crate) buckets: Vec<Bucket>,
     param_bucket: Vec<usize>,
+    /// Queue buckets on the communication thread instead of starting them here.
+    on_thread: bool,
     state: Mutex<StepState>,
 }
 
+/// Bucket assignment in reverse parameter order: the first bucket holds up to `first_cap` bytes,
+/// later ones up to `cap` (a parameter larger than a cap gets a bucket of its own).
+fn assign_buckets(numels: &[usize], first_cap: usize, cap: usize) -> Vec<Vec<usize>> {
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut bytes = 0usize;
+    for i in (0..numels.len()).rev() {
+        let b = numels[i] * 4;
+        let limit = if buckets.is_empty() { first_cap } else { cap };
+        if !current.is_empty() && bytes + b > limit {
+            buckets.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        current.push(i);
+        bytes += b;
+    }
+    if !current.is_empty() {
+        buckets.push(current);
+    }
+    buckets
+}
+
 impl Reducer {
-    pub(crate) fn new(comm: Comm, named: Vec<(String, Tensor)>, bucket_cap_bytes: usize) -> Reducer {
+    pub(crate) fn new(
+        comm: Comm,
+        named: Vec<(String, Tensor)>,
+        first_bucket_bytes: usize,
+        bucket_cap_bytes: usize,
+    ) -> Reducer {
         let (names, params): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
-        let mut buckets: Vec<Bucket> = Vec::new();
+        let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
+        let buckets: Vec<Bucket> = assign_buckets(&numels, first_bucket_bytes, bucket_cap_bytes)
+            .into_iter()
+            .map(|ps| Bucket { numel: ps.iter().map(|&p| numels[p]).sum(), params: ps })
+            .collect();
         let mut param_bucket = vec![0; params.len()];
-        let mut current: Vec<usize> = Vec::new();
-        let mut bytes = 0usize;
-        for i in (0..params.len()).rev() {
-            let b = params[i].numel() * 4;
-            if !current.is_empty() && bytes + b > bucket_cap_bytes {
-                buckets.push(Bucket { params: std::mem::take(&mut current) });
-                bytes = 0;
-            }
-            current.push(i);
-            bytes += b;
-        }
-        if !current.is_empty() {
-            buckets.push(Bucket { params: current });
-        }
         for (bi, b) in buckets.iter().enumerate() {
             for &p in &b.params {
                 param_bucket[p] = bi;
@@ -69,16 +158,21 @@ impl Reducer {
             comm,
             names,
             params,
-            buckets,
             param_bucket,
+            on_thread: std::env::var("FERRITE_DDP_COMM_THREAD").is_ok_and(|v| v.trim() == "1"),
             state: Mutex::new(StepState {
                 active: false,
                 ready: vec![false; n],
                 remaining: vec![0; nb],
                 next_launch: 0,
+                buffers: buckets.iter().map(|b| Some(ReduceBuffers::with_len(b.len()))).collect(),
                 pending: (0..nb).map(|_| None).collect(),
                 error: None,
+                started: None,
+                flatten: Duration::ZERO,
+                timings: StepTimings::default(),
             }),
+            buckets,
         }
     }
 
@@ -100,6 +194,11 @@ impl Reducer {
         }
     }
 
+    /// The timings of the last synchronizing backward.
+    pub(crate) fn timings(&self) -> StepTimings {
+        self.state.lock().timings
+    }
+
     /// Arm the hooks for one synchronizing backward pass.
     pub(crate) fn begin(&self) {
         let mut s = self.state.lock();
@@ -110,6 +209,8 @@ impl Reducer {
         }
         s.next_launch = 0;
         s.error = None;
+        s.flatten = Duration::ZERO;
+        s.started = Some(Instant::now());
     }
 
     fn mark_ready(&self, param: usize) {
@@ -119,6 +220,8 @@ impl Reducer {
         }
         s.ready[param] = true;
         s.remaining[self.param_bucket[param]] -= 1;
+        // Let MPI advance the buckets already started (it only progresses inside MPI calls).
+        s.pending.iter_mut().flatten().for_each(Started::progress);
         while s.next_launch < self.buckets.len() && s.remaining[s.next_launch] == 0 {
             let bi = s.next_launch;
             self.launch(&mut s, bi);
@@ -127,48 +230,57 @@ impl Reducer {
 
     fn launch(&self, s: &mut StepState, bi: usize) {
         s.next_launch = bi + 1;
+        let t = Instant::now();
+        let mut buffers = s.buffers[bi].take().unwrap_or_else(|| ReduceBuffers::with_len(self.buckets[bi].len()));
+        if s.error.is_none()
+            && let Err(e) = self.flatten_into(bi, &mut buffers.send)
+        {
+            s.error = Some(e);
+        }
         if s.error.is_some() {
             // Keep pairing with the other ranks even after a local error: send zeros.
-            let n: usize = self.buckets[bi].params.iter().map(|&p| self.params[p].numel() + 1).sum();
-            s.pending[bi] = self.comm.all_reduce_sum(vec![0.0; n]).ok();
-            return;
+            buffers.send.iter_mut().for_each(|v| *v = 0.0);
         }
-        match self.flatten(bi).and_then(|flat| self.comm.all_reduce_sum(flat)) {
-            Ok(p) => s.pending[bi] = Some(p),
-            Err(e) => {
-                s.error = Some(e);
-                let n: usize = self.buckets[bi].params.iter().map(|&p| self.params[p].numel() + 1).sum();
-                s.pending[bi] = self.comm.all_reduce_sum(vec![0.0; n]).ok();
-            }
-        }
+        s.flatten += t.elapsed();
+        s.pending[bi] = if self.on_thread {
+            self.comm.all_reduce_buffers(buffers).ok().map(Started::Thread)
+        } else {
+            self.comm.start_all_reduce(buffers).ok().map(Started::Inline)
+        };
     }
 
-    /// The bucket's gradients as one f32 buffer, then one "used" flag per parameter.
-    fn flatten(&self, bi: usize) -> Result<Vec<f32>> {
+    /// The bucket's gradients into `flat` (its length is the bucket's), then one "used" flag
+    /// per parameter.
+    fn flatten_into(&self, bi: usize, flat: &mut Vec<f32>) -> Result<()> {
         let _g = no_grad();
         let b = &self.buckets[bi];
-        let n: usize = b.params.iter().map(|&p| self.params[p].numel()).sum();
-        let mut flat = Vec::with_capacity(n + b.params.len());
-        let mut used = Vec::with_capacity(b.params.len());
-        for &p in &b.params {
+        flat.resize(b.len(), 0.0);
+        let (values, used) = flat.split_at_mut(b.numel);
+        let mut off = 0;
+        for (k, &p) in b.params.iter().enumerate() {
             let param = &self.params[p];
+            let n = param.numel();
+            let dst = &mut values[off..off + n];
             match param.grad() {
                 Some(g) => {
                     if g.dtype() == DType::F32 {
-                        flat.extend_from_slice(&g.to_vec::<f32>()?);
+                        let c = g.contiguous()?;
+                        kernels_for(c.device()).read_to_host(&c, bytemuck::cast_slice_mut(dst))?;
                     } else {
-                        flat.extend(g.to_vec_f64()?.into_iter().map(|v| v as f32));
+                        for (d, v) in dst.iter_mut().zip(g.to_vec_f64()?) {
+                            *d = v as f32;
+                        }
                     }
-                    used.push(1.0);
+                    used[k] = 1.0;
                 }
                 None => {
-                    flat.extend(std::iter::repeat_n(0.0f32, param.numel()));
-                    used.push(0.0);
+                    dst.iter_mut().for_each(|v| *v = 0.0);
+                    used[k] = 0.0;
                 }
             }
+            off += n;
         }
-        flat.extend(used);
-        Ok(flat)
+        Ok(())
     }
 
     /// After backward: start the buckets still waiting (parameters without a gradient), wait for
@@ -176,6 +288,7 @@ impl Reducer {
     /// parameter whose hook never fired into [`DistributedError::UnusedParameters`] (the buckets
     /// are still exchanged, so the other ranks are not left waiting).
     pub(crate) fn finish(&self, allow_unused: bool) -> Result<()> {
+        let backward_end = Instant::now();
         let unused: Vec<String> = {
             let mut s = self.state.lock();
             let unused = self.names.iter().zip(&s.ready).filter(|(_, r)| !**r).map(|(n, _)| n.clone()).collect();
@@ -202,13 +315,33 @@ impl Reducer {
                 }
             }
         }
-        if let Some(e) = error {
-            return Err(e);
+        let waited = Instant::now();
+        let outcome = if let Some(e) = error {
+            Err(e)
+        } else if !allow_unused && !unused.is_empty() {
+            Err(DistributedError::UnusedParameters { rank: self.comm.rank(), names: unused })
+        } else {
+            self.write_back(&mut results)
+        };
+        let mut s = self.state.lock();
+        let started = s.started.unwrap_or(backward_end);
+        let mut t = StepTimings {
+            buckets: results.len(),
+            backward: backward_end.saturating_duration_since(started),
+            exposed_wait: waited.saturating_duration_since(backward_end),
+            flatten: s.flatten,
+            write_back: waited.elapsed(),
+            ..StepTimings::default()
+        };
+        for (bi, r) in results.into_iter().enumerate() {
+            if let (Some(a), Some(b)) = (r.started, r.finished) {
+                t.communication += b.saturating_duration_since(a);
+                t.hidden += backward_end.min(b).saturating_duration_since(a);
+            }
+            s.buffers[bi] = Some(r);
         }
-        if !allow_unused && !unused.is_empty() {
-            return Err(DistributedError::UnusedParameters { rank: self.comm.rank(), names: unused });
-        }
-        self.write_back(&results)
+        s.timings = t;
+        outcome
     }
 
     /// Abandon the step after a local error: start what is left and wait, so peers finish theirs.
@@ -228,32 +361,37 @@ impl Reducer {
             s.error = None;
             s.pending.iter_mut().map(Option::take).collect::<Vec<_>>()
         };
-        for p in pending.into_iter().flatten() {
-            if p.wait().is_err() {
-                return;
+        for (bi, p) in pending.into_iter().enumerate() {
+            let Some(p) = p else { continue };
+            match p.wait() {
+                Ok(r) => self.state.lock().buffers[bi] = Some(r),
+                Err(_) => return,
             }
         }
     }
 
-    fn write_back(&self, results: &[Vec<f32>]) -> Result<()> {
+    /// Average the sums in place and write them into the gradients (in place where a gradient
+    /// exists, f32 and contiguous; a new gradient where the rank had none).
+    fn write_back(&self, results: &mut [ReduceBuffers]) -> Result<()> {
         let _g = no_grad();
-        let world = self.comm.world_size() as f32;
-        for (bi, b) in self.buckets.iter().enumerate() {
-            let flat = &results[bi];
-            let n: usize = b.params.iter().map(|&p| self.params[p].numel()).sum();
+        let scale = 1.0 / self.comm.world_size() as f32;
+        for (b, r) in self.buckets.iter().zip(results.iter_mut()) {
+            let (values, used) = r.recv.split_at_mut(b.numel);
             let mut off = 0;
             for (k, &p) in b.params.iter().enumerate() {
                 let param = &self.params[p];
                 let numel = param.numel();
-                let used_by = flat[n + k];
-                if used_by > 0.0 {
-                    let avg: Vec<f32> = flat[off..off + numel].iter().map(|v| v / world).collect();
-                    let t = Tensor::from_vec(avg, param.shape(), param.device())?;
+                if used[k] > 0.0 {
+                    let avg = &mut values[off..off + numel];
+                    avg.iter_mut().for_each(|v| *v *= scale);
                     match param.grad() {
-                        Some(g) => g.copy_(&t)?,
+                        Some(g) if g.dtype() == DType::F32 && g.is_contiguous() => {
+                            kernels_for(g.device()).write_from_host(&g, bytemuck::cast_slice(avg))?;
+                        }
+                        Some(g) => g.copy_(&Tensor::from_vec(avg.to_vec(), param.shape(), param.device())?)?,
                         None => {
                             let g = param.detach().zeros_like()?;
-                            g.copy_(&t)?;
+                            g.copy_(&Tensor::from_vec(avg.to_vec(), param.shape(), param.device())?)?;
                             param.set_grad(Some(g))?;
                         }
                     }
@@ -262,5 +400,32 @@ impl Reducer {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{StepTimings, assign_buckets};
+
+    #[test]
+    fn hidden_share_is_the_part_of_communication_during_backward() {
+        let ms = Duration::from_millis;
+        let t = StepTimings { communication: ms(4), hidden: ms(1), ..StepTimings::default() };
+        assert!((t.hidden_share() - 0.25).abs() < 1e-9);
+        assert_eq!(StepTimings::default().hidden_share(), 1.0, "no communication: nothing exposed");
+        let t = StepTimings { communication: ms(2), hidden: ms(3), ..StepTimings::default() };
+        assert_eq!(t.hidden_share(), 1.0);
+    }
+
+    #[test]
+    fn first_bucket_is_small_and_later_buckets_use_the_cap() {
+        // 6 parameters of 100 values (400 bytes), filled in reverse order.
+        let numels = [100; 6];
+        assert_eq!(assign_buckets(&numels, 800, 1600), vec![vec![5, 4], vec![3, 2, 1, 0]]);
+        assert_eq!(assign_buckets(&numels, 10_000, 10_000), vec![vec![5, 4, 3, 2, 1, 0]]);
+        // A parameter over the cap gets a bucket of its own.
+        assert_eq!(assign_buckets(&[1000, 10, 10], 100, 100), vec![vec![2, 1], vec![0]]);
     }
 }
