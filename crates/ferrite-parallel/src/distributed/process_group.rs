@@ -2,10 +2,10 @@
 //!
 //! MPI is initialized once per process (with `MPI_THREAD_MULTIPLE`, at least `SERIALIZED`); after
 //! that the communication thread calls MPI, one collective at a time in the order jobs were
-//! queued, so every rank issues the same collectives in the same order. The one exception is a
-//! step's gradient buckets, started with non-blocking MPI on the training thread
-//! ([`Comm::start_all_reduce`]) while the communication thread is idle: no hand-off between
-//! threads and no second thread spinning in MPI beside backward on a busy core. The training thread
+//! queued, so every rank issues the same collectives in the same order. The one exception, when
+//! `FERRITE_DDP_COMM_THREAD=0` asks for it, is a step's gradient buckets started with non-blocking
+//! MPI on the training thread ([`Comm::start_all_reduce`]) while the communication thread is idle
+//! (no hand-off, but it overlaps less: `MPI_Iallreduce` advances only inside MPI calls). The training thread
 //! queues jobs and waits for their replies with a deadline ([`Comm::timeout`]): a peer that died
 //! or hangs becomes a [`DistributedError::Timeout`] instead of a hang, and the blocked thread is
 //! left behind (the process must then exit; MPI_Finalize is skipped, as it would wait for the

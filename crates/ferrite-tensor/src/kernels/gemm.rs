@@ -116,6 +116,29 @@ pub(crate) fn strategy(m: usize, n: usize, k: usize, threads: usize) -> Strategy
     }
 }
 
+/// Largest product (multiply-adds) of a batch spread one per task that still takes the small path
+/// when B's rows are contiguous: attention's `P·V` (`[S, S] × [S, 64]`, S = 128) ran at 62–70
+/// GFLOP/s packed and 63–94 small on the 2-core AVX2 machine (same minutes; BENCHMARKS.md), since
+/// packing A's 128×128 costs more than it saves for one 64-wide output. B with strided rows (a
+/// transposed key) would be copied first, and stays packed.
+const SPREAD_SMALL_FLOPS: usize = 128 * 128 * 128;
+
+/// [`strategy`] for one product of a batch: `spread` says the batch is spread one product per
+/// task, `b_rows_contiguous` that B's rows are contiguous (its column stride is 1).
+pub(crate) fn strategy_in_batch(
+    m: usize,
+    n: usize,
+    k: usize,
+    threads: usize,
+    spread: bool,
+    b_rows_contiguous: bool,
+) -> Strategy {
+    if spread && b_rows_contiguous && m.saturating_mul(n).saturating_mul(k) <= SPREAD_SMALL_FLOPS {
+        return Strategy::Small { threads: 1 };
+    }
+    strategy(m, n, k, threads)
+}
+
 /// Whether a batch of `batch` products of `m×k · k×n` is better spread over the team one
 /// product per task (each on one thread) than computed one after another, each threaded.
 pub(crate) fn spread_over_batch(batch: usize, m: usize, n: usize, k: usize, threads: usize) -> bool {
@@ -700,6 +723,17 @@ mod tests {
                 unsafe { sgemm_with(isa, strategy, 0, n, 3, e, e, c.as_mut_ptr(), n) };
             }
         }
+    }
+
+    #[test]
+    fn spread_attention_products_with_contiguous_b_rows_take_the_small_path() {
+        // P·V of attention (S = 128, head 64), spread over the batch: small.
+        assert_eq!(strategy_in_batch(128, 64, 128, 1, true, true), Strategy::Small { threads: 1 });
+        // Q·Kᵀ (B is a transposed view): the size's own choice, packed.
+        assert!(matches!(strategy_in_batch(128, 128, 64, 1, true, false), Strategy::Packed { .. }));
+        // Not spread, or larger than 128³: the size's own choice.
+        assert_eq!(strategy_in_batch(128, 64, 128, 2, false, true), strategy(128, 64, 128, 2));
+        assert_eq!(strategy_in_batch(256, 256, 256, 1, true, true), strategy(256, 256, 256, 1));
     }
 
     #[test]
