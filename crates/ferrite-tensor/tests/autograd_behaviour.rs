@@ -28,6 +28,25 @@ fn inplace_on_saved_tensor_is_an_error_naming_the_op() {
     assert!(msg.contains("modified by an inplace operation") && msg.contains("MulBackward0"), "{msg}");
 }
 
+/// `copy_from_slice` writes host values in place like any in-place op: it bumps the version (a
+/// graph that saved the tensor refuses backward), refuses a leaf that requires grad, and checks
+/// dtype, contiguity and length with typed errors.
+#[test]
+fn copy_from_slice_is_an_inplace_write_with_version_and_checks() {
+    let d = dev(40);
+    let w = Tensor::randn(&[2, 3], DType::F32, &d).unwrap().requires_grad_(true).unwrap();
+    let x = Tensor::zeros(&[2, 3], DType::F32, &d).unwrap();
+    let y = w.mul(&x).unwrap();
+    x.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    assert_eq!(x.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert!(matches!(y.sum().unwrap().backward(), Err(TensorError::ModifiedByInplace { .. })));
+    assert!(matches!(w.copy_from_slice(&[0.0f32; 6]), Err(TensorError::InplaceOnLeaf { .. })));
+    assert!(matches!(x.copy_from_slice(&[0.0f64; 6]), Err(TensorError::DTypeMismatch { .. })));
+    assert!(matches!(x.copy_from_slice(&[0.0f32; 5]), Err(TensorError::DataLength { .. })));
+    let t = x.transpose(0, 1).unwrap();
+    assert!(matches!(t.copy_from_slice(&[0.0f32; 6]), Err(TensorError::NotContiguous { .. })));
+}
+
 #[test]
 fn inplace_on_leaf_requiring_grad_is_refused_outside_no_grad() {
     let d = dev(2);

@@ -387,9 +387,7 @@ impl Reducer {
                     let avg = &mut values[off..off + numel];
                     avg.iter_mut().for_each(|v| *v *= scale);
                     match param.grad() {
-                        Some(g) if g.dtype() == DType::F32 && g.is_contiguous() => {
-                            kernels_for(g.device()).write_from_host(&g, bytemuck::cast_slice(avg))?;
-                        }
+                        Some(g) if g.dtype() == DType::F32 && g.is_contiguous() => g.copy_from_slice(avg)?,
                         Some(g) => g.copy_(&Tensor::from_vec(avg.to_vec(), param.shape(), param.device())?)?,
                         None => {
                             let g = param.detach().zeros_like()?;

@@ -90,6 +90,43 @@ pub(crate) fn check_inplace(op: &'static str, dst: &Tensor, others: &[&Tensor]) 
 }
 
 impl Tensor {
+    /// Overwrite this contiguous tensor with host values, in place (one copy, no temporary
+    /// tensor): what a gradient all-reduce or a loader writing into a preallocated buffer needs.
+    /// Bumps the version counter like every in-place op, so a graph that saved this tensor
+    /// refuses to run backward on the stale values.
+    pub fn copy_from_slice<T: HostElement>(&self, data: &[T]) -> Result<()> {
+        const OP: &str = "copy_from_slice";
+        check_inplace(OP, self, &[])?;
+        let want = <T::Stored as Element>::DTYPE;
+        if self.dtype() != want {
+            return Err(TensorError::DTypeMismatch { op: OP, lhs: self.dtype(), rhs: want });
+        }
+        if !self.is_contiguous() {
+            return Err(TensorError::NotContiguous {
+                op: OP,
+                shape: self.shape().to_vec(),
+                strides: self.strides().to_vec(),
+            });
+        }
+        if data.len() != self.numel() {
+            return Err(TensorError::DataLength {
+                op: OP,
+                len: data.len(),
+                shape: self.shape().to_vec(),
+                numel: self.numel(),
+            });
+        }
+        match T::as_stored_slice(data) {
+            Some(stored) => self.kernels().write_from_host(self, bytemuck::cast_slice(stored))?,
+            None => {
+                let stored: Vec<T::Stored> = data.iter().map(|&v| v.to_stored()).collect();
+                self.kernels().write_from_host(self, bytemuck::cast_slice(&stored))?;
+            }
+        }
+        self.storage().bump_version();
+        Ok(())
+    }
+
     /// This tensor if already contiguous, else a contiguous copy (gradient flows through).
     pub fn contiguous(&self) -> Result<Tensor> {
         if self.is_contiguous() {
