@@ -63,6 +63,10 @@ pub struct PlannedRemedy {
     /// Peak reserved bytes the change removes (planned peak of the run as it was minus the
     /// planned peak with the change).
     pub saves_bytes: u64,
+    /// Peak reserved bytes the change adds (0 unless it makes the peak higher); shown as such
+    /// rather than as "saves 0 bytes".
+    #[serde(default)]
+    pub raises_bytes: u64,
     /// Planned peak reserved bytes with the change.
     pub peak_reserved_bytes: u64,
     /// Whether the run fits the device with the change.
@@ -292,7 +296,9 @@ impl OutOfMemoryReport {
     /// They are ranked here (those that fit first, then by bytes saved, larger first; the order
     /// given breaks ties), so the message is ranked whatever the caller passed.
     pub fn set_planned_remedies(&mut self, target: impl Into<String>, mut remedies: Vec<PlannedRemedy>) {
-        remedies.sort_by(|a, b| b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)));
+        remedies.sort_by(|a, b| {
+            b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)).then(a.raises_bytes.cmp(&b.raises_bytes))
+        });
         self.planned = Some(PlannedRemedies { target: target.into(), remedies });
         self.planner_unavailable = None;
     }
@@ -405,12 +411,16 @@ impl fmt::Display for OutOfMemoryReport {
         {
             write!(f, "\nRanked remedies (ferrite plan, for this model on {}):", p.target)?;
             for (i, r) in p.remedies.iter().enumerate() {
+                let effect = if r.raises_bytes > 0 {
+                    format!("raises the peak by {}", format_size(r.raises_bytes))
+                } else {
+                    format!("saves {}", format_size(r.saves_bytes))
+                };
                 write!(
                     f,
-                    "\n  {}. {}: saves {} (peak reserved {}){}",
+                    "\n  {}. {}: {effect} (peak reserved {}){}",
                     i + 1,
                     r.change,
-                    format_size(r.saves_bytes),
                     format_size(r.peak_reserved_bytes),
                     if r.fits { ", fits" } else { ", still does not fit" }
                 )?;
@@ -480,7 +490,13 @@ mod tests {
     }
 
     fn remedy(change: &str, saves: u64, fits: bool) -> PlannedRemedy {
-        PlannedRemedy { change: change.into(), saves_bytes: saves, peak_reserved_bytes: (17 << 30) - saves, fits }
+        PlannedRemedy {
+            change: change.into(),
+            saves_bytes: saves,
+            raises_bytes: 0,
+            peak_reserved_bytes: (17 << 30) - saves,
+            fits,
+        }
     }
 
     #[test]
@@ -514,6 +530,37 @@ mod tests {
         // The report keeps its numbers and round-trips with the remedies.
         let back: OutOfMemoryReport = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn a_remedy_that_raises_the_peak_says_so_and_ranks_last() {
+        let mut r = exhausted();
+        let worse = PlannedRemedy {
+            change: "--amp bf16".into(),
+            saves_bytes: 0,
+            raises_bytes: 3 << 30,
+            peak_reserved_bytes: 20 << 30,
+            fits: false,
+        };
+        let nothing = PlannedRemedy {
+            raises_bytes: 0,
+            peak_reserved_bytes: 17 << 30,
+            change: "--alloc-conf x".into(),
+            ..worse.clone()
+        };
+        r.set_planned_remedies("sim:t4-16gb", vec![worse, nothing, remedy("--checkpoint-activations", 1 << 30, false)]);
+        let msg = r.to_string();
+        let tail = msg.split("):\n").last().unwrap();
+        let lines: Vec<&str> = tail.lines().collect();
+        assert_eq!(
+            lines[0], "  1. --checkpoint-activations: saves 1024.00 MiB (peak reserved 16.00 GiB), still does not fit",
+            "{msg}"
+        );
+        assert_eq!(lines[1], "  2. --alloc-conf x: saves 0 bytes (peak reserved 17.00 GiB), still does not fit", "{msg}");
+        assert_eq!(
+            lines[2], "  3. --amp bf16: raises the peak by 3.00 GiB (peak reserved 20.00 GiB), still does not fit",
+            "{msg}"
+        );
     }
 
     #[test]

@@ -345,6 +345,9 @@ pub struct Remedy {
     pub peak_reserved_bytes: u64,
     /// Bytes it saves against the step as configured (0 when it saves nothing).
     pub saves_bytes: u64,
+    /// Bytes it adds to the peak against the step as configured (0 unless the change makes the
+    /// peak higher, e.g. bf16 autocast keeping 16-bit copies of weights too large to fit anyway).
+    pub raises_bytes: u64,
     /// Whether the step fits with this change alone.
     pub fits: bool,
 }
@@ -360,6 +363,7 @@ pub fn remedies(workload: &dyn Workload, config: &StepConfig, target: &Target) -
             change,
             peak_reserved_bytes: p.peak_reserved_bytes,
             saves_bytes: base.peak_reserved_bytes.saturating_sub(p.peak_reserved_bytes),
+            raises_bytes: p.peak_reserved_bytes.saturating_sub(base.peak_reserved_bytes),
             fits: p.fits,
         });
         Ok(())
@@ -393,7 +397,9 @@ pub fn remedies(workload: &dyn Workload, config: &StepConfig, target: &Target) -
             try_one(format!("--alloc-conf {opt}"), config.clone(), &Target { config: cfg, ..target.clone() })?;
         }
     }
-    out.sort_by(|a, b| b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)));
+    out.sort_by(|a, b| {
+        b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)).then(a.raises_bytes.cmp(&b.raises_bytes))
+    });
     Ok(out)
 }
 

@@ -109,6 +109,7 @@ pub fn planned_remedies(args: &TrainArgs, report: &OutOfMemoryReport) -> Result<
         .map(|r| PlannedRemedy {
             change: r.change,
             saves_bytes: r.saves_bytes,
+            raises_bytes: r.raises_bytes,
             peak_reserved_bytes: r.peak_reserved_bytes,
             fits: r.fits,
         })
