@@ -556,7 +556,10 @@ mod tests {
             lines[0], "  1. --checkpoint-activations: saves 1024.00 MiB (peak reserved 16.00 GiB), still does not fit",
             "{msg}"
         );
-        assert_eq!(lines[1], "  2. --alloc-conf x: saves 0 bytes (peak reserved 17.00 GiB), still does not fit", "{msg}");
+        assert_eq!(
+            lines[1], "  2. --alloc-conf x: saves 0 bytes (peak reserved 17.00 GiB), still does not fit",
+            "{msg}"
+        );
         assert_eq!(
             lines[2], "  3. --amp bf16: raises the peak by 3.00 GiB (peak reserved 20.00 GiB), still does not fit",
             "{msg}"
