@@ -161,6 +161,14 @@ fn two_ranks_no_sync_two_micro_batches_equal_one_process_batch_128() {
     equality_case("two_ranks_no_sync_two_micro_batches_equal_one_process_batch_128", "nosync", "sgd", 2);
 }
 
+/// Gradients zeroed in place (`zero_grad(set_to_none=false)`) instead of freed: the averaged
+/// gradients are views into the buckets (PyTorch's `gradient_as_bucket_view`), the zeroing writes
+/// into them, and the result still equals one process.
+#[test]
+fn gradients_are_bucket_views_and_in_place_zeroing_still_equals_one_process() {
+    equality_case("gradients_are_bucket_views_and_in_place_zeroing_still_equals_one_process", "keep", "sgd", 1);
+}
+
 #[test]
 fn unused_parameter_is_a_typed_error_on_the_rank_that_skipped_it() {
     if require_mpi("unused_parameter").is_none() {
@@ -278,11 +286,31 @@ mod worker {
                     ddp.backward(&loss)?;
                 }
             }
+            if case == "keep" {
+                check_bucket_views(&ddp)?;
+            }
             opt.step().unwrap();
-            opt.zero_grad().unwrap();
+            opt.zero_grad_with(case != "keep").unwrap();
         }
         let m = ddp.finish()?;
         Ok(flat_params(&m))
+    }
+
+    /// After a synchronizing backward every gradient views its bucket: the gradients of a bucket
+    /// share one storage, and a second `synchronize` (the ranks hold equal averages, so nothing is
+    /// copied in) leaves them views with the same values.
+    fn check_bucket_views(ddp: &DistributedDataParallel<Sequential>) -> Result<(), DistributedError> {
+        let grads: Vec<Tensor> = ddp.module().parameters().iter().map(|p| p.grad().expect("a gradient")).collect();
+        let (last, before) = (&grads[grads.len() - 1], &grads[grads.len() - 2]);
+        assert!(last.shares_storage(before), "the last two parameters' gradients are not views of one bucket");
+        let values: Vec<Vec<f32>> = grads.iter().map(|g| g.to_vec::<f32>()).collect::<Result<_, _>>()?;
+        ddp.synchronize()?;
+        let again: Vec<Tensor> = ddp.module().parameters().iter().map(|p| p.grad().expect("a gradient")).collect();
+        assert!(again[again.len() - 1].shares_storage(&again[again.len() - 2]), "no longer bucket views");
+        for (g, v) in again.iter().zip(&values) {
+            assert_eq!(&g.to_vec::<f32>()?, v, "a second synchronize changed the averaged values");
+        }
+        Ok(())
     }
 
     /// Layers 2 and 3 (the middle Linear and its Tanh) skipped by rank 0's forward, or by both.

@@ -252,6 +252,26 @@ impl Tensor {
         }
     }
 
+    /// Where this contiguous tensor's first element sits in host memory, so a library that moves
+    /// buffers itself (MPI's all-reduce of a gradient bucket) can work on the tensor without a
+    /// copy in and a copy out. `None` when the elements are not in host memory (meta, a GPU) or
+    /// the tensor is not contiguous; an empty tensor gives a dangling, well-aligned address.
+    ///
+    /// The address stays valid while any handle to this storage is alive. Reading or writing
+    /// through it is `unsafe` and outside the version counter and the in-place checks: the caller
+    /// must make sure nothing writes these elements while it reads them, and nothing else reads
+    /// or writes them while it writes.
+    pub fn host_data_ptr(&self) -> Option<std::ptr::NonNull<u8>> {
+        if !self.is_contiguous() || self.is_meta() {
+            return None;
+        }
+        if self.numel() == 0 {
+            return Some(std::ptr::NonNull::dangling());
+        }
+        self.0.storage.ptr()?;
+        self.ptr::<u8>("host_data_ptr").ok().and_then(std::ptr::NonNull::new)
+    }
+
     /// Pointer to the first element of the storage (layout offset NOT applied).
     pub(crate) fn storage_base_ptr<T>(&self, op: &'static str) -> Result<*mut T> {
         match self.0.storage.ptr() {

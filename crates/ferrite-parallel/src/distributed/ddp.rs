@@ -222,7 +222,7 @@ impl GradientSync {
         }
         let trainable: Vec<(String, Tensor)> = params.into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let reducer =
-            Arc::new(Reducer::new(comm.clone(), trainable, options.first_bucket_bytes, options.bucket_cap_bytes));
+            Arc::new(Reducer::new(comm.clone(), trainable, options.first_bucket_bytes, options.bucket_cap_bytes)?);
         reducer.install_hooks();
         Ok(GradientSync {
             comm,

@@ -10,6 +10,8 @@
 //! the data through `ferrite_data::DistributedSampler`.
 
 #[cfg(feature = "mpi")]
+mod bucket;
+#[cfg(feature = "mpi")]
 mod ddp;
 mod error;
 #[cfg(feature = "mpi")]
@@ -21,7 +23,7 @@ mod reducer;
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
 pub use error::{DistributedError, Result};
 #[cfg(feature = "mpi")]
-pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus, ReduceBuffers};
+pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus};
 #[cfg(feature = "mpi")]
 pub use reducer::StepTimings;
 

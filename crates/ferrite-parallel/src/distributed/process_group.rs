@@ -27,6 +27,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
+use super::bucket::BucketBuffers;
 use super::error::{DistributedError, Result};
 
 /// Bytes of one rank's status message in [`Comm::all_gather_status`].
@@ -58,7 +59,7 @@ pub struct Comm {
 
 enum Job {
     AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
-    AllReduceBuffers { buffers: ReduceBuffers, reply: Sender<ReduceBuffers> },
+    AllReduceBucket { buffers: BucketBuffers, reply: Sender<Result<BucketBuffers>> },
     AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
     AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
     BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
@@ -138,13 +139,22 @@ fn comm_thread(rx: Receiver<Job>) {
                 world.all_reduce_into(&data[..], &mut out[..], SystemOperation::sum());
                 let _ = reply.send(out);
             }
-            Job::AllReduceBuffers { mut buffers, reply } => {
+            Job::AllReduceBucket { mut buffers, reply } => {
+                let Some((send, recv, n)) = buffers.raw() else {
+                    let _ = reply.send(Err(not_host(world.rank() as usize)));
+                    continue;
+                };
                 buffers.started = Some(Instant::now());
-                let n = buffers.send.len();
-                buffers.recv.resize(n, 0.0);
-                world.all_reduce_into(&buffers.send[..], &mut buffers.recv[..], SystemOperation::sum());
+                // SAFETY: `raw` gives two distinct host allocations of `n` contiguous f32, kept
+                // alive by `buffers`, which this thread owns until it replies. Nothing else
+                // touches them meanwhile: the reducer hands a bucket over only after filling it
+                // and reads its views again only after this reply (the gradients that view the
+                // send side are only read, by MPI, while the bucket is in flight).
+                let (send, recv) =
+                    unsafe { (std::slice::from_raw_parts(send, n), std::slice::from_raw_parts_mut(recv, n)) };
+                world.all_reduce_into(send, recv, SystemOperation::sum());
                 buffers.finished = Some(Instant::now());
-                let _ = reply.send(buffers);
+                let _ = reply.send(Ok(buffers));
             }
             Job::AllGatherF64 { data, reply } => {
                 let mut out = vec![0f64; data.len() * world.size() as usize];
@@ -175,22 +185,8 @@ fn comm_thread(rx: Receiver<Job>) {
     }
 }
 
-/// The two buffers of one all-reduce that are reused from step to step (no allocation per
-/// step): `send` holds this rank's values, `recv` receives the sum over ranks. `started` and
-/// `finished` say when the communication thread ran the collective (for overlap figures).
-#[derive(Debug, Default)]
-pub struct ReduceBuffers {
-    pub send: Vec<f32>,
-    pub recv: Vec<f32>,
-    pub started: Option<Instant>,
-    pub finished: Option<Instant>,
-}
-
-impl ReduceBuffers {
-    /// Buffers for all-reduces of `len` values.
-    pub fn with_len(len: usize) -> ReduceBuffers {
-        ReduceBuffers { send: vec![0.0; len], recv: vec![0.0; len], started: None, finished: None }
-    }
+fn not_host(rank: usize) -> DistributedError {
+    DistributedError::CommunicationStopped { rank, detail: "a gradient bucket is not in host memory".into() }
 }
 
 /// A collective queued on the communication thread; [`wait`](Pending::wait) for its result.
@@ -235,8 +231,8 @@ const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
 pub(crate) struct InFlight {
     request: ffi::MPI_Request,
     /// Read and written by MPI until the request completes: never touched, moved out or freed
-    /// before that (a Vec's heap memory stays put when the Vec itself moves).
-    buffers: Option<ReduceBuffers>,
+    /// before that (the tensors' memory stays put when the handles move).
+    buffers: Option<BucketBuffers>,
     comm: Comm,
 }
 
@@ -270,7 +266,7 @@ impl InFlight {
 
     /// The buffers once the all-reduce has finished, or a [`DistributedError::Timeout`] after the
     /// group's deadline (the buffers are then left to MPI and the group is marked broken).
-    pub(crate) fn wait(mut self) -> Result<ReduceBuffers> {
+    pub(crate) fn wait(mut self) -> Result<BucketBuffers> {
         let start = Instant::now();
         while !self.test() {
             let waited = start.elapsed();
@@ -347,25 +343,24 @@ impl Comm {
         self.queue("all-reduce", |reply| Job::AllReduceSumF32 { data, reply })
     }
 
-    /// Element-wise sum over ranks of `buffers.send` into `buffers.recv` (resized to match),
-    /// started now; [`Pending::wait`] hands the buffers back for the next step.
-    pub fn all_reduce_buffers(&self, buffers: ReduceBuffers) -> Result<Pending<ReduceBuffers>> {
-        self.queue("all-reduce", |reply| Job::AllReduceBuffers { buffers, reply })
+    /// Element-wise sum over ranks of a bucket's send side into its receive side, started now;
+    /// [`Pending::wait`] hands the buckets back for the next step.
+    pub(crate) fn all_reduce_bucket(&self, buffers: BucketBuffers) -> Result<Pending<Result<BucketBuffers>>> {
+        self.queue("all-reduce", |reply| Job::AllReduceBucket { buffers, reply })
     }
 
-    /// Start an element-wise sum over ranks of `buffers.send` into `buffers.recv` with
+    /// Start an element-wise sum over ranks of a bucket's send side into its receive side with
     /// `MPI_Iallreduce` on the calling thread. Only for a step's gradient buckets: the
     /// communication thread must be idle (every collective queued on it waited for), and every
     /// rank must start the same all-reduces in the same order.
-    pub(crate) fn start_all_reduce(&self, mut buffers: ReduceBuffers) -> Result<InFlight> {
+    pub(crate) fn start_all_reduce(&self, mut buffers: BucketBuffers) -> Result<InFlight> {
         if self.is_broken() {
             return Err(DistributedError::CommunicationStopped {
                 rank: self.rank,
                 detail: "an earlier collective did not finish".into(),
             });
         }
-        let n = buffers.send.len();
-        buffers.recv.resize(n, 0.0);
+        let (send, recv, n) = buffers.raw().ok_or_else(|| not_host(self.rank))?;
         let count = i32::try_from(n).map_err(|_| DistributedError::CommunicationStopped {
             rank: self.rank,
             detail: format!("a bucket of {n} values is over MPI's count limit; lower bucket_cap_mb"),
@@ -375,13 +370,14 @@ impl Comm {
         let world = SimpleCommunicator::world();
         // SAFETY: reading an immutable constant that mpi-sys exports.
         let mut request = unsafe { ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: `send` and `recv` hold `count` f32 each and are kept alive and untouched in the
-        // returned InFlight until MPI completes the request (or leaked if it never does); the
-        // datatype, operation and communicator handles are valid for the life of MPI.
+        // SAFETY: `send` and `recv` are two distinct host allocations of `count` f32 each, owned
+        // by `buffers`, which the returned InFlight keeps alive and untouched until MPI completes
+        // the request (or leaks if it never does); the datatype, operation and communicator
+        // handles are valid for the life of MPI.
         unsafe {
             ffi::MPI_Iallreduce(
-                buffers.send.as_ptr().cast(),
-                buffers.recv.as_mut_ptr().cast(),
+                send.cast(),
+                recv.cast(),
                 count,
                 f32::equivalent_datatype().as_raw(),
                 SystemOperation::sum().as_raw(),

@@ -3,21 +3,23 @@
 //! Parameters are packed into buckets of about `bucket_cap_bytes` in reverse registration order
 //! (roughly the order backward produces their gradients, as in PyTorch). A grad-ready hook on
 //! every parameter marks it ready; when every parameter of the next bucket in order is ready,
-//! the bucket's gradients are copied into its flat send buffer (kept from step to step) and its
-//! all-reduce is queued on the communication thread while backward goes on. The first bucket is
-//! small (PyTorch's `first_bucket_bytes`, 1 MiB) so that communication starts early in backward. Buckets start strictly in index order on every rank, so the
-//! collectives of all ranks pair up. Each bucket carries one extra number per parameter, 1 where
+//! the bucket's gradients go into its flat send buffer (kept from step to step; no copy for a
+//! gradient that already views it, see [`BucketBuffers`]) and its all-reduce is queued on the
+//! communication thread while backward goes on. Afterwards the gradients are views into the
+//! averaged buffer. The first bucket is small (PyTorch's `first_bucket_bytes`, 1 MiB) so that
+//! communication starts early in backward. Buckets start strictly in index order on every rank,
+//! so the collectives of all ranks pair up. Each bucket carries one extra number per parameter, 1 where
 //! the rank produced a gradient, so a parameter no rank used keeps `grad = None`.
 
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
-use ferrite_tensor::backend::kernels_for;
-use ferrite_tensor::{DType, Tensor, no_grad};
+use ferrite_tensor::Tensor;
 use parking_lot::Mutex;
 
+use super::bucket::BucketBuffers;
 use super::error::{DistributedError, Result};
-use super::process_group::{Comm, InFlight, Pending, ReduceBuffers};
+use super::process_group::{Comm, InFlight, Pending};
 
 /// Where the time of the last synchronizing backward went, like the timings of PyTorch's DDP
 /// logging data: read it to see whether communication hides behind backward on your machine.
@@ -57,7 +59,7 @@ impl StepTimings {
 /// advances only while both ranks are inside MPI, so it hid 1–7 %).
 enum Started {
     Inline(InFlight),
-    Thread(Pending<ReduceBuffers>),
+    Thread(Pending<Result<BucketBuffers>>),
 }
 
 impl Started {
@@ -67,10 +69,10 @@ impl Started {
         }
     }
 
-    fn wait(self) -> Result<ReduceBuffers> {
+    fn wait(self) -> Result<BucketBuffers> {
         match self {
             Started::Inline(f) => f.wait(),
-            Started::Thread(p) => p.wait(),
+            Started::Thread(p) => p.wait()?,
         }
     }
 }
@@ -78,14 +80,6 @@ impl Started {
 pub(crate) struct Bucket {
     /// Indices into the reducer's parameters, in the order backward tends to fill them.
     pub(crate) params: Vec<usize>,
-    /// Gradient values in the bucket (its buffers hold one more per parameter: the used flags).
-    numel: usize,
-}
-
-impl Bucket {
-    fn len(&self) -> usize {
-        self.numel + self.params.len()
-    }
 }
 
 struct StepState {
@@ -93,8 +87,9 @@ struct StepState {
     ready: Vec<bool>,
     remaining: Vec<usize>,
     next_launch: usize,
-    /// Each bucket's buffers while no all-reduce holds them (kept across steps).
-    buffers: Vec<Option<ReduceBuffers>>,
+    /// Each bucket's buffers while no all-reduce holds them (kept across steps; the gradients
+    /// view them between steps).
+    buffers: Vec<Option<BucketBuffers>>,
     pending: Vec<Option<Started>>,
     error: Option<DistributedError>,
     started: Option<Instant>,
@@ -141,12 +136,12 @@ impl Reducer {
         named: Vec<(String, Tensor)>,
         first_bucket_bytes: usize,
         bucket_cap_bytes: usize,
-    ) -> Reducer {
+    ) -> Result<Reducer> {
         let (names, params): (Vec<String>, Vec<Tensor>) = named.into_iter().unzip();
         let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
         let buckets: Vec<Bucket> = assign_buckets(&numels, first_bucket_bytes, bucket_cap_bytes)
             .into_iter()
-            .map(|ps| Bucket { numel: ps.iter().map(|&p| numels[p]).sum(), params: ps })
+            .map(|params| Bucket { params })
             .collect();
         let mut param_bucket = vec![0; params.len()];
         for (bi, b) in buckets.iter().enumerate() {
@@ -156,7 +151,11 @@ impl Reducer {
         }
         let n = params.len();
         let nb = buckets.len();
-        Reducer {
+        let buffers = buckets
+            .iter()
+            .map(|b| BucketBuffers::new(&b.params.iter().map(|&p| &params[p]).collect::<Vec<_>>()).map(Some))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Reducer {
             comm,
             names,
             params,
@@ -167,7 +166,7 @@ impl Reducer {
                 ready: vec![false; n],
                 remaining: vec![0; nb],
                 next_launch: 0,
-                buffers: buckets.iter().map(|b| Some(ReduceBuffers::with_len(b.len()))).collect(),
+                buffers,
                 pending: (0..nb).map(|_| None).collect(),
                 error: None,
                 started: None,
@@ -175,7 +174,7 @@ impl Reducer {
                 timings: StepTimings::default(),
             }),
             buckets,
-        }
+        })
     }
 
     /// Install the grad-ready hooks (they hold the reducer weakly: no cycle through the params).
@@ -230,59 +229,37 @@ impl Reducer {
         }
     }
 
+    /// The parameters of bucket `bi`, in bucket order.
+    fn bucket_params(&self, bi: usize) -> Vec<&Tensor> {
+        self.buckets[bi].params.iter().map(|&p| &self.params[p]).collect()
+    }
+
     fn launch(&self, s: &mut StepState, bi: usize) {
         s.next_launch = bi + 1;
         let t = Instant::now();
-        let mut buffers = s.buffers[bi].take().unwrap_or_else(|| ReduceBuffers::with_len(self.buckets[bi].len()));
+        let Some(mut buffers) = s.buffers[bi].take() else {
+            // Lost with an all-reduce that never finished: the group is broken, and `finish`
+            // reports that this bucket could not be queued.
+            s.pending[bi] = None;
+            return;
+        };
         if s.error.is_none()
-            && let Err(e) = self.flatten_into(bi, &mut buffers.send)
+            && let Err(e) = buffers.fill(&self.bucket_params(bi))
         {
             s.error = Some(e);
         }
         if s.error.is_some() {
             // Keep pairing with the other ranks even after a local error: send zeros.
-            buffers.send.iter_mut().for_each(|v| *v = 0.0);
+            if let Err(e) = buffers.fill_zeros() {
+                s.error.get_or_insert(e);
+            }
         }
         s.flatten += t.elapsed();
         s.pending[bi] = if self.on_thread {
-            self.comm.all_reduce_buffers(buffers).ok().map(Started::Thread)
+            self.comm.all_reduce_bucket(buffers).ok().map(Started::Thread)
         } else {
             self.comm.start_all_reduce(buffers).ok().map(Started::Inline)
         };
-    }
-
-    /// The bucket's gradients into `flat` (its length is the bucket's), then one "used" flag
-    /// per parameter.
-    fn flatten_into(&self, bi: usize, flat: &mut Vec<f32>) -> Result<()> {
-        let _g = no_grad();
-        let b = &self.buckets[bi];
-        flat.resize(b.len(), 0.0);
-        let (values, used) = flat.split_at_mut(b.numel);
-        let mut off = 0;
-        for (k, &p) in b.params.iter().enumerate() {
-            let param = &self.params[p];
-            let n = param.numel();
-            let dst = &mut values[off..off + n];
-            match param.grad() {
-                Some(g) => {
-                    if g.dtype() == DType::F32 {
-                        let c = g.contiguous()?;
-                        kernels_for(c.device()).read_to_host(&c, bytemuck::cast_slice_mut(dst))?;
-                    } else {
-                        for (d, v) in dst.iter_mut().zip(g.to_vec_f64()?) {
-                            *d = v as f32;
-                        }
-                    }
-                    used[k] = 1.0;
-                }
-                None => {
-                    dst.iter_mut().for_each(|v| *v = 0.0);
-                    used[k] = 0.0;
-                }
-            }
-            off += n;
-        }
-        Ok(())
     }
 
     /// After backward: start the buckets still waiting (parameters without a gradient), wait for
@@ -372,32 +349,12 @@ impl Reducer {
         }
     }
 
-    /// Average the sums in place and write them into the gradients (in place where a gradient
-    /// exists, f32 and contiguous; a new gradient where the rank had none).
-    fn write_back(&self, results: &mut [ReduceBuffers]) -> Result<()> {
-        let _g = no_grad();
+    /// Average the sums and hand them to the parameters some rank used: as views into the
+    /// buckets where the gradients can be (see [`BucketBuffers::write_back`]), else by a copy.
+    fn write_back(&self, results: &mut [BucketBuffers]) -> Result<()> {
         let scale = 1.0 / self.comm.world_size() as f32;
-        for (b, r) in self.buckets.iter().zip(results.iter_mut()) {
-            let (values, used) = r.recv.split_at_mut(b.numel);
-            let mut off = 0;
-            for (k, &p) in b.params.iter().enumerate() {
-                let param = &self.params[p];
-                let numel = param.numel();
-                if used[k] > 0.0 {
-                    let avg = &mut values[off..off + numel];
-                    avg.iter_mut().for_each(|v| *v *= scale);
-                    match param.grad() {
-                        Some(g) if g.dtype() == DType::F32 && g.is_contiguous() => g.copy_from_slice(avg)?,
-                        Some(g) => g.copy_(&Tensor::from_vec(avg.to_vec(), param.shape(), param.device())?)?,
-                        None => {
-                            let g = param.detach().zeros_like()?;
-                            g.copy_(&Tensor::from_vec(avg.to_vec(), param.shape(), param.device())?)?;
-                            param.set_grad(Some(g))?;
-                        }
-                    }
-                }
-                off += numel;
-            }
+        for (bi, r) in results.iter_mut().enumerate() {
+            r.write_back(&self.bucket_params(bi), scale)?;
         }
         Ok(())
     }
