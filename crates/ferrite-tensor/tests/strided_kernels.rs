@@ -251,8 +251,8 @@ proptest! {
 }
 
 /// Sums over leading dims of contiguous inputs (bias and norm-weight gradients) take a path of
-/// their own: tall, narrow inputs are summed in blocks of rows whose f64 partials are added in a
-/// fixed order, wide ones by column chunks. Shapes straddle the block size (64 rows), the
+/// their own: rows are added in blocks of 64 (in f32 inside a block, f64 across blocks, in a fixed
+/// order); tall, narrow inputs sum their blocks in parallel, wide ones split by column chunks. Shapes straddle the block size (64 rows), the
 /// 256-column chunk and the 8192-column switch, in f32 and bf16, for sum and mean.
 #[test]
 fn leading_dim_sums_match_reference_across_block_and_column_splits() {

@@ -130,24 +130,57 @@ const ROW_SPLIT_MAX_COLS: usize = 8192;
 const COL_CHUNK: usize = 256;
 
 /// Σ over the leading `rn` rows of a contiguous `[rn, m]` input (bias and norm-weight
-/// gradients, `x.sum(0)`). Short, tall inputs (`m` ≤ [`ROW_SPLIT_MAX_COLS`]) are cut into blocks of
-/// [`ROW_BLOCK`] rows summed in parallel into f64 partials, which are then added in block order:
-/// every thread streams whole contiguous rows (splitting the columns instead made each task read a
-/// few cache lines per row, strided by the row length, at a third of the bandwidth). Wide inputs split
-/// their columns.
+/// gradients, `x.sum(0)`). Rows are added in blocks of [`ROW_BLOCK`]: inside a block in the
+/// element type's accumulator (f32 for f32/f16/bf16, twice the vector width of f64; at most 64
+/// terms, so the f32 rounding stays at PyTorch's level — it sums in f32 throughout), across blocks
+/// in f64, always in block order, so the result does not depend on the thread count.
+/// Short, tall inputs (`m` ≤ [`ROW_SPLIT_MAX_COLS`]) sum their blocks in parallel into f64
+/// partials, then add those: every thread streams whole contiguous rows (splitting the columns
+/// instead made each task read a few cache lines per row, strided by the row length, at a third
+/// of the bandwidth). Wide inputs split their columns.
 fn prefix_sum<T: Float>(xp: SendPtr<T>, rn: usize, m: usize, op: SendPtr<T>, scale: f64) {
-    // Σ of rows [r0, r1), columns [c0, c1) added into `acc` (len c1 - c0).
+    // Σ of rows [r0, r1) (one block), columns [c0, c1), added into `acc` (len c1 - c0).
     #[inline(always)]
-    fn add_rows<T: Float>(xp: SendPtr<T>, m: usize, r0: usize, r1: usize, c0: usize, acc: &mut [f64]) {
+    fn add_block<T: Float>(xp: SendPtr<T>, m: usize, r0: usize, r1: usize, c0: usize, acc: &mut [f64]) {
+        let mut block = [<T::Acc as num_traits::Zero>::zero(); COL_CHUNK];
+        let block = &mut block[..acc.len()];
         for r in r0..r1 {
             // SAFETY: row r, columns [c0, c0 + acc.len()) of a contiguous [rn, m] input.
             let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), acc.len()) };
-            for (a, &v) in acc.iter_mut().zip(row) {
-                *a += T::acc_to_f64(v.to_acc());
+            for (b, &v) in block.iter_mut().zip(row) {
+                *b += v.to_acc();
             }
+        }
+        for (a, &b) in acc.iter_mut().zip(block.iter()) {
+            *a += T::acc_to_f64(b);
+        }
+    }
+    // Output columns [s, e), COL_CHUNK at a time: `fill(c0, acc)` adds the chunk's sums into the
+    // zeroed `acc`, which is then scaled into the output.
+    #[inline(always)]
+    fn write_columns<T: Float>(
+        op: SendPtr<T>,
+        s: usize,
+        e: usize,
+        scale: f64,
+        mut fill: impl FnMut(usize, &mut [f64]),
+    ) {
+        let mut acc = [0f64; COL_CHUNK];
+        let mut c0 = s;
+        while c0 < e {
+            let c1 = (c0 + COL_CHUNK).min(e);
+            let a = &mut acc[..c1 - c0];
+            a.fill(0.0);
+            fill(c0, a);
+            for (i, &v) in a.iter().enumerate() {
+                // SAFETY: the calling task owns output columns [s, e).
+                unsafe { *op.0.add(c0 + i) = T::from_f64(v * scale) };
+            }
+            c0 = c1;
         }
     }
     let blocks = rn.div_ceil(ROW_BLOCK);
+    let rows_of = |b: usize| (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(rn));
     if m <= ROW_SPLIT_MAX_COLS && blocks >= 2 {
         let mut partial = vec![0f64; blocks * m];
         let pp = SendPtr(partial.as_mut_ptr());
@@ -157,61 +190,42 @@ fn prefix_sum<T: Float>(xp: SendPtr<T>, rn: usize, m: usize, op: SendPtr<T>, sca
                 #[inline(always)]
                 || {
                     for b in s..e {
-                        let (r0, r1) = (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(rn));
+                        let (r0, r1) = rows_of(b);
                         // SAFETY: this task owns partial rows [s, e) of the [blocks, m] buffer.
                         let part = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * m), m) };
                         for (ci, acc) in part.chunks_mut(COL_CHUNK).enumerate() {
-                            add_rows::<T>(xp, m, r0, r1, ci * COL_CHUNK, acc);
+                            add_block::<T>(xp, m, r0, r1, ci * COL_CHUNK, acc);
                         }
                     }
                 },
             )
         });
         par_ranges(m, blocks, |s, e| {
-            let op = op;
             vectorize(
                 #[inline(always)]
                 || {
-                    let mut acc = [0f64; COL_CHUNK];
-                    let mut c0 = s;
-                    while c0 < e {
-                        let c1 = (c0 + COL_CHUNK).min(e);
-                        let a = &mut acc[..c1 - c0];
-                        a.fill(0.0);
+                    write_columns::<T>(op, s, e, scale, |c0, a| {
                         for b in 0..blocks {
-                            for (a, &v) in a.iter_mut().zip(&partial[b * m + c0..b * m + c1]) {
+                            for (a, &v) in a.iter_mut().zip(&partial[b * m + c0..]) {
                                 *a += v;
                             }
                         }
-                        for (i, &a) in a.iter().enumerate() {
-                            // SAFETY: this task owns output columns [s, e).
-                            unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
-                        }
-                        c0 = c1;
-                    }
+                    })
                 },
             )
         });
         return;
     }
     par_ranges(m, rn, |s, e| {
-        let op = op;
         vectorize(
             #[inline(always)]
             || {
-                let mut acc = [0f64; COL_CHUNK];
-                let mut c0 = s;
-                while c0 < e {
-                    let c1 = (c0 + COL_CHUNK).min(e);
-                    let a = &mut acc[..c1 - c0];
-                    a.fill(0.0);
-                    add_rows::<T>(xp, m, 0, rn, c0, a);
-                    for (i, &a) in a.iter().enumerate() {
-                        // SAFETY: this task owns output columns [s, e).
-                        unsafe { *op.0.add(c0 + i) = T::from_f64(a * scale) };
+                write_columns::<T>(op, s, e, scale, |c0, a| {
+                    for b in 0..blocks {
+                        let (r0, r1) = rows_of(b);
+                        add_block::<T>(xp, m, r0, r1, c0, a);
                     }
-                    c0 = c1;
-                }
+                })
             },
         )
     });
