@@ -77,6 +77,19 @@ impl Distributed {
         }
     }
 
+    /// End of a distributed run: the last status exchange of `sync` (a rank that failed after its
+    /// last step is reported here), then every rank's memory on `device`, printed by rank 0.
+    pub fn finish_and_report(&self, sync: Option<StepSync>, device: &Device) -> Result<(), TrainError> {
+        if let Some(sync) = sync {
+            sync.finish()?;
+        }
+        println!("memory of every rank ({} ranks):", self.world_size());
+        for line in self.memory_lines(device)? {
+            println!("  {line}");
+        }
+        Ok(())
+    }
+
     /// Every rank's peak allocated and reserved bytes on `device`, one line per rank.
     pub fn memory_lines(&self, device: &Device) -> Result<Vec<String>, TrainError> {
         let stats = allocator(device).memory_stats();

@@ -211,13 +211,7 @@ pub fn train(
     );
     println!("{}", allocator(device).memory_summary(true));
     if let Some(d) = dist {
-        if let Some(sync) = stepper.sync.take() {
-            sync.finish()?;
-        }
-        println!("memory of every rank ({} ranks):", d.world_size());
-        for line in d.memory_lines(device)? {
-            println!("  {line}");
-        }
+        d.finish_and_report(stepper.sync.take(), device)?;
     }
     run.finish();
     Ok(())
