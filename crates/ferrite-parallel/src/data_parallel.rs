@@ -4,15 +4,23 @@
 //! A step: the batch is [scattered](scatter) along dim 0 (as evenly as possible; replicas with
 //! no samples sit the step out), every replica runs forward, **its own loss** and backward in its
 //! own thread, only the scalar losses come back, and the replicas' gradients are summed onto the
-//! primary replica (device 0) — each replica's loss weighted by its share of the samples, so the
+//! parameter's **owner** replica — each replica's loss weighted by its share of the samples, so the
 //! result equals the single-device step on the whole batch with a mean loss. The optimizer steps
-//! the primary's parameters; [`DataParallel::step`] then copies parameters and buffers back to the
-//! replicas, which stay in sync.
+//! the owners' parameters; [`DataParallel::step`] then copies every parameter from its owner (and
+//! the buffers from the primary) to the other replicas, which stay in sync.
 //!
 //! Where this differs from PyTorch, on purpose:
 //! - **Balanced memory.** PyTorch gathers every replica's output on GPU 0 and computes the loss
 //!   there, which is why GPU 0 runs out first. Here the loss is computed per replica and only
 //!   scalars are gathered; [`DataParallel::memory_report`] shows every device's peak.
+//! - **Balanced optimizer state.** PyTorch reduces every gradient onto GPU 0 and its optimizer
+//!   keeps all its state there (AdamW: twice the parameters). Here each parameter has an
+//!   [owner](owners) replica, chosen to balance bytes across the devices
+//!   ([`OwnerPolicy::Balanced`], the default); [`DataParallel::parameters`] returns the owners'
+//!   tensors, so an ordinary optimizer built from them creates each state tensor on its owner's
+//!   device, and its state_dict has the single-device layout. [`OwnerPolicy::Primary`] keeps
+//!   PyTorch's layout. The balance is per parameter: a model whose largest parameter is a large
+//!   share of the whole cannot be balanced finer than that parameter.
 //! - **No `module.` prefix.** [`DataParallel::state_dict`] has the plain model's names, and
 //!   [`DataParallel::load_state_dict`] / [`DataParallel::load_file`] strip a `module.` prefix
 //!   left by PyTorch's wrappers.
@@ -38,6 +46,7 @@
 //! ```
 
 pub mod memory_report;
+pub mod owners;
 pub mod replicate;
 pub mod scatter;
 
@@ -50,6 +59,7 @@ use ferrite_optim::Optimizer;
 use ferrite_tensor::{Tensor, no_grad};
 
 pub use memory_report::{DeviceMemory, MemoryReport};
+pub use owners::OwnerPolicy;
 pub use scatter::{Shard, split_sizes};
 
 use crate::error::{ParallelError, Result};
@@ -61,6 +71,9 @@ pub const MODULE_PREFIX: &str = "module.";
 pub struct DataParallel<M: Module + Clone + 'static> {
     replicas: Vec<M>,
     devices: Vec<Device>,
+    /// The owner replica of every parameter, in the module's parameter order.
+    owners: Vec<usize>,
+    policy: OwnerPolicy,
 }
 
 /// What one data-parallel forward/backward gave: the batch's loss and each replica's part.
@@ -74,13 +87,40 @@ pub struct StepLoss {
 }
 
 impl<M: Module + Clone + 'static> DataParallel<M> {
-    /// Replicate `module` on `devices` (the first is the primary, holding the parameters the
-    /// optimizer updates). The module is moved to `devices[0]`; build the optimizer from
+    /// Replicate `module` on `devices` (the first is the primary: the model a single-device user
+    /// sees), with the parameters' owners spread over the devices ([`OwnerPolicy::Balanced`]).
+    /// The module is moved to `devices[0]`; build the optimizer from
     /// [`parameters`](Self::parameters) afterwards.
     pub fn new(module: M, devices: &[Device]) -> Result<Self> {
+        Self::with_owners(module, devices, OwnerPolicy::default())
+    }
+
+    /// [`new`](Self::new) with the owners chosen by `policy` ([`OwnerPolicy::Primary`]: PyTorch's
+    /// layout, every gradient and all optimizer state on device 0).
+    pub fn with_owners(module: M, devices: &[Device], policy: OwnerPolicy) -> Result<Self> {
         replicate::check_devices(devices)?;
         let replicas = replicate::replicate(module, devices)?;
-        Ok(DataParallel { replicas, devices: devices.to_vec() })
+        let bytes: Vec<usize> = replicas[0].parameters().iter().map(|p| p.nbytes()).collect();
+        let owners = owners::assign_owners(&bytes, devices.len(), policy);
+        Ok(DataParallel { replicas, devices: devices.to_vec(), owners, policy })
+    }
+
+    /// How the owners were chosen.
+    pub fn owner_policy(&self) -> OwnerPolicy {
+        self.policy
+    }
+
+    /// The owner replica (an index into [`devices`](Self::devices)) of every parameter, in the
+    /// module's parameter order.
+    pub fn owners(&self) -> &[usize] {
+        &self.owners
+    }
+
+    /// The parameter bytes each device owns (and so, with a stateful optimizer, the share of the
+    /// optimizer state it holds), in device order.
+    pub fn owned_bytes(&self) -> Vec<usize> {
+        let bytes: Vec<usize> = self.replicas[0].parameters().iter().map(|p| p.nbytes()).collect();
+        owners::owned_bytes(&bytes, &self.owners, self.devices.len())
     }
 
     /// The devices, primary first.
@@ -109,9 +149,21 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         self.replicas.swap_remove(0)
     }
 
-    /// The primary's parameters: give these to the optimizer.
+    /// Every parameter in the module's order, each the tensor of its **owner** replica (so on
+    /// mixed devices): give these to the optimizer. Its state then lives beside each parameter,
+    /// and its state_dict has the single-device layout. Gradients are reduced onto these tensors;
+    /// [`step`](Self::step) copies them to the other replicas after the optimizer's step.
     pub fn parameters(&self) -> Vec<Tensor> {
-        self.module().parameters()
+        let per_replica: Vec<Vec<Tensor>> = self.replicas.iter().map(|r| r.parameters()).collect();
+        let primary = per_replica[0].clone();
+        primary
+            .into_iter()
+            .enumerate()
+            .map(|(j, p)| {
+                let owner = self.owners.get(j).copied().unwrap_or(0);
+                per_replica.get(owner).and_then(|ps| ps.get(j)).cloned().unwrap_or(p)
+            })
+            .collect()
     }
 
     /// The plain model's state_dict (no `module.` prefix), from the primary.
@@ -155,21 +207,31 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         Ok(())
     }
 
-    /// Copy the primary's parameters and buffers into every other replica (after an optimizer
-    /// step or a load).
+    /// Copy the primary's parameters and buffers into every other replica (after a load or a
+    /// change through [`module_mut`](Self::module_mut)): the primary's values win, owners
+    /// included.
     pub fn sync_replicas(&self) -> Result<()> {
         replicate::sync(&self.replicas)
     }
 
-    /// The optimizer's step on the primary's parameters, then [`sync_replicas`](Self::sync_replicas).
-    pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
-        optimizer.step()?;
-        self.sync_replicas()
+    /// Copy every parameter from its owner (the tensor the optimizer updated) to the other
+    /// replicas, and the primary's buffers to the others. [`step`](Self::step) does this; call it
+    /// yourself after stepping the optimizer another way (e.g. `GradScaler::step`).
+    pub fn sync_from_owners(&self) -> Result<()> {
+        replicate::sync_from_owners(&self.replicas, &self.owners)
     }
 
-    /// Forward, loss and backward of one batch on all replicas in parallel, gradients reduced onto
-    /// the primary (added to any it already holds, so gradient accumulation works as on one
-    /// device). `batch` are tensors sharing dim 0 (inputs, targets, …), on any device; each
+    /// The optimizer's step on the owners' parameters, then
+    /// [`sync_from_owners`](Self::sync_from_owners): afterwards every replica, the primary
+    /// ([`module`](Self::module), [`state_dict`](Self::state_dict)) included, has the new values.
+    pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        optimizer.step()?;
+        self.sync_from_owners()
+    }
+
+    /// Forward, loss and backward of one batch on all replicas in parallel, each parameter's
+    /// gradients reduced onto its owner (added to any it already holds, so gradient accumulation
+    /// works as on one device; the other replicas' copies are freed). `batch` are tensors sharing dim 0 (inputs, targets, …), on any device; each
     /// replica receives its [`Shard`] of them on its own device. `loss_fn` returns the **mean**
     /// loss over its shard's samples, as a one-element tensor.
     pub fn forward_backward<F>(&self, batch: &[&Tensor], loss_fn: F) -> Result<StepLoss>
@@ -194,10 +256,8 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     where
         F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
     {
-        // Gradients of the other replicas are per-step scratch: start from none.
-        for r in &self.replicas[1..] {
-            r.zero_grad()?;
-        }
+        // Gradients of parameters a replica does not own are per-step scratch: start from none.
+        replicate::free_unowned_gradients(&self.replicas, &self.owners)?;
         let losses = self.parallel_apply(&shards, |replica, shard| {
             let loss = loss_fn(replica, shard)?;
             if loss.numel() != 1 {
@@ -210,7 +270,7 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
             loss.mul_scalar(shard.weight())?.backward()?;
             Ok(value)
         })?;
-        replicate::reduce_gradients(&self.replicas, shards.iter().map(|s| s.replica))?;
+        replicate::reduce_gradients(&self.replicas, &self.owners, shards.iter().map(|s| s.replica))?;
         let replicas: Vec<(Device, usize, f64)> =
             shards.iter().zip(&losses).map(|(s, &l)| (s.device.clone(), s.samples, l)).collect();
         let loss = shards.iter().zip(&losses).map(|(s, l)| s.weight() * l).sum();

@@ -1,5 +1,6 @@
-//! Replicas: copies of one model on several devices, their gradients summed onto the primary,
-//! and the primary's parameters and buffers copied back after each optimizer step.
+//! Replicas: copies of one model on several devices, each parameter's gradients summed onto its
+//! owner replica, and the owners' parameters (the primary's buffers) copied back to the other
+//! replicas after each optimizer step.
 use ferrite_memory::Device;
 use ferrite_nn::Module;
 use ferrite_tensor::{Tensor, no_grad};
@@ -53,23 +54,66 @@ fn tensors<M: Module>(m: &M) -> Vec<Tensor> {
     m.parameters().into_iter().chain(m.named_buffers().into_iter().map(|(_, t)| t)).collect()
 }
 
-/// Add the gradients of the replicas that ran (`ran`, primary excluded) to the primary's, one
-/// parameter at a time (the primary holds one extra parameter-sized copy at most), and free them.
-pub(crate) fn reduce_gradients<M: Module>(replicas: &[M], ran: impl Iterator<Item = usize>) -> Result<()> {
-    let Some((primary, _)) = replicas.split_first() else { return Ok(()) };
-    let others: Vec<usize> = ran.filter(|&i| i != 0).collect();
-    let _g = no_grad();
-    let dst = primary.parameters();
-    let srcs: Vec<Vec<Tensor>> = others.iter().map(|&i| replicas[i].parameters()).collect();
-    for (j, p) in dst.iter().enumerate() {
-        for params in &srcs {
-            let Some(g) = params.get(j).and_then(|q| q.grad()) else { continue };
-            let g = g.to_device(p.device())?;
-            match p.grad() {
-                Some(acc) => acc.add_(&g)?,
-                None => p.set_grad(Some(g))?,
+/// Free every gradient a replica holds for a parameter it does not own (per-step scratch), keeping
+/// the owners' gradients so that accumulation over several backward passes works.
+pub(crate) fn free_unowned_gradients<M: Module>(replicas: &[M], owners: &[usize]) -> Result<()> {
+    for (r, replica) in replicas.iter().enumerate() {
+        for (p, _) in replica.parameters().iter().zip(owners).filter(|(_, o)| **o != r) {
+            if p.grad().is_some() {
+                p.set_grad(None)?;
             }
-            params[j].set_grad(None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Add the gradients of the replicas that ran (`ran`) to each parameter's owner (`owners[j]` is
+/// the owner replica of parameter `j`), one parameter at a time (an owner holds one extra
+/// parameter-sized copy at most), and free the non-owners' copies. The owner's own gradient (what
+/// it accumulated before plus its own backward) comes first, the others are added in replica
+/// order.
+pub(crate) fn reduce_gradients<M: Module>(replicas: &[M], owners: &[usize], ran: impl Iterator<Item = usize>) -> Result<()> {
+    let ran: Vec<usize> = ran.collect();
+    let _g = no_grad();
+    let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
+    for (j, &owner) in owners.iter().enumerate() {
+        let Some(dst) = params.get(owner).and_then(|p| p.get(j)) else { continue };
+        for &r in ran.iter().filter(|&&r| r != owner) {
+            let Some(src) = params.get(r).and_then(|p| p.get(j)) else { continue };
+            let Some(g) = src.grad() else { continue };
+            let g = g.to_device(dst.device())?;
+            match dst.grad() {
+                Some(acc) => acc.add_(&g)?,
+                None => dst.set_grad(Some(g))?,
+            }
+            src.set_grad(None)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copy each parameter from its owner to every other replica, and the primary's buffers to the
+/// other replicas, in place (after the optimizer stepped the owners' parameters).
+pub(crate) fn sync_from_owners<M: Module>(replicas: &[M], owners: &[usize]) -> Result<()> {
+    if replicas.len() < 2 {
+        return Ok(());
+    }
+    let _g = no_grad();
+    let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
+    for (j, &owner) in owners.iter().enumerate() {
+        let Some(src) = params.get(owner).and_then(|p| p.get(j)) else { continue };
+        let src = src.detach();
+        let others = params.iter().enumerate().filter(|(r, _)| *r != owner).filter_map(|(_, p)| p.get(j));
+        for dst in others {
+            dst.copy_(&src.to_device(dst.device())?)?;
+        }
+    }
+    let buffers: Vec<Vec<Tensor>> =
+        replicas.iter().map(|r| r.named_buffers().into_iter().map(|(_, t)| t).collect()).collect();
+    let Some((primary, rest)) = buffers.split_first() else { return Ok(()) };
+    for other in rest {
+        for (dst, s) in other.iter().zip(primary) {
+            dst.copy_(&s.detach().to_device(dst.device())?)?;
         }
     }
     Ok(())
