@@ -66,8 +66,9 @@ fn clipping_a_schedule_and_the_grad_scaler_work_on_the_owners_devices() {
 
     for (step, (x, y)) in batches().iter().enumerate() {
         single_opt.zero_grad().unwrap();
-        let loss = mse_loss(&single.forward(&x.to_device(&single_dev).unwrap()).unwrap(), &y.to_device(&single_dev).unwrap())
-            .unwrap();
+        let loss =
+            mse_loss(&single.forward(&x.to_device(&single_dev).unwrap()).unwrap(), &y.to_device(&single_dev).unwrap())
+                .unwrap();
         single_scaler.scale(&loss).unwrap().backward().unwrap();
         single_scaler.unscale_(&mut single_opt).unwrap();
         let single_norm = clip_grad_norm_(&single.parameters(), 0.5).unwrap();
@@ -79,11 +80,17 @@ fn clipping_a_schedule_and_the_grad_scaler_work_on_the_owners_devices() {
         // The scale is created by the first `scale` call; each replica scales its own loss.
         dp_scaler.scale(&Tensor::ones(&[1], DType::F32, &Device::Cpu).unwrap()).unwrap();
         let scale = dp_scaler.get_scale();
-        dp.forward_backward(&[x, y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?.mul_scalar(scale)?))
-            .unwrap();
+        dp.forward_backward(
+            &[x, y],
+            |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?.mul_scalar(scale)?),
+        )
+        .unwrap();
         dp_scaler.unscale_(&mut dp_opt).unwrap();
         let dp_norm = clip_grad_norm_(&dp.parameters(), 0.5).unwrap();
-        assert!((dp_norm - single_norm).abs() <= 1e-5 * single_norm.max(1.0), "step {step}: norm {dp_norm} vs {single_norm}");
+        assert!(
+            (dp_norm - single_norm).abs() <= 1e-5 * single_norm.max(1.0),
+            "step {step}: norm {dp_norm} vs {single_norm}"
+        );
         assert!(dp_scaler.step(&mut dp_opt).unwrap());
         // The scaler stepped the optimizer itself: bring the other replicas up to date.
         dp.sync_from_owners().unwrap();

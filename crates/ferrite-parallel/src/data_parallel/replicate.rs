@@ -72,7 +72,11 @@ pub(crate) fn free_unowned_gradients<M: Module>(replicas: &[M], owners: &[usize]
 /// parameter-sized copy at most), and free the non-owners' copies. The owner's own gradient (what
 /// it accumulated before plus its own backward) comes first, the others are added in replica
 /// order.
-pub(crate) fn reduce_gradients<M: Module>(replicas: &[M], owners: &[usize], ran: impl Iterator<Item = usize>) -> Result<()> {
+pub(crate) fn reduce_gradients<M: Module>(
+    replicas: &[M],
+    owners: &[usize],
+    ran: impl Iterator<Item = usize>,
+) -> Result<()> {
     let ran: Vec<usize> = ran.collect();
     let _g = no_grad();
     let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();

@@ -1,7 +1,8 @@
 //! `ferrite train --devices 0,1` (or `--data-parallel`): the image models trained with
 //! `DataParallel` over several devices of one process — typically a simulated multi-GPU box,
-//! `--device sim:a100-40gb --devices 0,1,2,3` — ending with every device's memory, so the balance
-//! of the replicas is visible.
+//! `--device sim:a100-40gb --devices 0,1,2,3` — ending with every device's memory and every
+//! device's share of the optimizer state (each parameter's state lives on its owner replica), so
+//! the balance of the replicas is visible.
 //!
 //! A separate loop from the single-device one (`image.rs`) on purpose: it runs the same model,
 //! loss (cross-entropy, mean) and optimizer (AdamW) with the batch scattered over the replicas;
@@ -14,7 +15,7 @@ use std::time::Instant;
 use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
-use ferrite_optim::{Adam, AdamConfig, Optimizer, clip_grad_norm_};
+use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue, clip_grad_norm_};
 use ferrite_parallel::DataParallel;
 use ferrite_tensor::{Generator, no_grad};
 
@@ -146,8 +147,56 @@ fn run<M: Module + Clone + 'static>(
         start.elapsed().as_secs_f64(),
         weights.display()
     );
-    println!("memory per device (peaks of the last epoch):\n{}", dp.memory_report());
+    let report = dp.memory_report();
+    println!("memory per device (peaks of the last epoch):\n{report}");
+    println!("{}", optimizer_state_line(&dp, &opt)?);
+    if report.peak_imbalance() > 0.10
+        && let Some(hint) = imbalance_hint(&dp)
+    {
+        println!("{hint}");
+    }
     Ok(())
+}
+
+/// The optimizer state each device holds (each parameter's state lives on its owner replica).
+fn optimizer_state_line<M: Module + Clone + 'static>(
+    dp: &DataParallel<M>,
+    opt: &dyn Optimizer,
+) -> Result<String, TrainError> {
+    let mut per_device = vec![0usize; dp.devices().len()];
+    for (_, entries) in opt.state_dict()?.state {
+        for (_, v) in entries {
+            if let StateValue::Tensor(t) = v
+                && let Some(i) = dp.devices().iter().position(|d| d == t.device())
+            {
+                per_device[i] += t.nbytes();
+            }
+        }
+    }
+    let sizes: Vec<String> = per_device.iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
+    let owned: Vec<String> = dp.owned_bytes().iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
+    Ok(format!(
+        "optimizer state per device (AdamW, on each parameter's owner): {}; parameters owned: {}",
+        sizes.join(" / "),
+        owned.join(" / ")
+    ))
+}
+
+/// Why the peaks are apart when one parameter outweighs a device's fair share: ownership is per
+/// parameter, so its state cannot be split.
+fn imbalance_hint<M: Module + Clone + 'static>(dp: &DataParallel<M>) -> Option<String> {
+    let named = dp.module().named_parameters();
+    let total: usize = named.iter().map(|(_, p)| p.nbytes()).sum();
+    let (name, largest) = named.iter().max_by_key(|(_, p)| p.nbytes())?;
+    let fair = total / dp.devices().len().max(1);
+    (largest.nbytes() > fair).then(|| {
+        format!(
+            "note: parameter `{name}` ({}) is {:.0} % of the parameters, more than one device's share ({}); each parameter's optimizer state lives on one device, so the peaks cannot be closer than that parameter's state — more layers of equal size (e.g. --hidden 512 --layers 5 over 4 devices) balance",
+            ferrite_memory::format_size(largest.nbytes() as u64),
+            100.0 * largest.nbytes() as f64 / total.max(1) as f64,
+            ferrite_memory::format_size(fair as u64)
+        )
+    })
 }
 
 fn evaluate<M: Module + Clone + 'static>(dp: &DataParallel<M>, loader: &mut Loader) -> Result<f64, TrainError> {
