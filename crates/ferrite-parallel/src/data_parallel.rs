@@ -46,6 +46,7 @@
 //! ```
 
 pub mod memory_report;
+mod optimizer_state;
 pub mod owners;
 pub mod replicate;
 pub mod scatter;
@@ -55,11 +56,11 @@ use std::path::Path;
 use ferrite_memory::Device;
 use ferrite_nn::state_dict::{IncompatibleKeys, LoadOptions as NnLoadOptions, StateDict};
 use ferrite_nn::{Module, PackedSequence, pack_padded_sequence};
-use ferrite_optim::Optimizer;
+use ferrite_optim::{Optimizer, OptimizerState};
 use ferrite_tensor::{Tensor, no_grad};
 
 pub use memory_report::{DeviceMemory, MemoryReport};
-pub use owners::OwnerPolicy;
+pub use owners::{OwnerPolicy, Piece};
 pub use scatter::{Shard, split_sizes};
 
 use crate::error::{ParallelError, Result};
@@ -71,7 +72,14 @@ pub const MODULE_PREFIX: &str = "module.";
 pub struct DataParallel<M: Module + Clone + 'static> {
     replicas: Vec<M>,
     devices: Vec<Device>,
-    /// The owner replica of every parameter, in the module's parameter order.
+    /// What each replica owns: whole parameters, or flat pieces of them
+    /// ([`OwnerPolicy::Sharded`]), in the module's parameter order.
+    pieces: Vec<Piece>,
+    /// The optimizer's tensors, one per piece (the owner's parameter, or a view into it); kept so
+    /// that every call of [`parameters`](Self::parameters) hands out the same tensors (a view's
+    /// gradient lives on the view).
+    targets: Vec<Tensor>,
+    /// The owner of every piece.
     owners: Vec<usize>,
     policy: OwnerPolicy,
 }
@@ -100,9 +108,14 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     pub fn with_owners(module: M, devices: &[Device], policy: OwnerPolicy) -> Result<Self> {
         replicate::check_devices(devices)?;
         let replicas = replicate::replicate(module, devices)?;
-        let bytes: Vec<usize> = replicas[0].parameters().iter().map(|p| p.nbytes()).collect();
-        let owners = owners::assign_owners(&bytes, devices.len(), policy);
-        Ok(DataParallel { replicas, devices: devices.to_vec(), owners, policy })
+        let params = replicas[0].parameters();
+        let numels: Vec<usize> = params.iter().map(|p| p.numel()).collect();
+        let sizes: Vec<usize> = params.iter().map(|p| p.dtype().size_in_bytes()).collect();
+        let splittable: Vec<bool> = params.iter().map(|p| p.is_contiguous()).collect();
+        let pieces = owners::assign_pieces(&numels, &sizes, &splittable, devices.len(), policy);
+        let targets = replicate::piece_tensors(&replicas, &pieces)?;
+        let owners = pieces.iter().map(|p| p.owner).collect();
+        Ok(DataParallel { replicas, devices: devices.to_vec(), pieces, targets, owners, policy })
     }
 
     /// How the owners were chosen.
@@ -110,16 +123,23 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         self.policy
     }
 
-    /// The owner replica (an index into [`devices`](Self::devices)) of every parameter, in the
-    /// module's parameter order.
+    /// The owner replica (an index into [`devices`](Self::devices)) of every tensor
+    /// [`parameters`](Self::parameters) returns: of every parameter in the module's order, or of
+    /// every piece under [`OwnerPolicy::Sharded`].
     pub fn owners(&self) -> &[usize] {
         &self.owners
+    }
+
+    /// What each tensor of [`parameters`](Self::parameters) is: a parameter (whole) or a flat run
+    /// of one.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
     }
 
     /// The parameter bytes each device owns (and so, with a stateful optimizer, the share of the
     /// optimizer state it holds), in device order.
     pub fn owned_bytes(&self) -> Vec<usize> {
-        let bytes: Vec<usize> = self.replicas[0].parameters().iter().map(|p| p.nbytes()).collect();
+        let bytes: Vec<usize> = self.targets.iter().map(|t| t.nbytes()).collect();
         owners::owned_bytes(&bytes, &self.owners, self.devices.len())
     }
 
@@ -153,22 +173,39 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     /// mixed devices): give these to the optimizer. Its state then lives beside each parameter,
     /// and its state_dict has the single-device layout. Gradients are reduced onto these tensors;
     /// [`step`](Self::step) copies them to the other replicas after the optimizer's step.
+    ///
+    /// Under [`OwnerPolicy::Sharded`] a parameter split between devices appears as its flat
+    /// pieces ([`pieces`](Self::pieces)), views into the owners' parameters.
     pub fn parameters(&self) -> Vec<Tensor> {
-        let per_replica: Vec<Vec<Tensor>> = self.replicas.iter().map(|r| r.parameters()).collect();
-        let primary = per_replica[0].clone();
-        primary
-            .into_iter()
-            .enumerate()
-            .map(|(j, p)| {
-                let owner = self.owners.get(j).copied().unwrap_or(0);
-                per_replica.get(owner).and_then(|ps| ps.get(j)).cloned().unwrap_or(p)
-            })
-            .collect()
+        self.targets.clone()
     }
 
     /// The plain model's state_dict (no `module.` prefix), from the primary.
     pub fn state_dict(&self) -> StateDict {
         self.module().state_dict()
+    }
+
+    /// `optimizer`'s state (an optimizer built from [`parameters`](Self::parameters)) in the
+    /// single-device layout: one entry per parameter of the module, tensors of the parameter's
+    /// shape. The same as `optimizer.state_dict()` unless [`OwnerPolicy::Sharded`] split
+    /// parameters, whose pieces' state is then joined (on the host). Save this one: it loads into
+    /// the optimizer of a single-device run, or of a DataParallel run over any devices through
+    /// [`load_optimizer_state_dict`](Self::load_optimizer_state_dict).
+    pub fn optimizer_state_dict(&self, optimizer: &dyn Optimizer) -> Result<OptimizerState> {
+        optimizer_state::merge(&optimizer.state_dict()?, &self.pieces, &self.parameter_shapes())
+    }
+
+    /// Load a single-device layout optimizer state (from
+    /// [`optimizer_state_dict`](Self::optimizer_state_dict), a single-device run or PyTorch) into
+    /// `optimizer` (built from [`parameters`](Self::parameters)): split parameters get their
+    /// pieces' share, each copied onto its owner's device.
+    pub fn load_optimizer_state_dict(&self, optimizer: &mut dyn Optimizer, state: &OptimizerState) -> Result<()> {
+        let split = optimizer_state::split(state, &self.pieces, &self.parameter_shapes())?;
+        Ok(optimizer.load_state_dict(&split)?)
+    }
+
+    fn parameter_shapes(&self) -> Vec<Vec<usize>> {
+        self.replicas[0].parameters().iter().map(|p| p.shape().to_vec()).collect()
     }
 
     /// Load a state_dict into every replica. A state_dict whose every key starts with `module.`
@@ -199,10 +236,13 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         }
     }
 
-    /// Free every replica's gradients.
+    /// Free every replica's gradients (and the pieces' under [`OwnerPolicy::Sharded`]).
     pub fn zero_grad(&self) -> Result<()> {
         for r in &self.replicas {
             r.zero_grad()?;
+        }
+        for t in &self.targets {
+            t.set_grad(None)?;
         }
         Ok(())
     }
@@ -218,7 +258,7 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     /// replicas, and the primary's buffers to the others. [`step`](Self::step) does this; call it
     /// yourself after stepping the optimizer another way (e.g. `GradScaler::step`).
     pub fn sync_from_owners(&self) -> Result<()> {
-        replicate::sync_from_owners(&self.replicas, &self.owners)
+        replicate::sync_from_owners(&self.replicas, &self.pieces, &self.targets)
     }
 
     /// The optimizer's step on the owners' parameters, then
@@ -257,7 +297,7 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
     {
         // Gradients of parameters a replica does not own are per-step scratch: start from none.
-        replicate::free_unowned_gradients(&self.replicas, &self.owners)?;
+        replicate::free_unowned_gradients(&self.replicas, &self.pieces)?;
         let losses = self.parallel_apply(&shards, |replica, shard| {
             let loss = loss_fn(replica, shard)?;
             if loss.numel() != 1 {
@@ -270,7 +310,7 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
             loss.mul_scalar(shard.weight())?.backward()?;
             Ok(value)
         })?;
-        replicate::reduce_gradients(&self.replicas, &self.owners, shards.iter().map(|s| s.replica))?;
+        replicate::reduce_gradients(&self.replicas, &self.pieces, &self.targets, shards.iter().map(|s| s.replica))?;
         let replicas: Vec<(Device, usize, f64)> =
             shards.iter().zip(&losses).map(|(s, &l)| (s.device.clone(), s.samples, l)).collect();
         let loss = shards.iter().zip(&losses).map(|(s, l)| s.weight() * l).sum();

@@ -12,5 +12,5 @@ pub mod data_parallel;
 pub mod distributed;
 mod error;
 
-pub use data_parallel::{DataParallel, DeviceMemory, MemoryReport, OwnerPolicy, Shard, StepLoss, split_sizes};
+pub use data_parallel::{DataParallel, DeviceMemory, MemoryReport, OwnerPolicy, Piece, Shard, StepLoss, split_sizes};
 pub use error::{ParallelError, Result};

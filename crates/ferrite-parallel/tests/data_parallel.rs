@@ -75,7 +75,13 @@ fn dp_equals_single_device_with(
         // mlp's 4 parameters: every device of 2 or 3 owns one at least.
         OwnerPolicy::Balanced => assert!((0..k).all(|d| owners.contains(&d)), "{owners:?}"),
         OwnerPolicy::Primary => assert!(owners.iter().all(|&o| o == 0), "{owners:?}"),
+        // Pieces: more tensors than parameters, every device owning some.
+        OwnerPolicy::Sharded => {
+            assert!(owners.len() > 4 && (0..k).all(|d| owners.contains(&d)), "{owners:?}");
+            assert!(dp.pieces().iter().any(|p| !p.whole));
+        }
     }
+    let pieces = dp.pieces().to_vec();
     for (p, &o) in dp.parameters().iter().zip(&owners) {
         assert_eq!(p.device(), &devices[o], "the optimizer gets the owner's tensor");
     }
@@ -106,9 +112,11 @@ fn dp_equals_single_device_with(
             assert_close(&values(dp.module()), &values(&single), &what);
             for (ri, r) in dp.replicas().iter().enumerate() {
                 assert_close(&values(r), &values(dp.module()), &format!("replica in sync, {what}"));
-                for (p, &o) in r.parameters().iter().zip(&owners) {
-                    // Only the owner keeps a gradient; the others' copies are freed.
-                    assert_eq!(p.grad().is_some(), o == ri, "replica {ri}, owner {o}, {what}");
+                for (j, p) in r.parameters().iter().enumerate() {
+                    // Only the owner of a whole parameter keeps a gradient; the others' copies
+                    // are freed (a split parameter's gradient lives on its pieces).
+                    let owns = pieces.iter().any(|pc| pc.param == j && pc.whole && pc.owner == ri);
+                    assert_eq!(p.grad().is_some(), owns, "replica {ri}, parameter {j}, {what}");
                 }
             }
         }
@@ -156,6 +164,13 @@ fn three_devices_adamw_equals_one_device() {
 }
 
 #[test]
+fn sharded_parameters_equal_one_device() {
+    dp_equals_single_device_with("15GiB", 2, OwnerPolicy::Sharded, &adamw);
+    dp_equals_single_device_with("16GiB", 3, OwnerPolicy::Sharded, &adamw);
+    dp_equals_single_device_with("17GiB", 3, OwnerPolicy::Sharded, &sgd);
+}
+
+#[test]
 fn pytorch_layout_all_owned_by_device_0_equals_one_device() {
     dp_equals_single_device_with("11GiB", 3, OwnerPolicy::Primary, &adamw);
     dp_equals_single_device_with("v100-32gb", 2, OwnerPolicy::Primary, &sgd);
@@ -191,9 +206,13 @@ fn train_single(m: &Sequential, opt: &mut dyn Optimizer, dev: &Device, data: &[(
 
 #[test]
 fn the_optimizer_state_dict_of_a_dp_run_continues_on_one_device() {
-    for (profile, k, make_opt) in
-        [("12GiB", 3, &adamw as &dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>), ("13GiB", 2, &sgd)]
-    {
+    type MakeOpt<'a> = &'a dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>;
+    for (profile, k, make_opt, policy) in [
+        ("12GiB", 3, &adamw as MakeOpt<'_>, OwnerPolicy::Balanced),
+        ("13GiB", 2, &sgd as MakeOpt<'_>, OwnerPolicy::Balanced),
+        ("18GiB", 3, &adamw as MakeOpt<'_>, OwnerPolicy::Sharded),
+        ("19GiB", 2, &sgd as MakeOpt<'_>, OwnerPolicy::Sharded),
+    ] {
         let single_dev = Device::parse(&format!("sim:{profile}:7")).unwrap();
         let mut single = mlp(8);
         single.to_device(&single_dev).unwrap();
@@ -201,7 +220,7 @@ fn the_optimizer_state_dict_of_a_dp_run_continues_on_one_device() {
         let list: Vec<String> = (0..k).map(|i| i.to_string()).collect();
         let devices =
             select_devices(&Device::parse(&format!("sim:{profile}")).unwrap(), Some(&list.join(","))).unwrap();
-        let dp = DataParallel::new(mlp(8), &devices).unwrap();
+        let dp = DataParallel::with_owners(mlp(8), &devices, policy).unwrap();
         let mut dp_opt = make_opt(dp.parameters());
         let data = batches();
         train_single(&single, single_opt.as_mut(), &single_dev, &data);
@@ -211,14 +230,24 @@ fn the_optimizer_state_dict_of_a_dp_run_continues_on_one_device() {
             dp.step(dp_opt.as_mut()).unwrap();
         }
         // Same layout (parameter indices, names, shapes) and values as the single-device run's.
-        let (dp_state, single_state) = (dp_opt.state_dict().unwrap(), single_opt.state_dict().unwrap());
+        let (dp_state, single_state) =
+            (dp.optimizer_state_dict(dp_opt.as_ref()).unwrap(), single_opt.state_dict().unwrap());
         let (a, b) = (state_values(&dp_state), state_values(&single_state));
         assert_eq!(a.len(), b.len(), "{profile}");
         for (x, y) in a.iter().zip(&b) {
             assert_eq!((x.0, &x.1, &x.2), (y.0, &y.1, &y.2), "{profile}");
             assert_close(std::slice::from_ref(&x.3), std::slice::from_ref(&y.3), &format!("{profile} state {x:?}"));
         }
-        assert_eq!(dp_state.param_groups.len(), single_state.param_groups.len());
+        assert_eq!(dp_state.param_groups, single_state.param_groups, "{profile}");
+        // And back: the single-device state loads into a DataParallel optimizer over these
+        // devices (split into its pieces) and reads back the same.
+        let mut reloaded = make_opt(dp.parameters());
+        dp.load_optimizer_state_dict(reloaded.as_mut(), &single_state).unwrap();
+        let again = state_values(&dp.optimizer_state_dict(reloaded.as_ref()).unwrap());
+        assert_eq!(again.len(), b.len());
+        for (x, y) in again.iter().zip(&b) {
+            assert_eq!((x.0, &x.1, &x.2, &x.3), (y.0, &y.1, &y.2, &y.3), "{profile}: reloaded");
+        }
         // The DP run's model and optimizer state load on one device and continue as the
         // single-device run does.
         let resume_dev = Device::parse(&format!("sim:{profile}:6")).unwrap();

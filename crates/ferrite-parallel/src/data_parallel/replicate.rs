@@ -5,6 +5,7 @@ use ferrite_memory::Device;
 use ferrite_nn::Module;
 use ferrite_tensor::{Tensor, no_grad};
 
+use super::owners::Piece;
 use crate::error::{ParallelError, Result};
 
 /// Refuse an empty device list or a device listed twice.
@@ -54,12 +55,30 @@ fn tensors<M: Module>(m: &M) -> Vec<Tensor> {
     m.parameters().into_iter().chain(m.named_buffers().into_iter().map(|(_, t)| t)).collect()
 }
 
-/// Free every gradient a replica holds for a parameter it does not own (per-step scratch), keeping
-/// the owners' gradients so that accumulation over several backward passes works.
-pub(crate) fn free_unowned_gradients<M: Module>(replicas: &[M], owners: &[usize]) -> Result<()> {
+/// The optimizer's tensors for `pieces`: the owner replica's parameter for a whole piece, a flat
+/// view into it (sharing its storage, without autograd history) for a split one.
+pub(crate) fn piece_tensors<M: Module>(replicas: &[M], pieces: &[Piece]) -> Result<Vec<Tensor>> {
+    let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
+    pieces.iter().map(|pc| piece_of(&params[pc.owner][pc.param], pc, true)).collect()
+}
+
+/// Parameter `p`'s elements of `piece`: `p` itself for a whole piece (or `whole_as_is` false: its
+/// detached handle), else a flat view.
+fn piece_of(p: &Tensor, piece: &Piece, whole_as_is: bool) -> Result<Tensor> {
+    if piece.whole {
+        return Ok(if whole_as_is { p.clone() } else { p.detach() });
+    }
+    Ok(p.detach().reshape(&[p.numel() as i64])?.narrow(0, piece.start, piece.len)?)
+}
+
+/// Free every gradient a replica holds for a parameter it does not own wholly (per-step
+/// scratch), keeping the owners' gradients so that accumulation over several backward passes
+/// works (a split parameter's accumulated gradient lives on its pieces).
+pub(crate) fn free_unowned_gradients<M: Module>(replicas: &[M], pieces: &[Piece]) -> Result<()> {
     for (r, replica) in replicas.iter().enumerate() {
-        for (p, _) in replica.parameters().iter().zip(owners).filter(|(_, o)| **o != r) {
-            if p.grad().is_some() {
+        for (j, p) in replica.parameters().iter().enumerate() {
+            let owns = pieces.iter().any(|pc| pc.param == j && pc.whole && pc.owner == r);
+            if !owns && p.grad().is_some() {
                 p.set_grad(None)?;
             }
         }
@@ -67,48 +86,67 @@ pub(crate) fn free_unowned_gradients<M: Module>(replicas: &[M], owners: &[usize]
     Ok(())
 }
 
-/// Add the gradients of the replicas that ran (`ran`) to each parameter's owner (`owners[j]` is
-/// the owner replica of parameter `j`), one parameter at a time (an owner holds one extra
-/// parameter-sized copy at most), and free the non-owners' copies. The owner's own gradient (what
-/// it accumulated before plus its own backward) comes first, the others are added in replica
-/// order.
+/// Add the gradients of the replicas that ran (`ran`) onto each piece's owner (`targets[i]` is
+/// the optimizer's tensor of `pieces[i]`), one piece at a time (an owner holds one extra
+/// piece-sized copy at most), and free the replicas' copies. The owner's own gradient (what it
+/// accumulated before plus its own backward) comes first, the others are added in replica order.
 pub(crate) fn reduce_gradients<M: Module>(
     replicas: &[M],
-    owners: &[usize],
+    pieces: &[Piece],
+    targets: &[Tensor],
     ran: impl Iterator<Item = usize>,
 ) -> Result<()> {
     let ran: Vec<usize> = ran.collect();
     let _g = no_grad();
     let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
-    for (j, &owner) in owners.iter().enumerate() {
-        let Some(dst) = params.get(owner).and_then(|p| p.get(j)) else { continue };
-        for &r in ran.iter().filter(|&&r| r != owner) {
-            let Some(src) = params.get(r).and_then(|p| p.get(j)) else { continue };
-            let Some(g) = src.grad() else { continue };
-            let g = g.to_device(dst.device())?;
-            match dst.grad() {
-                Some(acc) => acc.add_(&g)?,
-                None => dst.set_grad(Some(g))?,
+    for (i, (pc, dst)) in pieces.iter().zip(targets).enumerate() {
+        let order = std::iter::once(pc.owner).chain(ran.iter().copied().filter(|&r| r != pc.owner));
+        for r in order {
+            // A whole piece's owner already holds its gradient in place.
+            if pc.whole && r == pc.owner {
+                continue;
             }
-            src.set_grad(None)?;
+            if !pc.whole && !ran.contains(&r) {
+                continue;
+            }
+            let Some(src) = params.get(r).and_then(|p| p.get(pc.param)) else { continue };
+            let Some(g) = src.grad() else { continue };
+            let part = piece_of(&g, pc, false)?;
+            let part = if part.device() == dst.device() { part.deep_clone()? } else { part.to_device(dst.device())? };
+            match dst.grad() {
+                Some(acc) => acc.add_(&part)?,
+                None => dst.set_grad(Some(part))?,
+            }
+            if pc.whole {
+                src.set_grad(None)?;
+            }
+        }
+        // A split parameter's replica gradients are freed once its last piece has taken its part.
+        let last_piece = pieces.get(i + 1).is_none_or(|next| next.param != pc.param);
+        if !pc.whole && last_piece {
+            for p in &params {
+                if let Some(t) = p.get(pc.param) {
+                    t.set_grad(None)?;
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Copy each parameter from its owner to every other replica, and the primary's buffers to the
-/// other replicas, in place (after the optimizer stepped the owners' parameters).
-pub(crate) fn sync_from_owners<M: Module>(replicas: &[M], owners: &[usize]) -> Result<()> {
+/// Copy each piece from its owner (the optimizer's tensor, `sources[i]`) to every other replica,
+/// and the primary's buffers to the other replicas, in place (after the optimizer stepped).
+pub(crate) fn sync_from_owners<M: Module>(replicas: &[M], pieces: &[Piece], sources: &[Tensor]) -> Result<()> {
     if replicas.len() < 2 {
         return Ok(());
     }
     let _g = no_grad();
     let params: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
-    for (j, &owner) in owners.iter().enumerate() {
-        let Some(src) = params.get(owner).and_then(|p| p.get(j)) else { continue };
+    for (pc, src) in pieces.iter().zip(sources) {
         let src = src.detach();
-        let others = params.iter().enumerate().filter(|(r, _)| *r != owner).filter_map(|(_, p)| p.get(j));
-        for dst in others {
+        for (_, p) in params.iter().enumerate().filter(|(r, _)| *r != pc.owner) {
+            let Some(p) = p.get(pc.param) else { continue };
+            let dst = piece_of(p, pc, false)?;
             dst.copy_(&src.to_device(dst.device())?)?;
         }
     }
