@@ -393,3 +393,30 @@ fn a_pytorch_dataparallel_checkpoint_loads_without_its_prefix() {
         }
     }
 }
+
+#[test]
+fn gradients_accumulate_over_two_batches_on_the_owners_and_pieces() {
+    for (profile, policy) in [("20GiB", OwnerPolicy::Balanced), ("21GiB", OwnerPolicy::Sharded)] {
+        let single_dev = Device::parse(&format!("sim:{profile}:7")).unwrap();
+        let mut single = mlp(9);
+        single.to_device(&single_dev).unwrap();
+        let mut single_opt = adamw(single.parameters());
+        let devices = select_devices(&Device::parse(&format!("sim:{profile}")).unwrap(), Some("0,1,2")).unwrap();
+        let dp = DataParallel::with_owners(mlp(9), &devices, policy).unwrap();
+        let mut dp_opt = adamw(dp.parameters());
+        let data = batches();
+        for pair in data.chunks(2) {
+            single_opt.zero_grad().unwrap();
+            dp_opt.zero_grad().unwrap();
+            for (x, y) in pair {
+                let out = single.forward(&x.to_device(&single_dev).unwrap()).unwrap();
+                mse_loss(&out, &y.to_device(&single_dev).unwrap()).unwrap().backward().unwrap();
+                dp.forward_backward(&[x, y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?)).unwrap();
+            }
+            single_opt.step().unwrap();
+            dp.step(dp_opt.as_mut()).unwrap();
+            assert_close(&values(dp.module()), &values(&single), &format!("{policy:?}: accumulated"));
+            assert_close(&values(&dp.replicas()[2]), &values(&single), &format!("{policy:?}: replica 2"));
+        }
+    }
+}

@@ -4,7 +4,9 @@
 //!
 //! With a stateful optimizer (AdamW: two moments per parameter) the state lives beside the
 //! parameters it updates: each parameter's owner replica. Owners spread by bytes keep the four
-//! devices within 10 %; PyTorch's layout (device 0 owns everything) does not.
+//! devices within 10 %; PyTorch's layout (device 0 owns everything) does not. A model whose
+//! largest parameter outweighs a device's share needs its parameters split between owners
+//! (`OwnerPolicy::Sharded`).
 
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{Linear, Module, ReLU, Sequential};
@@ -95,4 +97,41 @@ fn adamw_over_four_devices_keeps_peaks_within_ten_percent_with_spread_owners() {
     println!("primary owns everything\n{last}");
     assert!(last.peak_imbalance() > 0.25, "expected a large spread with device 0 owning everything:\n{last}");
     assert!(last.devices[0].peak_allocated > last.devices[1].peak_allocated);
+}
+
+/// Three AdamW steps of a 256-1024-1024-10 MLP (the 1024x1024 weight is 80 % of the parameters)
+/// over four devices of `profile`; the last step's report.
+fn dominant_parameter_steps(profile: &str, policy: OwnerPolicy) -> MemoryReport {
+    let devices = select_devices(&Device::parse(profile).unwrap(), Some("0,1,2,3")).unwrap();
+    let mut g = Generator::new(2);
+    let model = Sequential::new()
+        .append(Linear::new_with(256, 1024, true, &Device::Cpu, &mut g).unwrap())
+        .append(ReLU::new())
+        .append(Linear::new_with(1024, 1024, true, &Device::Cpu, &mut g).unwrap())
+        .append(ReLU::new())
+        .append(Linear::new_with(1024, 10, true, &Device::Cpu, &mut g).unwrap());
+    let dp = DataParallel::with_owners(model, &devices, policy).unwrap();
+    let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(1e-3).weight_decay(0.01)).unwrap();
+    let x = Tensor::randn_with(&[128, 256], DType::F32, &Device::Cpu, &mut g).unwrap();
+    let y = Tensor::from_vec((0..128).map(|i| i % 10).collect::<Vec<i64>>(), &[128], &Device::Cpu).unwrap();
+    let opts = CrossEntropyOptions::default();
+    for _ in 0..3 {
+        dp.reset_peak_memory_stats();
+        opt.zero_grad().unwrap();
+        dp.forward_backward(&[&x, &y], |m, s| Ok(cross_entropy(&m.forward(&s.tensors[0])?, &s.tensors[1], &opts)?))
+            .unwrap();
+        dp.step(&mut opt).unwrap();
+    }
+    dp.memory_report()
+}
+
+#[test]
+fn a_dominant_parameter_needs_sharded_owners_to_stay_within_ten_percent() {
+    let sharded = dominant_parameter_steps("sim:rtx3090-24gb", OwnerPolicy::Sharded);
+    println!("sharded\n{sharded}");
+    assert!(sharded.peak_imbalance() <= 0.10, "sharded owners: peaks not within 10 %:\n{sharded}");
+    // Whole parameters: the device owning the 1024x1024 weight holds 8 MiB of AdamW state.
+    let whole = dominant_parameter_steps("sim:rtx4090-24gb", OwnerPolicy::Balanced);
+    println!("whole parameters\n{whole}");
+    assert!(whole.peak_imbalance() > 0.25, "{whole}");
 }

@@ -1,11 +1,12 @@
 //! The optimizer's helpers on DataParallel's parameter list, whose tensors live on their owners'
 //! devices (several devices in one list): gradient clipping, an LR schedule and the GradScaler
-//! behave as on one device, and an inf gradient on a non-primary owner skips the step.
+//! behave as on one device, and an inf gradient on a non-primary owner skips the step — with
+//! whole parameters as owners and with parameters split into pieces (`OwnerPolicy::Sharded`).
 
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{Linear, Module, Sequential, Tanh};
 use ferrite_optim::{Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, StepLr, clip_grad_norm_};
-use ferrite_parallel::DataParallel;
+use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::functional::mse_loss;
 use ferrite_tensor::{DType, Generator, Tensor};
 
@@ -48,15 +49,24 @@ fn adamw(params: Vec<Tensor>) -> Adam {
 
 #[test]
 fn clipping_a_schedule_and_the_grad_scaler_work_on_the_owners_devices() {
-    let single_dev = Device::parse("sim:14GiB:7").unwrap();
+    helpers_match_one_device("sim:14GiB", OwnerPolicy::Balanced);
+}
+
+#[test]
+fn clipping_a_schedule_and_the_grad_scaler_work_on_sharded_pieces() {
+    helpers_match_one_device("sim:15GiB", OwnerPolicy::Sharded);
+}
+
+fn helpers_match_one_device(profile: &str, policy: OwnerPolicy) {
+    let single_dev = Device::parse(&format!("{profile}:7")).unwrap();
     let mut single = mlp(3);
     single.to_device(&single_dev).unwrap();
     let mut single_opt = adamw(single.parameters());
     let mut single_sched = StepLr::new(&mut single_opt, 2, 0.5).unwrap();
     let mut single_scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
 
-    let devices = select_devices(&Device::parse("sim:14GiB").unwrap(), Some("0,1,2")).unwrap();
-    let dp = DataParallel::new(mlp(3), &devices).unwrap();
+    let devices = select_devices(&Device::parse(profile).unwrap(), Some("0,1,2")).unwrap();
+    let dp = DataParallel::with_owners(mlp(3), &devices, policy).unwrap();
     let mut owner_devices: Vec<Device> = dp.parameters().iter().map(|p| p.device().clone()).collect();
     owner_devices.dedup();
     assert!(owner_devices.len() >= 2, "the optimizer's parameters span several devices: {owner_devices:?}");
