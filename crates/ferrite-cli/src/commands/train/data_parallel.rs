@@ -1,8 +1,10 @@
 //! `ferrite train --devices 0,1` (or `--data-parallel`): the image models trained with
 //! `DataParallel` over several devices of one process — typically a simulated multi-GPU box,
 //! `--device sim:a100-40gb --devices 0,1,2,3` — ending with every device's memory and every
-//! device's share of the optimizer state (each parameter's state lives on its owner replica), so
-//! the balance of the replicas is visible.
+//! device's share of the optimizer state, so the balance of the replicas is visible. The
+//! parameters are sharded between the devices (`OwnerPolicy::Sharded`): each device owns an equal
+//! run of them, with its gradients and AdamW state, so the devices stay balanced even when one
+//! weight is most of the model (the default MLP's hidden layer).
 //!
 //! A separate loop from the single-device one (`image.rs`) on purpose: it runs the same model,
 //! loss (cross-entropy, mean) and optimizer (AdamW) with the batch scattered over the replicas;
@@ -16,7 +18,7 @@ use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
 use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue, clip_grad_norm_};
-use ferrite_parallel::DataParallel;
+use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::{Generator, no_grad};
 
 use super::cnn::{CnnSpec, build_cnn};
@@ -74,13 +76,13 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
+            run(args, kind, epochs, DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?, &mut train_loader, &mut test_loader)
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
+            run(args, kind, epochs, DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?, &mut train_loader, &mut test_loader)
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -150,15 +152,11 @@ fn run<M: Module + Clone + 'static>(
     let report = dp.memory_report();
     println!("memory per device (peaks of the last epoch):\n{report}");
     println!("{}", optimizer_state_line(&dp, &opt)?);
-    if report.peak_imbalance() > 0.10
-        && let Some(hint) = imbalance_hint(&dp)
-    {
-        println!("{hint}");
-    }
     Ok(())
 }
 
-/// The optimizer state each device holds (each parameter's state lives on its owner replica).
+/// The optimizer state each device holds (each parameter's, or piece's, state lives on its
+/// owner replica).
 fn optimizer_state_line<M: Module + Clone + 'static>(
     dp: &DataParallel<M>,
     opt: &dyn Optimizer,
@@ -176,27 +174,10 @@ fn optimizer_state_line<M: Module + Clone + 'static>(
     let sizes: Vec<String> = per_device.iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
     let owned: Vec<String> = dp.owned_bytes().iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
     Ok(format!(
-        "optimizer state per device (AdamW, on each parameter's owner): {}; parameters owned: {}",
+        "optimizer state per device (AdamW, on each parameter piece's owner): {}; parameters owned: {}",
         sizes.join(" / "),
         owned.join(" / ")
     ))
-}
-
-/// Why the peaks are apart when one parameter outweighs a device's fair share: ownership is per
-/// parameter, so its state cannot be split.
-fn imbalance_hint<M: Module + Clone + 'static>(dp: &DataParallel<M>) -> Option<String> {
-    let named = dp.module().named_parameters();
-    let total: usize = named.iter().map(|(_, p)| p.nbytes()).sum();
-    let (name, largest) = named.iter().max_by_key(|(_, p)| p.nbytes())?;
-    let fair = total / dp.devices().len().max(1);
-    (largest.nbytes() > fair).then(|| {
-        format!(
-            "note: parameter `{name}` ({}) is {:.0} % of the parameters, more than one device's share ({}); each parameter's optimizer state lives on one device, so the peaks cannot be closer than that parameter's state — more layers of equal size (e.g. --hidden 512 --layers 5 over 4 devices) balance",
-            ferrite_memory::format_size(largest.nbytes() as u64),
-            100.0 * largest.nbytes() as f64 / total.max(1) as f64,
-            ferrite_memory::format_size(fair as u64)
-        )
-    })
 }
 
 fn evaluate<M: Module + Clone + 'static>(dp: &DataParallel<M>, loader: &mut Loader) -> Result<f64, TrainError> {
