@@ -24,7 +24,10 @@ pub(crate) fn merge(state: &OptimizerState, pieces: &[Piece], shapes: &[Vec<usiz
     let _g = no_grad();
     let piece = |i: usize| {
         pieces.get(i).ok_or_else(|| {
-            layout_error(format!("piece {i} does not exist ({} pieces); was it built from dp.parameters()?", pieces.len()))
+            layout_error(format!(
+                "piece {i} does not exist ({} pieces); was it built from dp.parameters()?",
+                pieces.len()
+            ))
         })
     };
     let mut groups = Vec::with_capacity(state.param_groups.len());

@@ -76,13 +76,27 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(args, kind, epochs, DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?, &mut train_loader, &mut test_loader)
+            run(
+                args,
+                kind,
+                epochs,
+                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
+                &mut train_loader,
+                &mut test_loader,
+            )
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(args, kind, epochs, DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?, &mut train_loader, &mut test_loader)
+            run(
+                args,
+                kind,
+                epochs,
+                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
+                &mut train_loader,
+                &mut test_loader,
+            )
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
