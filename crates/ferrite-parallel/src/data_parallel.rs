@@ -18,9 +18,11 @@
 //!   [owner](owners) replica, chosen to balance bytes across the devices
 //!   ([`OwnerPolicy::Balanced`], the default); [`DataParallel::parameters`] returns the owners'
 //!   tensors, so an ordinary optimizer built from them creates each state tensor on its owner's
-//!   device, and its state_dict has the single-device layout. [`OwnerPolicy::Primary`] keeps
-//!   PyTorch's layout. The balance is per parameter: a model whose largest parameter is a large
-//!   share of the whole cannot be balanced finer than that parameter.
+//!   device, and its state_dict has the single-device layout. Whole parameters balance only as
+//!   finely as the largest one; [`OwnerPolicy::Sharded`] cuts the parameters into one equal flat
+//!   run per device (ZeRO stage 1), balancing any model, with
+//!   [`DataParallel::optimizer_state_dict`] for the single-device layout.
+//!   [`OwnerPolicy::Primary`] keeps PyTorch's layout.
 //! - **No `module.` prefix.** [`DataParallel::state_dict`] has the plain model's names, and
 //!   [`DataParallel::load_state_dict`] / [`DataParallel::load_file`] strip a `module.` prefix
 //!   left by PyTorch's wrappers.

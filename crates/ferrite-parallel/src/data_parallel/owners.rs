@@ -10,6 +10,24 @@
 //! run of elements per device, as ZeRO stage 1 does, which balances any model.
 
 /// How [`DataParallel`](super::DataParallel) chooses the owner of each parameter.
+///
+/// ```
+/// use ferrite_memory::{Device, select_devices};
+/// use ferrite_nn::Linear;
+/// use ferrite_optim::{Adam, AdamConfig};
+/// use ferrite_parallel::{DataParallel, OwnerPolicy};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let devices = select_devices(&Device::parse("sim:a100-40gb")?, Some("0,1,2,3"))?;
+/// let dp = DataParallel::with_owners(Linear::new(512, 512)?, &devices, OwnerPolicy::Sharded)?;
+/// let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(1e-3))?; // each piece's state on its owner
+/// let saved = dp.optimizer_state_dict(&opt)?; // one entry per parameter, as on one device
+/// dp.load_optimizer_state_dict(&mut opt, &saved)?;
+/// assert_eq!(dp.owned_bytes(), vec![262656; 4]);
+/// // Whole parameters: the 512x512 weight cannot be shared.
+/// let whole = DataParallel::new(Linear::new(512, 512)?, &devices)?;
+/// assert_eq!(whole.owned_bytes(), vec![1 << 20, 2048, 0, 0]);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OwnerPolicy {
     /// Spread the parameters over the devices so that each owns about the same number of bytes
