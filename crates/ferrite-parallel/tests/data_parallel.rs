@@ -420,3 +420,20 @@ fn gradients_accumulate_over_two_batches_on_the_owners_and_pieces() {
         }
     }
 }
+
+#[test]
+fn loading_a_state_dict_reaches_every_owner_and_piece() {
+    let devices = select_devices(&Device::parse("sim:22GiB").unwrap(), Some("0,1,2")).unwrap();
+    let mut dp = DataParallel::with_owners(mlp(5), &devices, OwnerPolicy::Sharded).unwrap();
+    let loaded = mlp(6);
+    dp.load_state_dict(&loaded.state_dict(), true).unwrap();
+    let want = values(&loaded);
+    for (piece, t) in dp.pieces().iter().zip(dp.parameters()) {
+        assert_eq!(t.device(), &devices[piece.owner]);
+        let expected = &want[piece.param][piece.start..piece.start + piece.len];
+        assert_eq!(t.to_vec::<f32>().unwrap(), expected, "{piece:?}");
+    }
+    for r in dp.replicas() {
+        assert_close(&values(r), &want, "replica after load");
+    }
+}
