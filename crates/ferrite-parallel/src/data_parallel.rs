@@ -113,7 +113,11 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         let params = replicas[0].parameters();
         let numels: Vec<usize> = params.iter().map(|p| p.numel()).collect();
         let sizes: Vec<usize> = params.iter().map(|p| p.dtype().size_in_bytes()).collect();
-        let splittable: Vec<bool> = params.iter().map(|p| p.is_contiguous()).collect();
+        // A piece is a flat view of the parameter on every replica: only contiguous ones split.
+        let per_replica: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
+        let splittable: Vec<bool> = (0..params.len())
+            .map(|j| per_replica.iter().all(|ps| ps.get(j).is_some_and(|p| p.is_contiguous())))
+            .collect();
         let pieces = owners::assign_pieces(&numels, &sizes, &splittable, devices.len(), policy);
         let targets = replicate::piece_tensors(&replicas, &pieces)?;
         let owners = pieces.iter().map(|p| p.owner).collect();
