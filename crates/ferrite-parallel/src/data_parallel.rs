@@ -154,7 +154,9 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         &self.devices
     }
 
-    /// The primary replica: the model as a single-device user sees it.
+    /// The primary replica: the model as a single-device user sees it (its parameters are up to
+    /// date after [`step`](Self::step); the reduced gradients are on
+    /// [`parameters`](Self::parameters), the owners' tensors, not necessarily here).
     pub fn module(&self) -> &M {
         &self.replicas[0]
     }
