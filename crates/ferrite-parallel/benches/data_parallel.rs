@@ -1,5 +1,7 @@
 //! DataParallel over 2 simulated devices vs one device: step time and per-device peaks of an MLP
-//! training step (SGD, mean cross-entropy), the figures of BENCHMARKS.md "DataParallel".
+//! training step (SGD, mean cross-entropy), then AdamW over 1, 2 and 4 devices with the three
+//! owner policies (PyTorch's layout: device 0 owns everything; whole parameters balanced by
+//! bytes; parameters sharded), the figures of BENCHMARKS.md "DataParallel".
 //!
 //! `cargo bench -p ferrite-parallel --bench data_parallel` (a plain timing loop: each figure is the
 //! median of 7 timed steps after 2 warm-up steps).
@@ -8,8 +10,8 @@ use std::time::Instant;
 
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{Linear, Module, ReLU, Sequential};
-use ferrite_optim::{Optimizer, Sgd, SgdConfig};
-use ferrite_parallel::DataParallel;
+use ferrite_optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};
+use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Generator, Tensor};
 
@@ -26,6 +28,57 @@ fn model() -> Sequential {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Nine steps (2 warm-up, 7 timed) of `dp` with `opt`: the median step time.
+fn time_steps(dp: &DataParallel<Sequential>, opt: &mut dyn Optimizer, x: &Tensor, y: &Tensor) -> (f64, usize) {
+    let opts = CrossEntropyOptions::default();
+    let mut times = Vec::new();
+    for i in 0..9 {
+        dp.reset_peak_memory_stats();
+        let t = Instant::now();
+        opt.zero_grad().expect("zero_grad");
+        dp.forward_backward(&[x, y], |m, s| Ok(cross_entropy(&m.forward(&s.tensors[0])?, &s.tensors[1], &opts)?))
+            .expect("step");
+        dp.step(opt).expect("optimizer step");
+        if i >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    let n = times.len();
+    (median(times), n)
+}
+
+fn adamw_rows(x: &Tensor, y: &Tensor) {
+    let batch = x.shape()[0];
+    println!("\n---- AdamW (lr 1e-3, weight decay 0.01), same model and batch ----");
+    for (n, policy) in [
+        (1usize, OwnerPolicy::Balanced),
+        (2, OwnerPolicy::Primary),
+        (2, OwnerPolicy::Balanced),
+        (2, OwnerPolicy::Sharded),
+        (4, OwnerPolicy::Primary),
+        (4, OwnerPolicy::Balanced),
+        (4, OwnerPolicy::Sharded),
+    ] {
+        let list: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        // The previous row's model is dropped and every step resets the peaks, so rows can share
+        // the devices.
+        let devices =
+            select_devices(&Device::parse("sim:a100-40gb").expect("device"), Some(&list.join(","))).expect("devices");
+        let dp = DataParallel::with_owners(model(), &devices, policy).expect("replicate");
+        let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(1e-3).weight_decay(0.01)).expect("adamw");
+        let (step, timed) = time_steps(&dp, &mut opt, x, y);
+        let report = dp.memory_report();
+        let peaks: Vec<String> = report.devices.iter().map(|d| ferrite_memory::format_size(d.peak_allocated)).collect();
+        println!(
+            "{n} device(s), owners {policy:?}: step {:.1} ms (median of {timed}), {:.0} samples/s; peak allocated {} (spread {:.1} %)",
+            1e3 * step,
+            batch as f64 / step,
+            peaks.join(" / "),
+            100.0 * report.peak_imbalance()
+        );
+    }
 }
 
 fn main() {
@@ -62,4 +115,5 @@ fn main() {
         );
         println!("{report}");
     }
+    adamw_rows(&x, &y);
 }

@@ -4,15 +4,25 @@
 //! A step: the batch is [scattered](scatter) along dim 0 (as evenly as possible; replicas with
 //! no samples sit the step out), every replica runs forward, **its own loss** and backward in its
 //! own thread, only the scalar losses come back, and the replicas' gradients are summed onto the
-//! primary replica (device 0) — each replica's loss weighted by its share of the samples, so the
+//! parameter's **owner** replica — each replica's loss weighted by its share of the samples, so the
 //! result equals the single-device step on the whole batch with a mean loss. The optimizer steps
-//! the primary's parameters; [`DataParallel::step`] then copies parameters and buffers back to the
-//! replicas, which stay in sync.
+//! the owners' parameters; [`DataParallel::step`] then copies every parameter from its owner (and
+//! the buffers from the primary) to the other replicas, which stay in sync.
 //!
 //! Where this differs from PyTorch, on purpose:
 //! - **Balanced memory.** PyTorch gathers every replica's output on GPU 0 and computes the loss
 //!   there, which is why GPU 0 runs out first. Here the loss is computed per replica and only
 //!   scalars are gathered; [`DataParallel::memory_report`] shows every device's peak.
+//! - **Balanced optimizer state.** PyTorch reduces every gradient onto GPU 0 and its optimizer
+//!   keeps all its state there (AdamW: twice the parameters). Here each parameter has an
+//!   [owner](owners) replica, chosen to balance bytes across the devices
+//!   ([`OwnerPolicy::Balanced`], the default); [`DataParallel::parameters`] returns the owners'
+//!   tensors, so an ordinary optimizer built from them creates each state tensor on its owner's
+//!   device, and its state_dict has the single-device layout. Whole parameters balance only as
+//!   finely as the largest one; [`OwnerPolicy::Sharded`] cuts the parameters into one equal flat
+//!   run per device (ZeRO stage 1), balancing any model, with
+//!   [`DataParallel::optimizer_state_dict`] for the single-device layout.
+//!   [`OwnerPolicy::Primary`] keeps PyTorch's layout.
 //! - **No `module.` prefix.** [`DataParallel::state_dict`] has the plain model's names, and
 //!   [`DataParallel::load_state_dict`] / [`DataParallel::load_file`] strip a `module.` prefix
 //!   left by PyTorch's wrappers.
@@ -38,6 +48,8 @@
 //! ```
 
 pub mod memory_report;
+mod optimizer_state;
+pub mod owners;
 pub mod replicate;
 pub mod scatter;
 
@@ -46,10 +58,11 @@ use std::path::Path;
 use ferrite_memory::Device;
 use ferrite_nn::state_dict::{IncompatibleKeys, LoadOptions as NnLoadOptions, StateDict};
 use ferrite_nn::{Module, PackedSequence, pack_padded_sequence};
-use ferrite_optim::Optimizer;
+use ferrite_optim::{Optimizer, OptimizerState};
 use ferrite_tensor::{Tensor, no_grad};
 
 pub use memory_report::{DeviceMemory, MemoryReport};
+pub use owners::{OwnerPolicy, Piece};
 pub use scatter::{Shard, split_sizes};
 
 use crate::error::{ParallelError, Result};
@@ -61,6 +74,16 @@ pub const MODULE_PREFIX: &str = "module.";
 pub struct DataParallel<M: Module + Clone + 'static> {
     replicas: Vec<M>,
     devices: Vec<Device>,
+    /// What each replica owns: whole parameters, or flat pieces of them
+    /// ([`OwnerPolicy::Sharded`]), in the module's parameter order.
+    pieces: Vec<Piece>,
+    /// The optimizer's tensors, one per piece (the owner's parameter, or a view into it); kept so
+    /// that every call of [`parameters`](Self::parameters) hands out the same tensors (a view's
+    /// gradient lives on the view).
+    targets: Vec<Tensor>,
+    /// The owner of every piece.
+    owners: Vec<usize>,
+    policy: OwnerPolicy,
 }
 
 /// What one data-parallel forward/backward gave: the batch's loss and each replica's part.
@@ -74,13 +97,56 @@ pub struct StepLoss {
 }
 
 impl<M: Module + Clone + 'static> DataParallel<M> {
-    /// Replicate `module` on `devices` (the first is the primary, holding the parameters the
-    /// optimizer updates). The module is moved to `devices[0]`; build the optimizer from
+    /// Replicate `module` on `devices` (the first is the primary: the model a single-device user
+    /// sees), with the parameters' owners spread over the devices ([`OwnerPolicy::Balanced`]).
+    /// The module is moved to `devices[0]`; build the optimizer from
     /// [`parameters`](Self::parameters) afterwards.
     pub fn new(module: M, devices: &[Device]) -> Result<Self> {
+        Self::with_owners(module, devices, OwnerPolicy::default())
+    }
+
+    /// [`new`](Self::new) with the owners chosen by `policy` ([`OwnerPolicy::Primary`]: PyTorch's
+    /// layout, every gradient and all optimizer state on device 0).
+    pub fn with_owners(module: M, devices: &[Device], policy: OwnerPolicy) -> Result<Self> {
         replicate::check_devices(devices)?;
         let replicas = replicate::replicate(module, devices)?;
-        Ok(DataParallel { replicas, devices: devices.to_vec() })
+        let params = replicas[0].parameters();
+        let numels: Vec<usize> = params.iter().map(|p| p.numel()).collect();
+        let sizes: Vec<usize> = params.iter().map(|p| p.dtype().size_in_bytes()).collect();
+        // A piece is a flat view of the parameter on every replica: only contiguous ones split.
+        let per_replica: Vec<Vec<Tensor>> = replicas.iter().map(|r| r.parameters()).collect();
+        let splittable: Vec<bool> = (0..params.len())
+            .map(|j| per_replica.iter().all(|ps| ps.get(j).is_some_and(|p| p.is_contiguous())))
+            .collect();
+        let pieces = owners::assign_pieces(&numels, &sizes, &splittable, devices.len(), policy);
+        let targets = replicate::piece_tensors(&replicas, &pieces)?;
+        let owners = pieces.iter().map(|p| p.owner).collect();
+        Ok(DataParallel { replicas, devices: devices.to_vec(), pieces, targets, owners, policy })
+    }
+
+    /// How the owners were chosen.
+    pub fn owner_policy(&self) -> OwnerPolicy {
+        self.policy
+    }
+
+    /// The owner replica (an index into [`devices`](Self::devices)) of every tensor
+    /// [`parameters`](Self::parameters) returns: of every parameter in the module's order, or of
+    /// every piece under [`OwnerPolicy::Sharded`].
+    pub fn owners(&self) -> &[usize] {
+        &self.owners
+    }
+
+    /// What each tensor of [`parameters`](Self::parameters) is: a parameter (whole) or a flat run
+    /// of one.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// The parameter bytes each device owns (and so, with a stateful optimizer, the share of the
+    /// optimizer state it holds), in device order.
+    pub fn owned_bytes(&self) -> Vec<usize> {
+        let bytes: Vec<usize> = self.targets.iter().map(|t| t.nbytes()).collect();
+        owners::owned_bytes(&bytes, &self.owners, self.devices.len())
     }
 
     /// The devices, primary first.
@@ -88,7 +154,9 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         &self.devices
     }
 
-    /// The primary replica: the model as a single-device user sees it.
+    /// The primary replica: the model as a single-device user sees it (its parameters are up to
+    /// date after [`step`](Self::step); the reduced gradients are on
+    /// [`parameters`](Self::parameters), the owners' tensors, not necessarily here).
     pub fn module(&self) -> &M {
         &self.replicas[0]
     }
@@ -109,14 +177,43 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         self.replicas.swap_remove(0)
     }
 
-    /// The primary's parameters: give these to the optimizer.
+    /// Every parameter in the module's order, each the tensor of its **owner** replica (so on
+    /// mixed devices): give these to the optimizer. Its state then lives beside each parameter,
+    /// and its state_dict has the single-device layout. Gradients are reduced onto these tensors;
+    /// [`step`](Self::step) copies them to the other replicas after the optimizer's step.
+    ///
+    /// Under [`OwnerPolicy::Sharded`] a parameter split between devices appears as its flat
+    /// pieces ([`pieces`](Self::pieces)), views into the owners' parameters.
     pub fn parameters(&self) -> Vec<Tensor> {
-        self.module().parameters()
+        self.targets.clone()
     }
 
     /// The plain model's state_dict (no `module.` prefix), from the primary.
     pub fn state_dict(&self) -> StateDict {
         self.module().state_dict()
+    }
+
+    /// `optimizer`'s state (an optimizer built from [`parameters`](Self::parameters)) in the
+    /// single-device layout: one entry per parameter of the module, tensors of the parameter's
+    /// shape. The same as `optimizer.state_dict()` unless [`OwnerPolicy::Sharded`] split
+    /// parameters, whose pieces' state is then joined (on the host). Save this one: it loads into
+    /// the optimizer of a single-device run, or of a DataParallel run over any devices through
+    /// [`load_optimizer_state_dict`](Self::load_optimizer_state_dict).
+    pub fn optimizer_state_dict(&self, optimizer: &dyn Optimizer) -> Result<OptimizerState> {
+        optimizer_state::merge(&optimizer.state_dict()?, &self.pieces, &self.parameter_shapes())
+    }
+
+    /// Load a single-device layout optimizer state (from
+    /// [`optimizer_state_dict`](Self::optimizer_state_dict), a single-device run or PyTorch) into
+    /// `optimizer` (built from [`parameters`](Self::parameters)): split parameters get their
+    /// pieces' share, each copied onto its owner's device.
+    pub fn load_optimizer_state_dict(&self, optimizer: &mut dyn Optimizer, state: &OptimizerState) -> Result<()> {
+        let split = optimizer_state::split(state, &self.pieces, &self.parameter_shapes())?;
+        Ok(optimizer.load_state_dict(&split)?)
+    }
+
+    fn parameter_shapes(&self) -> Vec<Vec<usize>> {
+        self.replicas[0].parameters().iter().map(|p| p.shape().to_vec()).collect()
     }
 
     /// Load a state_dict into every replica. A state_dict whose every key starts with `module.`
@@ -147,29 +244,42 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
         }
     }
 
-    /// Free every replica's gradients.
+    /// Free every replica's gradients (and the pieces' under [`OwnerPolicy::Sharded`]).
     pub fn zero_grad(&self) -> Result<()> {
         for r in &self.replicas {
             r.zero_grad()?;
         }
+        for t in &self.targets {
+            t.set_grad(None)?;
+        }
         Ok(())
     }
 
-    /// Copy the primary's parameters and buffers into every other replica (after an optimizer
-    /// step or a load).
+    /// Copy the primary's parameters and buffers into every other replica (after a load or a
+    /// change through [`module_mut`](Self::module_mut)): the primary's values win, owners
+    /// included.
     pub fn sync_replicas(&self) -> Result<()> {
         replicate::sync(&self.replicas)
     }
 
-    /// The optimizer's step on the primary's parameters, then [`sync_replicas`](Self::sync_replicas).
-    pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
-        optimizer.step()?;
-        self.sync_replicas()
+    /// Copy every parameter from its owner (the tensor the optimizer updated) to the other
+    /// replicas, and the primary's buffers to the others. [`step`](Self::step) does this; call it
+    /// yourself after stepping the optimizer another way (e.g. `GradScaler::step`).
+    pub fn sync_from_owners(&self) -> Result<()> {
+        replicate::sync_from_owners(&self.replicas, &self.pieces, &self.targets)
     }
 
-    /// Forward, loss and backward of one batch on all replicas in parallel, gradients reduced onto
-    /// the primary (added to any it already holds, so gradient accumulation works as on one
-    /// device). `batch` are tensors sharing dim 0 (inputs, targets, …), on any device; each
+    /// The optimizer's step on the owners' parameters, then
+    /// [`sync_from_owners`](Self::sync_from_owners): afterwards every replica, the primary
+    /// ([`module`](Self::module), [`state_dict`](Self::state_dict)) included, has the new values.
+    pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        optimizer.step()?;
+        self.sync_from_owners()
+    }
+
+    /// Forward, loss and backward of one batch on all replicas in parallel, each parameter's
+    /// gradients reduced onto its owner (added to any it already holds, so gradient accumulation
+    /// works as on one device; the other replicas' copies are freed). `batch` are tensors sharing dim 0 (inputs, targets, …), on any device; each
     /// replica receives its [`Shard`] of them on its own device. `loss_fn` returns the **mean**
     /// loss over its shard's samples, as a one-element tensor.
     pub fn forward_backward<F>(&self, batch: &[&Tensor], loss_fn: F) -> Result<StepLoss>
@@ -194,10 +304,8 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     where
         F: Fn(&M, &Shard) -> Result<Tensor> + Sync,
     {
-        // Gradients of the other replicas are per-step scratch: start from none.
-        for r in &self.replicas[1..] {
-            r.zero_grad()?;
-        }
+        // Gradients of parameters a replica does not own are per-step scratch: start from none.
+        replicate::free_unowned_gradients(&self.replicas, &self.pieces)?;
         let losses = self.parallel_apply(&shards, |replica, shard| {
             let loss = loss_fn(replica, shard)?;
             if loss.numel() != 1 {
@@ -210,7 +318,7 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
             loss.mul_scalar(shard.weight())?.backward()?;
             Ok(value)
         })?;
-        replicate::reduce_gradients(&self.replicas, shards.iter().map(|s| s.replica))?;
+        replicate::reduce_gradients(&self.replicas, &self.pieces, &self.targets, shards.iter().map(|s| s.replica))?;
         let replicas: Vec<(Device, usize, f64)> =
             shards.iter().zip(&losses).map(|(s, &l)| (s.device.clone(), s.samples, l)).collect();
         let loss = shards.iter().zip(&losses).map(|(s, l)| s.weight() * l).sum();

@@ -1,7 +1,10 @@
 //! `ferrite train --devices 0,1` (or `--data-parallel`): the image models trained with
 //! `DataParallel` over several devices of one process — typically a simulated multi-GPU box,
-//! `--device sim:a100-40gb --devices 0,1,2,3` — ending with every device's memory, so the balance
-//! of the replicas is visible.
+//! `--device sim:a100-40gb --devices 0,1,2,3` — ending with every device's memory and every
+//! device's share of the optimizer state, so the balance of the replicas is visible. The
+//! parameters are sharded between the devices (`OwnerPolicy::Sharded`): each device owns an equal
+//! run of them, with its gradients and AdamW state, so the devices stay balanced even when one
+//! weight is most of the model (the default MLP's hidden layer).
 //!
 //! A separate loop from the single-device one (`image.rs`) on purpose: it runs the same model,
 //! loss (cross-entropy, mean) and optimizer (AdamW) with the batch scattered over the replicas;
@@ -14,8 +17,8 @@ use std::time::Instant;
 use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
-use ferrite_optim::{Adam, AdamConfig, Optimizer, clip_grad_norm_};
-use ferrite_parallel::DataParallel;
+use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue, clip_grad_norm_};
+use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::{Generator, no_grad};
 
 use super::cnn::{CnnSpec, build_cnn};
@@ -73,13 +76,27 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
+            run(
+                args,
+                kind,
+                epochs,
+                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
+                &mut train_loader,
+                &mut test_loader,
+            )
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(args, kind, epochs, DataParallel::new(model, &devices)?, &mut train_loader, &mut test_loader)
+            run(
+                args,
+                kind,
+                epochs,
+                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
+                &mut train_loader,
+                &mut test_loader,
+            )
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -146,8 +163,35 @@ fn run<M: Module + Clone + 'static>(
         start.elapsed().as_secs_f64(),
         weights.display()
     );
-    println!("memory per device (peaks of the last epoch):\n{}", dp.memory_report());
+    let report = dp.memory_report();
+    println!("memory per device (peaks of the last epoch):\n{report}");
+    println!("{}", optimizer_state_line(&dp, &opt)?);
     Ok(())
+}
+
+/// The optimizer state each device holds (each parameter's, or piece's, state lives on its
+/// owner replica).
+fn optimizer_state_line<M: Module + Clone + 'static>(
+    dp: &DataParallel<M>,
+    opt: &dyn Optimizer,
+) -> Result<String, TrainError> {
+    let mut per_device = vec![0usize; dp.devices().len()];
+    for (_, entries) in opt.state_dict()?.state {
+        for (_, v) in entries {
+            if let StateValue::Tensor(t) = v
+                && let Some(i) = dp.devices().iter().position(|d| d == t.device())
+            {
+                per_device[i] += t.nbytes();
+            }
+        }
+    }
+    let sizes: Vec<String> = per_device.iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
+    let owned: Vec<String> = dp.owned_bytes().iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
+    Ok(format!(
+        "optimizer state per device (AdamW, on each parameter piece's owner): {}; parameters owned: {}",
+        sizes.join(" / "),
+        owned.join(" / ")
+    ))
 }
 
 fn evaluate<M: Module + Clone + 'static>(dp: &DataParallel<M>, loader: &mut Loader) -> Result<f64, TrainError> {
