@@ -272,9 +272,26 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     /// The optimizer's step on the owners' parameters, then
     /// [`sync_from_owners`](Self::sync_from_owners): afterwards every replica, the primary
     /// ([`module`](Self::module), [`state_dict`](Self::state_dict)) included, has the new values.
+    /// An optimizer holding a tensor that is not one of [`parameters`](Self::parameters) (e.g.
+    /// built from `dp.module().parameters()`) is refused before it steps
+    /// ([`ParallelError::OptimizerNotOnOwners`]): that tensor would never get a gradient.
     pub fn step(&self, optimizer: &mut dyn Optimizer) -> Result<()> {
+        self.check_optimizer(optimizer)?;
         optimizer.step()?;
         self.sync_from_owners()
+    }
+
+    /// Every tensor `optimizer` updates is one of the owners' tensors (the same storage, place
+    /// and shape).
+    fn check_optimizer(&self, optimizer: &dyn Optimizer) -> Result<()> {
+        let key = |t: &Tensor| (std::sync::Arc::as_ptr(t.storage()) as usize, t.storage_offset(), t.shape().to_vec());
+        let owned: std::collections::HashSet<_> = self.targets.iter().map(key).collect();
+        match optimizer.params().iter().find(|p| !owned.contains(&key(p))) {
+            Some(p) => {
+                Err(ParallelError::OptimizerNotOnOwners { shape: p.shape().to_vec(), device: p.device().to_string() })
+            }
+            None => Ok(()),
+        }
     }
 
     /// Forward, loss and backward of one batch on all replicas in parallel, each parameter's

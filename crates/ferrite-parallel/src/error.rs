@@ -33,6 +33,13 @@ pub enum ParallelError {
         "DataParallel: the loss of the replica on {device} has shape {shape:?}; the loss function must return one number (a mean over its samples)"
     )]
     LossNotScalar { device: String, shape: Vec<usize> },
+    /// `DataParallel::step` was given an optimizer that updates a tensor which is not one of
+    /// `DataParallel::parameters()`: its gradient is never reduced there, so it would silently
+    /// never train.
+    #[error(
+        "DataParallel::step: the optimizer updates a tensor of shape {shape:?} on {device} that is not one of DataParallel::parameters() (each parameter's owner replica, or its pieces under OwnerPolicy::Sharded), so it never receives the reduced gradient; build the optimizer from dp.parameters(), not dp.module().parameters()"
+    )]
+    OptimizerNotOnOwners { shape: Vec<usize>, device: String },
     // ---- several processes (MPI ranks; `crate::distributed`) ----
     #[error(
         "distributed training needs MPI, and this ferrite was built without it: install libopenmpi-dev, openmpi-bin and libclang-dev, rebuild with `cargo build --release --features mpi`, and launch with `mpirun -np 2 target/release/ferrite train --distributed ...`"

@@ -437,3 +437,24 @@ fn loading_a_state_dict_reaches_every_owner_and_piece() {
         assert_close(&values(r), &want, "replica after load");
     }
 }
+
+/// The pattern from before owners existed — an optimizer over the primary's parameters — would
+/// leave every parameter another device owns without a gradient, silently untrained: `step`
+/// refuses it with a message that says what to build the optimizer from.
+#[test]
+fn an_optimizer_over_the_primarys_parameters_is_refused_by_step() {
+    let devices = select_devices(&Device::parse("sim:7GiB").unwrap(), Some("0,1")).unwrap();
+    let dp = DataParallel::new(mlp(5), &devices).unwrap();
+    let (x, y) = batches().remove(0);
+    let mut wrong = Sgd::new(dp.module().parameters(), SgdConfig::new(0.1)).unwrap();
+    dp.forward_backward(&[&x, &y], |m, s| Ok(mse_loss(&m.forward(&s.tensors[0])?, &s.tensors[1])?)).unwrap();
+    let before = values(dp.module());
+    let e = dp.step(&mut wrong).unwrap_err();
+    assert!(matches!(e, ParallelError::OptimizerNotOnOwners { .. }), "{e:?}");
+    assert!(e.to_string().contains("dp.parameters()"), "{e}");
+    assert_eq!(values(dp.module()), before, "a refused step must not move any parameter");
+    // Built from dp.parameters(), the same step goes through.
+    let mut right = Sgd::new(dp.parameters(), SgdConfig::new(0.1)).unwrap();
+    dp.step(&mut right).unwrap();
+    assert_ne!(values(dp.module()), before);
+}
