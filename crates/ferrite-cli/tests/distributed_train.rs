@@ -184,6 +184,13 @@ fn two_ranks_train_digits_and_the_checkpoint_resumes_without_mpi() {
     assert_eq!(out.matches("epoch   1/2").count(), 1, "{out}");
     assert!(out.contains("rank 0: peak allocated") && out.contains("rank 1: peak allocated"), "{out}");
     assert!(common::final_accuracy(&out) > 50.0, "{out}");
+    // Each rank evaluated its share of the test set and the counts were summed: one process
+    // evaluating the whole set with the same weights (the checkpoint, no epoch left to run)
+    // reports the same accuracy.
+    let alone =
+        common::ok(&["train", "--resume", "ck.ft", "--epochs", "2", "--hidden", "32", "--lr", "0.01"], dir.path());
+    assert!(alone.contains("0 run here"), "{alone}");
+    assert_eq!(common::final_accuracy(&alone), common::final_accuracy(&out), "{alone}\n{out}");
     // Rank 0's checkpoint continues in a plain process (a different number of ranks).
     let resumed =
         common::ok(&["train", "--resume", "ck.ft", "--epochs", "3", "--hidden", "32", "--lr", "0.01"], dir.path());

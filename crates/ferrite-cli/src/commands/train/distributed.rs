@@ -2,8 +2,9 @@
 //! MPI (feature `mpi`; without it the flag is an error that says how to build with it).
 //!
 //! Every rank builds the same model (rank 0's weights are broadcast), reads its own share of the
-//! training set through a `DistributedSampler`, evaluates the whole test set, and steps the same
-//! optimizer on the same averaged gradients, so the replicas stay identical. Rank 0 alone prints
+//! training set through a `DistributedSampler`, evaluates its share of the test set
+//! ([`EvalShare`]; the counts are summed over the ranks), and steps the same optimizer on the same
+//! averaged gradients, so the replicas stay identical. Rank 0 alone prints
 //! (the other ranks' stdout goes to /dev/null; their errors still reach stderr), draws the
 //! progress bar and writes checkpoints, weights and the `--snapshot` (rank 0's allocator); the
 //! closing summary lists every rank's peak memory.
@@ -90,6 +91,31 @@ impl Distributed {
         Ok(())
     }
 
+    /// `(correct, seen)` summed over the ranks (an evaluation over [`EvalShare`]s). A rank whose
+    /// own count failed still takes part, so no rank waits for it, and returns its own error; the
+    /// others return an error naming it.
+    pub fn sum_counts(&self, local: Result<(usize, usize), TrainError>) -> Result<(usize, usize), TrainError> {
+        let mine = match &local {
+            Ok((correct, seen)) => vec![*correct as f64, *seen as f64, 0.0],
+            Err(_) => vec![0.0, 0.0, 1.0],
+        };
+        #[cfg(feature = "mpi")]
+        let all = self.group.comm().all_gather_f64(mine)?;
+        #[cfg(not(feature = "mpi"))]
+        let all = mine;
+        // This rank's own error first.
+        local?;
+        if let Some(rank) = all.chunks(3).position(|c| c[2] != 0.0) {
+            return Err(ferrite_parallel::ParallelError::PeerFailed {
+                rank,
+                message: "its evaluation failed (its own error is on its stderr)".into(),
+            }
+            .into());
+        }
+        let (correct, seen) = all.chunks(3).fold((0.0, 0.0), |(c, s), v| (c + v[0], s + v[1]));
+        Ok((correct as usize, seen as usize))
+    }
+
     /// Every rank's peak allocated and reserved bytes on `device`, one line per rank.
     pub fn memory_lines(&self, device: &Device) -> Result<Vec<String>, TrainError> {
         let stats = allocator(device).memory_stats();
@@ -109,6 +135,33 @@ impl Distributed {
                 )
             })
             .collect())
+    }
+}
+
+/// One rank's share of an evaluation set: indices `rank, rank + ranks, …` in order, with no
+/// padding — unlike [`DistributedSampler`], which repeats samples so every share has the same
+/// length, and so would count some test images twice. Evaluation needs no equal shares: the ranks
+/// only meet once, to sum their counts ([`Distributed::sum_counts`]).
+#[derive(Debug, Clone, Copy)]
+pub struct EvalShare {
+    ranks: usize,
+    rank: usize,
+}
+
+impl EvalShare {
+    /// Rank `rank`'s share among `ranks` (at least 1).
+    pub fn new(ranks: usize, rank: usize) -> EvalShare {
+        EvalShare { ranks: ranks.max(1), rank }
+    }
+}
+
+impl Sampler for EvalShare {
+    fn epoch_indices(&mut self, dataset_len: usize, _rng: &mut Generator) -> Vec<usize> {
+        (self.rank..dataset_len).step_by(self.ranks).collect()
+    }
+
+    fn num_indices(&self, dataset_len: usize) -> usize {
+        dataset_len.saturating_sub(self.rank).div_ceil(self.ranks)
     }
 }
 
@@ -222,6 +275,21 @@ fn silence_stdout() {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eval_shares_are_disjoint_and_cover_every_index_once() {
+        for (len, ranks) in [(355, 2), (355, 3), (10, 4), (2, 3), (0, 2)] {
+            let mut all = Vec::new();
+            for rank in 0..ranks {
+                let mut s = EvalShare::new(ranks, rank);
+                let mine = s.epoch_indices(len, &mut Generator::new(1));
+                assert_eq!(mine.len(), s.num_indices(len), "len {len}, rank {rank}/{ranks}");
+                all.extend(mine);
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..len).collect::<Vec<_>>(), "len {len} over {ranks} ranks");
+        }
+    }
 
     /// (chunk, stream) of every index rank `rank` of `ranks` reads in `epoch`, over `chunks` chunks.
     fn read(ranks: usize, rank: usize, per_rank: usize, chunks: usize, epoch: u64) -> Vec<(usize, usize)> {

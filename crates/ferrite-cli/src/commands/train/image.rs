@@ -13,7 +13,7 @@ use ferrite_tensor::{Device, Generator, Tensor};
 
 use super::cnn::{CnnSpec, build_cnn};
 use super::common::{self, EpochMeter, Stepper};
-use super::distributed::Distributed;
+use super::distributed::{Distributed, EvalShare};
 use super::mlp::{MlpSpec, build_mlp};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 use crate::observe::BatchReport;
@@ -57,6 +57,11 @@ pub fn train(
     };
     let mut test_loader = {
         let b = splits.test.tensor_loader(500).num_workers(args.workers);
+        // Distributed: each rank evaluates its share; `evaluate` sums the counts over the ranks.
+        let b = match dist {
+            Some(d) => b.sampler(EvalShare::new(d.world_size(), d.rank())),
+            None => b,
+        };
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
 
@@ -172,7 +177,7 @@ pub fn train(
         run.epoch_finished();
         let (mean_loss, memory, epoch_start) = meter.finish();
         // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
-        test_accuracy = evaluate(&mut *model, &mut test_loader).during("evaluation", device)?;
+        test_accuracy = evaluate(&mut *model, &mut test_loader, dist, device)?;
         println!(
             "epoch {:>3}/{epochs}  loss {mean_loss:.4}  train acc {:5.2}%  test acc {:5.2}%  | {memory}  | {}",
             epoch + 1,
@@ -192,7 +197,7 @@ pub fn train(
         }
     }
     if first_epoch >= epochs {
-        test_accuracy = evaluate(&mut *model, &mut test_loader).during("evaluation", device)?;
+        test_accuracy = evaluate(&mut *model, &mut test_loader, dist, device)?;
     }
 
     // ---- results
@@ -242,7 +247,24 @@ fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
     Ok(hits.into_iter().filter(|h| *h).count())
 }
 
-fn evaluate(model: &mut dyn Module, loader: &mut ImageLoader) -> Result<f64, TrainError> {
+/// Test accuracy. Distributed, the loader holds this rank's share and the counts are summed over
+/// the ranks, so every rank reports the whole test set's accuracy.
+fn evaluate(
+    model: &mut dyn Module,
+    loader: &mut ImageLoader,
+    dist: Option<&Distributed>,
+    device: &Device,
+) -> Result<f64, TrainError> {
+    let local = count_test(model, loader).during("evaluation", device);
+    let (correct, seen) = match dist {
+        Some(d) => d.sum_counts(local)?,
+        None => local?,
+    };
+    Ok(correct as f64 / seen.max(1) as f64)
+}
+
+/// `(correct, seen)` over what `loader` yields.
+fn count_test(model: &mut dyn Module, loader: &mut ImageLoader) -> Result<(usize, usize), TrainError> {
     let (mut correct, mut seen) = (0usize, 0usize);
     for batch in loader {
         let (x, y) = batch?;
@@ -250,5 +272,5 @@ fn evaluate(model: &mut dyn Module, loader: &mut ImageLoader) -> Result<f64, Tra
         correct += count_correct(&logits, &y)?;
         seen += y.numel();
     }
-    Ok(correct as f64 / seen.max(1) as f64)
+    Ok((correct, seen))
 }
