@@ -15,17 +15,24 @@ use ferrite_parallel::{DataParallel, MemoryReport, OwnerPolicy};
 use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Generator, Tensor};
 
+/// Linear layers of `widths[i] -> widths[i + 1]` with a ReLU between each two, drawn from `g`.
+fn relu_mlp(widths: &[usize], g: &mut Generator) -> Sequential {
+    let mut model = Sequential::new();
+    for (i, w) in widths.windows(2).enumerate() {
+        if i > 0 {
+            model = model.append(ReLU::new());
+        }
+        model = model.append(Linear::new_with(w[0], w[1], true, &Device::Cpu, g).unwrap());
+    }
+    model
+}
+
 #[test]
 fn four_simulated_devices_have_peaks_within_ten_percent() {
     let devices = select_devices(&Device::parse("sim:a100-40gb").unwrap(), Some("0,1,2,3")).unwrap();
     assert_eq!(devices.len(), 4);
     let mut g = Generator::new(0);
-    let model = Sequential::new()
-        .append(Linear::new_with(256, 512, true, &Device::Cpu, &mut g).unwrap())
-        .append(ReLU::new())
-        .append(Linear::new_with(512, 512, true, &Device::Cpu, &mut g).unwrap())
-        .append(ReLU::new())
-        .append(Linear::new_with(512, 10, true, &Device::Cpu, &mut g).unwrap());
+    let model = relu_mlp(&[256, 512, 512, 10], &mut g);
     let dp = DataParallel::new(model, &devices).unwrap();
     let mut opt = Sgd::new(dp.parameters(), SgdConfig::new(0.01)).unwrap();
     // 1022 samples: shards of 256, 256, 255, 255.
@@ -57,11 +64,7 @@ fn four_simulated_devices_have_peaks_within_ten_percent() {
 fn adamw_steps(profile: &str, policy: OwnerPolicy) -> (Vec<MemoryReport>, Vec<usize>) {
     let devices = select_devices(&Device::parse(profile).unwrap(), Some("0,1,2,3")).unwrap();
     let mut g = Generator::new(1);
-    let mut model = Sequential::new();
-    for _ in 0..4 {
-        model = model.append(Linear::new_with(512, 512, true, &Device::Cpu, &mut g).unwrap()).append(ReLU::new());
-    }
-    let model = model.append(Linear::new_with(512, 10, true, &Device::Cpu, &mut g).unwrap());
+    let model = relu_mlp(&[512, 512, 512, 512, 512, 10], &mut g);
     let dp = DataParallel::with_owners(model, &devices, policy).unwrap();
     let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(1e-3).weight_decay(0.01)).unwrap();
     let x = Tensor::randn_with(&[510, 512], DType::F32, &Device::Cpu, &mut g).unwrap();
@@ -104,12 +107,7 @@ fn adamw_over_four_devices_keeps_peaks_within_ten_percent_with_spread_owners() {
 fn dominant_parameter_steps(profile: &str, policy: OwnerPolicy) -> MemoryReport {
     let devices = select_devices(&Device::parse(profile).unwrap(), Some("0,1,2,3")).unwrap();
     let mut g = Generator::new(2);
-    let model = Sequential::new()
-        .append(Linear::new_with(256, 1024, true, &Device::Cpu, &mut g).unwrap())
-        .append(ReLU::new())
-        .append(Linear::new_with(1024, 1024, true, &Device::Cpu, &mut g).unwrap())
-        .append(ReLU::new())
-        .append(Linear::new_with(1024, 10, true, &Device::Cpu, &mut g).unwrap());
+    let model = relu_mlp(&[256, 1024, 1024, 10], &mut g);
     let dp = DataParallel::with_owners(model, &devices, policy).unwrap();
     let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(1e-3).weight_decay(0.01)).unwrap();
     let x = Tensor::randn_with(&[128, 256], DType::F32, &Device::Cpu, &mut g).unwrap();

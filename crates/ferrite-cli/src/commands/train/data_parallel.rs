@@ -76,27 +76,13 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(
-                args,
-                kind,
-                epochs,
-                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
-                &mut train_loader,
-                &mut test_loader,
-            )
+            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader)
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(
-                args,
-                kind,
-                epochs,
-                DataParallel::with_owners(model, &devices, OwnerPolicy::Sharded)?,
-                &mut train_loader,
-                &mut test_loader,
-            )
+            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader)
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -113,15 +99,17 @@ fn run<M: Module + Clone + 'static>(
     args: &TrainArgs,
     kind: DatasetKind,
     epochs: usize,
-    dp: DataParallel<M>,
+    model: M,
+    devices: &[Device],
     train_loader: &mut Loader,
     test_loader: &mut Loader,
 ) -> Result<(), TrainError> {
+    // Sharded owners: every device holds an equal share of the AdamW state, whatever the model.
+    let mut dp = DataParallel::with_owners(model, devices, OwnerPolicy::Sharded)?;
     let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
     let loss_fn = CrossEntropyLoss::new();
     let start = Instant::now();
     let mut accuracy = f64::NAN;
-    let mut dp = dp;
     for epoch in 0..epochs {
         let t = Instant::now();
         dp.train(true);
