@@ -21,6 +21,10 @@ cargo clippy --release --workspace --all-targets "${FEATURES[@]}" -- -D warnings
 echo "== cargo test --release --workspace ${FEATURES[*]}"
 cargo test --release --workspace "${FEATURES[@]}"
 
+# The examples a Rust user starts from (README: "Training from Rust"), run for a few epochs.
+echo "== cargo run --release -p ferrite --example custom_model -- --epochs 3"
+cargo run --release -p ferrite --example custom_model -- --epochs 3
+
 # Crates that parse user files and strings (checkpoints and pickles, allocator settings and traces,
 # dataset files, command lines) also run in the debug profile: its larger stack frames are where
 # recursion on hostile input shows first, and it is what `cargo test` gives a user.

@@ -3,7 +3,7 @@
 //! `crates/ferrite-cli/src/observe/metrics_addr.rs`.
 #![no_main]
 
-use ferrite_cli::observe::metrics_addr::{parse_listen_addr, parse_target};
+use ferrite_train::observe::metrics_addr::{parse_listen_addr, parse_target};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! `crates/ferrite-cli/src/observe/metrics_text.rs`.
 #![no_main]
 
-use ferrite_cli::observe::metrics_text::parse_metrics_text;
+use ferrite_train::observe::metrics_text::parse_metrics_text;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use ferrite_cli::commands::train::resume;
+use ferrite_train::resume;
 use ferrite_io::Checkpoint;
 use ferrite_memory::Device;
 use libfuzzer_sys::fuzz_target;

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ferrite_cli::observe::exposition::RunMetrics;
-use ferrite_cli::observe::metrics_addr::parse_listen_addr;
-use ferrite_cli::observe::{BatchReport, ObserveArgs, RunInfo, RunObserver, StepReport};
 use ferrite_memory::Device;
+use ferrite_train::observe::exposition::RunMetrics;
+use ferrite_train::observe::metrics_addr::parse_listen_addr;
+use ferrite_train::observe::{BatchReport, ObserveSettings, RunInfo, RunObserver, StepReport};
 
 fn info() -> RunInfo {
     RunInfo { version: "bench".into(), model: "mlp".into(), dataset: "digits".into(), device: "cpu".into() }
@@ -38,7 +38,7 @@ fn per_batch(c: &mut Criterion) {
     g.bench_function("off", |b| b.iter(|| one_batch(&off)));
 
     let dir = tempfile::tempdir().unwrap();
-    let args = ObserveArgs {
+    let args = ObserveSettings {
         metrics_addr: Some(parse_listen_addr("127.0.0.1:0").unwrap()),
         metrics_file: Some(dir.path().join("run.jsonl")),
     };

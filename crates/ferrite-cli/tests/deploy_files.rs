@@ -1,10 +1,10 @@
 //! The Grafana dashboard shipped in `deploy/` only names metrics ferrite exports (this runs
 //! without Prometheus; `prometheus_scrape.rs` also evaluates every query on a real server).
 
-use ferrite_cli::observe::RunInfo;
-use ferrite_cli::observe::exposition::RunMetrics;
-use ferrite_cli::observe::metrics_text::parse_metrics_text;
 use ferrite_memory::Device;
+use ferrite_train::observe::RunInfo;
+use ferrite_train::observe::exposition::RunMetrics;
+use ferrite_train::observe::metrics_text::parse_metrics_text;
 
 #[test]
 fn the_dashboard_queries_name_exported_series() {

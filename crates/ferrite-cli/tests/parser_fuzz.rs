@@ -13,11 +13,11 @@
 use std::path::Path;
 
 use ferrite_cli::commands::doctor::cgroup::{CgroupFs, Limit, cpu_limit, memory_limit};
-use ferrite_cli::commands::train::resume::{self, TrainingState};
 use ferrite_io::{Checkpoint, Value};
 use ferrite_optim::{GradScalerState, GroupState, HyperValue, OptimizerState, StateValue};
 use ferrite_tensor::{Device, Generator, Tensor};
 use ferrite_test_support::text_fuzz::{mutated_text, run_text_fuzz};
+use ferrite_train::resume::{self, TrainingState};
 use proptest::prelude::*;
 
 /// A complete training state as `ferrite train` saves it: two parameters, AdamW moments and

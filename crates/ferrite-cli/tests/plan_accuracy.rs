@@ -1,8 +1,8 @@
 //! `ferrite plan`'s promise: the predicted peak reserved memory of a training step is within 2 %
 //! of the same step run on the `sim` device and measured by its allocator — for every built-in
 //! trainer's model, with AMP and activation checkpointing on and off.
-use ferrite_cli::commands::plan::Builtin;
 use ferrite_memory::AllocatorConfig;
+use ferrite_plan::Builtin;
 use ferrite_plan::{AmpMode, StepConfig, Target, Workload, evaluate, measure, record};
 
 fn models() -> Vec<(&'static str, Builtin)> {

@@ -1,17 +1,14 @@
 //! Activations by layer for every built-in model: the planner names each of the model's children
 //! (the names of its state_dict), and the layers add up to the activations the step saved.
-use ferrite_cli::commands::plan::from_train::plan_args;
-use ferrite_cli::commands::train::{ModelKind, TrainArgs};
+use ferrite_cli::commands::train::{ModelArgs, ModelKind, TrainArgs};
 use ferrite_plan::{Category, Phase, STEPS, StepTrace, Target, evaluate, record};
 use ferrite_tensor::Device;
 
 fn args(model: ModelKind, hidden: usize, layers: usize, batch: usize, ckpt: bool) -> TrainArgs {
     TrainArgs {
         model,
-        hidden: Some(hidden),
-        layers: Some(layers),
+        shape: ModelArgs { hidden: Some(hidden), layers: Some(layers), seq: 16, ..ModelArgs::default() },
         batch_size: batch,
-        seq: 16,
         checkpoint_activations: ckpt,
         device: "sim:a100-40gb".into(),
         ..TrainArgs::default_demo()
@@ -32,9 +29,9 @@ fn saved_by_last_forward(t: &StepTrace) -> u64 {
 /// Records `a`'s step; checks the layer names against the model's children and the sum
 /// against the trace; returns (layer, bytes).
 fn by_layer(a: &TrainArgs) -> Vec<(String, u64)> {
-    let p = plan_args(a);
-    let w = p.workload().unwrap();
-    let cfg = p.step_config();
+    let p = a.plan_context().unwrap();
+    let w = p.workload;
+    let cfg = p.step;
     let t = record(&*w, &cfg).unwrap();
     // The children, built on the CPU (the meta allocator is the planner's).
     let children: Vec<String> = w.build(&cfg, &Device::Cpu).unwrap().children().into_iter().map(|(n, _)| n).collect();
@@ -91,9 +88,10 @@ fn lstm_activations_are_reported_for_encoder_rnn_and_decoder() {
 
 #[test]
 fn transformer_activations_keep_their_block_names() {
-    let a = TrainArgs { d_model: 32, heads: 2, ..args(ModelKind::Transformer, 32, 2, 4, false) };
-    let p = plan_args(&a);
-    let t = record(&*p.workload().unwrap(), &p.step_config()).unwrap();
+    let mut a = args(ModelKind::Transformer, 32, 2, 4, false);
+    (a.shape.d_model, a.shape.heads) = (32, 2);
+    let p = a.plan_context().unwrap();
+    let t = record(&*p.workload, &p.step).unwrap();
     let names: Vec<&str> = t.activations_by_layer.iter().map(|(n, _)| n.as_str()).collect();
     assert!(names.contains(&"blocks.0") && names.contains(&"blocks.1") && names.contains(&"loss"), "{names:?}");
     let sum: u64 = t.activations_by_layer.iter().map(|(_, b)| b).sum();
@@ -104,8 +102,8 @@ fn transformer_activations_keep_their_block_names() {
 fn the_layers_add_up_to_the_activations_at_a_peak_in_backward() {
     // A wide batch puts the peak at the start of backward, where every saved activation is live.
     let a = args(ModelKind::Mlp, 1024, 3, 4096, false);
-    let p = plan_args(&a);
-    let plan = ferrite_plan::plan(&*p.workload().unwrap(), &p.step_config(), &p.target().unwrap()).unwrap();
+    let p = a.plan_context().unwrap();
+    let plan = ferrite_plan::plan(&*p.workload, &p.step, &p.target().unwrap()).unwrap();
     let sum: u64 = plan.activations_by_layer.iter().map(|l| l.bytes).sum();
     let cat = plan.breakdown.activations;
     let diff = sum.abs_diff(cat) as f64 / cat.max(1) as f64;

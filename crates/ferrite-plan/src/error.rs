@@ -25,6 +25,9 @@ pub enum PlanError {
         "--measure would run the step for real on the simulated GPU: it needs about {needed} bytes of host memory and this machine allows {allowed}; plan without --measure, or measure a smaller batch"
     )]
     TooLargeToMeasure { needed: u64, allowed: u64 },
+    /// A model that cannot be configured or built (its own error names the key or layer).
+    #[error(transparent)]
+    Model(#[from] ferrite_models::ModelError),
     #[error(transparent)]
     Memory(#[from] ferrite_memory::MemoryError),
     #[error(transparent)]
@@ -44,6 +47,7 @@ impl PlanError {
     pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
         match self {
             PlanError::Memory(e) => e.oom_report(),
+            PlanError::Model(e) => e.oom_report(),
             PlanError::Tensor(e) => e.oom_report(),
             PlanError::Nn(e) => e.oom_report(),
             PlanError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report(),

@@ -18,29 +18,31 @@
 //! # Ok(()) }
 //! ```
 
+mod builtin;
 mod error;
 mod evaluate;
-mod hf;
+mod hf_workload;
 mod measure;
 mod search;
 mod step;
-mod t5;
+mod t5_workload;
 mod trace;
 mod workload;
 mod zero;
 
+pub use builtin::Builtin;
 pub use error::PlanError;
 pub use evaluate::{
     Breakdown, LayerBytes, MemoryPlan, PeakSite, PlanOom, StepPoint, Target, alloc_conf_string, evaluate, step_timeline,
 };
-pub use hf::{Decoder, HfConfig, HfDecoder, HfStyle, hf_workload};
+pub use hf_workload::{HfDecoder, hf_workload};
 pub use measure::{Measured, measure};
 pub use search::{
     BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,
     plan, plan_jobs, relative_cost, remedies, sweep_batch, target_batch,
 };
-pub use step::{Phase, STEPS, mark_layer};
-pub use t5::{T5Config, T5FeedForward, T5Model, T5Workload, relative_position_bucket};
+pub use step::{Phase, STEPS};
+pub use t5_workload::T5Workload;
 pub use trace::{AllocInfo, Category, Event, StepTrace, plan_lock, record};
 pub use workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 pub use zero::{

@@ -51,7 +51,7 @@ pub(crate) enum MarkKind {
         phase: Phase,
         step: usize,
     },
-    /// The forward pass enters a layer (set by [`mark_layer`]).
+    /// The forward pass enters a layer (set by `ferrite_nn::mark_layer`).
     Layer(String),
     /// Addresses of the gradients after a backward pass.
     Grads(Vec<u64>),
@@ -72,16 +72,6 @@ pub(crate) struct Recorder {
 
 thread_local! {
     static ACTIVE: RefCell<Option<Recorder>> = const { RefCell::new(None) };
-}
-
-/// Marks that the forward pass now enters `layer` (e.g. `layers.3`): the activations it saves
-/// are reported under that name. Costs nothing outside a plan; model code may call it freely.
-pub fn mark_layer(layer: &str) {
-    ACTIVE.with(|a| {
-        if let Some(r) = a.borrow_mut().as_mut() {
-            r.mark(MarkKind::Layer(layer.to_string()));
-        }
-    });
 }
 
 impl Recorder {
@@ -115,7 +105,11 @@ pub(crate) fn run_step(
 ) -> Result<StepRun, PlanError> {
     config.check()?;
     ACTIVE.with(|a| *a.borrow_mut() = Some(Recorder { alloc: recording, marks: Vec::new() }));
+    // Models announce the layer they enter with `ferrite_nn::mark_layer`: the activations it
+    // saves are reported under that name.
+    let listening = ferrite_nn::listen_for_layer_marks(|layer| mark(MarkKind::Layer(layer.to_string())));
     let result = run_step_inner(workload, config, device);
+    drop(listening);
     let marks = ACTIVE.with(|a| a.borrow_mut().take()).map(|r| r.marks).unwrap_or_default();
     result.map(|parameters| StepRun { parameters, marks })
 }

@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 
 use ferrite_memory::AllocatorConfig;
+use ferrite_models::HfConfig;
 use ferrite_nn::Module;
-use ferrite_plan::{AmpMode, HfConfig, HfDecoder, PlanError, StepConfig, Target, evaluate, measure, record};
+use ferrite_plan::{AmpMode, HfDecoder, PlanError, StepConfig, Target, evaluate, measure, record};
 use ferrite_tensor::Device;
 
 fn data(name: &str) -> PathBuf {

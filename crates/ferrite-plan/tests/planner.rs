@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use ferrite_memory::{AllocatorConfig, GpuProfile};
+use ferrite_models::HfConfig;
 use ferrite_plan::{
-    AmpMode, Category, HfConfig, HfDecoder, PlanError, StepConfig, Target, evaluate, find_batch_size, plan, plan_jobs,
-    record, remedies, sweep_batch, target_batch,
+    AmpMode, Category, HfDecoder, PlanError, StepConfig, Target, evaluate, find_batch_size, plan, plan_jobs, record,
+    remedies, sweep_batch, target_batch,
 };
 
 fn tiny() -> HfDecoder {

@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use ferrite_memory::AllocatorConfig;
+use ferrite_models::{HfConfig, T5Config, relative_position_bucket};
 use ferrite_nn::Module;
 use ferrite_plan::{
-    AmpMode, ModelSizes, Offload, StepConfig, T5Config, T5Workload, Target, ZeroSetup, evaluate, hf_workload, measure,
-    plan_lock, record, zero_report,
+    AmpMode, ModelSizes, Offload, StepConfig, T5Workload, Target, ZeroSetup, evaluate, hf_workload, measure, plan_lock,
+    record, zero_report,
 };
 use ferrite_tensor::Device;
 
@@ -74,7 +75,7 @@ fn hf_config_dispatches_t5_to_the_encoder_decoder() {
     assert!(w.describe().contains("encoder-decoder"), "{}", w.describe());
     let w = hf_workload(&data("gpt2.json"), 16).unwrap();
     assert!(!w.describe().contains("encoder-decoder"));
-    let msg = ferrite_plan::HfConfig::from_file(&data("t5-small.json")).unwrap_err().to_string();
+    let msg = HfConfig::from_file(&data("t5-small.json")).unwrap_err().to_string();
     assert!(msg.contains("T5") && msg.contains("t5-small.json"), "{msg}");
     let msg = hf_workload(&data("no-such-config.json"), 16).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(msg.contains("cannot read"), "{msg}");
@@ -190,7 +191,7 @@ fn relative_position_buckets_match_transformers() {
     let mut n = 0;
     for line in text.lines() {
         let f: Vec<i64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
-        let got = ferrite_plan::relative_position_bucket(f[3], f[2] == 1, f[0] as usize, f[1] as usize);
+        let got = relative_position_bucket(f[3], f[2] == 1, f[0] as usize, f[1] as usize);
         assert_eq!(got as i64, f[4], "{line}");
         n += 1;
     }

@@ -5,6 +5,7 @@ pub mod devices;
 pub mod doctor;
 pub mod inspect;
 pub mod memory;
+pub mod model_args;
 pub mod monitor;
 pub mod plan;
 pub mod train;

@@ -16,8 +16,8 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Sparkline};
 
-use crate::observe::ObserveError;
-use crate::observe::run_figures::DeviceFigures;
+use ferrite_train::observe::ObserveError;
+use ferrite_train::observe::run_figures::DeviceFigures;
 
 use super::history::{History, tail, tail_scaled};
 use super::plain::{clock, loss_text, lr_text};
@@ -260,8 +260,8 @@ fn device_lines(d: &DeviceFigures, width: usize) -> Vec<Line<'static>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::RunInfo;
-    use crate::observe::run_figures::TrainFigures;
+    use ferrite_train::observe::RunInfo;
+    use ferrite_train::observe::run_figures::TrainFigures;
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
 

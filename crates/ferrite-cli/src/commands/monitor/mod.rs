@@ -16,8 +16,8 @@ mod scrape;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::observe::ObserveError;
-use crate::observe::metrics_addr::{Target, parse_target};
+use ferrite_train::observe::ObserveError;
+use ferrite_train::observe::metrics_addr::{Target, parse_target};
 
 use self::dashboard::Ended;
 use self::run_view::RunView;

@@ -135,8 +135,8 @@ pub fn clock() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::RunInfo;
-    use crate::observe::run_figures::{DeviceFigures, TrainFigures};
+    use ferrite_train::observe::RunInfo;
+    use ferrite_train::observe::run_figures::{DeviceFigures, TrainFigures};
 
     fn view() -> RunView {
         RunView {

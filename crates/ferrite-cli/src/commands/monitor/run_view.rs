@@ -2,10 +2,10 @@
 //! [`DeviceFigures`]): the monitor shows the same structures the run filled, so a name changed
 //! on one side and not the other fails a test rather than showing an empty column.
 
-use crate::observe::RunInfo;
-use crate::observe::exposition::RUN_INFO_METRIC;
-use crate::observe::metrics_text::MetricsText;
-use crate::observe::run_figures::{DeviceFigures, TrainFigures};
+use ferrite_train::observe::RunInfo;
+use ferrite_train::observe::exposition::RUN_INFO_METRIC;
+use ferrite_train::observe::metrics_text::MetricsText;
+use ferrite_train::observe::run_figures::{DeviceFigures, TrainFigures};
 
 /// What one scrape says about a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,9 +112,9 @@ fn count(v: f64, name: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::exposition::RunMetrics;
-    use crate::observe::metrics_text::parse_metrics_text;
     use ferrite_memory::Device;
+    use ferrite_train::observe::exposition::RunMetrics;
+    use ferrite_train::observe::metrics_text::parse_metrics_text;
     use proptest::prelude::*;
 
     #[test]

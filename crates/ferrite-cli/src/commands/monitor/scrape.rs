@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::observe::ObserveError;
-use crate::observe::metrics_addr::Target;
-use crate::observe::metrics_text::parse_metrics_text;
+use ferrite_train::observe::ObserveError;
+use ferrite_train::observe::metrics_addr::Target;
+use ferrite_train::observe::metrics_text::parse_metrics_text;
 
 use super::run_view::RunView;
 

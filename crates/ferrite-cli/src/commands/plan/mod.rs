@@ -6,19 +6,16 @@
 //! `--sweep-batch`, `--target-batch`, `--jobs`; the model is a built-in trainer's (`--model`,
 //! with `ferrite train`'s flags) or a Hugging Face decoder (`--hf-config config.json`).
 
-mod builtin;
-pub mod from_train;
 mod render;
 
 use std::path::PathBuf;
 
-use ferrite_memory::AllocatorConfig;
-use ferrite_plan::{AmpMode, OptimizerKind, PlanError, StepConfig, Target, Workload};
+use ferrite_plan::{OptimizerKind, PlanError, StepConfig, Target, Workload};
 
-pub use builtin::Builtin;
+pub use ferrite_plan::Builtin;
 
 use super::CliResult;
-use super::train::{Amp, ModelKind};
+use super::model_args::{Amp, ModelArgs, ModelKind};
 
 /// Optimizer of the planned step (`--optimizer`).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,30 +65,14 @@ pub struct PlanArgs {
     /// The run's `set_per_process_memory_fraction`.
     #[arg(long)]
     pub memory_fraction: Option<f64>,
-    /// Sequence length (language models; for --hf-config the tokens per sample).
-    #[arg(long, default_value_t = 64)]
-    pub seq: usize,
+    #[command(flatten)]
+    pub shape: ModelArgs,
     /// Vocabulary of the character-level language models (the Jargon File has about 100).
     #[arg(long, default_value_t = 128)]
     pub vocab: usize,
-    /// Width of the transformer.
-    #[arg(long, default_value_t = 128)]
-    pub d_model: usize,
-    /// Attention heads of the transformer (must divide --d-model).
-    #[arg(long, default_value_t = 4)]
-    pub heads: usize,
-    /// Hidden width (MLP, LSTM) or first conv block's channels (CNN). Default as `ferrite train`.
-    #[arg(long)]
-    pub hidden: Option<usize>,
-    /// Layers / blocks. Default as `ferrite train`.
-    #[arg(long)]
-    pub layers: Option<usize>,
     /// Images of the image models: `digits` (1×8×8) or `fashion-mnist` (1×28×28).
     #[arg(long, default_value = "digits")]
     pub dataset: String,
-    /// Dropout probability.
-    #[arg(long, default_value_t = 0.0)]
-    pub dropout: f64,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
@@ -175,7 +156,7 @@ impl PlanArgs {
         StepConfig {
             batch: self.batch,
             accum_steps: self.accum_steps,
-            amp: self.amp.map(amp_mode),
+            amp: self.amp.map(Amp::mode),
             checkpoint_activations: self.checkpoint_activations,
             optimizer: match self.optimizer {
                 OptimizerArg::Adamw => OptimizerKind::Adamw,
@@ -188,93 +169,15 @@ impl PlanArgs {
 
     /// The target GPU with the allocator settings and fraction of the flags.
     pub fn target(&self) -> Result<Target, PlanError> {
-        let mut config = match &self.alloc_conf {
-            Some(_) => AllocatorConfig::default(),
-            None => ferrite_memory::env_alloc_config()?,
-        };
-        if let Some(spec) = &self.alloc_conf {
-            config.apply(spec)?;
-        }
-        let mut t = Target::parse(&self.device, config)?;
-        if let Some(f) = self.memory_fraction {
-            if !(f > 0.0 && f <= 1.0) {
-                return Err(PlanError::InvalidSetting {
-                    what: format!("--memory-fraction {f}"),
-                    reason: "must be in (0, 1]".into(),
-                });
-            }
-            t.memory_fraction = Some(f);
-        }
-        Ok(t)
+        ferrite_train::planned::target(&self.device, self.alloc_conf.as_deref(), self.memory_fraction)
     }
 
     /// The model to plan.
     pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
         if let Some(path) = &self.hf_config {
-            return ferrite_plan::hf_workload(path, self.seq);
+            return ferrite_plan::hf_workload(path, self.shape.seq);
         }
-        let bad = |what: String, reason: &str| PlanError::InvalidSetting { what, reason: reason.to_string() };
-        let hidden = self.hidden.unwrap_or(match self.model {
-            ModelKind::Lstm => 256,
-            ModelKind::Cnn => 32,
-            ModelKind::Mlp | ModelKind::Transformer => 128,
-        });
-        let layers = self.layers.unwrap_or(if self.model == ModelKind::Lstm { 1 } else { 2 });
-        if hidden == 0 || layers == 0 || self.seq == 0 || self.vocab == 0 {
-            return Err(bad(
-                format!("--hidden {hidden} --layers {layers} --seq {} --vocab {}", self.seq, self.vocab),
-                "every size must be at least 1",
-            ));
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(bad(format!("--dropout {}", self.dropout), "must be in [0, 1)"));
-        }
-        let input = match self.dataset.as_str() {
-            "digits" => [1, 8, 8],
-            "fashion-mnist" => [1, 28, 28],
-            other => {
-                return Err(bad(format!("--dataset {other}"), "the image models plan for `digits` or `fashion-mnist`"));
-            }
-        };
-        Ok(Box::new(match self.model {
-            ModelKind::Mlp => Builtin::Mlp { input, hidden, layers, classes: 10, dropout: self.dropout },
-            ModelKind::Cnn => {
-                let max = super::train::cnn::CnnSpec::max_layers(input);
-                if layers > max {
-                    return Err(bad(
-                        format!("--layers {layers}"),
-                        "more conv blocks than 2x2 poolings the images allow",
-                    ));
-                }
-                Builtin::Cnn { input, hidden, layers, classes: 10 }
-            }
-            ModelKind::Lstm => {
-                Builtin::Lstm { vocab: self.vocab, hidden, layers, seq: self.seq, dropout: self.dropout }
-            }
-            ModelKind::Transformer => {
-                if self.heads == 0 || self.d_model == 0 || !self.d_model.is_multiple_of(self.heads) {
-                    return Err(bad(
-                        format!("--heads {} with --d-model {}", self.heads, self.d_model),
-                        "the heads must divide the width (each head gets d_model / heads dimensions)",
-                    ));
-                }
-                Builtin::Transformer {
-                    vocab: self.vocab,
-                    d_model: self.d_model,
-                    heads: self.heads,
-                    layers,
-                    seq: self.seq,
-                    dropout: self.dropout,
-                }
-            }
-        }))
-    }
-}
-
-pub fn amp_mode(a: Amp) -> AmpMode {
-    match a {
-        Amp::Bf16 => AmpMode::Bf16,
-        Amp::F16 => AmpMode::F16,
+        Ok(Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?))
     }
 }
 

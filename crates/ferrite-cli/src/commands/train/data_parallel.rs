@@ -16,13 +16,12 @@ use std::time::Instant;
 
 use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
+use ferrite_models::{CnnSpec, MlpSpec, build_cnn, build_mlp};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
 use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue, clip_grad_norm_};
 use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::{Generator, no_grad};
 
-use super::cnn::{CnnSpec, build_cnn};
-use super::mlp::{MlpSpec, build_mlp};
 use super::{ModelKind, TrainArgs, TrainError};
 
 /// Whether this run asks for data parallelism.
@@ -72,7 +71,7 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 hidden,
                 layers,
                 classes,
-                dropout: args.dropout,
+                dropout: args.shape.dropout,
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;

@@ -8,15 +8,16 @@ use ferrite_data::{
     DataLoader, Dataset, DatasetKind, DistributedSampler, ImageClassification, ImageCollate, Tensors, builtin_dataset,
 };
 use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_models::{CnnSpec, MlpSpec, build_cnn, build_mlp};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
 use ferrite_tensor::{Device, Generator, Tensor};
 
-use super::cnn::{CnnSpec, build_cnn};
-use super::common::{self, EpochMeter, Stepper};
-use super::distributed::{Distributed, EvalShare};
-use super::mlp::{MlpSpec, build_mlp};
+use ferrite_train::{EpochMeter, seconds, start_observer};
+
+use super::settings::{adamw_stepper, describe_settings, run_settings};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
-use crate::observe::BatchReport;
+use ferrite_train::distributed::{Distributed, EvalShare};
+use ferrite_train::observe::BatchReport;
 
 type ImageLoader = DataLoader<ImageClassification, Tensors<ImageCollate>>;
 
@@ -73,7 +74,7 @@ pub fn train(
             hidden,
             layers,
             classes,
-            dropout: args.dropout,
+            dropout: args.shape.dropout,
             checkpoint_activations: args.checkpoint_activations,
         }),
         ModelKind::Cnn => {
@@ -120,10 +121,10 @@ pub fn train(
         format_size(param_bytes),
         format_size(state_bytes),
     );
-    println!("  {}", common::describe_settings(args));
+    println!("  {}", describe_settings(args));
     // Outputs for watching the run (metrics endpoint, JSON lines) start before the model is
     // built, so a port in use or an unwritable file fails the run before any real work.
-    let run = common::start_observer(args, model_name, kind.name(), device)?;
+    let run = start_observer(&args.observe.settings(), model_name, kind.name(), device)?;
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
     let too_big = Hint::OutOfMemory(format!(
@@ -136,16 +137,23 @@ pub fn train(
         ImageSpec::Cnn(c) => build_cnn(c, device, &mut init).map(|m| Box::new(m) as Box<dyn Module>),
     };
     let mut model = built.during_hint("building the model", device, too_big)?;
-    let mut stepper = Stepper::new(&*model, args)?;
+    let mut stepper = adamw_stepper(&*model, args)?;
     if let Some(d) = dist {
         stepper.sync = Some(d.sync_for(&*model)?);
     }
     let loss_fn = CrossEntropyLoss::new();
 
     let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
-    let settings = common::run_settings(args, kind.name(), specific);
-    let first_epoch =
-        stepper.resume_if_asked(args, epochs, &mut *model, &dropout_rng, &mut train_loader, device, &settings)?;
+    let settings = run_settings(args, kind.name(), specific);
+    let first_epoch = stepper.resume_if_asked(
+        args.resume.as_deref(),
+        epochs,
+        &mut *model,
+        &dropout_rng,
+        &mut train_loader,
+        device,
+        &settings,
+    )?;
     run.set_steps(stepper.steps);
 
     // ---- training
@@ -155,7 +163,7 @@ pub fn train(
         if let Some(s) = &sampler {
             s.set_epoch(epoch as u64);
         }
-        let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
+        let mut meter = EpochMeter::start(!args.no_progress, device, train_loader.len(), epoch, epochs);
         let (mut correct, mut seen) = (0usize, 0usize);
         run.epoch_started(epoch + 1, epochs);
         for batch in run.time_loader(train_loader.epoch()) {
@@ -183,7 +191,7 @@ pub fn train(
             epoch + 1,
             100.0 * correct as f64 / seen.max(1) as f64,
             100.0 * test_accuracy,
-            common::seconds(epoch_start.elapsed().as_secs_f64()),
+            seconds(epoch_start.elapsed().as_secs_f64()),
         );
         if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
             stepper.save_checkpoint(

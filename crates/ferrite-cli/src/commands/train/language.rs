@@ -12,15 +12,16 @@ use std::time::Instant;
 
 use ferrite_data::{CharText, DataLoader, Dataset, Tensors, TextCollate, TextStreams};
 use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_models::{LstmLm, LstmSpec, LstmState, TransformerLm, TransformerSpec, build_lstm, build_transformer};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast};
 use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
-use super::common::{self, EpochMeter, Stepper};
-use super::distributed::{Distributed, StreamShare};
-use super::lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
-use super::transformer_lm::{TransformerLm, TransformerSpec, build_transformer};
+use ferrite_train::{EpochMeter, seconds, start_observer};
+
+use super::settings::{adamw_stepper, describe_settings, run_settings};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
-use crate::observe::BatchReport;
+use ferrite_train::distributed::{Distributed, StreamShare};
+use ferrite_train::observe::BatchReport;
 
 type TextLoader = DataLoader<TextStreams, Tensors<TextCollate>>;
 
@@ -98,15 +99,15 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let needs = [
         (
             text.num_chars() - cut,
-            args.seq + 1,
+            args.shape.seq + 1,
             "the validation text (the last 10 %)",
-            format!("one chunk of --seq {}", args.seq),
+            format!("one chunk of --seq {}", args.shape.seq),
         ),
         (
             args.train_subset.unwrap_or(cut).min(cut),
-            all_streams.saturating_mul(args.seq).saturating_add(1),
+            all_streams.saturating_mul(args.shape.seq).saturating_add(1),
             "the training text",
-            format!("{streams_text} streams of one --seq {} chunk", args.seq),
+            format!("{streams_text} streams of one --seq {} chunk", args.shape.seq),
         ),
     ];
     for (chars, needed, what, why) in needs {
@@ -120,11 +121,11 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         _ => train_text,
     };
     let vocab = text.vocab_size();
-    let streams = TextStreams::new(&train_text, all_streams, args.seq)?;
+    let streams = TextStreams::new(&train_text, all_streams, args.shape.seq)?;
     let chunks = streams.chunks();
     // Validation streams: as many as the batch, or fewer when the validation text is short.
-    let val_batch = args.batch_size.min(val_text.num_chars().saturating_sub(1) / args.seq).max(1);
-    let val_streams = TextStreams::new(&val_text, val_batch, args.seq)?;
+    let val_batch = args.batch_size.min(val_text.num_chars().saturating_sub(1) / args.shape.seq).max(1);
+    let val_streams = TextStreams::new(&val_text, val_batch, args.shape.seq)?;
     let unigram = unigram_loss(&train_text, &val_text);
 
     let mut train_loader: TextLoader = {
@@ -158,12 +159,12 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     println!(
         "  {} streams x {} characters per chunk ({} chunks per epoch); {}",
         dist.map_or(args.batch_size.to_string(), |d| format!("{} ranks x {}", d.world_size(), args.batch_size)),
-        args.seq,
+        args.shape.seq,
         chunks,
-        common::describe_settings(args)
+        describe_settings(args)
     );
     println!("  unigram model (character frequencies, no context): validation loss {unigram:.4}");
-    let run = common::start_observer(args, model_name, &dataset, device)?;
+    let run = start_observer(&args.observe.settings(), model_name, &dataset, device)?;
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
     let too_big = Hint::OutOfMemory(format!(
@@ -173,15 +174,15 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     ));
     let mut model =
         build_model(args, vocab, device, &mut init, &dropout_rng).during_hint("building the model", device, too_big)?;
-    let mut stepper = Stepper::new(model.module(), args)?;
+    let mut stepper = adamw_stepper(model.module(), args)?;
     if let Some(d) = dist {
         stepper.sync = Some(d.sync_for(model.module())?);
     }
     let loss_fn = CrossEntropyLoss::new();
 
-    let settings = common::run_settings(args, &dataset, specific);
+    let settings = run_settings(args, &dataset, specific);
     let first_epoch = stepper.resume_if_asked(
-        args,
+        args.resume.as_deref(),
         epochs,
         model.module_mut(),
         &dropout_rng,
@@ -198,7 +199,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         if let Some(s) = &share {
             s.set_epoch(epoch as u64);
         }
-        let mut meter = EpochMeter::start(args, device, train_loader.len(), epoch, epochs);
+        let mut meter = EpochMeter::start(!args.no_progress, device, train_loader.len(), epoch, epochs);
         let mut state = model.start_state(args.batch_size, device)?;
         run.epoch_started(epoch + 1, epochs);
         for batch in run.time_loader(train_loader.epoch()) {
@@ -223,7 +224,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             "epoch {:>3}/{epochs}  loss {mean_loss:.4}  validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4})  | {memory}  | {}",
             epoch + 1,
             val_loss.exp(),
-            common::seconds(epoch_start.elapsed().as_secs_f64()),
+            seconds(epoch_start.elapsed().as_secs_f64()),
         );
         if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
             stepper.save_checkpoint(
@@ -249,7 +250,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     if dist.is_none_or(|d| d.rank() == 0) {
         ferrite_io::save_state_dict(&weights, sd.iter())?;
     }
-    let sample = sample_text(&mut model, &text, device, args.seq, args.seed).during("sampling", device)?;
+    let sample = sample_text(&mut model, &text, device, args.shape.seq, args.seed).during("sampling", device)?;
     println!("sample: {}", sample.replace('\n', " ").trim());
     println!(
         "validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4}) after {epochs} epochs ({} run here, {:.1}s); weights written to {}",
@@ -269,13 +270,13 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
 /// The text `--dataset` names (`jargon` by default, or a file) and the name to report it by.
 fn load_text(args: &TrainArgs) -> Result<(CharText, String), TrainError> {
     match args.dataset.as_deref() {
-        None | Some("jargon") => Ok((CharText::jargon(args.seq)?, "jargon".to_string())),
+        None | Some("jargon") => Ok((CharText::jargon(args.shape.seq)?, "jargon".to_string())),
         Some(name @ ("digits" | "fashion-mnist")) => Err(TrainError::InvalidArgument {
             flag: "dataset",
             value: name.to_string(),
             expected: "a text for a language model: `jargon` (Debian's jargon-text) or the path of a UTF-8 text file; use --model mlp or cnn for images",
         }),
-        Some(path) => Ok((CharText::from_file(Path::new(path), args.seq)?, path.to_string())),
+        Some(path) => Ok((CharText::from_file(Path::new(path), args.shape.seq)?, path.to_string())),
     }
 }
 
@@ -305,10 +306,10 @@ fn describe_model(args: &TrainArgs, vocab: usize) -> Result<ModelDescription, Tr
                 .ok_or(too_large("hidden", spec.hidden))?;
             let name = format!(
                 "LSTM {}x{} (vocabulary {vocab}, truncated BPTT every {} characters)",
-                spec.layers, spec.hidden, args.seq
+                spec.layers, spec.hidden, args.shape.seq
             );
             let settings =
-                vec![setting("hidden", spec.hidden), setting("layers", spec.layers), setting("seq", args.seq)];
+                vec![setting("hidden", spec.hidden), setting("layers", spec.layers), setting("seq", args.shape.seq)];
             Ok(ModelDescription { parameters: n, name, settings })
         }
         ModelKind::Transformer => {
@@ -342,26 +343,26 @@ fn lstm_spec(args: &TrainArgs, vocab: usize) -> LstmSpec {
         vocab,
         hidden: args.hidden(),
         layers: args.layers(),
-        dropout: args.dropout,
+        dropout: args.shape.dropout,
         checkpoint_activations: args.checkpoint_activations,
     }
 }
 
 fn transformer_spec(args: &TrainArgs, vocab: usize) -> Result<TransformerSpec, TrainError> {
-    if args.d_model == 0 || args.heads == 0 || !args.d_model.is_multiple_of(args.heads) {
+    if args.shape.d_model == 0 || args.shape.heads == 0 || !args.shape.d_model.is_multiple_of(args.shape.heads) {
         return Err(TrainError::InvalidArgument {
             flag: "heads",
-            value: format!("{} with --d-model {}", args.heads, args.d_model),
+            value: format!("{} with --d-model {}", args.shape.heads, args.shape.d_model),
             expected: "must be at least 1 and divide --d-model (each head gets d_model / heads dimensions)",
         });
     }
     Ok(TransformerSpec {
         vocab,
-        d_model: args.d_model,
-        heads: args.heads,
+        d_model: args.shape.d_model,
+        heads: args.shape.heads,
         layers: args.layers(),
-        seq: args.seq,
-        dropout: args.dropout,
+        seq: args.shape.seq,
+        dropout: args.shape.dropout,
         checkpoint_activations: args.checkpoint_activations,
     })
 }

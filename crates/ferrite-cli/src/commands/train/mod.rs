@@ -25,81 +25,29 @@
 //! - `--save-checkpoint PATH` writes a training checkpoint after every epoch (atomically);
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
-pub(crate) mod cnn;
-mod common;
 mod data_parallel;
-mod distributed;
 mod image;
 mod language;
-pub(crate) mod lstm_lm;
-pub(crate) mod mlp;
-pub mod resume;
-pub(crate) mod transformer_lm;
+mod plan_context;
+mod settings;
 
 use std::path::PathBuf;
 
 use ferrite_data::DatasetKind;
 use ferrite_memory::allocator;
-use ferrite_tensor::{DType, Device};
+use ferrite_tensor::Device;
+
+use ferrite_train::distributed;
+pub use ferrite_train::{During, Hint, TrainError};
+
+pub use super::model_args::{Amp, ModelArgs, ModelKind};
 
 use super::CliResult;
-use crate::observe::ObserveArgs;
+use crate::observe_args::ObserveArgs;
 
 /// More hidden layers than any MLP worth training; bounds the work done before the first
 /// allocation.
 const MAX_LAYERS: usize = 10_000;
-
-/// Low-precision autocast for `--amp`.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Amp {
-    Bf16,
-    F16,
-}
-
-impl Amp {
-    fn dtype(self) -> DType {
-        match self {
-            Amp::Bf16 => DType::BF16,
-            Amp::F16 => DType::F16,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Amp::Bf16 => "bf16",
-            Amp::F16 => "f16",
-        }
-    }
-}
-
-/// The model family (`--model`).
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelKind {
-    /// Multi-layer perceptron on flattened images.
-    Mlp,
-    /// Convolutional network: conv3x3-batchnorm-ReLU-maxpool blocks, then a linear head.
-    Cnn,
-    /// Character-level LSTM language model, trained with truncated BPTT.
-    Lstm,
-    /// Character-level decoder-only transformer language model.
-    Transformer,
-}
-
-impl ModelKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ModelKind::Mlp => "mlp",
-            ModelKind::Cnn => "cnn",
-            ModelKind::Lstm => "lstm",
-            ModelKind::Transformer => "transformer",
-        }
-    }
-
-    /// Whether the model reads text (else images).
-    pub fn is_language_model(self) -> bool {
-        matches!(self, ModelKind::Lstm | ModelKind::Transformer)
-    }
-}
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
@@ -139,28 +87,8 @@ pub struct TrainArgs {
     /// Seed for initialisation, shuffling and dropout; the same seed gives the same run.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Width of each hidden layer (MLP; the hidden state of the LSTM; the first conv block's
-    /// channels of the CNN, doubling per block). Default: 128 (MLP), 256 (LSTM), 32 (CNN).
-    #[arg(long)]
-    pub hidden: Option<usize>,
-    /// Number of hidden layers (MLP), conv blocks (CNN, each halving the image), stacked LSTM
-    /// layers, or transformer blocks. Default: 2 (MLP, CNN, transformer), 1 (LSTM).
-    #[arg(long)]
-    pub layers: Option<usize>,
-    /// Width of the transformer (embedding and residual stream).
-    #[arg(long, default_value_t = 128)]
-    pub d_model: usize,
-    /// Attention heads of the transformer (must divide --d-model).
-    #[arg(long, default_value_t = 4)]
-    pub heads: usize,
-    /// Characters per chunk of a language model: the transformer's context length, and the LSTM's
-    /// truncated-BPTT length (its hidden state is carried across chunks, its gradient is not).
-    #[arg(long, visible_alias = "bptt", default_value_t = 64)]
-    pub seq: usize,
-    /// Dropout probability (after each hidden activation; in every transformer block; between
-    /// the LSTM's input and output projections) (0 = none).
-    #[arg(long, default_value_t = 0.0)]
-    pub dropout: f64,
+    #[command(flatten)]
+    pub shape: ModelArgs,
     /// AdamW learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub lr: f64,
@@ -237,7 +165,7 @@ fn resolve_batch_size(args: &TrainArgs) -> Result<Option<TrainArgs>, TrainError>
         return Ok(None);
     }
     let mut a = args.clone();
-    a.batch_size = crate::commands::plan::from_train::auto_batch_size(args)?;
+    a.batch_size = plan_context::auto_batch_size(args)?;
     Ok(Some(a))
 }
 
@@ -254,12 +182,7 @@ impl TrainArgs {
             checkpoint_activations: false,
             epochs: None,
             seed: 0,
-            hidden: None,
-            layers: None,
-            d_model: 128,
-            heads: 4,
-            seq: 64,
-            dropout: 0.0,
+            shape: ModelArgs::default(),
             lr: 1e-3,
             weight_decay: 0.01,
             clip_grad_norm: None,
@@ -280,186 +203,12 @@ impl TrainArgs {
 
     /// `--hidden`, or the model's default width.
     fn hidden(&self) -> usize {
-        self.hidden.unwrap_or(match self.model {
-            ModelKind::Lstm => 256,
-            ModelKind::Cnn => 32,
-            ModelKind::Mlp | ModelKind::Transformer => 128,
-        })
+        self.shape.hidden(self.model)
     }
 
     /// `--layers`, or the model's default depth.
     fn layers(&self) -> usize {
-        self.layers.unwrap_or(if self.model == ModelKind::Lstm { 1 } else { 2 })
-    }
-}
-
-/// What can stop a training run. Library errors keep their own (diagnosed) messages; the
-/// variants here add what the trainer knows.
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("invalid --{flag} {value}: {expected}")]
-    InvalidArgument { flag: &'static str, value: String, expected: &'static str },
-    #[error(
-        "cannot train on `meta`: it has shapes but no data, so there is no loss to compute. Use a simulated GPU (`--device sim:t4-16gb`) to see memory use with real values"
-    )]
-    MetaDevice,
-    #[error(
-        "cannot resume: the checkpoint was written with --{setting} {saved}, this run has --{setting} {given}. Resume with the same setting, or start a new run without --resume"
-    )]
-    ResumeMismatch { setting: String, saved: String, given: String },
-    #[error("{path} is not a `ferrite train` checkpoint ({found}); write one with --save-checkpoint")]
-    NotATrainingCheckpoint { path: String, found: String },
-    #[error("corrupt training checkpoint: `{entry}` {reason}")]
-    CorruptCheckpoint { entry: String, reason: String },
-    #[error(
-        "{what} has {chars} characters, fewer than the {needed} that {why} need; use a longer text or a smaller --seq/--batch-size"
-    )]
-    TextTooShort { what: String, chars: usize, needed: usize, why: String },
-    #[error("{phase} on {device}: {source}{hint}")]
-    During { phase: &'static str, device: String, source: Box<TrainError>, hint: String },
-    /// A device ran out of memory. `fn run` puts the report here, whichever layer returned it,
-    /// once its suggestions are the planner's ranked remedies for this model (or the fixed rules
-    /// with the reason the planner could not model the run).
-    #[error("{report}")]
-    OutOfMemory { report: Box<ferrite_memory::OutOfMemoryReport> },
-    #[error(transparent)]
-    Data(#[from] ferrite_data::DataError),
-    #[error(transparent)]
-    Nn(#[from] ferrite_nn::NnError),
-    #[error(transparent)]
-    Optim(#[from] ferrite_optim::OptimError),
-    #[error(transparent)]
-    Tensor(#[from] ferrite_tensor::TensorError),
-    #[error(transparent)]
-    Memory(#[from] ferrite_memory::MemoryError),
-    #[error(transparent)]
-    Io(#[from] ferrite_io::IoError),
-    #[error(transparent)]
-    Observe(#[from] crate::observe::ObserveError),
-    #[error(transparent)]
-    Plan(#[from] ferrite_plan::PlanError),
-    #[error(transparent)]
-    Parallel(Box<ferrite_parallel::ParallelError>),
-}
-
-/// DataParallel's and DistributedDataParallel's errors (one enum, boxed: it is large).
-impl From<ferrite_parallel::ParallelError> for TrainError {
-    fn from(e: ferrite_parallel::ParallelError) -> Self {
-        TrainError::Parallel(Box::new(e))
-    }
-}
-
-impl TrainError {
-    fn corrupt(path: &std::path::Path, reason: &str) -> TrainError {
-        TrainError::CorruptCheckpoint { entry: path.display().to_string(), reason: reason.to_string() }
-    }
-
-    fn corrupt_entry(entry: impl Into<String>, reason: impl Into<String>) -> TrainError {
-        TrainError::CorruptCheckpoint { entry: entry.into(), reason: reason.into() }
-    }
-
-    /// Whether this is a device running out of memory (whatever layer reported it).
-    pub fn is_out_of_memory(&self) -> bool {
-        self.oom_report().is_some()
-    }
-
-    /// The out-of-memory report, whatever layer returned it.
-    pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
-        match self {
-            TrainError::During { source, .. } => source.oom_report(),
-            TrainError::OutOfMemory { report } => Some(report),
-            TrainError::Memory(e) => e.oom_report(),
-            TrainError::Tensor(e) => e.oom_report(),
-            TrainError::Nn(e) => e.oom_report(),
-            TrainError::Optim(ferrite_optim::OptimError::Tensor(e)) => e.oom_report(),
-            TrainError::Io(ferrite_io::IoError::Tensor(e)) => e.oom_report(),
-            TrainError::Parallel(e) => e.oom_report(),
-            // A loader wraps what collation or staging to the device returned.
-            TrainError::Data(e) => oom_in_sources(e),
-            _ => None,
-        }
-    }
-
-    /// This error with its out-of-memory report edited by `edit` (e.g. to attach the planner's
-    /// remedies): the report becomes [`TrainError::OutOfMemory`] under the same phase and hint.
-    /// Any other error is returned unchanged.
-    pub fn map_oom_report(self, edit: impl FnOnce(&mut ferrite_memory::OutOfMemoryReport)) -> TrainError {
-        match self {
-            TrainError::During { phase, device, source, hint } => {
-                TrainError::During { phase, device, source: Box::new(source.map_oom_report(edit)), hint }
-            }
-            TrainError::OutOfMemory { mut report } => {
-                edit(&mut report);
-                TrainError::OutOfMemory { report }
-            }
-            other => match other.oom_report().cloned() {
-                Some(mut report) => {
-                    edit(&mut report);
-                    TrainError::OutOfMemory { report: Box::new(report) }
-                }
-                None => other,
-            },
-        }
-    }
-}
-
-/// The out-of-memory report in `e`'s source chain, if any.
-fn oom_in_sources<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a ferrite_memory::OutOfMemoryReport> {
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let report = s
-            .downcast_ref::<ferrite_memory::MemoryError>()
-            .and_then(|m| m.oom_report())
-            .or_else(|| s.downcast_ref::<ferrite_tensor::TensorError>().and_then(|t| t.oom_report()))
-            .or_else(|| s.downcast_ref::<ferrite_nn::NnError>().and_then(|n| n.oom_report()));
-        if report.is_some() {
-            return report;
-        }
-        cur = s.source();
-    }
-    None
-}
-
-/// A trainer-level explanation added after an error — only after the kind of error it explains:
-/// advice for one failure is false advice for another.
-pub enum Hint {
-    /// Shown only when the error is a device running out of memory.
-    OutOfMemory(String),
-}
-
-impl Hint {
-    /// The text to show after `error`: the hint if it is about this kind of error, else nothing.
-    fn for_error(self, error: &TrainError) -> String {
-        match self {
-            Hint::OutOfMemory(text) if error.is_out_of_memory() => text,
-            Hint::OutOfMemory(_) => String::new(),
-        }
-    }
-}
-
-/// Tags an error with the phase of training it happened in.
-trait During<T> {
-    fn during(self, phase: &'static str, device: &Device) -> Result<T, TrainError>;
-    /// As `during`, adding `hint` after the error when the error is the kind the hint explains.
-    fn during_hint(self, phase: &'static str, device: &Device, hint: Hint) -> Result<T, TrainError>;
-}
-
-impl<T, E: Into<TrainError>> During<T> for Result<T, E> {
-    fn during(self, phase: &'static str, device: &Device) -> Result<T, TrainError> {
-        self.map_err(|e| TrainError::During {
-            phase,
-            device: device.to_string(),
-            source: Box::new(e.into()),
-            hint: String::new(),
-        })
-    }
-
-    fn during_hint(self, phase: &'static str, device: &Device, hint: Hint) -> Result<T, TrainError> {
-        self.map_err(|e| {
-            let source: TrainError = e.into();
-            let hint = hint.for_error(&source);
-            TrainError::During { phase, device: device.to_string(), source: Box::new(source), hint }
-        })
+        self.shape.layers(self.model)
     }
 }
 
@@ -467,7 +216,7 @@ pub fn run(args: TrainArgs) -> CliResult {
     let args = resolve_batch_size(&args)?.unwrap_or(args);
     // Out of memory: the report's ranked suggestions become the planner's, with the bytes each
     // saves for this model (the fixed rules stay, saying why, where the planner cannot model it).
-    train(&args).map_err(|e| crate::commands::plan::from_train::with_planned_remedies(e, &args).into())
+    train(&args).map_err(|e| plan_context::with_planned_remedies(e, &args).into())
 }
 
 /// Whether the run trains with DataParallel on several devices (`--devices`, `--data-parallel`).
@@ -522,7 +271,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
     check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;
     check("layers", (1..=MAX_LAYERS).contains(&args.layers()), args.layers(), "must be between 1 and 10000")?;
-    check("dropout", (0.0..1.0).contains(&args.dropout), args.dropout, "must be in [0, 1)")?;
+    check("dropout", (0.0..1.0).contains(&args.shape.dropout), args.shape.dropout, "must be in [0, 1)")?;
     check("lr", args.lr.is_finite() && args.lr > 0.0, args.lr, "must be a positive number")?;
     check(
         "weight-decay",
@@ -536,8 +285,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if let Some(n) = args.train_subset {
         check("train-subset", n >= 1, n, "must be at least 1")?;
     }
-    check("seq", args.seq >= 1, args.seq, "must be at least 1")?;
-    check("d-model", args.d_model >= 1, args.d_model, "must be at least 1")?;
+    check("seq", args.shape.seq >= 1, args.shape.seq, "must be at least 1")?;
+    check("d-model", args.shape.d_model >= 1, args.shape.d_model, "must be at least 1")?;
     if let Some(e) = args.epochs {
         check("epochs", e >= 1, e, "must be at least 1")?;
     }
@@ -597,29 +346,3 @@ fn write_snapshot(args: &TrainArgs, device: &Device, result: Result<(), TrainErr
 
 /// History entries `--snapshot` keeps (the newest; PyTorch's docs suggest 100,000).
 const SNAPSHOT_MAX_ENTRIES: usize = 100_000;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use ferrite_tensor::Tensor;
-
-    fn hinted(e: impl Into<TrainError>) -> String {
-        Err::<(), _>(e)
-            .during_hint("building the model", &Device::Cpu, Hint::OutOfMemory("\nTHE HINT".into()))
-            .unwrap_err()
-            .to_string()
-    }
-
-    #[test]
-    fn out_of_memory_hints_follow_only_out_of_memory_errors() {
-        let sim = Device::parse("sim:1GiB").unwrap();
-        let oom = Tensor::zeros(&[1 << 30], DType::F32, &sim).unwrap_err();
-        assert!(oom.oom_report().is_some());
-        assert!(hinted(oom).ends_with("THE HINT"));
-        let config = ferrite_memory::AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();
-        let msg = hinted(config.clone());
-        assert!(msg.contains("max_split_size_mb") && !msg.contains("THE HINT"), "{msg}");
-        assert!(!hinted(ferrite_tensor::TensorError::Memory(config)).contains("THE HINT"));
-        assert!(!hinted(TrainError::MetaDevice).contains("THE HINT"));
-    }
-}

@@ -123,7 +123,7 @@ impl Module for TransformerLm {
         let mut h = self.tok_emb.forward(ids)?.add(&self.pos_emb.forward(&positions)?)?;
         for (i, block) in self.blocks.iter().enumerate() {
             // Names the activations of this block in a `ferrite plan` (a no-op outside a plan).
-            ferrite_plan::mark_layer(&format!("blocks.{i}"));
+            ferrite_nn::mark_layer(&format!("blocks.{i}"));
             h = if self.checkpoint_activations && is_grad_enabled() {
                 let b = block.clone();
                 checkpoint(move |xs| b.forward(&xs[0]), &[&h])?
@@ -131,7 +131,7 @@ impl Module for TransformerLm {
                 block.forward(&h)?
             };
         }
-        ferrite_plan::mark_layer("norm and head");
+        ferrite_nn::mark_layer("norm and head");
         self.head.forward(&self.norm.forward(&h)?)
     }
 

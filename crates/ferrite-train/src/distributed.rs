@@ -20,7 +20,7 @@ use ferrite_memory::{Device, allocator, format_size};
 use ferrite_nn::Module;
 use ferrite_tensor::{Generator, Tensor};
 
-use super::TrainError;
+use crate::error::TrainError;
 
 #[cfg(feature = "mpi")]
 use ferrite_parallel::distributed::{DdpOptions, GradientSync, ProcessGroup};

@@ -79,7 +79,7 @@ pub fn build_mlp(
 fn run_blocks(blocks: &[Sequential], first: usize, x: &Tensor) -> ferrite_nn::Result<Tensor> {
     let mut h = x.clone();
     for (i, b) in blocks.iter().enumerate() {
-        ferrite_plan::mark_layer(&(first + i).to_string());
+        ferrite_nn::mark_layer(&(first + i).to_string());
         h = b.forward(&h)?;
     }
     Ok(h)
@@ -106,7 +106,7 @@ impl Module for Mlp {
             }
             h
         };
-        ferrite_plan::mark_layer(&self.blocks.len().to_string());
+        ferrite_nn::mark_layer(&self.blocks.len().to_string());
         self.head.forward(&h)
     }
 

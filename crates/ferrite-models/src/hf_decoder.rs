@@ -13,14 +13,12 @@
 //! model's: GPT-2 small 124,439,808; Llama-2-7B 6,738,415,616; Mistral-7B 7,241,732,096 (tests).
 use std::path::Path;
 
-use ferrite_nn::{AttentionBackend, CrossEntropyLoss, attention};
+use ferrite_nn::{AttentionBackend, attention, mark_layer};
 use ferrite_nn::{Embedding, GELU, LayerNorm, Linear, Module, RMSNorm, checkpoint};
 use ferrite_tensor::{DType, Device, Generator, Tensor, is_grad_enabled};
 use serde_json::Value;
 
-use crate::PlanError;
-use crate::step::mark_layer;
-use crate::workload::{StepConfig, Workload};
+use crate::ModelError;
 
 /// The architecture a config describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -53,9 +51,9 @@ pub struct HfConfig {
 
 impl HfConfig {
     /// Read and check `path`.
-    pub fn from_file(path: &Path) -> Result<HfConfig, PlanError> {
+    pub fn from_file(path: &Path) -> Result<HfConfig, ModelError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| PlanError::HfConfig {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Config {
             path: name.clone(),
             problem: format!("cannot read it ({e}); pass the config.json of a Hugging Face model"),
         })?;
@@ -63,11 +61,11 @@ impl HfConfig {
     }
 
     /// Parse the text of a `config.json` (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &str) -> Result<HfConfig, PlanError> {
-        let err = |problem: String| PlanError::HfConfig { path: origin.to_string(), problem };
+    pub fn from_json(text: &str, origin: &str) -> Result<HfConfig, ModelError> {
+        let err = |problem: String| ModelError::Config { path: origin.to_string(), problem };
         let v: Value = serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| err("expected a JSON object".into()))?;
-        if crate::t5::T5Config::describes(obj) {
+        if crate::T5Config::describes(obj) {
             return Err(err(
                 "a T5 encoder-decoder, not a decoder: read it with `T5Config` (or `hf_workload`, which picks)".into(),
             ));
@@ -75,7 +73,7 @@ impl HfConfig {
         let model_type = obj.get("model_type").and_then(Value::as_str).unwrap_or("").to_string();
         let style = if model_type == "gpt2" || obj.contains_key("n_embd") { HfStyle::Gpt2 } else { HfStyle::Llama };
         // The first of `keys` present, as a positive integer.
-        let int = |keys: &[&str], default: Option<usize>| -> Result<usize, PlanError> {
+        let int = |keys: &[&str], default: Option<usize>| -> Result<usize, ModelError> {
             for k in keys {
                 match obj.get(*k) {
                     None | Some(Value::Null) => continue,
@@ -88,9 +86,9 @@ impl HfConfig {
                     }
                 }
             }
-            default.ok_or_else(|| err(format!("missing key `{}` (a {} config needs it)", keys[0], style_name(style))))
+            default.ok_or_else(|| err(format!("missing key `{}` (a {} config needs it)", keys[0], style.name())))
         };
-        let float = |key: &str, default: f64| -> Result<f64, PlanError> {
+        let float = |key: &str, default: f64| -> Result<f64, ModelError> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(default),
                 Some(x) => x
@@ -184,41 +182,23 @@ impl HfConfig {
     }
 }
 
-fn style_name(s: HfStyle) -> &'static str {
-    match s {
-        HfStyle::Gpt2 => "GPT-2 style",
-        HfStyle::Llama => "Llama style",
+impl HfStyle {
+    /// `GPT-2 style` or `Llama style`.
+    pub fn name(self) -> &'static str {
+        match self {
+            HfStyle::Gpt2 => "GPT-2 style",
+            HfStyle::Llama => "Llama style",
+        }
     }
 }
 
-/// A Hugging Face decoder as a planner workload: `seq` tokens per sample.
-#[derive(Debug, Clone)]
-pub struct HfDecoder {
-    pub config: HfConfig,
-    pub seq: usize,
-}
-
-impl HfDecoder {
-    pub fn new(config: HfConfig, seq: usize) -> Result<HfDecoder, PlanError> {
-        if seq == 0 {
-            return Err(PlanError::setting("--seq 0", "at least one token per sample"));
-        }
-        if config.style == HfStyle::Gpt2 && seq > config.max_positions {
-            return Err(PlanError::setting(
-                format!("--seq {seq}"),
-                format!("the model has learned positions for {} tokens (`n_positions`)", config.max_positions),
-            ));
-        }
-        Ok(HfDecoder { config, seq })
-    }
-
+impl Decoder {
     /// The model on `device` (initialised; values do not matter on `meta`).
-    pub fn build_model(&self, device: &Device, checkpoint_activations: bool) -> Result<Decoder, PlanError> {
-        let c = &self.config;
+    pub fn new(c: &HfConfig, device: &Device, checkpoint_activations: bool) -> Result<Decoder, ModelError> {
         let mut g = Generator::new(0);
         let bias = c.style == HfStyle::Gpt2;
         let (h, q, kv) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        let norm = |device: &Device| -> Result<Norm, PlanError> {
+        let norm = |device: &Device| -> Result<Norm, ModelError> {
             Ok(match c.style {
                 HfStyle::Gpt2 => Norm::Layer(LayerNorm::new_with(&[h], c.norm_eps, true, true, device)?),
                 HfStyle::Llama => Norm::Rms(RMSNorm::with_config(&[h], Some(c.norm_eps), true, device)?),
@@ -267,40 +247,6 @@ impl HfDecoder {
         let head =
             if c.tie_word_embeddings { None } else { Some(Linear::new_with(h, c.vocab_size, false, device, &mut g)?) };
         Ok(Decoder { tok, pos, blocks, norm: norm(device)?, head, checkpoint_activations, training: true })
-    }
-}
-
-impl Workload for HfDecoder {
-    fn describe(&self) -> String {
-        let c = &self.config;
-        format!(
-            "{} ({} style) {}x{}, {} heads ({} kv), intermediate {}, vocab {}, seq {}{}",
-            if c.model_type.is_empty() { "hf decoder" } else { &c.model_type },
-            style_name(c.style).trim_end_matches(" style"),
-            c.num_layers,
-            c.hidden_size,
-            c.num_heads,
-            c.num_kv_heads,
-            c.intermediate_size,
-            c.vocab_size,
-            self.seq,
-            if c.tie_word_embeddings { ", tied embeddings" } else { "" }
-        )
-    }
-
-    fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
-        Ok(Box::new(self.build_model(device, config.checkpoint_activations)?))
-    }
-
-    fn batch(&self, config: &StepConfig, device: &Device) -> Result<(Tensor, Tensor), PlanError> {
-        let shape = [config.batch, self.seq];
-        Ok((Tensor::zeros(&shape, DType::I64, device)?, Tensor::zeros(&shape, DType::I64, device)?))
-    }
-
-    fn loss(&self, model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<(Tensor, Vec<Tensor>), PlanError> {
-        let logits = model.forward(x)?;
-        let v = self.config.vocab_size as i64;
-        Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()))
     }
 }
 
@@ -557,23 +503,4 @@ impl Module for Decoder {
     fn set_own_training(&mut self, training: bool) {
         self.training = training;
     }
-}
-
-/// The planner workload of a Hugging Face `config.json`: a T5-style encoder-decoder when its
-/// `model_type` is `t5` (see [`crate::T5Workload`]), a decoder-only model otherwise.
-pub fn hf_workload(path: &Path, seq: usize) -> Result<Box<dyn Workload>, PlanError> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| PlanError::HfConfig {
-        path: name.clone(),
-        problem: format!("cannot read it ({e}); pass the config.json of a Hugging Face model"),
-    })?;
-    let is_t5 = serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| v.as_object().map(crate::t5::T5Config::describes))
-        .unwrap_or(false);
-    if is_t5 {
-        let cfg = crate::t5::T5Config::from_json(&text, &name)?;
-        return Ok(Box::new(crate::t5::T5Workload::new(cfg, seq)?));
-    }
-    Ok(Box::new(HfDecoder::new(HfConfig::from_json(&text, &name)?, seq)?))
 }

@@ -9,13 +9,13 @@
 //! names follow Hugging Face's `T5ForConditionalGeneration` (`shared.weight`,
 //! `encoder.block.0.layer.0.SelfAttention.q.weight`, …), and the parameter count equals the real
 //! model's: t5-small 60,506,624; t5-3b 2,851,598,336; t5-v1_1-small 76,961,152 (tests).
-use ferrite_nn::{CrossEntropyLoss, Embedding, Linear, Module, RMSNorm, checkpoint};
+use ferrite_nn::{Embedding, Linear, Module, RMSNorm, checkpoint};
 use ferrite_tensor::{DType, Device, Generator, Tensor, is_grad_enabled};
 use serde_json::{Map, Value};
 
-use crate::PlanError;
-use crate::step::mark_layer;
-use crate::workload::{StepConfig, Workload};
+use ferrite_nn::mark_layer;
+
+use crate::ModelError;
 
 /// The activation of T5's feed-forward (`feed_forward_proj`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -34,10 +34,10 @@ pub enum T5FeedForward {
 }
 
 impl T5FeedForward {
-    fn gated(self) -> bool {
+    pub fn gated(self) -> bool {
         matches!(self, T5FeedForward::GatedGelu | T5FeedForward::GatedRelu | T5FeedForward::GatedSilu)
     }
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             T5FeedForward::Relu => "relu",
             T5FeedForward::Gelu => "gelu",
@@ -83,11 +83,11 @@ impl T5Config {
     }
 
     /// Parse the text of a T5 `config.json` (`origin` names it in errors).
-    pub fn from_json(text: &str, origin: &str) -> Result<T5Config, PlanError> {
-        let err = |problem: String| PlanError::HfConfig { path: origin.to_string(), problem };
+    pub fn from_json(text: &str, origin: &str) -> Result<T5Config, ModelError> {
+        let err = |problem: String| ModelError::Config { path: origin.to_string(), problem };
         let v: Value = serde_json::from_str(text).map_err(|e| err(format!("not valid JSON: {e}")))?;
         let obj = v.as_object().ok_or_else(|| err("expected a JSON object".into()))?;
-        let int = |key: &str, default: Option<usize>| -> Result<usize, PlanError> {
+        let int = |key: &str, default: Option<usize>| -> Result<usize, ModelError> {
             match obj.get(key) {
                 None | Some(Value::Null) => {
                     default.ok_or_else(|| err(format!("missing key `{key}` (a T5 config needs it)")))
@@ -192,28 +192,13 @@ pub fn relative_position_bucket(relative: i64, bidirectional: bool, num_buckets:
     (ret + large.min(buckets - 1)) as usize
 }
 
-/// A T5 model as a planner workload: `seq` tokens into the encoder and `seq` into the decoder.
-#[derive(Debug, Clone)]
-pub struct T5Workload {
-    pub config: T5Config,
-    pub seq: usize,
-}
-
-impl T5Workload {
-    pub fn new(config: T5Config, seq: usize) -> Result<T5Workload, PlanError> {
-        if seq == 0 {
-            return Err(PlanError::setting("--seq 0", "at least one token per sample"));
-        }
-        Ok(T5Workload { config, seq })
-    }
-
+impl T5Model {
     /// The model on `device` (initialised; values do not matter on `meta`).
-    pub fn build_model(&self, device: &Device, checkpoint_activations: bool) -> Result<T5Model, PlanError> {
-        let c = &self.config;
+    pub fn new(c: &T5Config, device: &Device, checkpoint_activations: bool) -> Result<T5Model, ModelError> {
         let mut g = Generator::new(0);
         let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
         let norm = || RMSNorm::with_config(&[d], Some(c.layer_norm_epsilon), true, device);
-        let attention = |has_bias: bool, g: &mut Generator| -> Result<T5Attention, PlanError> {
+        let attention = |has_bias: bool, g: &mut Generator| -> Result<T5Attention, ModelError> {
             Ok(T5Attention {
                 q: Linear::new_with(d, inner, false, device, g)?,
                 k: Linear::new_with(d, inner, false, device, g)?,
@@ -229,7 +214,7 @@ impl T5Workload {
                 training: true,
             })
         };
-        let ff = |g: &mut Generator| -> Result<T5DenseFf, PlanError> {
+        let ff = |g: &mut Generator| -> Result<T5DenseFf, ModelError> {
             let wi = if c.feed_forward.gated() {
                 Wi::Gated {
                     wi_0: Linear::new_with(d, c.d_ff, false, device, g)?,
@@ -245,7 +230,7 @@ impl T5Workload {
                 training: true,
             })
         };
-        let stack = |layers: usize, decoder: bool, g: &mut Generator| -> Result<T5Stack, PlanError> {
+        let stack = |layers: usize, decoder: bool, g: &mut Generator| -> Result<T5Stack, ModelError> {
             let mut blocks = Vec::with_capacity(layers);
             for i in 0..layers {
                 blocks.push(T5Block {
@@ -273,47 +258,6 @@ impl T5Workload {
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(Linear::new_with(d, c.vocab_size, false, device, &mut g)?) };
         Ok(T5Model { shared, encoder, decoder, lm_head, d_model: d, training: true })
-    }
-}
-
-impl Workload for T5Workload {
-    fn describe(&self) -> String {
-        let c = &self.config;
-        format!(
-            "{} encoder-decoder {}+{} layers x {}, {} heads of {}, d_ff {} {}, vocab {}, seq {} (encoder) + {} (decoder){}",
-            c.model_type,
-            c.num_layers,
-            c.num_decoder_layers,
-            c.d_model,
-            c.num_heads,
-            c.d_kv,
-            c.d_ff,
-            c.feed_forward.name(),
-            c.vocab_size,
-            self.seq,
-            self.seq,
-            if c.tie_word_embeddings { ", tied embeddings" } else { "" }
-        )
-    }
-
-    fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
-        Ok(Box::new(self.build_model(device, config.checkpoint_activations)?))
-    }
-
-    /// Input `[batch, 2, seq]`: the encoder's tokens and the decoder's (the labels shifted right
-    /// with the start token, as HF's `_shift_right`); target: the labels `[batch, seq]`. The same
-    /// three `[batch, seq]` token tensors a HF training step holds.
-    fn batch(&self, config: &StepConfig, device: &Device) -> Result<(Tensor, Tensor), PlanError> {
-        Ok((
-            Tensor::zeros(&[config.batch, 2, self.seq], DType::I64, device)?,
-            Tensor::zeros(&[config.batch, self.seq], DType::I64, device)?,
-        ))
-    }
-
-    fn loss(&self, model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<(Tensor, Vec<Tensor>), PlanError> {
-        let logits = model.forward(x)?;
-        let v = self.config.vocab_size as i64;
-        Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()))
     }
 }
 

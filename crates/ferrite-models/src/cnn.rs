@@ -125,7 +125,7 @@ impl Module for Cnn {
         // Each child is marked as a layer for the planner's activations by layer (a no-op
         // outside a plan); the names are the children's.
         for (i, block) in self.blocks.iter().enumerate() {
-            ferrite_plan::mark_layer(&i.to_string());
+            ferrite_nn::mark_layer(&i.to_string());
             h = if self.checkpointed && is_grad_enabled() {
                 // The clone shares the parameters and buffers; the graph keeps it until backward.
                 let region = block.clone();
@@ -136,9 +136,9 @@ impl Module for Cnn {
             };
         }
         let n = self.blocks.len();
-        ferrite_plan::mark_layer(&n.to_string());
+        ferrite_nn::mark_layer(&n.to_string());
         let flat = self.flatten.forward(&h)?;
-        ferrite_plan::mark_layer(&(n + 1).to_string());
+        ferrite_nn::mark_layer(&(n + 1).to_string());
         self.head.forward(&flat)
     }
 

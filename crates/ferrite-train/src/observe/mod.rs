@@ -1,13 +1,13 @@
 //! Watching a training run from outside: Prometheus metrics on `/metrics`, the same figures as
 //! JSON lines, and the pieces `ferrite monitor` reads them back with.
 //!
-//! Why a module of its own: every trainer (`ferrite train` today, other models later) reports
+//! Why a module of its own: every training loop (`ferrite train`, a library `Trainer`) reports
 //! through one small hook, [`RunObserver`], and nothing here knows how a model is trained. The
 //! training thread only stores numbers into atomics and two histograms; the HTTP server and the
 //! JSON-lines writer run on background threads and read the allocator statistics themselves, so a
 //! slow scraper or a full disk never delays a step.
 //!
-//! - [`ObserveArgs`]: the `--metrics-addr` / `--metrics-file` flags a trainer flattens into its own.
+//! - [`ObserveSettings`]: which outputs are on (the CLI's `--metrics-addr` / `--metrics-file`).
 //! - [`metrics_addr`]: parsing of a listen address (`127.0.0.1:9400`, `:9400`) and of a monitor
 //!   target (`host:port` or `http://host:port/metrics`).
 //! - [`run_figures`]: what a run reports (live training figures, per-device allocator figures).
@@ -21,11 +21,11 @@ pub mod metrics_addr;
 mod metrics_file;
 mod metrics_server;
 pub mod metrics_text;
-mod observe_args;
+mod observe_settings;
 pub mod run_figures;
 mod run_observer;
 
 pub use error::ObserveError;
-pub use observe_args::ObserveArgs;
+pub use observe_settings::ObserveSettings;
 pub use run_figures::RunInfo;
 pub use run_observer::{BatchReport, RunObserver, StepReport};

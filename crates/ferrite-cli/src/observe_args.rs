@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::metrics_addr::{ListenAddr, parse_listen_addr};
+use ferrite_train::observe::ObserveSettings;
+use ferrite_train::observe::metrics_addr::{ListenAddr, parse_listen_addr};
 
 #[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct ObserveArgs {
@@ -20,6 +21,11 @@ pub struct ObserveArgs {
 impl ObserveArgs {
     /// Whether any output is on.
     pub fn any(&self) -> bool {
-        self.metrics_addr.is_some() || self.metrics_file.is_some()
+        self.settings().any()
+    }
+
+    /// The trainer's settings of these flags.
+    pub fn settings(&self) -> ObserveSettings {
+        ObserveSettings { metrics_addr: self.metrics_addr.clone(), metrics_file: self.metrics_file.clone() }
     }
 }

@@ -15,7 +15,7 @@ use ferrite_io::{Checkpoint, LoadOptions, MapLocation, Value};
 use ferrite_optim::{GradScalerState, GroupState, HyperValue, OptimizerState, StateValue};
 use ferrite_tensor::{Device, GeneratorState, Tensor};
 
-use super::TrainError;
+use crate::error::TrainError;
 
 /// Everything a resumed run needs, in memory.
 pub struct TrainingState {

@@ -1,13 +1,14 @@
-//! The built-in trainers' models as planner workloads: the same builders `ferrite train`
-//! uses, fed with a batch of the trainer's shapes, so a plan is of the model the trainer runs.
-use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
-use ferrite_plan::{PlanError, StepConfig, Workload, mark_layer};
+//! The built-in models (`ferrite_models`' MLP, CNN, LSTM and transformer language models) as
+//! planner workloads: the same builders `ferrite train` uses, fed with a batch of the trainer's
+//! shapes, so a plan is of the model the trainer runs.
+use ferrite_models::{
+    CnnSpec, LstmSpec, MlpSpec, TransformerSpec, build_cnn, build_lstm, build_mlp, build_transformer,
+};
+use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, mark_layer};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
-use crate::commands::train::cnn::{CnnSpec, build_cnn};
-use crate::commands::train::lstm_lm::{LstmSpec, build_lstm};
-use crate::commands::train::mlp::{MlpSpec, build_mlp};
-use crate::commands::train::transformer_lm::{TransformerSpec, build_transformer};
+use crate::PlanError;
+use crate::workload::{StepConfig, Workload};
 
 /// One of the trainer's models with its shape (checkpointing comes from the step settings).
 #[derive(Debug, Clone)]

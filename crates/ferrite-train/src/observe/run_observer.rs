@@ -16,7 +16,7 @@ use ferrite_memory::Device;
 use super::exposition::RunMetrics;
 use super::metrics_file::MetricsFile;
 use super::metrics_server::MetricsServer;
-use super::{ObserveArgs, ObserveError};
+use super::{ObserveError, ObserveSettings};
 
 pub use super::run_figures::RunInfo;
 
@@ -41,7 +41,7 @@ pub struct BatchReport {
     pub loss: f64,
 }
 
-/// Reports a run to the outputs `ObserveArgs` asked for.
+/// Reports a run to the outputs `ObserveSettings` asked for.
 pub struct RunObserver {
     inner: Option<Inner>,
 }
@@ -79,7 +79,7 @@ impl RunObserver {
     /// Start the outputs `args` asks for, reporting allocator figures of `devices` (the training
     /// device first). Fails, before any training, when an output cannot start (port in use,
     /// unwritable file).
-    pub fn start(args: &ObserveArgs, info: RunInfo, devices: Vec<Device>) -> Result<RunObserver, ObserveError> {
+    pub fn start(args: &ObserveSettings, info: RunInfo, devices: Vec<Device>) -> Result<RunObserver, ObserveError> {
         if !args.any() {
             return Ok(RunObserver::disabled());
         }
@@ -233,7 +233,7 @@ mod tests {
     use super::*;
 
     fn observer(dir: &std::path::Path) -> RunObserver {
-        let args = ObserveArgs { metrics_addr: None, metrics_file: Some(dir.join("m.jsonl")) };
+        let args = ObserveSettings { metrics_addr: None, metrics_file: Some(dir.join("m.jsonl")) };
         let info = RunInfo { version: "v".into(), model: "m".into(), dataset: "d".into(), device: "cpu".into() };
         RunObserver::start(&args, info, vec![Device::Cpu]).unwrap()
     }

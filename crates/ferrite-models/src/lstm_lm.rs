@@ -77,9 +77,9 @@ impl LstmLm {
     pub fn forward_chunk(&self, ids: &Tensor, state: &LstmState) -> ferrite_nn::Result<(Tensor, LstmState)> {
         // Each child is marked as a layer for the planner's activations by layer (a no-op
         // outside a plan); dropout counts with the child whose output it drops.
-        ferrite_plan::mark_layer("encoder");
+        ferrite_nn::mark_layer("encoder");
         let x = self.drop.forward(&self.encoder.forward(ids)?)?;
-        ferrite_plan::mark_layer("rnn");
+        ferrite_nn::mark_layer("rnn");
         let (out, h, c) = if self.checkpoint_activations && is_grad_enabled() {
             // Keep only the chunk's input and state; backward recomputes the recurrence.
             let rnn = self.rnn.clone();
@@ -106,7 +106,7 @@ impl LstmLm {
             (out, h, c)
         };
         let out = self.drop.forward(&out)?;
-        ferrite_plan::mark_layer("decoder");
+        ferrite_nn::mark_layer("decoder");
         Ok((self.decoder.forward(&out)?, (h, c)))
     }
 }

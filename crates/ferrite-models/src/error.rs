@@ -1,0 +1,35 @@
+//! The one error type of the models crate: a configuration that cannot describe a model, or a
+//! layer that could not be built (its own error, with the out-of-memory report when a device ran
+//! out).
+use thiserror::Error;
+
+/// Every failure building or configuring a model; each says what to change.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// A `config.json` (or another model description) that cannot be read or lacks what the
+    /// model needs; `path` names the file, `problem` the key and the value.
+    #[error("{path}: {problem}")]
+    Config { path: String, problem: String },
+    /// A model setting that cannot work (a sequence longer than the learned positions, heads that
+    /// do not divide the width).
+    #[error("invalid {what}: {reason}")]
+    InvalidSetting { what: String, reason: String },
+    #[error(transparent)]
+    Nn(#[from] ferrite_nn::NnError),
+    #[error(transparent)]
+    Tensor(#[from] ferrite_tensor::TensorError),
+    #[error(transparent)]
+    Memory(#[from] ferrite_memory::MemoryError),
+}
+
+impl ModelError {
+    /// The out-of-memory report inside this error, if building the model ran a device out.
+    pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
+        match self {
+            ModelError::Nn(e) => e.oom_report(),
+            ModelError::Tensor(e) => e.oom_report(),
+            ModelError::Memory(e) => e.oom_report(),
+            _ => None,
+        }
+    }
+}

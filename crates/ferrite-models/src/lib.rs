@@ -1,0 +1,33 @@
+//! ferrite's model architectures, each once: what `ferrite train` trains, what `ferrite plan`
+//! plans, and what a library user builds.
+//!
+//! Why a crate of its own: the planner must plan exactly the model the trainer trains, so neither
+//! may own the architecture. Both sit above this crate (nn ← models ← plan ← train ← cli).
+//!
+//! | model | file | parameter names |
+//! |---|---|---|
+//! | [`Mlp`] | `mlp.rs` | PyTorch's `nn.Sequential` of `Linear`+`ReLU` blocks (`0.0.weight`, …) |
+//! | [`Cnn`] | `cnn.rs` | PyTorch's `nn.Sequential` of conv-bn-relu-pool blocks (`0.0.weight`, …) |
+//! | [`LstmLm`] | `lstm_lm.rs` | PyTorch's word-language-model example (`encoder.weight`, `rnn.weight_ih_l0`, …) |
+//! | [`TransformerLm`] | `transformer_lm.rs` | a minimal GPT (`tok_emb.weight`, `blocks.0.self_attn.in_proj_weight`, …) |
+//! | [`Decoder`] | `hf_decoder.rs` | Hugging Face decoders (GPT-2 and Llama styles) from `config.json` |
+//! | [`T5Model`] | `t5.rs` | Hugging Face's `T5ForConditionalGeneration` |
+//!
+//! Models announce the layer their forward pass enters with `ferrite_nn::mark_layer`, which the
+//! planner listens to for its activations-by-layer breakdown (a no-op otherwise).
+
+mod cnn;
+mod error;
+mod hf_decoder;
+mod lstm_lm;
+mod mlp;
+mod t5;
+mod transformer_lm;
+
+pub use cnn::{Cnn, CnnSpec, build_cnn};
+pub use error::ModelError;
+pub use hf_decoder::{Block, Decoder, HfConfig, HfStyle};
+pub use lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
+pub use mlp::{Mlp, MlpSpec, build_mlp};
+pub use t5::{T5Attention, T5Block, T5Config, T5DenseFf, T5FeedForward, T5Model, T5Stack, relative_position_bucket};
+pub use transformer_lm::{TransformerLm, TransformerSpec, build_transformer};

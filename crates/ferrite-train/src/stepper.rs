@@ -1,0 +1,159 @@
+//! The optimizer step every training loop shares: gradient accumulation, loss scaling (f16's
+//! GradScaler), clipping, averaging over ranks when distributed, and the checkpoint written after
+//! an epoch and read on resume.
+//!
+//! Why one piece: an image classifier and a language model differ in their data and their
+//! metrics, not in how a step is taken or a run is resumed — a resume that is bit-identical for
+//! one must be for the other, so both go through the same code.
+
+use std::path::Path;
+
+use ferrite_data::{Collate, DataLoader, Dataset};
+use ferrite_nn::{Module, RngHandle, StateDict};
+use ferrite_optim::{Accumulator, GradScaler, GradScalerConfig, Optimizer, clip_grad_norm_};
+use ferrite_plan::AmpMode;
+use ferrite_tensor::{Device, GeneratorState, Tensor};
+
+use crate::distributed::StepSync;
+use crate::error::{During, TrainError};
+use crate::observe::{RunObserver, StepReport};
+use crate::resume::{self, TrainingState};
+
+/// The optimizer, the GradScaler and gradient accumulation: turns micro-batch losses into
+/// optimizer steps.
+pub struct Stepper {
+    pub opt: Box<dyn Optimizer>,
+    pub scaler: GradScaler,
+    acc: Accumulator,
+    clip: Option<f64>,
+    /// Optimizer steps taken (a resumed run starts at its checkpoint's).
+    pub steps: u64,
+    /// Whether the last optimizer step was applied (false: the GradScaler skipped it).
+    pub last_applied: bool,
+    /// `--distributed`: gradients averaged over the MPI ranks before each step.
+    pub sync: Option<StepSync>,
+}
+
+impl Stepper {
+    /// Steps `opt` once per `accum_steps` micro-batches; with `amp` f16 the losses are scaled
+    /// (dynamic loss scaling), and with `clip` the gradients' total norm is clipped before each step.
+    pub fn new(
+        opt: Box<dyn Optimizer>,
+        accum_steps: usize,
+        amp: Option<AmpMode>,
+        clip: Option<f64>,
+    ) -> Result<Stepper, TrainError> {
+        let scaler =
+            GradScaler::new(GradScalerConfig { enabled: amp == Some(AmpMode::F16), ..GradScalerConfig::default() })?;
+        Ok(Stepper { opt, scaler, acc: Accumulator::new(accum_steps)?, clip, steps: 0, last_applied: true, sync: None })
+    }
+
+    /// Backward of one micro-batch's loss (scaled for accumulation and f16), and the optimizer
+    /// step when the accumulation group is complete.
+    pub fn backward(&mut self, loss: &Tensor, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
+        let scaled = self.scaler.scale(&self.acc.scale_loss(loss)?)?;
+        match &self.sync {
+            Some(sync) => sync.backward(&scaled, self.acc.pending() + 1 == self.acc.steps())?,
+            None => scaled.backward().during("backward pass", device)?,
+        }
+        if self.acc.micro_step() {
+            self.step(device, run)?;
+        }
+        Ok(())
+    }
+
+    /// At the end of an epoch: steps on a partial accumulation group, so no gradient carries over.
+    pub fn finish_epoch(&mut self, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
+        if self.acc.pending() > 0 {
+            if let Some(sync) = &self.sync {
+                sync.synchronize()?;
+            }
+            self.step(device, run)?;
+            self.acc.reset();
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
+        let applied = self.optimizer_step().during("optimizer step", device)?;
+        self.last_applied = applied;
+        run.step(StepReport {
+            applied,
+            learning_rate: self.opt.lrs().first().copied().unwrap_or(f64::NAN),
+            grad_scale: self.scaler.is_enabled().then(|| self.scaler.get_scale()),
+        });
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// One optimizer step; false when the GradScaler skipped it (inf/NaN gradients).
+    fn optimizer_step(&mut self) -> Result<bool, TrainError> {
+        if let Some(max_norm) = self.clip {
+            self.scaler.unscale_(&mut *self.opt)?;
+            clip_grad_norm_(&self.opt.params(), max_norm)?;
+        }
+        let applied = self.scaler.step(&mut *self.opt)?;
+        self.scaler.update()?;
+        self.opt.zero_grad()?;
+        Ok(applied)
+    }
+
+    /// Writes the training checkpoint of a run that has completed `epoch` epochs.
+    pub fn save_checkpoint(
+        &self,
+        path: &Path,
+        epoch: usize,
+        model: &dyn Module,
+        loader_rng: GeneratorState,
+        dropout_rng: &RngHandle,
+        settings: &[(String, String)],
+    ) -> Result<(), TrainError> {
+        let state = TrainingState {
+            epoch,
+            step: self.steps,
+            // Parameters and buffers (batch norm's running statistics and batch count).
+            model: model.state_dict().iter().map(|(k, t)| (k.to_string(), t.clone())).collect(),
+            optimizer: self.opt.state_dict()?,
+            scaler: self.scaler.state_dict(),
+            loader_rng,
+            dropout_rng: dropout_rng.state(),
+            settings: settings.to_vec(),
+        };
+        resume::save(path, &state)
+    }
+
+    /// With a `resume` checkpoint: restores weights, optimizer, scaler, the dropout generator and
+    /// the data loader's generator from it, and returns the epochs it had completed (0 without).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resume_if_asked<D, C>(
+        &mut self,
+        resume: Option<&Path>,
+        epochs: usize,
+        model: &mut dyn Module,
+        dropout_rng: &RngHandle,
+        loader: &mut DataLoader<D, C>,
+        device: &Device,
+        settings: &[(String, String)],
+    ) -> Result<usize, TrainError>
+    where
+        D: Dataset,
+        C: Collate<D::Sample>,
+    {
+        let Some(path) = resume else { return Ok(0) };
+        let state = resume::load(path, device, settings)?;
+        let sd: StateDict = state.model.into_iter().collect();
+        model.load_state_dict(&sd, true)?;
+        self.opt.load_state_dict(&state.optimizer)?;
+        if self.scaler.is_enabled() {
+            self.scaler.load_state_dict(state.scaler.as_ref())?;
+        }
+        dropout_rng.set_state(state.dropout_rng);
+        loader.set_generator_state(state.loader_rng);
+        self.steps = state.step;
+        println!("  resumed from {} after epoch {} ({} steps)", path.display(), state.epoch, state.step);
+        if state.epoch >= epochs {
+            println!("  nothing to do: the checkpoint already has {} of {epochs} epochs", state.epoch);
+        }
+        Ok(state.epoch)
+    }
+}

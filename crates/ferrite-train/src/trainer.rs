@@ -1,0 +1,661 @@
+//! The `Trainer`: epochs of any model over any `DataLoader`, with what a good run needs and the
+//! user's own code only where it differs — what a step computes from a batch, and how the model is
+//! evaluated.
+//!
+//! Why a builder over closures (Lightning's `Trainer`, burn's `LearnerBuilder`): a model and its
+//! data are the user's, and so is the loss; everything else — accumulation, f16 loss scaling,
+//! clipping, the LR schedule, the memory line, checkpoints that resume bit-identically, early
+//! stopping, the best checkpoint, metrics outputs, averaging over MPI ranks — is the same for
+//! every model and is written once here. `ferrite train` is one user of it.
+//!
+//! ```no_run
+//! # use ferrite_train::{StepOutput, TrainError, Trainer};
+//! # use ferrite_nn::{CrossEntropyLoss, Linear, Module};
+//! # use ferrite_optim::{Adam, AdamConfig};
+//! # use ferrite_data::{DataLoader, InMemory, StackCollate};
+//! # use ferrite_tensor::Tensor;
+//! # fn demo(samples: Vec<(Tensor, usize)>) -> Result<(), TrainError> {
+//! let mut loader =
+//!     DataLoader::builder(InMemory::new(samples)).batch_size(32).shuffle(true).collate(StackCollate).build()?;
+//! let model = Linear::new(64, 10)?;
+//! let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(1e-3))?;
+//! let mut trainer = Trainer::builder(model, opt).epochs(3).accum_steps(2).build()?;
+//! let report = trainer.fit(&mut loader, |m: &Linear, (x, y): (Tensor, Tensor)| {
+//!     let loss = CrossEntropyLoss::new().forward(&m.forward(&x)?, &y)?;
+//!     Ok(StepOutput::new(loss, y.numel()))
+//! })?;
+//! println!("last loss {:.4}", report.epochs.last().map_or(f64::NAN, |e| e.mean_loss));
+//! # Ok(()) }
+//! ```
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferrite_data::{Collate, DataLoader, Dataset};
+use ferrite_memory::MemoryScope;
+use ferrite_nn::{Module, RngHandle, autocast};
+use ferrite_optim::{LrScheduler, Optimizer};
+use ferrite_plan::AmpMode;
+use ferrite_tensor::{Device, Tensor};
+
+use crate::distributed::StepSync;
+use crate::epoch_meter::EpochMeter;
+use crate::error::{During, TrainError};
+use crate::metrics::{Goal, Metrics};
+use crate::observe::{BatchReport, ObserveSettings, RunInfo, RunObserver};
+
+/// What one micro-batch's step returns: the loss to backpropagate, the samples it covered, and
+/// metrics summed over those samples (e.g. `("correct", 57.0)`), which the trainer adds up over
+/// the epoch.
+pub struct StepOutput {
+    pub loss: Tensor,
+    pub samples: usize,
+    pub sums: Vec<(String, f64)>,
+}
+
+impl StepOutput {
+    /// A loss over `samples` samples, with no other metric.
+    pub fn new(loss: Tensor, samples: usize) -> StepOutput {
+        StepOutput { loss, samples, sums: Vec::new() }
+    }
+
+    /// Adds a metric summed over this batch's samples (the epoch reports its sum and its mean).
+    pub fn with_sum(mut self, name: impl Into<String>, value: f64) -> StepOutput {
+        self.sums.push((name.into(), value));
+        self
+    }
+}
+
+/// A training step: the forward pass and loss of one micro-batch (autocast is already on when the
+/// run uses AMP). Any `FnMut(&M, Batch) -> Result<StepOutput, TrainError>` is one.
+pub trait TrainStep<M: ?Sized, B> {
+    fn step(&mut self, model: &M, batch: B) -> Result<StepOutput, TrainError>;
+
+    /// Called before an epoch's first batch (0-based `epoch`): reset state carried across batches,
+    /// such as a recurrent model's hidden state.
+    fn start_epoch(&mut self, _epoch: usize) {}
+}
+
+impl<M: ?Sized, B, F> TrainStep<M, B> for F
+where
+    F: FnMut(&M, B) -> Result<StepOutput, TrainError>,
+{
+    fn step(&mut self, model: &M, batch: B) -> Result<StepOutput, TrainError> {
+        self(model, batch)
+    }
+}
+
+/// One optimizer step, as callbacks see it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInfo {
+    /// Optimizer steps taken so far (this one included).
+    pub step: u64,
+    /// False when the GradScaler skipped the step (inf/NaN gradients under f16).
+    pub applied: bool,
+    /// The learning rate of the first parameter group after the step (and the schedule's step).
+    pub lr: f64,
+    /// The loss of the micro-batch that completed the step.
+    pub loss: f64,
+}
+
+/// One finished epoch: the training pass's figures and, when an evaluation ran, its metrics.
+#[derive(Debug, Clone)]
+pub struct EpochSummary {
+    /// 1-based.
+    pub epoch: usize,
+    pub epochs: usize,
+    /// Mean of the micro-batches' losses.
+    pub mean_loss: f64,
+    /// Samples of the training pass.
+    pub samples: usize,
+    /// Sums of the steps' metrics over the training pass (`mean` divides by `samples`).
+    pub train: Metrics,
+    /// The evaluation's metrics after this epoch (empty without an evaluation).
+    pub eval: Metrics,
+    /// `memory: allocated …, reserved …, peak … (forward+backward …)` of the training pass.
+    pub memory_line: String,
+    /// Wall time of the epoch, evaluation included.
+    pub elapsed: Duration,
+    /// Optimizer steps taken so far.
+    pub steps: u64,
+}
+
+impl EpochSummary {
+    /// A training metric's mean per sample (e.g. accuracy from a `correct` sum).
+    pub fn train_mean(&self, name: &str) -> Option<f64> {
+        self.train.get(name).map(|s| s / self.samples.max(1) as f64)
+    }
+}
+
+/// What [`Trainer::fit`] did.
+#[derive(Debug, Clone)]
+pub struct FitReport {
+    /// The epochs run in this call (a resumed run starts after its checkpoint's).
+    pub epochs: Vec<EpochSummary>,
+    /// Epochs completed before this call (from `resume`), 0 for a fresh run.
+    pub resumed_epochs: usize,
+    /// Why the run ended before its last epoch, if it did.
+    pub stopped_early: Option<String>,
+    /// Optimizer steps taken in all.
+    pub steps: u64,
+    /// The best evaluation value of the tracked metric and its 1-based epoch (`keep_best` or
+    /// `early_stopping`).
+    pub best: Option<(f64, usize)>,
+    pub elapsed: Duration,
+}
+
+type StepCallback = Box<dyn FnMut(&StepInfo)>;
+type EpochCallback = Box<dyn FnMut(&EpochSummary)>;
+type StartCallback = Box<dyn FnMut(usize)>;
+type EvalFn<M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError>>;
+
+/// Stop when the metric has not improved for `patience` evaluations in a row.
+#[derive(Debug, Clone)]
+struct EarlyStopping {
+    metric: String,
+    goal: Goal,
+    patience: usize,
+}
+
+/// Keep the weights of the best evaluation (safetensors, written atomically).
+#[derive(Debug, Clone)]
+struct KeepBest {
+    path: PathBuf,
+    metric: String,
+    goal: Goal,
+}
+
+/// Builds a [`Trainer`]; every setting has the default of a plain f32 run.
+pub struct TrainerBuilder<M: Module> {
+    model: M,
+    optimizer: Box<dyn Optimizer>,
+    scheduler: Option<Box<dyn LrScheduler>>,
+    device: Device,
+    epochs: usize,
+    max_steps: Option<u64>,
+    accum_steps: usize,
+    amp: Option<AmpMode>,
+    clip_grad_norm: Option<f64>,
+    progress: bool,
+    save_checkpoint: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    observe: ObserveSettings,
+    run_name: (String, String),
+    settings: Vec<(String, String)>,
+    dropout_rng: Option<RngHandle>,
+    sync: Option<StepSync>,
+    eval: Option<EvalFn<M>>,
+    early_stopping: Option<EarlyStopping>,
+    keep_best: Option<KeepBest>,
+    on_step: Vec<StepCallback>,
+    on_epoch: Vec<EpochCallback>,
+    on_epoch_start: Vec<StartCallback>,
+    on_evaluation: Vec<EpochCallback>,
+    rank0: bool,
+}
+
+impl<M: Module + 'static> TrainerBuilder<M> {
+    /// The device the model lives on (its memory line and the metrics report it). Default: `cpu`.
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = device;
+        self
+    }
+    /// Epochs to train, including those a resumed checkpoint already has. Default 1.
+    pub fn epochs(mut self, epochs: usize) -> Self {
+        self.epochs = epochs;
+        self
+    }
+    /// Stop after this many optimizer steps (in the middle of an epoch if need be).
+    pub fn max_steps(mut self, steps: u64) -> Self {
+        self.max_steps = Some(steps);
+        self
+    }
+    /// One optimizer step per `k` micro-batches (each loss scaled by 1/k). Default 1.
+    pub fn accum_steps(mut self, k: usize) -> Self {
+        self.accum_steps = k;
+        self
+    }
+    /// Autocast to bf16 or f16 in the step; f16 adds dynamic loss scaling (GradScaler).
+    pub fn amp(mut self, amp: Option<AmpMode>) -> Self {
+        self.amp = amp;
+        self
+    }
+    /// Clip the gradients' total norm before each step (after unscaling).
+    pub fn clip_grad_norm(mut self, max_norm: f64) -> Self {
+        self.clip_grad_norm = Some(max_norm);
+        self
+    }
+    /// An LR schedule, stepped after every optimizer step (PyTorch's per-iteration use).
+    pub fn scheduler(mut self, scheduler: impl LrScheduler + 'static) -> Self {
+        self.scheduler = Some(Box::new(scheduler));
+        self
+    }
+    /// Show a progress bar (only when stderr is a terminal). Default off.
+    pub fn progress(mut self, show: bool) -> Self {
+        self.progress = show;
+        self
+    }
+    /// Write a training checkpoint here after every epoch (atomically).
+    pub fn save_checkpoint(mut self, path: impl Into<PathBuf>) -> Self {
+        self.save_checkpoint = Some(path.into());
+        self
+    }
+    /// Continue from a checkpoint written by `save_checkpoint` (bit-identically).
+    pub fn resume(mut self, path: impl Into<PathBuf>) -> Self {
+        self.resume = Some(path.into());
+        self
+    }
+    /// Prometheus endpoint and JSON-lines file for the run.
+    pub fn observe(mut self, observe: ObserveSettings) -> Self {
+        self.observe = observe;
+        self
+    }
+    /// The model's and the data's names in the metrics (`ferrite_run_info`).
+    pub fn run_name(mut self, model: impl Into<String>, dataset: impl Into<String>) -> Self {
+        self.run_name = (model.into(), dataset.into());
+        self
+    }
+    /// A setting a resume must not change (e.g. `("hidden", "128")`); the checkpoint stores it
+    /// and a resume with another value is refused naming it. The trainer adds its own
+    /// (accumulation, precision).
+    pub fn setting(mut self, name: impl Into<String>, value: impl ToString) -> Self {
+        self.settings.push((name.into(), value.to_string()));
+        self
+    }
+    /// The generator the model's dropout layers draw from: saved with each checkpoint and
+    /// restored on resume, so a resumed run draws the same masks.
+    pub fn dropout_rng(mut self, rng: RngHandle) -> Self {
+        self.dropout_rng = Some(rng);
+        self
+    }
+    /// Average gradients over MPI ranks (DistributedDataParallel): the `StepSync` of
+    /// `Distributed::sync_for(&model)`. Only rank 0 should write checkpoints: see `rank0`.
+    pub fn gradient_sync(mut self, sync: StepSync) -> Self {
+        self.sync = Some(sync);
+        self
+    }
+    /// Whether this process writes checkpoints and best weights (false on ranks other than 0).
+    pub fn rank0(mut self, writes: bool) -> Self {
+        self.rank0 = writes;
+        self
+    }
+    /// How to evaluate the model after each epoch (wrap its forward passes in
+    /// `ferrite_nn::inference` for eval mode without a graph).
+    pub fn evaluate(mut self, eval: impl FnMut(&mut M) -> Result<Metrics, TrainError> + 'static) -> Self {
+        self.eval = Some(Box::new(eval));
+        self
+    }
+    /// Stop when evaluation metric `metric` has not improved for `patience` evaluations.
+    pub fn early_stopping(mut self, metric: impl Into<String>, goal: Goal, patience: usize) -> Self {
+        self.early_stopping = Some(EarlyStopping { metric: metric.into(), goal, patience });
+        self
+    }
+    /// Write the weights to `path` whenever evaluation metric `metric` reaches a new best.
+    pub fn keep_best(mut self, path: impl Into<PathBuf>, metric: impl Into<String>, goal: Goal) -> Self {
+        self.keep_best = Some(KeepBest { path: path.into(), metric: metric.into(), goal });
+        self
+    }
+    /// Called after every optimizer step.
+    pub fn on_step(mut self, f: impl FnMut(&StepInfo) + 'static) -> Self {
+        self.on_step.push(Box::new(f));
+        self
+    }
+    /// Called before every epoch with its 0-based index (e.g. a sampler's `set_epoch`).
+    pub fn on_epoch_start(mut self, f: impl FnMut(usize) + 'static) -> Self {
+        self.on_epoch_start.push(Box::new(f));
+        self
+    }
+    /// Called after every epoch (its evaluation included).
+    pub fn on_epoch(mut self, f: impl FnMut(&EpochSummary) + 'static) -> Self {
+        self.on_epoch.push(Box::new(f));
+        self
+    }
+    /// Called after every evaluation, before `on_epoch`.
+    pub fn on_evaluation(mut self, f: impl FnMut(&EpochSummary) + 'static) -> Self {
+        self.on_evaluation.push(Box::new(f));
+        self
+    }
+
+    /// Checks the settings and builds the trainer.
+    pub fn build(self) -> Result<Trainer<M>, TrainError> {
+        let invalid = |setting: &'static str, value: String, expected: &'static str| {
+            Err(TrainError::InvalidArgument { flag: setting, value, expected })
+        };
+        if self.epochs == 0 {
+            return invalid("epochs", "0".into(), "must be at least 1");
+        }
+        if self.accum_steps == 0 {
+            return invalid("accum-steps", "0".into(), "must be at least 1");
+        }
+        if let Some(c) = self.clip_grad_norm
+            && !(c.is_finite() && c > 0.0)
+        {
+            return invalid("clip-grad-norm", c.to_string(), "must be a positive number");
+        }
+        if self.max_steps == Some(0) {
+            return invalid("steps", "0".into(), "must be at least 1");
+        }
+        if (self.early_stopping.is_some() || self.keep_best.is_some()) && self.eval.is_none() {
+            return invalid(
+                "early-stopping/keep-best",
+                "set".into(),
+                "needs an evaluation: give the builder `.evaluate(...)`",
+            );
+        }
+        if matches!(self.device, Device::Meta) {
+            return Err(TrainError::MetaDevice);
+        }
+        let mut stepper =
+            crate::stepper::Stepper::new(self.optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
+        stepper.sync = self.sync;
+        let mut settings = self.settings;
+        settings.extend([
+            ("accum-steps".to_string(), self.accum_steps.to_string()),
+            ("amp".to_string(), self.amp.map_or("none", AmpMode::name).to_string()),
+        ]);
+        Ok(Trainer {
+            model: self.model,
+            stepper,
+            scheduler: self.scheduler,
+            device: self.device,
+            epochs: self.epochs,
+            max_steps: self.max_steps,
+            amp: self.amp,
+            progress: self.progress,
+            save_checkpoint: self.save_checkpoint,
+            resume: self.resume,
+            observe: self.observe,
+            run_name: self.run_name,
+            settings,
+            dropout_rng: self.dropout_rng.unwrap_or_else(|| RngHandle::new(0)),
+            eval: self.eval,
+            early_stopping: self.early_stopping,
+            keep_best: self.keep_best,
+            on_step: self.on_step,
+            on_epoch: self.on_epoch,
+            on_epoch_start: self.on_epoch_start,
+            on_evaluation: self.on_evaluation,
+            rank0: self.rank0,
+        })
+    }
+}
+
+/// Trains a model; see the module docs and [`Trainer::builder`].
+pub struct Trainer<M: Module> {
+    model: M,
+    stepper: crate::stepper::Stepper,
+    scheduler: Option<Box<dyn LrScheduler>>,
+    device: Device,
+    epochs: usize,
+    max_steps: Option<u64>,
+    amp: Option<AmpMode>,
+    progress: bool,
+    save_checkpoint: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    observe: ObserveSettings,
+    run_name: (String, String),
+    settings: Vec<(String, String)>,
+    dropout_rng: RngHandle,
+    eval: Option<EvalFn<M>>,
+    early_stopping: Option<EarlyStopping>,
+    keep_best: Option<KeepBest>,
+    on_step: Vec<StepCallback>,
+    on_epoch: Vec<EpochCallback>,
+    on_epoch_start: Vec<StartCallback>,
+    on_evaluation: Vec<EpochCallback>,
+    rank0: bool,
+}
+
+impl<M: Module + 'static> Trainer<M> {
+    /// A trainer of `model` with `optimizer` (any of ferrite-optim's, built over the model's
+    /// parameters).
+    pub fn builder(model: M, optimizer: impl Optimizer + 'static) -> TrainerBuilder<M> {
+        Self::builder_boxed(model, Box::new(optimizer))
+    }
+
+    /// As [`Trainer::builder`] with an optimizer chosen at run time.
+    pub fn builder_boxed(model: M, optimizer: Box<dyn Optimizer>) -> TrainerBuilder<M> {
+        TrainerBuilder {
+            model,
+            optimizer,
+            scheduler: None,
+            device: Device::Cpu,
+            epochs: 1,
+            max_steps: None,
+            accum_steps: 1,
+            amp: None,
+            clip_grad_norm: None,
+            progress: false,
+            save_checkpoint: None,
+            resume: None,
+            observe: ObserveSettings::default(),
+            run_name: (String::from("model"), String::from("data")),
+            settings: Vec::new(),
+            dropout_rng: None,
+            sync: None,
+            eval: None,
+            early_stopping: None,
+            keep_best: None,
+            on_step: Vec::new(),
+            on_epoch: Vec::new(),
+            on_epoch_start: Vec::new(),
+            on_evaluation: Vec::new(),
+            rank0: true,
+        }
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    pub fn model_mut(&mut self) -> &mut M {
+        &mut self.model
+    }
+
+    /// The trained model.
+    pub fn into_model(self) -> M {
+        self.model
+    }
+
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        &*self.stepper.opt
+    }
+
+    /// Optimizer steps taken.
+    pub fn steps(&self) -> u64 {
+        self.stepper.steps
+    }
+
+    /// The gradient averaging given to the builder, for its closing exchange
+    /// (`Distributed::finish_and_report`).
+    pub fn take_gradient_sync(&mut self) -> Option<StepSync> {
+        self.stepper.sync.take()
+    }
+
+    /// Trains for the configured epochs over `loader`, each micro-batch through `step`.
+    pub fn fit<D, C, S>(&mut self, loader: &mut DataLoader<D, C>, mut step: S) -> Result<FitReport, TrainError>
+    where
+        D: Dataset,
+        C: Collate<D::Sample>,
+        S: TrainStep<M, C::Batch>,
+    {
+        let start = Instant::now();
+        let device = self.device.clone();
+        let info = RunInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            model: self.run_name.0.clone(),
+            dataset: self.run_name.1.clone(),
+            device: device.to_string(),
+        };
+        let mut devices = vec![device.clone()];
+        if device != Device::Cpu {
+            devices.push(Device::Cpu);
+        }
+        let run = if self.observe.any() {
+            RunObserver::start(&self.observe, info, devices)?
+        } else {
+            RunObserver::disabled()
+        };
+        let first_epoch = self.stepper.resume_if_asked(
+            self.resume.as_deref(),
+            self.epochs,
+            &mut self.model,
+            &self.dropout_rng,
+            loader,
+            &device,
+            &self.settings,
+        )?;
+        run.set_steps(self.stepper.steps);
+        let mut report = FitReport {
+            epochs: Vec::new(),
+            resumed_epochs: first_epoch,
+            stopped_early: None,
+            steps: self.stepper.steps,
+            best: None,
+            elapsed: Duration::ZERO,
+        };
+        let tracked = self
+            .early_stopping
+            .as_ref()
+            .map(|e| (e.metric.clone(), e.goal))
+            .or_else(|| self.keep_best.as_ref().map(|k| (k.metric.clone(), k.goal)));
+        let mut since_best = 0usize;
+        for epoch in first_epoch..self.epochs {
+            for f in &mut self.on_epoch_start {
+                f(epoch);
+            }
+            step.start_epoch(epoch);
+            let epoch_start = Instant::now();
+            let mut meter = EpochMeter::start(self.progress, &device, loader.len(), epoch, self.epochs);
+            let mut train = Metrics::new();
+            let mut samples = 0usize;
+            let mut reached_max = false;
+            run.epoch_started(epoch + 1, self.epochs);
+            for batch in run.time_loader(loader.epoch()) {
+                let batch = batch?;
+                let pass = MemoryScope::new("forward+backward", &device).quiet();
+                let out = {
+                    let _amp = self.amp.map(|a| autocast(a.dtype())).transpose()?;
+                    step.step(&self.model, batch).during("forward pass", &device)?
+                };
+                let before = self.stepper.steps;
+                self.stepper.backward(&out.loss, &device, &run)?;
+                let loss = out.loss.item()?;
+                meter.batch(pass, loss);
+                samples += out.samples;
+                for (name, v) in &out.sums {
+                    train.add(name, *v);
+                }
+                run.batch(BatchReport { samples: out.samples, loss });
+                if self.stepper.steps > before {
+                    self.after_step(loss)?;
+                }
+                if self.max_steps.is_some_and(|m| self.stepper.steps >= m) {
+                    reached_max = true;
+                    break;
+                }
+            }
+            if !reached_max {
+                let before = self.stepper.steps;
+                self.stepper.finish_epoch(&device, &run)?;
+                if self.stepper.steps > before {
+                    self.after_step(f64::NAN)?;
+                }
+            }
+            run.epoch_finished();
+            let (mean_loss, memory_line, _) = meter.finish();
+            let eval = match &mut self.eval {
+                Some(f) => f(&mut self.model).during("evaluation", &device)?,
+                None => Metrics::new(),
+            };
+            let summary = EpochSummary {
+                epoch: epoch + 1,
+                epochs: self.epochs,
+                mean_loss,
+                samples,
+                train,
+                eval,
+                memory_line,
+                elapsed: epoch_start.elapsed(),
+                steps: self.stepper.steps,
+            };
+            if self.eval.is_some() {
+                for f in &mut self.on_evaluation {
+                    f(&summary);
+                }
+            }
+            // The best evaluation so far: keep its weights, and count evaluations without one.
+            if let Some((metric, goal)) = &tracked {
+                let value = summary.eval.get(metric).ok_or_else(|| TrainError::MissingMetric {
+                    metric: metric.clone(),
+                    found: summary.eval.names().join(", "),
+                })?;
+                if report.best.is_none_or(|(b, _)| goal.improves(value, b)) {
+                    report.best = Some((value, epoch + 1));
+                    since_best = 0;
+                    if let Some(k) = self.keep_best.as_ref().filter(|_| self.rank0) {
+                        save_weights(&k.path, &self.model)?;
+                    }
+                } else {
+                    since_best += 1;
+                }
+            }
+            if let Some(path) = self.save_checkpoint.as_ref().filter(|_| self.rank0 && !reached_max) {
+                self.stepper.save_checkpoint(
+                    path,
+                    epoch + 1,
+                    &self.model,
+                    loader.generator_state(),
+                    &self.dropout_rng,
+                    &self.settings,
+                )?;
+            }
+            for f in &mut self.on_epoch {
+                f(&summary);
+            }
+            report.epochs.push(summary);
+            if reached_max {
+                report.stopped_early = Some(format!("reached {} optimizer steps", self.stepper.steps));
+                break;
+            }
+            if let Some(e) = &self.early_stopping
+                && since_best >= e.patience
+            {
+                report.stopped_early = Some(format!(
+                    "`{}` has not improved for {} evaluations (best {:.6} after epoch {})",
+                    e.metric,
+                    since_best,
+                    report.best.map_or(f64::NAN, |b| b.0),
+                    report.best.map_or(0, |b| b.1)
+                ));
+                break;
+            }
+        }
+        run.finish();
+        report.steps = self.stepper.steps;
+        report.elapsed = start.elapsed();
+        Ok(report)
+    }
+
+    fn after_step(&mut self, loss: f64) -> Result<(), TrainError> {
+        if let Some(s) = &mut self.scheduler {
+            s.step(&mut *self.stepper.opt)?;
+        }
+        let info = StepInfo {
+            step: self.stepper.steps,
+            applied: self.stepper.last_applied,
+            lr: self.stepper.opt.lrs().first().copied().unwrap_or(f64::NAN),
+            loss,
+        };
+        for f in &mut self.on_step {
+            f(&info);
+        }
+        Ok(())
+    }
+}
+
+/// The model's state dict as safetensors at `path`, written atomically.
+fn save_weights(path: &Path, model: &dyn Module) -> Result<(), TrainError> {
+    let sd = model.state_dict();
+    ferrite_io::save_state_dict(path, sd.iter())?;
+    Ok(())
+}
