@@ -74,18 +74,24 @@ fn main() -> Result<(), TrainError> {
     let epochs = std::env::args()
         .skip_while(|a| a != "--epochs")
         .nth(1)
-        .map(|n| n.parse::<usize>().map_err(|_| TrainError::InvalidArgument {
-            flag: "epochs",
-            value: n.clone(),
-            expected: "a whole number of at least 1",
-        }))
+        .map(|n| {
+            n.parse::<usize>().map_err(|_| TrainError::InvalidArgument {
+                flag: "epochs",
+                value: n.clone(),
+                expected: "a whole number of at least 1",
+            })
+        })
         .transpose()?
         .unwrap_or(40);
     let out = std::env::temp_dir();
     let (best, checkpoint) = (out.join("spiral-best.safetensors"), out.join("spiral.ckpt"));
 
-    let mut loader =
-        DataLoader::builder(InMemory::new(spirals(2048, 1))).batch_size(64).shuffle(true).seed(0).collate(StackCollate).build()?;
+    let mut loader = DataLoader::builder(InMemory::new(spirals(2048, 1)))
+        .batch_size(64)
+        .shuffle(true)
+        .seed(0)
+        .collate(StackCollate)
+        .build()?;
     let val = spirals(512, 2);
     let rng = RngHandle::new(7);
     let model = SpiralNet::new(64, &rng, &mut Generator::new(0))?;

@@ -35,7 +35,8 @@ pub mod prelude {
     pub use ferrite_data::{DataLoader, Dataset, InMemory, StackCollate};
     pub use ferrite_memory::{Device, MemoryScope, allocator, format_size};
     pub use ferrite_nn::{
-        CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, MSELoss, Module, ReLU, RngHandle, Sequential, inference,
+        CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, MSELoss, Module, ReLU, RngHandle, Sequential,
+        inference,
     };
     pub use ferrite_optim::{Adam, AdamConfig, LrScheduler, Optimizer, Sgd, SgdConfig};
     pub use ferrite_tensor::{DType, Generator, Tensor, no_grad};
