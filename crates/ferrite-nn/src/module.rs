@@ -337,3 +337,91 @@ macro_rules! training_flag {
     };
 }
 pub(crate) use training_flag;
+
+/// A boxed module is a module: a model chosen at run time (`Box<dyn Module>`) goes wherever a
+/// concrete one does (a trainer generic over its model, a `Sequential`). Every method is
+/// forwarded, so a module that overrides a provided method keeps its own behaviour in the box.
+impl Module for Box<dyn Module> {
+    fn type_name(&self) -> &'static str {
+        (**self).type_name()
+    }
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        (**self).forward(x)
+    }
+    fn own_parameters(&self) -> Vec<(String, &Tensor)> {
+        (**self).own_parameters()
+    }
+    fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        (**self).own_parameters_mut()
+    }
+    fn own_buffers(&self) -> Vec<(String, &Tensor)> {
+        (**self).own_buffers()
+    }
+    fn own_buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        (**self).own_buffers_mut()
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        (**self).children()
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        (**self).children_mut()
+    }
+    fn is_training(&self) -> bool {
+        (**self).is_training()
+    }
+    fn set_own_training(&mut self, training: bool) {
+        (**self).set_own_training(training)
+    }
+    fn train(&mut self, training: bool) {
+        (**self).train(training)
+    }
+    fn eval(&mut self) {
+        (**self).eval()
+    }
+    fn named_modules(&self) -> Vec<(String, &dyn Module)> {
+        (**self).named_modules()
+    }
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        (**self).named_parameters()
+    }
+    fn parameters(&self) -> Vec<Tensor> {
+        (**self).parameters()
+    }
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        (**self).named_buffers()
+    }
+    fn num_parameters(&self) -> usize {
+        (**self).num_parameters()
+    }
+    fn parameter_bytes(&self) -> usize {
+        (**self).parameter_bytes()
+    }
+    fn zero_grad(&self) -> Result<()> {
+        (**self).zero_grad()
+    }
+    fn state_dict(&self) -> StateDict {
+        (**self).state_dict()
+    }
+    fn load_state_dict(&mut self, state_dict: &StateDict, strict: bool) -> Result<IncompatibleKeys> {
+        (**self).load_state_dict(state_dict, strict)
+    }
+    fn load_state_dict_with(&mut self, state_dict: &StateDict, options: &LoadOptions) -> Result<IncompatibleKeys> {
+        (**self).load_state_dict_with(state_dict, options)
+    }
+    fn map_tensors(&mut self, f: &mut dyn FnMut(&Tensor) -> Result<Tensor>) -> Result<()> {
+        (**self).map_tensors(f)
+    }
+    fn map_tensors_shared(
+        &mut self,
+        memo: &mut HashMap<(usize, usize), Tensor>,
+        f: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+    ) -> Result<()> {
+        (**self).map_tensors_shared(memo, f)
+    }
+    fn to_device(&mut self, device: &Device) -> Result<()> {
+        (**self).to_device(device)
+    }
+    fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        (**self).to_dtype(dtype)
+    }
+}

@@ -20,7 +20,7 @@
 //! let model = Linear::new(64, 10)?;
 //! let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(1e-3))?;
 //! let mut trainer = Trainer::builder(model, opt).epochs(3).accum_steps(2).build()?;
-//! let report = trainer.fit(&mut loader, |m: &Linear, (x, y): (Tensor, Tensor)| {
+//! let report = trainer.fit(&mut loader, |m: &Linear, (x, y): &(Tensor, Tensor)| {
 //!     let loss = CrossEntropyLoss::new().forward(&m.forward(&x)?, &y)?;
 //!     Ok(StepOutput::new(loss, y.numel()))
 //! })?;
@@ -50,12 +50,17 @@ pub struct StepOutput {
     pub loss: Tensor,
     pub samples: usize,
     pub sums: Vec<(String, f64)>,
+    /// Metrics computed after the backward pass and the optimizer step (see
+    /// [`StepOutput::after_step`]).
+    after: Option<AfterStep>,
 }
+
+type AfterStep = Box<dyn FnOnce() -> Result<Vec<(String, f64)>, TrainError>>;
 
 impl StepOutput {
     /// A loss over `samples` samples, with no other metric.
     pub fn new(loss: Tensor, samples: usize) -> StepOutput {
-        StepOutput { loss, samples, sums: Vec::new() }
+        StepOutput { loss, samples, sums: Vec::new(), after: None }
     }
 
     /// Adds a metric summed over this batch's samples (the epoch reports its sum and its mean).
@@ -63,23 +68,36 @@ impl StepOutput {
         self.sums.push((name.into(), value));
         self
     }
+
+    /// Metrics to compute once the backward pass (and the optimizer step, when this micro-batch
+    /// completes one) has run — e.g. an accuracy from the logits, which the closure keeps alive
+    /// until then, as a PyTorch loop that reads them after `step()` does. Computing them here
+    /// rather than in the step keeps their temporaries out of the forward+backward peak.
+    pub fn after_step(mut self, f: impl FnOnce() -> Result<Vec<(String, f64)>, TrainError> + 'static) -> StepOutput {
+        self.after = Some(Box::new(f));
+        self
+    }
 }
 
 /// A training step: the forward pass and loss of one micro-batch (autocast is already on when the
-/// run uses AMP). Any `FnMut(&M, Batch) -> Result<StepOutput, TrainError>` is one.
+/// run uses AMP). Any `FnMut(&M, &Batch) -> Result<StepOutput, TrainError>` is one. The batch
+/// stays alive until the optimizer step has run (as in a PyTorch loop, and as the planner models
+/// the step).
 pub trait TrainStep<M: ?Sized, B> {
-    fn step(&mut self, model: &M, batch: B) -> Result<StepOutput, TrainError>;
+    fn step(&mut self, model: &M, batch: &B) -> Result<StepOutput, TrainError>;
 
-    /// Called before an epoch's first batch (0-based `epoch`): reset state carried across batches,
-    /// such as a recurrent model's hidden state.
-    fn start_epoch(&mut self, _epoch: usize) {}
+    /// Called before an epoch's first batch (0-based `epoch`), inside the epoch's memory scope:
+    /// reset state carried across batches, such as a recurrent model's hidden state.
+    fn start_epoch(&mut self, _model: &M, _epoch: usize) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 impl<M: ?Sized, B, F> TrainStep<M, B> for F
 where
-    F: FnMut(&M, B) -> Result<StepOutput, TrainError>,
+    F: FnMut(&M, &B) -> Result<StepOutput, TrainError>,
 {
-    fn step(&mut self, model: &M, batch: B) -> Result<StepOutput, TrainError> {
+    fn step(&mut self, model: &M, batch: &B) -> Result<StepOutput, TrainError> {
         self(model, batch)
     }
 }
@@ -143,10 +161,10 @@ pub struct FitReport {
     pub elapsed: Duration,
 }
 
-type StepCallback = Box<dyn FnMut(&StepInfo)>;
-type EpochCallback = Box<dyn FnMut(&EpochSummary)>;
-type StartCallback = Box<dyn FnMut(usize)>;
-type EvalFn<M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError>>;
+type StepCallback<'a> = Box<dyn FnMut(&StepInfo) + 'a>;
+type EpochCallback<'a> = Box<dyn FnMut(&EpochSummary) + 'a>;
+type StartCallback<'a> = Box<dyn FnMut(usize) + 'a>;
+type EvalFn<'a, M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError> + 'a>;
 
 /// Stop when the metric has not improved for `patience` evaluations in a row.
 #[derive(Debug, Clone)]
@@ -165,7 +183,7 @@ struct KeepBest {
 }
 
 /// Builds a [`Trainer`]; every setting has the default of a plain f32 run.
-pub struct TrainerBuilder<M: Module> {
+pub struct TrainerBuilder<'a, M: Module> {
     model: M,
     optimizer: Box<dyn Optimizer>,
     scheduler: Option<Box<dyn LrScheduler>>,
@@ -179,21 +197,22 @@ pub struct TrainerBuilder<M: Module> {
     save_checkpoint: Option<PathBuf>,
     resume: Option<PathBuf>,
     observe: ObserveSettings,
+    run: Option<RunObserver>,
     run_name: (String, String),
     settings: Vec<(String, String)>,
     dropout_rng: Option<RngHandle>,
     sync: Option<StepSync>,
-    eval: Option<EvalFn<M>>,
+    eval: Option<EvalFn<'a, M>>,
     early_stopping: Option<EarlyStopping>,
     keep_best: Option<KeepBest>,
-    on_step: Vec<StepCallback>,
-    on_epoch: Vec<EpochCallback>,
-    on_epoch_start: Vec<StartCallback>,
-    on_evaluation: Vec<EpochCallback>,
+    on_step: Vec<StepCallback<'a>>,
+    on_epoch: Vec<EpochCallback<'a>>,
+    on_epoch_start: Vec<StartCallback<'a>>,
+    on_evaluation: Vec<EpochCallback<'a>>,
     rank0: bool,
 }
 
-impl<M: Module + 'static> TrainerBuilder<M> {
+impl<'a, M: Module> TrainerBuilder<'a, M> {
     /// The device the model lives on (its memory line and the metrics report it). Default: `cpu`.
     pub fn device(mut self, device: Device) -> Self {
         self.device = device;
@@ -249,6 +268,12 @@ impl<M: Module + 'static> TrainerBuilder<M> {
         self.observe = observe;
         self
     }
+    /// An observer already started (e.g. with [`crate::start_observer`], which announces its
+    /// address): the run reports to it instead of starting one from `observe`.
+    pub fn run_observer(mut self, run: RunObserver) -> Self {
+        self.run = Some(run);
+        self
+    }
     /// The model's and the data's names in the metrics (`ferrite_run_info`).
     pub fn run_name(mut self, model: impl Into<String>, dataset: impl Into<String>) -> Self {
         self.run_name = (model.into(), dataset.into());
@@ -280,7 +305,7 @@ impl<M: Module + 'static> TrainerBuilder<M> {
     }
     /// How to evaluate the model after each epoch (wrap its forward passes in
     /// `ferrite_nn::inference` for eval mode without a graph).
-    pub fn evaluate(mut self, eval: impl FnMut(&mut M) -> Result<Metrics, TrainError> + 'static) -> Self {
+    pub fn evaluate(mut self, eval: impl FnMut(&mut M) -> Result<Metrics, TrainError> + 'a) -> Self {
         self.eval = Some(Box::new(eval));
         self
     }
@@ -295,28 +320,28 @@ impl<M: Module + 'static> TrainerBuilder<M> {
         self
     }
     /// Called after every optimizer step.
-    pub fn on_step(mut self, f: impl FnMut(&StepInfo) + 'static) -> Self {
+    pub fn on_step(mut self, f: impl FnMut(&StepInfo) + 'a) -> Self {
         self.on_step.push(Box::new(f));
         self
     }
     /// Called before every epoch with its 0-based index (e.g. a sampler's `set_epoch`).
-    pub fn on_epoch_start(mut self, f: impl FnMut(usize) + 'static) -> Self {
+    pub fn on_epoch_start(mut self, f: impl FnMut(usize) + 'a) -> Self {
         self.on_epoch_start.push(Box::new(f));
         self
     }
     /// Called after every epoch (its evaluation included).
-    pub fn on_epoch(mut self, f: impl FnMut(&EpochSummary) + 'static) -> Self {
+    pub fn on_epoch(mut self, f: impl FnMut(&EpochSummary) + 'a) -> Self {
         self.on_epoch.push(Box::new(f));
         self
     }
     /// Called after every evaluation, before `on_epoch`.
-    pub fn on_evaluation(mut self, f: impl FnMut(&EpochSummary) + 'static) -> Self {
+    pub fn on_evaluation(mut self, f: impl FnMut(&EpochSummary) + 'a) -> Self {
         self.on_evaluation.push(Box::new(f));
         self
     }
 
     /// Checks the settings and builds the trainer.
-    pub fn build(self) -> Result<Trainer<M>, TrainError> {
+    pub fn build(self) -> Result<Trainer<'a, M>, TrainError> {
         let invalid = |setting: &'static str, value: String, expected: &'static str| {
             Err(TrainError::InvalidArgument { flag: setting, value, expected })
         };
@@ -348,10 +373,13 @@ impl<M: Module + 'static> TrainerBuilder<M> {
             crate::stepper::Stepper::new(self.optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
         stepper.sync = self.sync;
         let mut settings = self.settings;
-        settings.extend([
-            ("accum-steps".to_string(), self.accum_steps.to_string()),
-            ("amp".to_string(), self.amp.map_or("none", AmpMode::name).to_string()),
-        ]);
+        for (name, value) in
+            [("accum-steps", self.accum_steps.to_string()), ("amp", self.amp.map_or("none", AmpMode::name).to_string())]
+        {
+            if !settings.iter().any(|(n, _)| n == name) {
+                settings.push((name.to_string(), value));
+            }
+        }
         Ok(Trainer {
             model: self.model,
             stepper,
@@ -364,6 +392,7 @@ impl<M: Module + 'static> TrainerBuilder<M> {
             save_checkpoint: self.save_checkpoint,
             resume: self.resume,
             observe: self.observe,
+            run: self.run,
             run_name: self.run_name,
             settings,
             dropout_rng: self.dropout_rng.unwrap_or_else(|| RngHandle::new(0)),
@@ -380,7 +409,7 @@ impl<M: Module + 'static> TrainerBuilder<M> {
 }
 
 /// Trains a model; see the module docs and [`Trainer::builder`].
-pub struct Trainer<M: Module> {
+pub struct Trainer<'a, M: Module> {
     model: M,
     stepper: crate::stepper::Stepper,
     scheduler: Option<Box<dyn LrScheduler>>,
@@ -392,28 +421,29 @@ pub struct Trainer<M: Module> {
     save_checkpoint: Option<PathBuf>,
     resume: Option<PathBuf>,
     observe: ObserveSettings,
+    run: Option<RunObserver>,
     run_name: (String, String),
     settings: Vec<(String, String)>,
     dropout_rng: RngHandle,
-    eval: Option<EvalFn<M>>,
+    eval: Option<EvalFn<'a, M>>,
     early_stopping: Option<EarlyStopping>,
     keep_best: Option<KeepBest>,
-    on_step: Vec<StepCallback>,
-    on_epoch: Vec<EpochCallback>,
-    on_epoch_start: Vec<StartCallback>,
-    on_evaluation: Vec<EpochCallback>,
+    on_step: Vec<StepCallback<'a>>,
+    on_epoch: Vec<EpochCallback<'a>>,
+    on_epoch_start: Vec<StartCallback<'a>>,
+    on_evaluation: Vec<EpochCallback<'a>>,
     rank0: bool,
 }
 
-impl<M: Module + 'static> Trainer<M> {
+impl<'a, M: Module> Trainer<'a, M> {
     /// A trainer of `model` with `optimizer` (any of ferrite-optim's, built over the model's
     /// parameters).
-    pub fn builder(model: M, optimizer: impl Optimizer + 'static) -> TrainerBuilder<M> {
+    pub fn builder(model: M, optimizer: impl Optimizer + 'static) -> TrainerBuilder<'a, M> {
         Self::builder_boxed(model, Box::new(optimizer))
     }
 
     /// As [`Trainer::builder`] with an optimizer chosen at run time.
-    pub fn builder_boxed(model: M, optimizer: Box<dyn Optimizer>) -> TrainerBuilder<M> {
+    pub fn builder_boxed(model: M, optimizer: Box<dyn Optimizer>) -> TrainerBuilder<'a, M> {
         TrainerBuilder {
             model,
             optimizer,
@@ -428,6 +458,7 @@ impl<M: Module + 'static> Trainer<M> {
             save_checkpoint: None,
             resume: None,
             observe: ObserveSettings::default(),
+            run: None,
             run_name: (String::from("model"), String::from("data")),
             settings: Vec::new(),
             dropout_rng: None,
@@ -465,6 +496,12 @@ impl<M: Module + 'static> Trainer<M> {
         self.stepper.steps
     }
 
+    /// The observer given to the builder with `run_observer`, after `fit` (to finish it when the
+    /// caller's own epilogue is done).
+    pub fn take_run_observer(&mut self) -> Option<RunObserver> {
+        self.run.take()
+    }
+
     /// The gradient averaging given to the builder, for its closing exchange
     /// (`Distributed::finish_and_report`).
     pub fn take_gradient_sync(&mut self) -> Option<StepSync> {
@@ -490,10 +527,12 @@ impl<M: Module + 'static> Trainer<M> {
         if device != Device::Cpu {
             devices.push(Device::Cpu);
         }
-        let run = if self.observe.any() {
-            RunObserver::start(&self.observe, info, devices)?
-        } else {
-            RunObserver::disabled()
+        // An observer given to the builder stays the caller's (take it back with
+        // `take_run_observer`); one started here ends with the run.
+        let (run, given) = match self.run.take() {
+            Some(run) => (run, true),
+            None if self.observe.any() => (RunObserver::start(&self.observe, info, devices)?, false),
+            None => (RunObserver::disabled(), false),
         };
         let first_epoch = self.stepper.resume_if_asked(
             self.resume.as_deref(),
@@ -523,9 +562,9 @@ impl<M: Module + 'static> Trainer<M> {
             for f in &mut self.on_epoch_start {
                 f(epoch);
             }
-            step.start_epoch(epoch);
             let epoch_start = Instant::now();
             let mut meter = EpochMeter::start(self.progress, &device, loader.len(), epoch, self.epochs);
+            step.start_epoch(&self.model, epoch)?;
             let mut train = Metrics::new();
             let mut samples = 0usize;
             let mut reached_max = false;
@@ -533,9 +572,9 @@ impl<M: Module + 'static> Trainer<M> {
             for batch in run.time_loader(loader.epoch()) {
                 let batch = batch?;
                 let pass = MemoryScope::new("forward+backward", &device).quiet();
-                let out = {
+                let mut out = {
                     let _amp = self.amp.map(|a| autocast(a.dtype())).transpose()?;
-                    step.step(&self.model, batch).during("forward pass", &device)?
+                    step.step(&self.model, &batch).during("forward pass", &device)?
                 };
                 let before = self.stepper.steps;
                 self.stepper.backward(&out.loss, &device, &run)?;
@@ -545,7 +584,14 @@ impl<M: Module + 'static> Trainer<M> {
                 for (name, v) in &out.sums {
                     train.add(name, *v);
                 }
+                if let Some(after) = out.after.take() {
+                    for (name, v) in after()? {
+                        train.add(&name, v);
+                    }
+                }
                 run.batch(BatchReport { samples: out.samples, loss });
+                drop(out);
+                drop(batch);
                 if self.stepper.steps > before {
                     self.after_step(loss)?;
                 }
@@ -630,7 +676,11 @@ impl<M: Module + 'static> Trainer<M> {
                 break;
             }
         }
-        run.finish();
+        if given {
+            self.run = Some(run);
+        } else {
+            run.finish();
+        }
         report.steps = self.stepper.steps;
         report.elapsed = start.elapsed();
         Ok(report)

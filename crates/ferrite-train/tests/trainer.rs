@@ -79,10 +79,10 @@ fn loader(seed: u64) -> Loader {
         .unwrap()
 }
 
-fn step(m: &TwoLayer, (x, y): (Tensor, Tensor)) -> Result<StepOutput, TrainError> {
-    let logits = m.forward(&x)?;
-    let loss = CrossEntropyLoss::new().forward(&logits, &y)?;
-    let correct = logits.argmax(1, false)?.eq(&y)?.to_vec_bool()?.into_iter().filter(|h| *h).count();
+fn step(m: &TwoLayer, (x, y): &(Tensor, Tensor)) -> Result<StepOutput, TrainError> {
+    let logits = m.forward(x)?;
+    let loss = CrossEntropyLoss::new().forward(&logits, y)?;
+    let correct = logits.argmax(1, false)?.eq(y)?.to_vec_bool()?.into_iter().filter(|h| *h).count();
     Ok(StepOutput::new(loss, y.numel()).with_sum("correct", correct as f64))
 }
 
@@ -230,12 +230,13 @@ fn early_stopping_keeps_the_best_weights_and_max_steps_stops_mid_epoch() {
 
 #[test]
 fn impossible_settings_are_typed_errors() {
-    let build = |f: &dyn Fn(ferrite_train::TrainerBuilder<TwoLayer>) -> ferrite_train::TrainerBuilder<TwoLayer>| {
-        let rng = RngHandle::new(0);
-        let model = TwoLayer::new(0, &rng);
-        let opt = adamw(&model);
-        f(Trainer::builder(model, opt)).build().err().map(|e| e.to_string())
-    };
+    let build =
+        |f: &dyn Fn(ferrite_train::TrainerBuilder<'_, TwoLayer>) -> ferrite_train::TrainerBuilder<'_, TwoLayer>| {
+            let rng = RngHandle::new(0);
+            let model = TwoLayer::new(0, &rng);
+            let opt = adamw(&model);
+            f(Trainer::builder(model, opt)).build().err().map(|e| e.to_string())
+        };
     assert!(build(&|b| b.epochs(0)).unwrap().contains("--epochs 0"));
     assert!(build(&|b| b.accum_steps(0)).unwrap().contains("--accum-steps 0"));
     assert!(build(&|b| b.clip_grad_norm(f64::NAN)).unwrap().contains("clip-grad-norm"));

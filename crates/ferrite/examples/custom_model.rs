@@ -125,8 +125,8 @@ fn main() -> Result<(), TrainError> {
         })
         .build()?;
     let loss_fn = CrossEntropyLoss::new();
-    let report = trainer.fit(&mut loader, move |m: &SpiralNet, (x, y): (Tensor, Tensor)| {
-        let loss = loss_fn.forward(&m.forward(&x)?, &y)?;
+    let report = trainer.fit(&mut loader, move |m: &SpiralNet, (x, y): &(Tensor, Tensor)| {
+        let loss = loss_fn.forward(&m.forward(x)?, y)?;
         Ok(StepOutput::new(loss, y.numel()))
     })?;
     let (acc, epoch) = report.best.unwrap_or((f64::NAN, 0));

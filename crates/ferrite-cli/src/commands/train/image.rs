@@ -7,17 +7,16 @@ use std::time::Instant;
 use ferrite_data::{
     DataLoader, Dataset, DatasetKind, DistributedSampler, ImageClassification, ImageCollate, Tensors, builtin_dataset,
 };
-use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_memory::{allocator, format_size};
 use ferrite_models::{CnnSpec, MlpSpec, build_cnn, build_mlp};
-use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast, inference};
+use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, inference};
+use ferrite_optim::{Adam, AdamConfig};
 use ferrite_tensor::{Device, Generator, Tensor};
-
-use ferrite_train::{EpochMeter, seconds, start_observer};
-
-use super::settings::{adamw_stepper, describe_settings, run_settings};
-use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 use ferrite_train::distributed::{Distributed, EvalShare};
-use ferrite_train::observe::BatchReport;
+use ferrite_train::{Metrics, StepOutput, seconds, start_observer};
+
+use super::settings::{describe_settings, run_settings, trainer_for};
+use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 
 type ImageLoader = DataLoader<ImageClassification, Tensors<ImageCollate>>;
 
@@ -136,76 +135,60 @@ pub fn train(
         ImageSpec::Mlp(m) => build_mlp(m, device, &mut init, &dropout_rng).map(|m| Box::new(m) as Box<dyn Module>),
         ImageSpec::Cnn(c) => build_cnn(c, device, &mut init).map(|m| Box::new(m) as Box<dyn Module>),
     };
-    let mut model = built.during_hint("building the model", device, too_big)?;
-    let mut stepper = adamw_stepper(&*model, args)?;
-    if let Some(d) = dist {
-        stepper.sync = Some(d.sync_for(&*model)?);
-    }
-    let loss_fn = CrossEntropyLoss::new();
-
+    let model = built.during_hint("building the model", device, too_big)?;
+    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
+    let sync = dist.map(|d| d.sync_for(&*model)).transpose()?;
+    let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
     let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
-    let settings = run_settings(args, kind.name(), specific);
-    let first_epoch = stepper.resume_if_asked(
-        args.resume.as_deref(),
-        epochs,
-        &mut *model,
-        &dropout_rng,
-        &mut train_loader,
-        device,
-        &settings,
-    )?;
-    run.set_steps(stepper.steps);
+    let mut trainer =
+        trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, kind.name(), specific))
+            .dropout_rng(dropout_rng)
+            .run_observer(run)
+            .rank0(dist.is_none_or(|d| d.rank() == 0))
+            .on_epoch_start(|epoch| {
+                if let Some(s) = &sampler {
+                    s.set_epoch(epoch as u64);
+                }
+            })
+            // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
+            .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
+            .on_epoch(|e| {
+                println!(
+                    "epoch {:>3}/{}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
+                    e.epoch,
+                    e.epochs,
+                    e.mean_loss,
+                    100.0 * e.train_mean("correct").unwrap_or(0.0),
+                    100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
+                    e.memory_line,
+                    seconds(e.elapsed.as_secs_f64()),
+                )
+            });
+    if let Some(sync) = sync {
+        trainer = trainer.gradient_sync(sync);
+    }
+    let mut trainer = trainer.build()?;
 
     // ---- training
     let start = Instant::now();
-    let mut test_accuracy = f64::NAN;
-    for epoch in first_epoch..epochs {
-        if let Some(s) = &sampler {
-            s.set_epoch(epoch as u64);
-        }
-        let mut meter = EpochMeter::start(!args.no_progress, device, train_loader.len(), epoch, epochs);
-        let (mut correct, mut seen) = (0usize, 0usize);
-        run.epoch_started(epoch + 1, epochs);
-        for batch in run.time_loader(train_loader.epoch()) {
-            let (x, y) = batch?;
-            let pass = MemoryScope::new("forward+backward", device).quiet();
-            let (loss, logits) = {
-                let _amp = args.amp.map(|a| autocast(a.dtype())).transpose()?;
-                let logits = model.forward(&x).during("forward pass", device)?;
-                (loss_fn.forward(&logits, &y)?, logits)
-            };
-            stepper.backward(&loss, device, &run)?;
-            let l = loss.item()?;
-            meter.batch(pass, l);
-            correct += count_correct(&logits, &y)?;
-            seen += y.numel();
-            run.batch(BatchReport { samples: y.numel(), loss: l });
-        }
-        stepper.finish_epoch(device, &run)?;
-        run.epoch_finished();
-        let (mean_loss, memory, epoch_start) = meter.finish();
-        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
-        test_accuracy = evaluate(&mut *model, &mut test_loader, dist, device)?;
-        println!(
-            "epoch {:>3}/{epochs}  loss {mean_loss:.4}  train acc {:5.2}%  test acc {:5.2}%  | {memory}  | {}",
-            epoch + 1,
-            100.0 * correct as f64 / seen.max(1) as f64,
-            100.0 * test_accuracy,
-            seconds(epoch_start.elapsed().as_secs_f64()),
-        );
-        if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
-            stepper.save_checkpoint(
-                path,
-                epoch + 1,
-                &*model,
-                train_loader.generator_state(),
-                &dropout_rng,
-                &settings,
-            )?;
-        }
-    }
+    let loss_fn = CrossEntropyLoss::new();
+    // The trainer's model is the boxed model chosen above.
+    #[allow(clippy::borrowed_box)]
+    let report = trainer.fit(&mut train_loader, |m: &Box<dyn Module>, (x, y): &(Tensor, Tensor)| {
+        let logits = m.forward(x)?;
+        let loss = loss_fn.forward(&logits, y)?;
+        let (logits, y) = (logits.clone(), y.clone());
+        // The accuracy is read after the step, as the planner models it (logits kept until then).
+        Ok(StepOutput::new(loss, y.numel())
+            .after_step(move || Ok(vec![("correct".to_string(), count_correct(&logits, &y)? as f64)])))
+    })?;
+    let sync = trainer.take_gradient_sync();
+    let run = trainer.take_run_observer();
+    let mut model = trainer.into_model();
+    let mut test_accuracy = report.epochs.last().and_then(|e| e.eval.get("accuracy")).unwrap_or(f64::NAN);
+    let first_epoch = report.resumed_epochs;
     if first_epoch >= epochs {
-        test_accuracy = evaluate(&mut *model, &mut test_loader, dist, device)?;
+        test_accuracy = evaluate(&mut model, &mut test_loader, dist).during("evaluation", device)?;
     }
 
     // ---- results
@@ -224,9 +207,11 @@ pub fn train(
     );
     println!("{}", allocator(device).memory_summary(true));
     if let Some(d) = dist {
-        d.finish_and_report(stepper.sync.take(), device)?;
+        d.finish_and_report(sync, device)?;
     }
-    run.finish();
+    if let Some(run) = run {
+        run.finish();
+    }
     Ok(())
 }
 
@@ -257,13 +242,8 @@ fn count_correct(logits: &Tensor, y: &Tensor) -> Result<usize, TrainError> {
 
 /// Test accuracy. Distributed, the loader holds this rank's share and the counts are summed over
 /// the ranks, so every rank reports the whole test set's accuracy.
-fn evaluate(
-    model: &mut dyn Module,
-    loader: &mut ImageLoader,
-    dist: Option<&Distributed>,
-    device: &Device,
-) -> Result<f64, TrainError> {
-    let local = count_test(model, loader).during("evaluation", device);
+fn evaluate(model: &mut dyn Module, loader: &mut ImageLoader, dist: Option<&Distributed>) -> Result<f64, TrainError> {
+    let local = count_test(model, loader);
     let (correct, seen) = match dist {
         Some(d) => d.sum_counts(local)?,
         None => local?,

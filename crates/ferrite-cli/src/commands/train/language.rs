@@ -11,17 +11,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use ferrite_data::{CharText, DataLoader, Dataset, Tensors, TextCollate, TextStreams};
-use ferrite_memory::{MemoryScope, allocator, format_size};
+use ferrite_memory::{allocator, format_size};
 use ferrite_models::{LstmLm, LstmSpec, LstmState, TransformerLm, TransformerSpec, build_lstm, build_transformer};
-use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, autocast};
+use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
+use ferrite_optim::{Adam, AdamConfig};
 use ferrite_tensor::{Device, Generator, Tensor, no_grad};
-
-use ferrite_train::{EpochMeter, seconds, start_observer};
-
-use super::settings::{adamw_stepper, describe_settings, run_settings};
-use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 use ferrite_train::distributed::{Distributed, StreamShare};
-use ferrite_train::observe::BatchReport;
+use ferrite_train::{Metrics, StepOutput, TrainStep, seconds, start_observer};
+
+use super::settings::{describe_settings, run_settings, trainer_for};
+use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 
 type TextLoader = DataLoader<TextStreams, Tensors<TextCollate>>;
 
@@ -33,6 +32,7 @@ const SAMPLE_CHARS: usize = 120;
 const SAMPLE_TEMPERATURE: f64 = 0.8;
 
 /// The two language models behind one interface: a chunk in, logits and the carried state out.
+#[derive(Clone)]
 enum LanguageModel {
     Lstm(LstmLm),
     Transformer(TransformerLm),
@@ -72,6 +72,65 @@ impl LanguageModel {
             (LanguageModel::Lstm(m), None) => Ok((m.forward(ids)?, None)),
             (LanguageModel::Transformer(m), _) => Ok((m.forward(ids)?, None)),
         }
+    }
+}
+
+/// The module tree is the inner model's (same parameter names), so the trainer checkpoints and
+/// evaluates it as it is.
+impl Module for LanguageModel {
+    fn type_name(&self) -> &'static str {
+        self.module().type_name()
+    }
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        self.module().forward(x)
+    }
+    fn own_parameters(&self) -> Vec<(String, &Tensor)> {
+        self.module().own_parameters()
+    }
+    fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.module_mut().own_parameters_mut()
+    }
+    fn own_buffers(&self) -> Vec<(String, &Tensor)> {
+        self.module().own_buffers()
+    }
+    fn own_buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        self.module_mut().own_buffers_mut()
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        self.module().children()
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        self.module_mut().children_mut()
+    }
+    fn is_training(&self) -> bool {
+        self.module().is_training()
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.module_mut().set_own_training(training)
+    }
+}
+
+/// One training chunk of `batch` streams: the state carried from the previous chunk (truncated
+/// BPTT; reset to zero at each epoch's start) and the next-character loss.
+struct ChunkStep {
+    state: Option<LstmState>,
+    batch: usize,
+    vocab: usize,
+    device: Device,
+    loss_fn: CrossEntropyLoss,
+}
+
+impl TrainStep<LanguageModel, (Tensor, Tensor)> for ChunkStep {
+    fn start_epoch(&mut self, model: &LanguageModel, _epoch: usize) -> Result<(), TrainError> {
+        self.state = model.start_state(self.batch, &self.device)?;
+        Ok(())
+    }
+
+    fn step(&mut self, model: &LanguageModel, (x, y): &(Tensor, Tensor)) -> Result<StepOutput, TrainError> {
+        let (logits, next) = model.chunk(x, self.state.take())?;
+        self.state = next;
+        let loss = self.loss_fn.forward(&logits.reshape(&[-1, self.vocab as i64])?, &y.reshape(&[-1])?)?;
+        Ok(StepOutput::new(loss, y.numel()))
     }
 }
 
@@ -172,71 +231,53 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         format_size(param_bytes),
         format_size(state_bytes)
     ));
-    let mut model =
+    let model =
         build_model(args, vocab, device, &mut init, &dropout_rng).during_hint("building the model", device, too_big)?;
-    let mut stepper = adamw_stepper(model.module(), args)?;
-    if let Some(d) = dist {
-        stepper.sync = Some(d.sync_for(model.module())?);
+    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
+    let sync = dist.map(|d| d.sync_for(model.module())).transpose()?;
+    let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let mut trainer = trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, &dataset, specific))
+        .dropout_rng(dropout_rng)
+        .run_observer(run)
+        .rank0(dist.is_none_or(|d| d.rank() == 0))
+        .on_epoch_start(|epoch| {
+            if let Some(s) = &share {
+                s.set_epoch(epoch as u64);
+            }
+        })
+        .evaluate(|m| Ok(Metrics::new().with("loss", evaluate(m, &mut val_loader, vocab, val_batch, device)?)))
+        .on_epoch(|e| {
+            let val_loss = e.eval.get("loss").unwrap_or(f64::NAN);
+            println!(
+                "epoch {:>3}/{}  loss {:.4}  validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4})  | {}  | {}",
+                e.epoch,
+                e.epochs,
+                e.mean_loss,
+                val_loss.exp(),
+                e.memory_line,
+                seconds(e.elapsed.as_secs_f64()),
+            )
+        });
+    if let Some(sync) = sync {
+        trainer = trainer.gradient_sync(sync);
     }
-    let loss_fn = CrossEntropyLoss::new();
-
-    let settings = run_settings(args, &dataset, specific);
-    let first_epoch = stepper.resume_if_asked(
-        args.resume.as_deref(),
-        epochs,
-        model.module_mut(),
-        &dropout_rng,
-        &mut train_loader,
-        device,
-        &settings,
-    )?;
-    run.set_steps(stepper.steps);
+    let mut trainer = trainer.build()?;
 
     // ---- training
     let start = Instant::now();
-    let mut val_loss = f64::NAN;
-    for epoch in first_epoch..epochs {
-        if let Some(s) = &share {
-            s.set_epoch(epoch as u64);
-        }
-        let mut meter = EpochMeter::start(!args.no_progress, device, train_loader.len(), epoch, epochs);
-        let mut state = model.start_state(args.batch_size, device)?;
-        run.epoch_started(epoch + 1, epochs);
-        for batch in run.time_loader(train_loader.epoch()) {
-            let (x, y) = batch?;
-            let pass = MemoryScope::new("forward+backward", device).quiet();
-            let loss = {
-                let _amp = args.amp.map(|a| autocast(a.dtype())).transpose()?;
-                let (logits, next) = model.chunk(&x, state.take()).during("forward pass", device)?;
-                state = next;
-                loss_fn.forward(&logits.reshape(&[-1, vocab as i64])?, &y.reshape(&[-1])?)?
-            };
-            stepper.backward(&loss, device, &run)?;
-            let l = loss.item()?;
-            meter.batch(pass, l);
-            run.batch(BatchReport { samples: y.numel(), loss: l });
-        }
-        stepper.finish_epoch(device, &run)?;
-        run.epoch_finished();
-        let (mean_loss, memory, epoch_start) = meter.finish();
-        val_loss = evaluate(&mut model, &mut val_loader, vocab, val_batch, device).during("evaluation", device)?;
-        println!(
-            "epoch {:>3}/{epochs}  loss {mean_loss:.4}  validation loss {val_loss:.4} (perplexity {:.2}; unigram {unigram:.4})  | {memory}  | {}",
-            epoch + 1,
-            val_loss.exp(),
-            seconds(epoch_start.elapsed().as_secs_f64()),
-        );
-        if let Some(path) = args.save_checkpoint.as_ref().filter(|_| dist.is_none_or(|d| d.rank() == 0)) {
-            stepper.save_checkpoint(
-                path,
-                epoch + 1,
-                model.module(),
-                train_loader.generator_state(),
-                &dropout_rng,
-                &settings,
-            )?;
-        }
-    }
+    let step = ChunkStep {
+        state: None,
+        batch: args.batch_size,
+        vocab,
+        device: device.clone(),
+        loss_fn: CrossEntropyLoss::new(),
+    };
+    let report = trainer.fit(&mut train_loader, step)?;
+    let sync = trainer.take_gradient_sync();
+    let run = trainer.take_run_observer();
+    let mut model = trainer.into_model();
+    let first_epoch = report.resumed_epochs;
+    let mut val_loss = report.epochs.last().and_then(|e| e.eval.get("loss")).unwrap_or(f64::NAN);
     if first_epoch >= epochs {
         val_loss = evaluate(&mut model, &mut val_loader, vocab, val_batch, device).during("evaluation", device)?;
     }
@@ -246,7 +287,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         let stem = Path::new(&dataset).file_stem().and_then(|s| s.to_str()).unwrap_or("text").to_string();
         PathBuf::from(format!("ferrite-{stem}-{}.safetensors", args.model.name()))
     });
-    let sd = model.module().state_dict();
+    let sd = model.state_dict();
     if dist.is_none_or(|d| d.rank() == 0) {
         ferrite_io::save_state_dict(&weights, sd.iter())?;
     }
@@ -261,9 +302,11 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     );
     println!("{}", allocator(device).memory_summary(true));
     if let Some(d) = dist {
-        d.finish_and_report(stepper.sync.take(), device)?;
+        d.finish_and_report(sync, device)?;
     }
-    run.finish();
+    if let Some(run) = run {
+        run.finish();
+    }
     Ok(())
 }
 

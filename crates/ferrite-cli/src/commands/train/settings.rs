@@ -1,5 +1,43 @@
-//! The lines `ferrite train` prints about its settings, and the settings a resume must not change.
+//! What `ferrite train`'s flags mean to the trainer library: the `Trainer` they configure, the
+//! lines printed about them, and the settings a resume must not change.
+use ferrite_nn::Module;
+use ferrite_optim::Optimizer;
+use ferrite_tensor::Device;
+use ferrite_train::{Trainer, TrainerBuilder};
+
 use super::{Amp, TrainArgs};
+
+/// A trainer of `model` with `optimizer` set up as the flags ask: epochs, accumulation,
+/// precision, clipping, progress bar, checkpoint and resume, and `settings` (what a resume must
+/// not change, from [`run_settings`]).
+pub fn trainer_for<'a, M: Module>(
+    args: &TrainArgs,
+    model: M,
+    optimizer: Box<dyn Optimizer>,
+    device: &Device,
+    epochs: usize,
+    settings: Vec<(String, String)>,
+) -> TrainerBuilder<'a, M> {
+    let mut b = Trainer::builder_boxed(model, optimizer)
+        .device(device.clone())
+        .epochs(epochs)
+        .accum_steps(args.accum_steps)
+        .amp(args.amp.map(Amp::mode))
+        .progress(!args.no_progress);
+    if let Some(c) = args.clip_grad_norm {
+        b = b.clip_grad_norm(c);
+    }
+    if let Some(p) = &args.save_checkpoint {
+        b = b.save_checkpoint(p);
+    }
+    if let Some(p) = &args.resume {
+        b = b.resume(p);
+    }
+    for (name, value) in settings {
+        b = b.setting(name, value);
+    }
+    b
+}
 
 /// The settings line every trainer prints under its model line.
 pub fn describe_settings(args: &TrainArgs) -> String {
@@ -34,17 +72,4 @@ pub fn run_settings(args: &TrainArgs, dataset: &str, specific: Vec<(String, Stri
         ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
     ]);
     settings
-}
-
-/// AdamW over `model`'s named parameters with the run's rate and decay, stepped with its
-/// accumulation, precision and clipping.
-pub fn adamw_stepper(
-    model: &dyn ferrite_nn::Module,
-    args: &TrainArgs,
-) -> Result<ferrite_train::Stepper, ferrite_train::TrainError> {
-    let opt = ferrite_optim::Adam::named(
-        model.named_parameters(),
-        ferrite_optim::AdamConfig::adamw(args.lr).weight_decay(args.weight_decay),
-    )?;
-    ferrite_train::Stepper::new(Box::new(opt), args.accum_steps, args.amp.map(Amp::mode), args.clip_grad_norm)
 }
