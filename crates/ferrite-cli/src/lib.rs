@@ -5,5 +5,6 @@
 //! cgroup parser, the monitor's address and exposition parsers).
 
 pub mod commands;
+pub mod headless;
 pub mod observe;
 pub mod plot;
