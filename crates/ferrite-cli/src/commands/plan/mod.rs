@@ -102,7 +102,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub find_batch_size: bool,
     /// Draw the planned step as a timeline of allocated (stacked by category) and reserved memory
-    /// with the card's capacity and the peak marked: an `.svg` file, or `.html` (the SVG in a page).
+    /// with the card's capacity and the peak marked, in the format of the file's extension: `.svg`,
+    /// `.html` (the SVG in a page) or `.png`; any other extension is refused.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Peak memory for each of these batch sizes (comma-separated), against the card's capacity.
@@ -280,6 +281,31 @@ pub fn amp_mode(a: Amp) -> AmpMode {
 
 pub fn run(args: PlanArgs) -> CliResult {
     let zero = args.zero.setup()?;
+    // An unsupported --plot extension is refused before the step is planned.
+    let plot_format = args.plot.as_deref().map(crate::plot::PlotFormat::from_path).transpose()?;
+    // --plot draws, and --zero estimates, the plan of one step: the other questions do not print
+    // that plan, so either flag would be silently ignored beside them.
+    let question = [
+        ("--sweep-batch", args.sweep_batch.is_some()),
+        ("--find-batch-size", args.find_batch_size),
+        ("--target-batch", args.target_batch.is_some()),
+        ("--jobs", args.jobs.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag));
+    if let Some(question) = question {
+        for (flag, given) in [("--plot", args.plot.is_some()), ("--zero", args.zero.zero.is_some())] {
+            if given {
+                return Err(PlanError::InvalidSetting {
+                    what: format!("{flag} with {question}"),
+                    reason: format!(
+                        "{flag} applies to the plan of one step, which {question} does not print: run them as two commands"
+                    ),
+                }
+                .into());
+            }
+        }
+    }
     let workload = args.workload()?;
     let config = args.step_config();
     let target = args.target()?;
@@ -339,8 +365,8 @@ pub fn run(args: PlanArgs) -> CliResult {
         }
         None => render::plan(&plan, args.json),
     }
-    if let Some(path) = &args.plot {
-        write_plot(path, &trace, &plan, &target)?;
+    if let (Some(path), Some(format)) = (&args.plot, plot_format) {
+        write_plot(path, format, &trace, &plan, &target)?;
         if !args.json {
             println!("wrote {}", path.display());
         }
@@ -348,9 +374,10 @@ pub fn run(args: PlanArgs) -> CliResult {
     Ok(())
 }
 
-/// `--plot FILE`: the replayed step as a picture (`crate::plot`), SVG or HTML by the extension.
+/// `--plot FILE`: the replayed step as a picture (`crate::plot`), SVG, HTML or PNG by the extension.
 fn write_plot(
     path: &std::path::Path,
+    format: crate::plot::PlotFormat,
     trace: &ferrite_plan::StepTrace,
     plan: &ferrite_plan::MemoryPlan,
     target: &Target,
@@ -371,12 +398,7 @@ fn write_plot(
             })
             .collect(),
     };
-    let html = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
-    let text = if html {
-        crate::plot::memory_timeline_html(std::slice::from_ref(&timeline), "ferrite plan")?
-    } else {
-        crate::plot::memory_timeline_svg(std::slice::from_ref(&timeline))?
-    };
-    ferrite_io::write_atomically(path, |f| std::io::Write::write_all(f, text.as_bytes()))?;
+    let bytes = crate::plot::render(std::slice::from_ref(&timeline), format, "ferrite plan")?;
+    ferrite_io::write_atomically(path, |f| std::io::Write::write_all(f, &bytes))?;
     Ok(())
 }
