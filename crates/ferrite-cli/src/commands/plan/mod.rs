@@ -137,33 +137,66 @@ pub struct ZeroArgs {
     /// ZeRO stage (1, 2 or 3; DeepSpeed estimates stage 1 as stage 2).
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u8>,
-    /// GPUs per node for --zero.
-    #[arg(long, default_value_t = 1)]
-    pub gpus_per_node: usize,
-    /// Nodes for --zero.
-    #[arg(long, default_value_t = 1)]
-    pub nodes: usize,
-    /// What ZeRO offloads to CPU memory.
-    #[arg(long, value_enum, default_value = "none")]
-    pub offload: OffloadArg,
+    /// GPUs per node for --zero (at least 1; default 1).
+    #[arg(long, value_name = "N")]
+    pub gpus_per_node: Option<usize>,
+    /// Nodes for --zero (at least 1; default 1).
+    #[arg(long, value_name = "K")]
+    pub nodes: Option<usize>,
+    /// What ZeRO offloads to CPU memory (default none).
+    #[arg(long, value_enum)]
+    pub offload: Option<OffloadArg>,
 }
 
 impl Default for ZeroArgs {
     fn default() -> Self {
-        ZeroArgs { zero: None, gpus_per_node: 1, nodes: 1, offload: OffloadArg::None }
+        ZeroArgs { zero: None, gpus_per_node: None, nodes: None, offload: None }
     }
 }
 
 impl ZeroArgs {
-    /// The ZeRO setup of the flags, if `--zero` is given.
+    /// The ZeRO setup of the flags, if `--zero` is given. A zero count is refused naming its
+    /// flag, and so is `--gpus-per-node`, `--nodes` or `--offload` without `--zero` (they shape
+    /// only the ZeRO estimate, so without it they would be silently ignored).
     pub fn setup(&self) -> Result<Option<ferrite_plan::ZeroSetup>, PlanError> {
-        let Some(stage) = self.zero else { return Ok(None) };
-        let offload = match self.offload {
+        for (flag, value) in [("--gpus-per-node", self.gpus_per_node), ("--nodes", self.nodes)] {
+            if value == Some(0) {
+                return Err(PlanError::InvalidSetting {
+                    what: format!("{flag} 0"),
+                    reason: "ZeRO shards over at least one GPU on at least one node: give 1 or more".into(),
+                });
+            }
+        }
+        let Some(stage) = self.zero else {
+            let given = [
+                self.gpus_per_node.map(|n| format!("--gpus-per-node {n}")),
+                self.nodes.map(|n| format!("--nodes {n}")),
+                self.offload.map(|o| format!("--offload {}", offload_name(o))),
+            ];
+            let given: Vec<String> = given.into_iter().flatten().collect();
+            if given.is_empty() {
+                return Ok(None);
+            }
+            return Err(PlanError::InvalidSetting {
+                what: given.join(" "),
+                reason: "has no effect without --zero (it shapes only DeepSpeed's ZeRO estimate): add --zero 1|2|3, or drop it".into(),
+            });
+        };
+        let offload = match self.offload.unwrap_or_default() {
             OffloadArg::None => ferrite_plan::Offload::None,
             OffloadArg::Optimizer => ferrite_plan::Offload::Optimizer,
             OffloadArg::Param => ferrite_plan::Offload::OptimizerAndParams,
         };
-        ferrite_plan::ZeroSetup::new(stage, self.gpus_per_node, self.nodes, offload).map(Some)
+        ferrite_plan::ZeroSetup::new(stage, self.gpus_per_node.unwrap_or(1), self.nodes.unwrap_or(1), offload).map(Some)
+    }
+}
+
+/// `--offload`'s value as typed.
+fn offload_name(o: OffloadArg) -> &'static str {
+    match o {
+        OffloadArg::None => "none",
+        OffloadArg::Optimizer => "optimizer",
+        OffloadArg::Param => "param",
     }
 }
 
