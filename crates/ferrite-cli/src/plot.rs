@@ -57,6 +57,8 @@ pub enum PlotError {
         match extension { Some(e) => format!("`.{e}` is not a format ferrite draws"), None => "it has no extension".to_string() }
     )]
     UnsupportedFormat { path: PathBuf, extension: Option<String> },
+    #[error("`{}` is a directory, not a file: name the picture to write in it, e.g. {}", path.display(), path.join("memory.svg").display())]
+    Directory { path: PathBuf },
     #[error("--html writes an HTML page, but `{}` names {found} file: drop --html, or name the output .html", path.display())]
     HtmlFlagConflict { path: PathBuf, found: &'static str },
     #[error(
@@ -80,8 +82,11 @@ pub enum PlotFormat {
 
 impl PlotFormat {
     /// The format `path`'s extension names (case-insensitive), or a typed error naming the
-    /// supported extensions.
+    /// supported extensions (or saying that `path` is a directory).
     pub fn from_path(path: &Path) -> Result<PlotFormat, PlotError> {
+        if path.is_dir() {
+            return Err(PlotError::Directory { path: path.to_path_buf() });
+        }
         let extension = path.extension().map(|e| e.to_string_lossy().into_owned());
         match extension.as_deref().map(str::to_ascii_lowercase).as_deref() {
             Some("svg") => Ok(PlotFormat::Svg),
