@@ -132,7 +132,7 @@ pub enum OffloadArg {
 
 /// `--zero`: DeepSpeed's ZeRO model-state estimate of the planned model (its parameter count and
 /// largest layer read from the built model), beside ferrite's own unsharded model states.
-#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ZeroArgs {
     /// ZeRO stage (1, 2 or 3; DeepSpeed estimates stage 1 as stage 2).
     #[arg(long, value_name = "STAGE")]
@@ -146,12 +146,6 @@ pub struct ZeroArgs {
     /// What ZeRO offloads to CPU memory (default none).
     #[arg(long, value_enum)]
     pub offload: Option<OffloadArg>,
-}
-
-impl Default for ZeroArgs {
-    fn default() -> Self {
-        ZeroArgs { zero: None, gpus_per_node: None, nodes: None, offload: None }
-    }
 }
 
 impl ZeroArgs {
