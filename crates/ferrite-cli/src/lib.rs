@@ -4,5 +4,6 @@
 //! training loop, its checkpoints and its metrics outputs live in the `ferrite-train` library.
 
 pub mod commands;
+pub mod headless;
 pub mod observe_args;
 pub mod plot;

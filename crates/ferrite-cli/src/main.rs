@@ -39,6 +39,7 @@ enum Command {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    quiet_mesa_device_select();
     let cli = Cli::parse();
     let result = match cli.command {
         None => commands::train::run(commands::train::TrainArgs::default_demo()),
@@ -57,6 +58,24 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// On a headless machine Mesa's device-select Vulkan layer prints `error: XDG_RUNTIME_DIR is
+/// invalid or not set in the environment.` whenever wgpu creates an instance; turn the layer off
+/// with its own switch, `NODEVICE_SELECT=1`, unless the user has set that variable or a runtime
+/// directory exists (see `ferrite_cli::headless`).
+fn quiet_mesa_device_select() {
+    use ferrite_cli::headless::{NODEVICE_SELECT, XDG_RUNTIME_DIR};
+    let (user, xdg) = (std::env::var_os(NODEVICE_SELECT), std::env::var_os(XDG_RUNTIME_DIR));
+    if ferrite_cli::headless::should_quiet_device_select(user.as_deref(), xdg.as_deref()) {
+        // SAFETY: `set_var` is unsound only when another thread reads or writes the environment
+        // at the same time. This runs second thing in `main` (after `restore_sigpipe`, which
+        // starts nothing), before argument parsing, before any thread is spawned and before any
+        // wgpu instance or library that reads the environment exists: the process is
+        // single-threaded here.
+        unsafe { std::env::set_var(NODEVICE_SELECT, "1") };
+        ferrite_cli::headless::mark_device_select_quieted();
     }
 }
 

@@ -4,10 +4,15 @@
 //! A number says *that* a run peaked at 31 GiB; the timeline says *when* and *of what*: weights
 //! flat at the bottom, activations climbing through forward and draining through backward, the
 //! reserved line above them and the gap between the two (the allocator's cache and its
-//! fragmentation). [`memory_timeline_svg`] draws one with `plotters`' SVG backend: the output is
-//! one self-contained SVG (text as SVG `<text>` elements, no font files or system libraries
-//! needed). `ferrite memory plot` calls it for ferrite traces and PyTorch snapshots; the planner
-//! can call it with the timeline of a planned step.
+//! fragmentation). [`render`] draws one with `plotters` in the format the output file's extension
+//! names ([`PlotFormat::from_path`]): `.svg` (one self-contained SVG, text as SVG `<text>`
+//! elements), `.html` (that SVG in a page) or `.png` (the bitmap backend, text drawn with the
+//! DejaVu Sans font embedded in the binary: no font files or system libraries needed). Any other
+//! extension is refused before anything is computed. `ferrite memory plot` calls it for ferrite
+//! traces and PyTorch snapshots; `ferrite plan --plot` with the timeline of a planned step.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -44,8 +49,70 @@ pub enum PlotError {
     Empty(String),
     #[error("timeline `{label}`: point {index} has {found} category values, but {expected} categories are named")]
     CategoryMismatch { label: String, index: usize, found: usize, expected: usize },
-    #[error("drawing the SVG failed: {0}")]
+    #[error("drawing the plot failed: {0}")]
     Draw(String),
+    #[error(
+        "cannot plot to `{}`: {}; the format follows the file's extension: .svg, .html (or .htm) or .png",
+        path.display(),
+        match extension { Some(e) => format!("`.{e}` is not a format ferrite draws"), None => "it has no extension".to_string() }
+    )]
+    UnsupportedFormat { path: PathBuf, extension: Option<String> },
+    #[error("`{}` is a directory, not a file: name the picture to write in it, e.g. {}", path.display(), path.join("memory.svg").display())]
+    Directory { path: PathBuf },
+    #[error("--html writes an HTML page, but `{}` names {found} file: drop --html, or name the output .html", path.display())]
+    HtmlFlagConflict { path: PathBuf, found: &'static str },
+    #[error(
+        "a {width}x{height} PNG is too large to draw ({panels} panels): plot fewer devices or --alloc-conf at a time, or write .svg"
+    )]
+    TooLarge { width: u32, height: u64, panels: usize },
+    #[error("encoding the PNG failed: {0}")]
+    Encode(String),
+}
+
+/// The file formats a timeline is drawn in, chosen by the output file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlotFormat {
+    /// `.svg`: one self-contained SVG document.
+    Svg,
+    /// `.html` / `.htm`: the SVG in a minimal page.
+    Html,
+    /// `.png`: a bitmap drawn by plotters' bitmap backend.
+    Png,
+}
+
+impl PlotFormat {
+    /// The format `path`'s extension names (case-insensitive), or a typed error naming the
+    /// supported extensions (or saying that `path` is a directory).
+    pub fn from_path(path: &Path) -> Result<PlotFormat, PlotError> {
+        if path.is_dir() {
+            return Err(PlotError::Directory { path: path.to_path_buf() });
+        }
+        let extension = path.extension().map(|e| e.to_string_lossy().into_owned());
+        match extension.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            Some("svg") => Ok(PlotFormat::Svg),
+            Some("html" | "htm") => Ok(PlotFormat::Html),
+            Some("png") => Ok(PlotFormat::Png),
+            _ => Err(PlotError::UnsupportedFormat { path: path.to_path_buf(), extension }),
+        }
+    }
+
+    /// `a PNG`, `an SVG`, `an HTML` (for messages).
+    pub fn article_name(self) -> &'static str {
+        match self {
+            PlotFormat::Svg => "an SVG",
+            PlotFormat::Html => "an HTML",
+            PlotFormat::Png => "a PNG",
+        }
+    }
+}
+
+/// The timelines drawn as a file of `format`: its bytes. `title` heads the HTML page.
+pub fn render(timelines: &[DeviceTimeline], format: PlotFormat, title: &str) -> Result<Vec<u8>, PlotError> {
+    match format {
+        PlotFormat::Svg => memory_timeline_svg(timelines).map(String::into_bytes),
+        PlotFormat::Html => memory_timeline_html(timelines, title).map(String::into_bytes),
+        PlotFormat::Png => memory_timeline_png(timelines),
+    }
 }
 
 /// Pixels per panel and panel width.
@@ -53,9 +120,20 @@ const PANEL_HEIGHT: u32 = 360;
 const WIDTH: u32 = 1000;
 /// Series longer than this are reduced (bucket maxima, so peaks survive).
 const MAX_POINTS: usize = 2000;
+/// Panels in one picture at most (a 1000 x 46080 PNG, 138 MB of pixels before encoding).
+const MAX_PANELS: usize = 128;
 
-/// The timelines as one SVG document, one panel per device, peaks marked.
-pub fn memory_timeline_svg(timelines: &[DeviceTimeline]) -> Result<String, PlotError> {
+/// Text is measured (and, in a PNG, drawn) with DejaVu Sans, embedded in the binary, registered
+/// once as plotters' `sans-serif`.
+fn register_font() -> Result<(), PlotError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok()
+    });
+    if ok { Ok(()) } else { Err(PlotError::Draw("the embedded DejaVu Sans font does not parse".into())) }
+}
+
+fn validate(timelines: &[DeviceTimeline]) -> Result<(), PlotError> {
     if timelines.is_empty() {
         return Err(PlotError::Empty("no device timelines".into()));
     }
@@ -73,21 +151,54 @@ pub fn memory_timeline_svg(timelines: &[DeviceTimeline]) -> Result<String, PlotE
             });
         }
     }
-    let mut svg = String::new();
-    {
-        let root =
-            SVGBackend::with_string(&mut svg, (WIDTH, PANEL_HEIGHT * timelines.len() as u32)).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
-        let panels = root.split_evenly((timelines.len(), 1));
-        // One y scale for every panel, so devices and configurations compare at a glance.
-        let shared_top =
-            timelines.iter().flat_map(|tl| &tl.points).map(|p| p.reserved.max(p.allocated)).max().unwrap_or(0);
-        for (area, tl) in panels.iter().zip(timelines) {
-            draw_panel(area, tl, shared_top)?;
-        }
-        root.present().map_err(draw_err)?;
+    register_font()
+}
+
+/// Pixel size of the picture of `panels` panels.
+fn picture_size(panels: usize) -> Result<(u32, u32), PlotError> {
+    let height = PANEL_HEIGHT as u64 * panels as u64;
+    match u32::try_from(height) {
+        Ok(h) if panels <= MAX_PANELS => Ok((WIDTH, h)),
+        _ => Err(PlotError::TooLarge { width: WIDTH, height, panels }),
     }
+}
+
+/// Every panel on `root`, one below the other.
+fn draw_panels<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    timelines: &[DeviceTimeline],
+) -> Result<(), PlotError> {
+    root.fill(&WHITE).map_err(draw_err)?;
+    let panels = root.split_evenly((timelines.len(), 1));
+    // One y scale for every panel, so devices and configurations compare at a glance.
+    let shared_top = timelines.iter().flat_map(|tl| &tl.points).map(|p| p.reserved.max(p.allocated)).max().unwrap_or(0);
+    for (area, tl) in panels.iter().zip(timelines) {
+        draw_panel(area, tl, shared_top)?;
+    }
+    root.present().map_err(draw_err)
+}
+
+/// The timelines as one SVG document, one panel per device, peaks marked.
+pub fn memory_timeline_svg(timelines: &[DeviceTimeline]) -> Result<String, PlotError> {
+    validate(timelines)?;
+    let size = picture_size(timelines.len())?;
+    let mut svg = String::new();
+    draw_panels(&SVGBackend::with_string(&mut svg, size).into_drawing_area(), timelines)?;
     Ok(svg)
+}
+
+/// The timelines as a PNG file (RGB, 8 bits per channel), the same picture as the SVG.
+pub fn memory_timeline_png(timelines: &[DeviceTimeline]) -> Result<Vec<u8>, PlotError> {
+    use image::ImageEncoder;
+    validate(timelines)?;
+    let (w, h) = picture_size(timelines.len())?;
+    let mut pixels = vec![0u8; w as usize * h as usize * 3];
+    draw_panels(&BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area(), timelines)?;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&pixels, w, h, image::ColorType::Rgb8)
+        .map_err(|e| PlotError::Encode(e.to_string()))?;
+    Ok(png)
 }
 
 /// The SVG wrapped in a minimal self-contained HTML page.
@@ -148,8 +259,8 @@ fn steps(points: &[TimelinePoint]) -> Vec<TimelinePoint> {
     out
 }
 
-fn draw_panel(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
     tl: &DeviceTimeline,
     shared_top: u64,
 ) -> Result<(), PlotError> {

@@ -62,17 +62,18 @@ pub enum MemoryCommand {
         #[arg(long)]
         alloc_conf: Option<String>,
     },
-    /// Plot allocated and reserved memory over a trace as a self-contained SVG (or HTML with
-    /// --html): a ferrite JSON trace (replayed), or a PyTorch snapshot pickle — including the one
-    /// `ferrite train --snapshot` writes (as recorded, one panel per device, categories stacked,
-    /// plus one panel per --alloc-conf replayed).
+    /// Plot allocated and reserved memory over a trace as a self-contained SVG, an HTML page or a
+    /// PNG (by the output's extension): a ferrite JSON trace (replayed), or a PyTorch snapshot
+    /// pickle — including the one `ferrite train --snapshot` writes (as recorded, one panel per
+    /// device, categories stacked, plus one panel per --alloc-conf replayed).
     Plot {
         /// ferrite JSON trace or PyTorch snapshot pickle.
         trace: PathBuf,
-        /// Where to write the picture (`.svg`, or `.html` with --html).
+        /// Where to write the picture; its extension picks the format: `.svg`, `.html` (or `.htm`:
+        /// the SVG in a page) or `.png`. Any other extension is refused.
         #[arg(short, long)]
         output: PathBuf,
-        /// Wrap the SVG in an HTML page.
+        /// Write an HTML page (the output must then be named `.html`; the extension alone suffices).
         #[arg(long)]
         html: bool,
         /// Device to replay on (its capacity is drawn as a line); a snapshot replays on `meta`

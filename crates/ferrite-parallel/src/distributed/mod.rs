@@ -29,3 +29,14 @@ pub use reducer::StepTimings;
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");
+
+/// The MPI library this process is linked against, as it describes itself
+/// (`MPI_Get_library_version`, e.g. `Open MPI v4.1.4, package: Debian OpenMPI, ...`); the first
+/// line, trimmed. The MPI standard allows the call before `MPI_Init` and rsmpi documents it so:
+/// it neither initializes MPI nor needs `mpirun`. `None` when the description is not UTF-8.
+#[cfg(feature = "mpi")]
+pub fn mpi_library_version() -> Option<String> {
+    let text = mpi::environment::library_version().ok()?;
+    let first = text.trim_matches(|c: char| c == '\0' || c.is_whitespace()).lines().next()?.trim().to_string();
+    (!first.is_empty()).then_some(first)
+}

@@ -8,6 +8,9 @@ use serde::Serialize;
 pub enum Verdict {
     /// As it should be.
     Ok,
+    /// Worth knowing, nothing is wrong: something this build or setup does not have, or
+    /// something ferrite adjusted, with how to change it.
+    Note,
     /// ferrite works, but slower, with less, or differently from what the user may expect.
     Warning,
     /// ferrite will fail (e.g. every allocation fails with an invalid `FERRITE_ALLOC_CONF`).
@@ -18,6 +21,7 @@ impl Verdict {
     pub fn word(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
+            Verdict::Note => "note",
             Verdict::Warning => "warning",
             Verdict::Error => "error",
         }
@@ -32,7 +36,7 @@ pub struct Check {
     pub name: String,
     pub verdict: Verdict,
     pub found: String,
-    /// What to do, for warnings and errors.
+    /// What to do, for notes, warnings and errors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
 }
@@ -40,6 +44,15 @@ pub struct Check {
 impl Check {
     pub fn ok(section: &'static str, name: impl Into<String>, found: impl Into<String>) -> Check {
         Check { section, name: name.into(), verdict: Verdict::Ok, found: found.into(), fix: None }
+    }
+
+    pub fn note(
+        section: &'static str,
+        name: impl Into<String>,
+        found: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Check {
+        Check { section, name: name.into(), verdict: Verdict::Note, found: found.into(), fix: Some(fix.into()) }
     }
 
     pub fn warning(

@@ -1,5 +1,5 @@
 //! What ferrite can compute on here: `cpu`, the simulated GPUs, every GPU adapter (through the
-//! same code as `ferrite devices`), and whether this build can use MPI.
+//! same code as `ferrite devices`), and whether ferrite turned Mesa's device-select layer off.
 
 use ferrite_memory::gpu::{AdapterSummary, GPU_MEMORY_ENV};
 use ferrite_memory::{GPU_CATALOGUE, format_size};
@@ -8,7 +8,9 @@ use super::check::Check;
 
 const SECTION: &str = "devices";
 
-pub fn checks(adapters: &[AdapterSummary]) -> Vec<Check> {
+/// `device_select_quieted`: `main` set `NODEVICE_SELECT=1` for this process
+/// (`crate::headless`); `xdg_runtime_dir`: that variable as the process sees it.
+pub fn checks(adapters: &[AdapterSummary], device_select_quieted: bool, xdg_runtime_dir: Option<&str>) -> Vec<Check> {
     let mut out = vec![
         Check::ok(SECTION, "cpu", "host memory, CPU kernels"),
         Check::ok(
@@ -53,10 +55,42 @@ pub fn checks(adapters: &[AdapterSummary]) -> Vec<Check> {
             out.push(Check::ok(SECTION, name, found));
         }
     }
-    out.push(Check::ok(
-        SECTION,
-        "mpi",
-        "not built in: this ferrite has no `mpi` feature, so multi-process training is unavailable (data parallelism across devices of one process works)",
-    ));
+    if device_select_quieted {
+        let why = match xdg_runtime_dir {
+            None => "XDG_RUNTIME_DIR is not set".to_string(),
+            Some(d) if !std::path::Path::new(d).is_absolute() => {
+                format!("XDG_RUNTIME_DIR `{d}` is not an absolute path")
+            }
+            Some(d) => format!("XDG_RUNTIME_DIR `{d}` is not a directory"),
+        };
+        out.push(Check::note(
+            SECTION,
+            "mesa device-select",
+            format!(
+                "ferrite set NODEVICE_SELECT=1 for itself: {why}, where Mesa's device-select Vulkan layer makes libwayland print `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` when GPUs are listed"
+            ),
+            "nothing to do on a headless machine (the layer only orders GPUs for a display); to keep the layer, set XDG_RUNTIME_DIR to your runtime directory (e.g. /run/user/$(id -u)); to decide yourself, set NODEVICE_SELECT (ferrite then leaves it alone)",
+        ));
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::doctor::check::Verdict;
+
+    #[test]
+    fn the_device_select_note_appears_only_when_ferrite_set_the_variable() {
+        assert!(checks(&[], false, None).iter().all(|c| c.name != "mesa device-select"));
+        let c = checks(&[], true, None);
+        let note = c.iter().find(|c| c.name == "mesa device-select").unwrap();
+        assert_eq!(note.verdict, Verdict::Note);
+        assert!(
+            note.found.contains("XDG_RUNTIME_DIR is not set") && note.found.contains("NODEVICE_SELECT=1"),
+            "{note:?}"
+        );
+        let c = checks(&[], true, Some("/run/user/1000"));
+        assert!(c.iter().any(|c| c.found.contains("`/run/user/1000` is not a directory")), "{c:?}");
+    }
 }

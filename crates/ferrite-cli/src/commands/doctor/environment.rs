@@ -16,6 +16,9 @@ const SECTION: &str = "environment";
 pub const KNOWN: &[(&str, &str)] = &[
     ("FERRITE_ALLOC_CONF", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax"),
     ("FERRITE_GPU_MEMORY", "capacity of every GPU adapter"),
+    ("FERRITE_VISIBLE_DEVICES", "devices a multi-device run may use, renumbered (as CUDA_VISIBLE_DEVICES)"),
+    ("FERRITE_DDP_TIMEOUT_S", "seconds a collective of --distributed waits for the other ranks"),
+    ("FERRITE_DDP_COMM_THREAD", "0: gradient buckets all-reduced without the communication thread"),
     ("FERRITE_FASHION_MNIST_DIR", "directory of Fashion-MNIST's IDX files"),
     ("FERRITE_SPIN_US", "microseconds kernel threads spin before sleeping"),
     ("FERRITE_NO_SIMD", "forces the portable kernels"),
@@ -128,6 +131,15 @@ fn check_one(name: &str, value: &str, ferrite_alloc_conf: Option<&str>, threads:
                 "it is ignored and the default (200 µs) applies; set a whole number, or unset it",
             ),
         },
+        "FERRITE_DDP_TIMEOUT_S" => match value.trim().parse::<u64>() {
+            Ok(s) if s > 0 => Check::ok(SECTION, name, format!("{s} s")),
+            _ => Check::warning(
+                SECTION,
+                name,
+                format!("{shown} is not a positive whole number of seconds"),
+                "it is ignored and the default deadline applies; set a number of seconds, or unset it",
+            ),
+        },
         "FERRITE_NO_SIMD" => Check::warning(
             SECTION,
             name,
@@ -155,7 +167,9 @@ fn check_one(name: &str, value: &str, ferrite_alloc_conf: Option<&str>, threads:
         "CUDA_VISIBLE_DEVICES" => Check::ok(
             SECTION,
             name,
-            format!("{shown}: ferrite does not read it (its GPUs are wgpu adapters: `ferrite devices`)"),
+            format!(
+                "{shown}: ferrite does not read it (its GPUs are wgpu adapters: `ferrite devices`; FERRITE_VISIBLE_DEVICES chooses among them)"
+            ),
         ),
         known if KNOWN.iter().any(|(k, _)| *k == known) => {
             let purpose = KNOWN.iter().find(|(k, _)| *k == known).map_or("", |(_, p)| p);
@@ -228,5 +242,19 @@ mod tests {
         assert_eq!(run(&[])[0].verdict, Verdict::Ok);
         let c = checks(&[("FERRITE_ALLOC_CONF".into(), None)], 4);
         assert_eq!(c[0].verdict, Verdict::Error);
+    }
+
+    #[test]
+    fn every_variable_ferrite_reads_is_known() {
+        // Read by ferrite-memory and ferrite-parallel: never "ferrite reads no variable of this name".
+        let c = run(&[
+            ("FERRITE_VISIBLE_DEVICES", "1,0"),
+            ("FERRITE_DDP_TIMEOUT_S", "30"),
+            ("FERRITE_DDP_COMM_THREAD", "0"),
+        ]);
+        assert!(c.iter().all(|c| c.verdict == Verdict::Ok), "{c:?}");
+        let c = run(&[("FERRITE_DDP_TIMEOUT_S", "soon")]);
+        assert_eq!(c[0].verdict, Verdict::Warning, "{c:?}");
+        assert!(c[0].fix.as_ref().unwrap().contains("ignored"), "{c:?}");
     }
 }

@@ -1,8 +1,12 @@
-//! `ferrite doctor`: what is wrong with this setup? One report of ferrite's build, the CPU and
-//! its vector extensions, memory, container limits (cgroups), devices (GPU adapters through the
-//! same code as `ferrite devices`), datasets and the environment variables that change
-//! behaviour, each line with a verdict and, when it is not ok, the fix. `--json` gives the same
-//! for bug reports.
+//! `ferrite doctor`: what is wrong with this setup? One report of ferrite's build (with MPI:
+//! compiled in or not, the library loaded, `mpirun`, the rank under `mpirun`), the CPU and its
+//! vector extensions, memory, container limits (cgroups), devices (GPU adapters through the same
+//! code as `ferrite devices`), datasets and the environment variables that change behaviour, each
+//! line with a verdict (`ok`, `note`, `warning`, `error`) and, when it is not ok, the fix.
+//! `--json` gives the same for bug reports, with the MPI facts as fields (`mpi`).
+//!
+//! Every line states what was observed on this machine, for this binary: nothing is a constant
+//! that could be true of one build and false of another.
 //!
 //! Nothing here can fail the command except printing: a file that cannot be read is itself a
 //! finding. The exit status is 1 when a finding is an `error` (something that makes ferrite
@@ -15,6 +19,7 @@ mod datasets;
 mod devices;
 mod environment;
 mod host_memory;
+pub mod mpi;
 
 use serde::Serialize;
 
@@ -23,7 +28,8 @@ use super::CliResult;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DoctorArgs {
-    /// Print one JSON object (`{"ferrite": ..., "checks": [...], "summary": ...}`) for bug reports.
+    /// Print one JSON object (`{"ferrite": ..., "mpi": ..., "checks": [...], "summary": ...}`) for
+    /// bug reports.
     #[arg(long)]
     pub json: bool,
 }
@@ -32,6 +38,7 @@ pub struct DoctorArgs {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub ferrite: BuildInfo,
+    pub mpi: mpi::MpiFacts,
     pub checks: Vec<Check>,
     pub summary: Summary,
 }
@@ -47,6 +54,7 @@ pub struct BuildInfo {
 #[derive(Debug, Default, Serialize)]
 pub struct Summary {
     pub ok: usize,
+    pub note: usize,
     pub warning: usize,
     pub error: usize,
 }
@@ -74,7 +82,13 @@ fn build_info() -> BuildInfo {
         version: env!("CARGO_PKG_VERSION"),
         profile: if cfg!(debug_assertions) { "debug" } else { "release" },
         target: format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
-        features: vec!["cpu", "sim", "meta", "gpu (wgpu)", "metrics (Prometheus)"],
+        features: {
+            let mut f = vec!["cpu", "sim", "meta", "gpu (wgpu)", "metrics (Prometheus)"];
+            if cfg!(feature = "mpi") {
+                f.push("mpi");
+            }
+            f
+        },
     }
 }
 
@@ -92,6 +106,8 @@ pub fn collect() -> Report {
             ferrite.features.join(", ")
         ),
     )];
+    let mpi = mpi::MpiFacts::observe();
+    checks.extend(mpi::checks(&mpi));
     if ferrite.profile == "debug" {
         checks.push(Check::warning(
             "ferrite",
@@ -107,7 +123,12 @@ pub fn collect() -> Report {
     let physical = meminfo.as_deref().and_then(|m| host_memory::meminfo_bytes(m, "MemTotal"));
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     checks.extend(cgroup::checks(&cgroup::CgroupFs::system(), physical, threads));
-    checks.extend(devices::checks(&ferrite_memory::gpu::list_adapters()));
+    let xdg = std::env::var(crate::headless::XDG_RUNTIME_DIR).ok();
+    checks.extend(devices::checks(
+        &ferrite_memory::gpu::list_adapters(),
+        crate::headless::device_select_quieted(),
+        xdg.as_deref(),
+    ));
     checks.extend(datasets::checks());
     let mut vars: Vec<(String, Option<String>)> =
         std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()))).collect();
@@ -117,11 +138,12 @@ pub fn collect() -> Report {
     for c in &checks {
         match c.verdict {
             Verdict::Ok => summary.ok += 1,
+            Verdict::Note => summary.note += 1,
             Verdict::Warning => summary.warning += 1,
             Verdict::Error => summary.error += 1,
         }
     }
-    Report { ferrite, checks, summary }
+    Report { ferrite, mpi, checks, summary }
 }
 
 /// The human-readable report: sections, one line per check, the fix indented below.
@@ -140,8 +162,9 @@ pub fn text(r: &Report) -> String {
     }
     let plural = |n: usize, word: &str| if n == 1 { format!("{n} {word}") } else { format!("{n} {word}s") };
     s.push_str(&format!(
-        "\nsummary: {} ok, {}, {}\n",
+        "\nsummary: {} ok, {}, {}, {}\n",
         r.summary.ok,
+        plural(r.summary.note, "note"),
         plural(r.summary.warning, "warning"),
         plural(r.summary.error, "error")
     ));

@@ -8,9 +8,10 @@ use ferrite_memory::replay::{Trace, replay_timeline};
 use ferrite_memory::{AllocatorConfig, Device, format_size};
 
 use super::{OutputResult, is_pickle, parse_alloc_conf, read_ferrite_trace, trace_device};
-use crate::plot::{DeviceTimeline, TimelinePoint, memory_timeline_html, memory_timeline_svg};
+use crate::plot::{DeviceTimeline, PlotError, PlotFormat, TimelinePoint};
 
-/// Builds the timelines of `trace` and writes the picture to `output`; returns the summary line.
+/// Builds the timelines of `trace` and writes the picture to `output` in the format its extension
+/// names (`.svg`, `.html`, `.png`; `html` insists on HTML); returns the summary line.
 pub fn plot_output(
     trace: &Path,
     output: &Path,
@@ -18,6 +19,11 @@ pub fn plot_output(
     device: Option<String>,
     alloc_conf: &[String],
 ) -> OutputResult {
+    // The output's format is checked before anything is read or replayed.
+    let format = PlotFormat::from_path(output)?;
+    if html && format != PlotFormat::Html {
+        return Err(PlotError::HtmlFlagConflict { path: output.to_path_buf(), found: format.article_name() }.into());
+    }
     let configs = alloc_conf.iter().map(|s| parse_alloc_conf(s)).collect::<Result<Vec<_>, _>>()?;
     let mut timelines = Vec::new();
     if is_pickle(trace)? {
@@ -39,8 +45,8 @@ pub fn plot_output(
         }
     }
     let title = format!("memory timeline of {}", trace.display());
-    let doc = if html { memory_timeline_html(&timelines, &title)? } else { memory_timeline_svg(&timelines)? };
-    ferrite_io::write_atomically(output, |f| std::io::Write::write_all(f, doc.as_bytes()))?;
+    let doc = crate::plot::render(&timelines, format, &title)?;
+    ferrite_io::write_atomically(output, |f| std::io::Write::write_all(f, &doc))?;
     let mut out = String::new();
     write!(out, "wrote {} ({} bytes):", output.display(), doc.len())?;
     for tl in &timelines {

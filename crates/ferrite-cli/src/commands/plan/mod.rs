@@ -83,7 +83,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub find_batch_size: bool,
     /// Draw the planned step as a timeline of allocated (stacked by category) and reserved memory
-    /// with the card's capacity and the peak marked: an `.svg` file, or `.html` (the SVG in a page).
+    /// with the card's capacity and the peak marked, in the format of the file's extension: `.svg`,
+    /// `.html` (the SVG in a page) or `.png`; any other extension is refused.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
     /// Peak memory for each of these batch sizes (comma-separated), against the card's capacity.
@@ -112,38 +113,65 @@ pub enum OffloadArg {
 
 /// `--zero`: DeepSpeed's ZeRO model-state estimate of the planned model (its parameter count and
 /// largest layer read from the built model), beside ferrite's own unsharded model states.
-#[derive(clap::Args, Debug, Clone, PartialEq, Eq)]
+#[derive(clap::Args, Debug, Clone, PartialEq, Eq, Default)]
 pub struct ZeroArgs {
     /// ZeRO stage (1, 2 or 3; DeepSpeed estimates stage 1 as stage 2).
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u8>,
-    /// GPUs per node for --zero.
-    #[arg(long, default_value_t = 1)]
-    pub gpus_per_node: usize,
-    /// Nodes for --zero.
-    #[arg(long, default_value_t = 1)]
-    pub nodes: usize,
-    /// What ZeRO offloads to CPU memory.
-    #[arg(long, value_enum, default_value = "none")]
-    pub offload: OffloadArg,
-}
-
-impl Default for ZeroArgs {
-    fn default() -> Self {
-        ZeroArgs { zero: None, gpus_per_node: 1, nodes: 1, offload: OffloadArg::None }
-    }
+    /// GPUs per node for --zero (at least 1; default 1).
+    #[arg(long, value_name = "N")]
+    pub gpus_per_node: Option<usize>,
+    /// Nodes for --zero (at least 1; default 1).
+    #[arg(long, value_name = "K")]
+    pub nodes: Option<usize>,
+    /// What ZeRO offloads to CPU memory (default none).
+    #[arg(long, value_enum)]
+    pub offload: Option<OffloadArg>,
 }
 
 impl ZeroArgs {
-    /// The ZeRO setup of the flags, if `--zero` is given.
+    /// The ZeRO setup of the flags, if `--zero` is given. A zero count is refused naming its
+    /// flag, and so is `--gpus-per-node`, `--nodes` or `--offload` without `--zero` (they shape
+    /// only the ZeRO estimate, so without it they would be silently ignored).
     pub fn setup(&self) -> Result<Option<ferrite_plan::ZeroSetup>, PlanError> {
-        let Some(stage) = self.zero else { return Ok(None) };
-        let offload = match self.offload {
+        for (flag, value) in [("--gpus-per-node", self.gpus_per_node), ("--nodes", self.nodes)] {
+            if value == Some(0) {
+                return Err(PlanError::InvalidSetting {
+                    what: format!("{flag} 0"),
+                    reason: "ZeRO shards over at least one GPU on at least one node: give 1 or more".into(),
+                });
+            }
+        }
+        let Some(stage) = self.zero else {
+            let given = [
+                self.gpus_per_node.map(|n| format!("--gpus-per-node {n}")),
+                self.nodes.map(|n| format!("--nodes {n}")),
+                self.offload.map(|o| format!("--offload {}", offload_name(o))),
+            ];
+            let given: Vec<String> = given.into_iter().flatten().collect();
+            if given.is_empty() {
+                return Ok(None);
+            }
+            return Err(PlanError::InvalidSetting {
+                what: given.join(" "),
+                reason: "has no effect without --zero (it shapes only DeepSpeed's ZeRO estimate): add --zero 1|2|3, or drop it".into(),
+            });
+        };
+        let offload = match self.offload.unwrap_or_default() {
             OffloadArg::None => ferrite_plan::Offload::None,
             OffloadArg::Optimizer => ferrite_plan::Offload::Optimizer,
             OffloadArg::Param => ferrite_plan::Offload::OptimizerAndParams,
         };
-        ferrite_plan::ZeroSetup::new(stage, self.gpus_per_node, self.nodes, offload).map(Some)
+        ferrite_plan::ZeroSetup::new(stage, self.gpus_per_node.unwrap_or(1), self.nodes.unwrap_or(1), offload).map(Some)
+    }
+}
+
+/// `--offload`'s value as typed.
+fn offload_name(o: OffloadArg) -> &'static str {
+    match o {
+        OffloadArg::None => "none",
+        OffloadArg::Optimizer => "optimizer",
+        OffloadArg::Param => "param",
     }
 }
 
@@ -183,6 +211,31 @@ impl PlanArgs {
 
 pub fn run(args: PlanArgs) -> CliResult {
     let zero = args.zero.setup()?;
+    // An unsupported --plot extension is refused before the step is planned.
+    let plot_format = args.plot.as_deref().map(crate::plot::PlotFormat::from_path).transpose()?;
+    // --plot draws, and --zero estimates, the plan of one step: the other questions do not print
+    // that plan, so either flag would be silently ignored beside them.
+    let question = [
+        ("--sweep-batch", args.sweep_batch.is_some()),
+        ("--find-batch-size", args.find_batch_size),
+        ("--target-batch", args.target_batch.is_some()),
+        ("--jobs", args.jobs.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag));
+    if let Some(question) = question {
+        for (flag, given) in [("--plot", args.plot.is_some()), ("--zero", args.zero.zero.is_some())] {
+            if given {
+                return Err(PlanError::InvalidSetting {
+                    what: format!("{flag} with {question}"),
+                    reason: format!(
+                        "{flag} applies to the plan of one step, which {question} does not print: run them as two commands"
+                    ),
+                }
+                .into());
+            }
+        }
+    }
     let workload = args.workload()?;
     let config = args.step_config();
     let target = args.target()?;
@@ -242,8 +295,8 @@ pub fn run(args: PlanArgs) -> CliResult {
         }
         None => render::plan(&plan, args.json),
     }
-    if let Some(path) = &args.plot {
-        write_plot(path, &trace, &plan, &target)?;
+    if let (Some(path), Some(format)) = (&args.plot, plot_format) {
+        write_plot(path, format, &trace, &plan, &target)?;
         if !args.json {
             println!("wrote {}", path.display());
         }
@@ -251,9 +304,10 @@ pub fn run(args: PlanArgs) -> CliResult {
     Ok(())
 }
 
-/// `--plot FILE`: the replayed step as a picture (`crate::plot`), SVG or HTML by the extension.
+/// `--plot FILE`: the replayed step as a picture (`crate::plot`), SVG, HTML or PNG by the extension.
 fn write_plot(
     path: &std::path::Path,
+    format: crate::plot::PlotFormat,
     trace: &ferrite_plan::StepTrace,
     plan: &ferrite_plan::MemoryPlan,
     target: &Target,
@@ -274,12 +328,7 @@ fn write_plot(
             })
             .collect(),
     };
-    let html = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("html") || e.eq_ignore_ascii_case("htm"));
-    let text = if html {
-        crate::plot::memory_timeline_html(std::slice::from_ref(&timeline), "ferrite plan")?
-    } else {
-        crate::plot::memory_timeline_svg(std::slice::from_ref(&timeline))?
-    };
-    ferrite_io::write_atomically(path, |f| std::io::Write::write_all(f, text.as_bytes()))?;
+    let bytes = crate::plot::render(std::slice::from_ref(&timeline), format, "ferrite plan")?;
+    ferrite_io::write_atomically(path, |f| std::io::Write::write_all(f, &bytes))?;
     Ok(())
 }
