@@ -12,6 +12,9 @@ export NODEVICE_SELECT=1
 # .ci/run). The feature list is added to the clippy and test runs below.
 FEATURES=(--features ferrite-parallel/mpi,ferrite-cli/mpi)
 
+echo "== no circles between files or crates (scripts/check_circles.py)"
+python3 scripts/check_circles.py --self-test && python3 scripts/check_circles.py
+
 echo "== cargo fmt --check"
 cargo fmt --all --check
 

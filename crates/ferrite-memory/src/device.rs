@@ -2,17 +2,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::capacity::parse_capacity;
+use crate::device_kind::DeviceKind;
 use crate::{GpuProfile, MemoryError};
-
-/// Which backend a device's memory comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeviceKind {
-    Cpu,
-    Sim,
-    Meta,
-    Gpu,
-}
 
 /// Where memory lives: `cpu`, `sim:<gpu-profile|capacity>[:index]`, `meta` or `gpu:<index>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,19 +29,6 @@ impl Device {
         match self {
             Device::Sim { index, .. } | Device::Gpu { index } => *index,
             _ => 0,
-        }
-    }
-
-    /// A human name of the hardware: the GPU model for `sim`, `host memory` for `cpu`.
-    pub fn hardware_name(&self) -> String {
-        match self {
-            Device::Cpu => "host memory".to_string(),
-            Device::Sim { profile, .. } => profile.name.clone(),
-            Device::Meta => "meta (no memory)".to_string(),
-            Device::Gpu { index } => match crate::gpu::list_adapters().into_iter().nth(*index) {
-                Some(a) => a.name,
-                None => format!("gpu:{index} (no such adapter)"),
-            },
         }
     }
 
@@ -98,29 +77,6 @@ impl Device {
     }
 }
 
-/// Parse `1GiB`, `512MiB`, `2GB`, `1048576` into bytes.
-pub(crate) fn parse_capacity(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "tib" => 1024f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        _ => return None,
-    };
-    let v = n * mult;
-    // At least one whole byte: `0.9b` would be a device of capacity 0 (found by fuzzing).
-    if (1.0..1.0e18).contains(&v) { Some(v as u64) } else { None }
-}
-
 impl FromStr for Device {
     type Err = MemoryError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -137,16 +93,6 @@ impl fmt::Display for Device {
             Device::Gpu { index } => write!(f, "gpu:{index}"),
         }
     }
-}
-
-/// Canonical spelling of a capacity: the largest binary unit that divides it exactly.
-pub(crate) fn format_capacity(bytes: u64) -> String {
-    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    bytes.to_string()
 }
 
 #[cfg(test)]
@@ -191,5 +137,11 @@ mod tests {
         assert!(Device::parse("gpu:x").is_err());
         assert!(Device::parse("gpu:-1").is_err());
         assert!(Device::parse("sim:0GiB").is_err());
+    }
+
+    #[test]
+    fn a_mig_slice_is_a_simulated_device() {
+        let d = Device::parse("sim:a100-40gb-mig-3g.20gb").unwrap();
+        assert_eq!(d.to_string(), "sim:a100-40gb-mig-3g.20gb:0");
     }
 }

@@ -81,7 +81,7 @@ impl GpuProfile {
 
     /// A bare-capacity device (`sim:1GiB`): no context overhead.
     pub fn custom(total_bytes: u64) -> GpuProfile {
-        let key = crate::device::format_capacity(total_bytes);
+        let key = crate::capacity::format_capacity(total_bytes);
         GpuProfile { name: format!("{key} device"), key, total_bytes, context_overhead_bytes: 0 }
     }
 
@@ -111,8 +111,6 @@ mod tests {
         let slice = GpuProfile::lookup("a100-40gb-mig-3g.20gb").unwrap();
         assert_eq!(slice.total_bytes, 20096 * MIB);
         assert!(slice.total_bytes < card.total_bytes);
-        let d = crate::Device::parse("sim:a100-40gb-mig-3g.20gb").unwrap();
-        assert_eq!(d.to_string(), "sim:a100-40gb-mig-3g.20gb:0");
         for (k, _, total, _) in GPU_CATALOGUE.iter().filter(|e| e.0.contains("-mig-")) {
             let parent = GpuProfile::lookup(k.split("-mig-").next().unwrap()).unwrap();
             assert!(*total <= parent.total_bytes, "{k}");

@@ -28,8 +28,10 @@
 mod allocator_core;
 mod block_pool;
 mod caching_allocator;
+mod capacity;
 mod config;
 mod device;
+mod device_kind;
 mod error;
 pub mod gpu;
 mod gpu_catalogue;
@@ -47,7 +49,8 @@ pub mod visible_devices;
 
 pub use caching_allocator::{Block, CachingAllocator};
 pub use config::{ALLOC_CONF_ENV, AllocatorConfig};
-pub use device::{Device, DeviceKind};
+pub use device::Device;
+pub use device_kind::DeviceKind;
 pub use error::MemoryError;
 pub use gpu_catalogue::{GPU_CATALOGUE, GpuProfile};
 pub use history::{Frame, TraceAction, TraceEntry};

@@ -9,6 +9,8 @@ use smallvec::SmallVec;
 
 use crate::error::{Result, TensorError};
 
+pub use crate::extent::strided_extent;
+
 /// Dimension sizes. Inline up to 6 dims, so typical shapes never touch the heap.
 pub type Shape = SmallVec<[usize; 6]>;
 
@@ -77,16 +79,6 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize], op: &'static str) -> Result<Sh
         };
     }
     Ok(out)
-}
-
-/// How many elements of storage a strided layout reaches (one past its last element; 0 when
-/// it has no elements), saturating at `u128::MAX` for layouts no storage could hold.
-pub fn strided_extent(shape: &[usize], strides: &[usize], offset: usize) -> u128 {
-    if shape.contains(&0) {
-        return 0;
-    }
-    let last = shape.iter().zip(strides).fold(0u128, |a, (&d, &s)| a.saturating_add((d as u128 - 1) * s as u128));
-    last.saturating_add(offset as u128 + 1)
 }
 
 /// Resolve a shape with at most one `-1` against an element count.

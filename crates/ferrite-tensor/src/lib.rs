@@ -29,6 +29,7 @@ pub mod backend;
 pub mod dtype;
 pub mod element;
 mod error;
+mod extent;
 pub mod functional;
 pub(crate) mod kernels;
 pub mod layout;

@@ -79,16 +79,26 @@ fn adapters() -> &'static [&'static wgpu::Adapter] {
     })
 }
 
+// Defined here rather than in `device.rs`: naming a `gpu:N` needs the adapter list, and
+// `device.rs` (parsing device names) is the leaf that this module builds on.
+impl crate::Device {
+    /// A human name of the hardware: the GPU model for `sim` and `gpu`, `host memory` for `cpu`.
+    pub fn hardware_name(&self) -> String {
+        match self {
+            crate::Device::Cpu => "host memory".to_string(),
+            crate::Device::Sim { profile, .. } => profile.name.clone(),
+            crate::Device::Meta => "meta (no memory)".to_string(),
+            crate::Device::Gpu { index } => match list_adapters().into_iter().nth(*index) {
+                Some(a) => a.name,
+                None => format!("gpu:{index} (no such adapter)"),
+            },
+        }
+    }
+}
+
 /// How many GPU adapters the machine has, before any visible-device list.
 pub fn physical_adapter_count() -> usize {
     physical_adapters().len()
-}
-
-/// Bytes the caching allocator of `gpu:<index>` reserves, if that GPU was opened (0 otherwise;
-/// listing devices never opens one).
-pub(crate) fn reserved_if_open(index: usize) -> u64 {
-    let opened = crate::registry::registered_devices().contains(&crate::Device::Gpu { index });
-    if opened { crate::registry::allocator(&crate::Device::Gpu { index }).memory_reserved() } else { 0 }
 }
 
 /// Every adapter ferrite can use, in physical order (enumerated once per process).
@@ -107,7 +117,7 @@ fn physical_adapters() -> &'static [wgpu::Adapter] {
 /// Parse `FERRITE_GPU_MEMORY`, if set. A malformed value is an error naming the variable.
 fn env_capacity() -> Result<Option<u64>, MemoryError> {
     match std::env::var(GPU_MEMORY_ENV) {
-        Ok(s) => crate::device::parse_capacity(&s).map(Some).ok_or_else(|| MemoryError::InvalidConfig {
+        Ok(s) => crate::capacity::parse_capacity(&s).map(Some).ok_or_else(|| MemoryError::InvalidConfig {
             key: GPU_MEMORY_ENV.into(),
             value: s,
             reason: "expected a capacity such as `24GiB`, `16000MiB` or a number of bytes".into(),
@@ -297,7 +307,7 @@ impl GpuContext {
 /// The context of `gpu:<index>`, created on first use. Errors name the GPUs that exist.
 pub fn context(index: usize) -> Result<Arc<GpuContext>, MemoryError> {
     static CONTEXTS: OnceLock<Mutex<Vec<Option<Arc<GpuContext>>>>> = OnceLock::new();
-    crate::visible_devices::visible_gpu_error()?;
+    crate::visible_devices::gpu_selection(physical_adapter_count())?;
     let all = adapters();
     if all.is_empty() {
         return Err(MemoryError::GpuUnavailable {

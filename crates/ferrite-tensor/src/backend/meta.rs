@@ -4,12 +4,12 @@
 
 use crate::Tensor;
 use crate::backend::ConvGeometry;
+use crate::backend::Plan;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
     LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
 use crate::error::{Result, TensorError};
-use crate::ops::reduce::Plan;
 use crate::random::Generator;
 
 /// Shape-only execution.

@@ -1,6 +1,5 @@
-//! The operand sets of the normalisation kernels beyond layer norm (batch, group and RMS norm),
-//! one value per kernel so that every backend takes them the same way, as
-//! [`LayerNormArgs`](super::LayerNormArgs) does for layer norm.
+//! The operand sets of the normalisation kernels (layer, batch, group and RMS norm), one value
+//! per kernel so that every backend takes them the same way.
 //!
 //! Why the shapes are what they are: every kernel sees its input as a contiguous `[N, C, S]`
 //! (batch, channels, everything after the channels flattened; `S = 1` for `(N, C)` input) or, for
@@ -128,4 +127,19 @@ pub fn ncs(t: &Tensor) -> (usize, usize, usize) {
         [n, c, s] => (n, c, s),
         _ => (0, 0, 0),
     }
+}
+
+/// The operands of [`KernelBackend::layer_norm`](super::KernelBackend::layer_norm), one value so that every backend's kernel (and
+/// the next normalisation op's) takes them the same way: normalise each row of the contiguous
+/// `x` `[rows, cols]` (see [`rows_cols`](super::rows_cols)) into `y`, writing the f32 statistics `mean` and `rstd`
+/// `[rows]`, scaled by `weight` and shifted by `bias` (`[cols]`, `x`'s dtype) when present.
+#[derive(Clone, Copy)]
+pub struct LayerNormArgs<'a> {
+    pub y: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub x: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+    pub eps: f64,
 }

@@ -109,7 +109,7 @@ pub(crate) fn strides(shape: &[usize], strides: &[usize], offset: usize, storage
             strides.len()
         );
     }
-    let needed = crate::layout::strided_extent(shape, strides, offset);
+    let needed = crate::extent::strided_extent(shape, strides, offset);
     format!(
         "shape {shape:?}, strides {strides:?} and offset {offset} reach element {needed} but the storage holds {storage_elems}; the view must stay inside its storage"
     )

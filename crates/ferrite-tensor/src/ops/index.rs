@@ -5,14 +5,13 @@
 use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
+use crate::backend::INDEX_DTYPES;
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::{Shape, broadcast_shapes, normalize_dim};
 use crate::ops::copy::{copy_into, materialize};
 use crate::ops::{check_same_device, promote_types};
 use crate::{DType, Tensor};
 
-/// The dtypes an index tensor of `index_select`/`index_add` may have.
-pub(crate) const INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32, DType::U8];
 /// The dtypes an index tensor of `gather`/`scatter_add` may have (PyTorch's: no uint8).
 const GATHER_INDEX_DTYPES: &[DType] = &[DType::I64, DType::I32];
 

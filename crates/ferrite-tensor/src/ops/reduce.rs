@@ -11,22 +11,11 @@ use smallvec::SmallVec;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::error::{Result, TensorError};
-use crate::layout::{Layout, Shape, normalize_dim};
+use crate::layout::{Shape, normalize_dim};
 use crate::ops::copy::materialize;
 use crate::{DType, Tensor};
 
-/// How a reduction maps input elements to outputs.
-pub struct Plan {
-    /// Output shape as returned (reduced dims removed unless keepdim).
-    pub out_shape: Shape,
-    /// Output shape with reduced dims kept as 1 (for broadcasting gradients back).
-    pub keep_shape: Shape,
-    /// Input layout permuted so kept dims come first and reduced dims last.
-    pub permuted: Layout,
-    /// Elements reduced into each output.
-    pub rn: usize,
-    pub reduced: SmallVec<[bool; 6]>,
-}
+pub use crate::backend::Plan;
 
 pub(crate) fn plan(x: &Tensor, dims: &[i64], keepdim: bool, op: &'static str) -> Result<Plan> {
     let rank = x.rank();

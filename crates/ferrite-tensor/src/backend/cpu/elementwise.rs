@@ -595,16 +595,3 @@ pub(super) fn fill(t: &Tensor, value: f64) -> Result<()> {
     });
     Ok(())
 }
-
-pub(super) fn arange(t: &Tensor, start: f64, step: f64) -> Result<()> {
-    let n = t.numel();
-    dispatch_all!(t.dtype(), T => {
-        let p = t.ptr::<T>("arange")?;
-        // SAFETY: contiguous tensor of n elements.
-        let s = unsafe { std::slice::from_raw_parts_mut(p, n) };
-        for (i, v) in s.iter_mut().enumerate() {
-            *v = T::from_f64(start + i as f64 * step);
-        }
-    });
-    Ok(())
-}

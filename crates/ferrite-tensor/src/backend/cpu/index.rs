@@ -2,6 +2,7 @@
 //! one-hot. Indices are validated as they are read; a bad one is an `IndexOutOfRange` error that
 //! names the op, the index, the dimension and its size.
 
+use crate::backend::INDEX_DTYPES;
 use crate::element::Element;
 use crate::error::{Result, TensorError};
 use crate::kernels::strided::{SendPtr, Walk};
@@ -15,12 +16,7 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
         DType::I32 => idx.to_vec::<i32>()?.into_iter().map(|x| x as i64).collect(),
         DType::U8 => idx.to_vec::<u8>()?.into_iter().map(|x| x as i64).collect(),
         d => {
-            return Err(TensorError::InvalidDType {
-                op,
-                arg: "index",
-                dtype: d,
-                expected: crate::ops::index::INDEX_DTYPES,
-            });
+            return Err(TensorError::InvalidDType { op, arg: "index", dtype: d, expected: INDEX_DTYPES });
         }
     };
     v.into_iter()
@@ -29,16 +25,6 @@ pub(super) fn read_indices(idx: &Tensor, size: usize, dim: usize, op: &'static s
             None => Err(TensorError::IndexOutOfRange { op, index: i, dim, size }),
         })
         .collect()
-}
-
-/// Error unless every index is in `[0, size)` or equals `ignore`.
-pub(super) fn check_range(idx: &Tensor, size: usize, ignore: Option<i64>, dim: usize, op: &'static str) -> Result<()> {
-    let v: Vec<i64> =
-        dispatch_all!(idx.dtype(), T => idx.to_vec::<T>()?.into_iter().map(|x| x.to_f64() as i64).collect());
-    match v.into_iter().find(|&i| Some(i) != ignore && (i < 0 || i as usize >= size)) {
-        Some(bad) => Err(TensorError::IndexOutOfRange { op, index: bad, dim, size }),
-        None => Ok(()),
-    }
 }
 
 pub(super) fn index_select(out: &Tensor, x: &Tensor, d: usize, index: &Tensor) -> Result<()> {

@@ -19,17 +19,14 @@ mod rms_norm;
 // convolution (conv)
 mod conv;
 
+use crate::Tensor;
 use crate::backend::ConvGeometry;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
-    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
+    LossGrad, LossOperands, Plan, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len, host_side,
 };
-use crate::element::Element;
 use crate::error::Result;
-use crate::kernels::strided::{SendPtr, par_ranges};
-use crate::ops::reduce::Plan;
 use crate::random::Generator;
-use crate::{Tensor, dispatch_all};
 
 /// Kernels over host memory.
 pub struct CpuBackend;
@@ -79,20 +76,11 @@ impl KernelBackend for CpuBackend {
     }
 
     fn arange(&self, dst: &Tensor, start: f64, step: f64) -> Result<()> {
-        elementwise::arange(dst, start, step)
+        host_side::arange(dst, start, step)
     }
 
     fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
-        let words = dist.words_per_element();
-        match dist {
-            Distribution::Uniform { low, high } => {
-                generate(dst, generator, words, move |g| low + (high - low) * g.uniform_f64())
-            }
-            Distribution::Normal { mean, std } => generate(dst, generator, words, move |g| mean + std * g.normal_f64()),
-            Distribution::Bernoulli { p } => {
-                generate(dst, generator, words, move |g| if g.uniform_f64() < p { 1.0 } else { 0.0 })
-            }
-        }
+        host_side::random(dst, dist, generator)
     }
 
     fn binary(&self, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -178,7 +166,7 @@ impl KernelBackend for CpuBackend {
         dim: usize,
         op: &'static str,
     ) -> Result<()> {
-        index::check_range(index, size, ignore, dim, op)
+        host_side::check_indices(index, size, ignore, dim, op)
     }
 
     fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
@@ -285,29 +273,4 @@ impl KernelBackend for CpuBackend {
     fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
         recurrent::backward(cell, x)
     }
-}
-
-/// Fill `t` with `f(generator positioned at words_per_elem * i)`, in parallel chunks. Every `f`
-/// consumes exactly `words_per_elem` words, so a chunk can start at its own offset and the values
-/// never depend on how the range was split.
-fn generate(
-    t: &Tensor,
-    generator: &Generator,
-    words_per_elem: u128,
-    f: impl Fn(&mut Generator) -> f64 + Sync + Send,
-) -> Result<()> {
-    let n = t.numel();
-    dispatch_all!(t.dtype(), T => {
-        let p = SendPtr(t.ptr::<T>("rand")?);
-        par_ranges(n, 8, |s, e| {
-            let p = p;
-            let mut g = generator.at_offset(words_per_elem * s as u128);
-            for i in s..e {
-                let v = f(&mut g);
-                // SAFETY: each task writes its own range of a contiguous tensor of n elements.
-                unsafe { *p.0.add(i) = T::from_f64(v) };
-            }
-        });
-    });
-    Ok(())
 }

@@ -1,11 +1,11 @@
 //! CPU reductions: sums (accumulated in f64 and rounded once, so results do not depend on how the
 //! work is split across threads), max/min with indices, variance.
 
+use crate::backend::Plan;
 use crate::element::{Element, Float};
 use crate::error::{Result, TensorError};
 use crate::kernels::simd::vectorize;
 use crate::kernels::strided::{SendPtr, Walk, par_ranges};
-use crate::ops::reduce::Plan;
 use crate::{DType, Tensor, dispatch_all};
 
 pub(super) fn sum(out: &Tensor, x: &Tensor, p: &Plan, scale: f64) -> Result<()> {

@@ -11,8 +11,8 @@ use std::fmt::Write as _;
 use super::elementwise::Map;
 use super::runtime::{Runtime, read, write};
 use super::wgsl::{self, f32_lit, round_expr};
+use crate::backend::{FusedKernel, NormKind};
 use crate::error::{Result, TensorError};
-use crate::ops::fused::{FusedKernel, NormKind};
 use crate::{DType, Tensor};
 
 /// Workgroups of a partial reduction (the host combines this many partials at most).

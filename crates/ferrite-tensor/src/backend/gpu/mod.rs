@@ -8,8 +8,9 @@
 //! Sums and norms accumulate in f32 (the CPU backend uses f64); the conformance suite's
 //! tolerances say so.
 //!
-//! Random numbers are drawn on the host with the CPU backend's generator and uploaded, so a
-//! seeded run gives the same values on `cpu` and `gpu:<i>` (dropout masks included).
+//! Random numbers and `arange` are computed on the host by `backend/host_side.rs`, the same code
+//! the CPU backend runs, and uploaded, so a seeded run gives the same values on `cpu` and
+//! `gpu:<i>` (dropout masks included); index values are validated there too.
 
 mod elementwise;
 mod fused;
@@ -36,10 +37,9 @@ use self::runtime::Runtime;
 use crate::backend::ConvGeometry;
 use crate::backend::{
     BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
-    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len,
+    LossGrad, LossOperands, Plan, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len, host_side,
 };
 use crate::error::{Result, TensorError};
-use crate::ops::reduce::Plan;
 use crate::random::Generator;
 use crate::{DType, Device, Tensor};
 
@@ -123,13 +123,13 @@ impl KernelBackend for WgpuBackend {
         // Computed on the host exactly as the CPU backend does (f64 arithmetic, then converted),
         // so `arange` gives the same values on every device; uploads are ordered with kernels.
         let host = Tensor::empty(dst.shape(), dst.dtype(), &Device::Cpu)?;
-        crate::backend::cpu::CpuBackend.arange(&host, start, step)?;
+        host_side::arange(&host, start, step)?;
         self.upload_from(dst, &host)
     }
 
     fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
         let host = Tensor::empty(dst.shape(), dst.dtype(), &Device::Cpu)?;
-        crate::backend::cpu::CpuBackend.random(&host, dist, generator)?;
+        host_side::random(&host, dist, generator)?;
         self.upload_from(dst, &host)
     }
 
@@ -227,7 +227,7 @@ impl KernelBackend for WgpuBackend {
         // reach; the slice lives only for the read.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst, n) };
         self.read_to_host(&src, bytes)?;
-        crate::backend::cpu::CpuBackend.check_indices(&host, size, ignore, dim, op)
+        host_side::check_indices(&host, size, ignore, dim, op)
     }
 
     fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {

@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use super::runtime::{Runtime, read, write};
 use super::wgsl;
 use crate::Tensor;
+use crate::backend::Plan;
 use crate::backend::{LayerNormArgs, rows_cols};
 use crate::error::Result;
-use crate::ops::reduce::Plan;
 
 /// Parameters and index function of a plan: element of input pair (output `o`, reduced `r`) is
 /// `xel(o * rn + r)`. Layout after the word bases (`m` of them): n_out, rn, rank, shape[rank],
