@@ -29,25 +29,17 @@ mod data_parallel;
 mod image;
 mod language;
 mod plan_context;
+mod run;
 mod settings;
 
 use std::path::PathBuf;
 
-use ferrite_data::DatasetKind;
-use ferrite_memory::allocator;
-use ferrite_tensor::Device;
-
-use ferrite_train::distributed;
 pub use ferrite_train::{During, Hint, TrainError};
 
 pub use super::model_args::{Amp, ModelArgs, ModelKind};
+pub use run::{run, train};
 
-use super::CliResult;
 use crate::observe_args::ObserveArgs;
-
-/// More hidden layers than any MLP worth training; bounds the work done before the first
-/// allocation.
-const MAX_LAYERS: usize = 10_000;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrainArgs {
@@ -159,16 +151,6 @@ fn parse_batch_size(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `args` with `--batch-size auto` replaced by the planner's answer.
-fn resolve_batch_size(args: &TrainArgs) -> Result<Option<TrainArgs>, TrainError> {
-    if args.batch_size != BATCH_SIZE_AUTO {
-        return Ok(None);
-    }
-    let mut a = args.clone();
-    a.batch_size = plan_context::auto_batch_size(args)?;
-    Ok(Some(a))
-}
-
 impl TrainArgs {
     /// The configuration `ferrite` with no arguments runs.
     pub fn default_demo() -> Self {
@@ -202,147 +184,12 @@ impl TrainArgs {
     }
 
     /// `--hidden`, or the model's default width.
-    fn hidden(&self) -> usize {
+    pub(crate) fn hidden(&self) -> usize {
         self.shape.hidden(self.model)
     }
 
     /// `--layers`, or the model's default depth.
-    fn layers(&self) -> usize {
+    pub(crate) fn layers(&self) -> usize {
         self.shape.layers(self.model)
     }
 }
-
-pub fn run(args: TrainArgs) -> CliResult {
-    let args = resolve_batch_size(&args)?.unwrap_or(args);
-    // Out of memory: the report's ranked suggestions become the planner's, with the bytes each
-    // saves for this model (the fixed rules stay, saying why, where the planner cannot model it).
-    train(&args).map_err(|e| plan_context::with_planned_remedies(e, &args).into())
-}
-
-/// Whether the run trains with DataParallel on several devices (`--devices`, `--data-parallel`).
-pub(crate) fn data_parallel_requested(args: &TrainArgs) -> bool {
-    data_parallel::requested(args)
-}
-
-fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
-    if ok { Ok(()) } else { Err(TrainError::InvalidArgument { flag, value: value.to_string(), expected }) }
-}
-
-/// `--distributed`: join the MPI job and train; a failure is reported to the other ranks, which
-/// then stop with an error naming this rank.
-fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
-    let dist = distributed::Distributed::init()?;
-    let quiet;
-    let args = if dist.rank() == 0 {
-        args
-    } else {
-        quiet = TrainArgs { no_progress: true, ..args.clone() };
-        &quiet
-    };
-    let result = if args.model.is_language_model() {
-        language::train(args, device, Some(&dist))
-    } else {
-        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-        image::train(args, kind, device, Some(&dist))
-    };
-    // Rank 0 writes the memory snapshot; the others only stop recording.
-    let result = if dist.rank() == 0 {
-        write_snapshot(args, device, result)
-    } else {
-        allocator(device).record_memory_history(None);
-        result
-    };
-    if result.is_err() {
-        // Let the other ranks print their report before mpirun ends the job on this exit.
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
-    result
-}
-
-/// Runs training as configured; prints progress to stdout/stderr.
-pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
-    let device = Device::parse(&args.device)?;
-    if matches!(device, Device::Meta) {
-        return Err(TrainError::MetaDevice);
-    }
-    let resolved = resolve_batch_size(args)?;
-    let args = resolved.as_ref().unwrap_or(args);
-    check("batch-size", args.batch_size >= 1, args.batch_size, "must be at least 1")?;
-    check("accum-steps", args.accum_steps >= 1, args.accum_steps, "must be at least 1")?;
-    check("hidden", args.hidden() >= 1, args.hidden(), "must be at least 1")?;
-    check("layers", (1..=MAX_LAYERS).contains(&args.layers()), args.layers(), "must be between 1 and 10000")?;
-    check("dropout", (0.0..1.0).contains(&args.shape.dropout), args.shape.dropout, "must be in [0, 1)")?;
-    check("lr", args.lr.is_finite() && args.lr > 0.0, args.lr, "must be a positive number")?;
-    check(
-        "weight-decay",
-        args.weight_decay.is_finite() && args.weight_decay >= 0.0,
-        args.weight_decay,
-        "must be a non-negative number",
-    )?;
-    if let Some(c) = args.clip_grad_norm {
-        check("clip-grad-norm", c.is_finite() && c > 0.0, c, "must be a positive number")?;
-    }
-    if let Some(n) = args.train_subset {
-        check("train-subset", n >= 1, n, "must be at least 1")?;
-    }
-    check("seq", args.shape.seq >= 1, args.shape.seq, "must be at least 1")?;
-    check("d-model", args.shape.d_model >= 1, args.shape.d_model, "must be at least 1")?;
-    if let Some(e) = args.epochs {
-        check("epochs", e >= 1, e, "must be at least 1")?;
-    }
-    let alloc = allocator(&device);
-    match &args.alloc_conf {
-        Some(spec) => alloc.set_alloc_conf(spec)?,
-        // A bad FERRITE_ALLOC_CONF is reported now, not as the failure of the first allocation.
-        None => {
-            ferrite_memory::env_alloc_config()?;
-        }
-    }
-    if let Some(path) = &args.snapshot {
-        // Refused now rather than after the run it was meant to record.
-        if path.is_dir() {
-            return Err(ferrite_io::IoError::NotAFile { path: path.clone(), found: "directory" }.into());
-        }
-        alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
-    }
-    if args.distributed {
-        return train_distributed(args, &device);
-    }
-    if data_parallel::requested(args) {
-        return data_parallel::train(args, &device);
-    }
-    let result = if args.model.is_language_model() {
-        language::train(args, &device, None)
-    } else {
-        args.dataset
-            .as_deref()
-            .unwrap_or("digits")
-            .parse::<DatasetKind>()
-            .map_err(TrainError::from)
-            .and_then(|kind| image::train(args, kind, &device, None))
-    };
-    write_snapshot(args, &device, result)
-}
-
-/// With `--snapshot`: writes the allocator's history and segments after the run, also after a
-/// failed one (the snapshot of an out-of-memory run is the one wanted); returns the run's result.
-fn write_snapshot(args: &TrainArgs, device: &Device, result: Result<(), TrainError>) -> Result<(), TrainError> {
-    let alloc = allocator(device);
-    if let Some(path) = &args.snapshot {
-        // Written after a failure too: the snapshot of an out-of-memory run is the one wanted.
-        let written = ferrite_io::write_torch_snapshot(path, &alloc.snapshot());
-        alloc.record_memory_history(None);
-        match (&result, written) {
-            (_, Ok(())) => eprintln!(
-                "wrote memory snapshot {} (ferrite memory replay|plot, or pytorch.org/memory_viz)",
-                path.display()
-            ),
-            (Ok(()), Err(e)) => return Err(e.into()),
-            (Err(_), Err(e)) => eprintln!("could not write memory snapshot {}: {e}", path.display()),
-        }
-    }
-    result
-}
-
-/// History entries `--snapshot` keeps (the newest; PyTorch's docs suggest 100,000).
-const SNAPSHOT_MAX_ENTRIES: usize = 100_000;

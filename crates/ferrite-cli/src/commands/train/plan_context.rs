@@ -66,7 +66,7 @@ pub fn with_planned_remedies(error: TrainError, args: &TrainArgs) -> TrainError 
     if !error.is_out_of_memory() {
         return error;
     }
-    let ctx = if args.distributed || super::data_parallel_requested(args) {
+    let ctx = if args.distributed || super::data_parallel::requested(args) {
         Err("it trains on several devices; `ferrite plan` models one".to_string())
     } else {
         args.plan_context().map_err(|e| e.to_string())
