@@ -107,6 +107,17 @@ fn parameter_counts_beyond_the_ceiling_or_u64_are_refused() {
 }
 
 #[test]
+fn a_sliding_window_shorter_than_the_sequence_runs_on_meta() {
+    let text =
+        with(serde_json::from_str(&with(llama(), "model_type", json!("mistral"))).unwrap(), "sliding_window", json!(4));
+    let c = HfConfig::from_json(&text, "c").unwrap();
+    let m = Decoder::new(&c, &Device::Meta, true).unwrap();
+    let ids = ferrite_tensor::Tensor::zeros(&[2, 9], ferrite_tensor::DType::I64, &Device::Meta).unwrap();
+    let logits = ferrite_nn::Module::forward(&m, &ids).unwrap();
+    assert_eq!(logits.shape(), [2, 9, 50]);
+}
+
+#[test]
 fn zero_negative_and_non_integer_sizes_name_the_key() {
     for bad in [json!(0), json!(-3), json!(2.5), json!("64"), json!(1e300)] {
         let e = HfConfig::from_json(&with(llama(), "hidden_size", bad.clone()), "c.json").unwrap_err().to_string();
@@ -176,8 +187,13 @@ fn config(model_type: &str, keys: &[&str], values: Vec<Value>) -> String {
     Value::Object(m).to_string()
 }
 
+/// 512 cases by default; `FERRITE_CONFIG_FUZZ_CASES=1000000` for a long run.
+fn cases() -> u32 {
+    std::env::var("FERRITE_CONFIG_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     /// Random numbers in every size key: a typed result, never a panic; what parses builds on
     /// `meta` (when small enough to build quickly) with the parameter count it announced.

@@ -107,8 +107,14 @@ fn saved_folders_reload_to_the_same_tensors() {
         let folder = HfFolder::open(fixtures().join(name)).unwrap();
         let (model, _) = folder.load_decoder(&Device::Cpu, &HfLoadOptions::default()).unwrap();
         let dir = tempfile::tempdir().unwrap();
-        save_decoder(&model, &folder.config_text, dir.path()).unwrap();
-        let again = HfFolder::open(dir.path()).unwrap();
+        // `FERRITE_HF_SAVE_TO=DIR` keeps the folders, for `tests/data/check_saved_folders.py`
+        // (transformers' `from_pretrained` on what ferrite wrote).
+        let out = match std::env::var_os("FERRITE_HF_SAVE_TO") {
+            Some(d) => PathBuf::from(d).join(name),
+            None => dir.path().to_path_buf(),
+        };
+        save_decoder(&model, &folder.config_text, &out).unwrap();
+        let again = HfFolder::open(&out).unwrap();
         assert!(matches!(again.weights, ferrite_models::WeightFiles::Safetensors(_)));
         if name == "gpt2" {
             // Tied: the head is the embedding, stored once.
