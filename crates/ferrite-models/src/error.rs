@@ -25,7 +25,7 @@ pub enum ModelError {
     WeightFile {
         path: String,
         #[source]
-        source: ferrite_io::IoError,
+        source: Box<ferrite_io::IoError>,
     },
     /// A model setting that cannot work (a sequence longer than the learned positions, heads that
     /// do not divide the width).

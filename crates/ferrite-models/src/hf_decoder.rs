@@ -300,7 +300,7 @@ impl HfConfig {
                 });
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(ModelError::Config {
                 path: origin.into(),
                 problem: format!(

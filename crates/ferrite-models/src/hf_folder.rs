@@ -141,8 +141,10 @@ impl HfFolder {
         let mut sd = StateDict::new();
         let mut origin: BTreeMap<String, PathBuf> = BTreeMap::new();
         for file in self.weights.files() {
-            let tensors = ferrite_io::load_state_dict(file, &options)
-                .map_err(|source| ModelError::WeightFile { path: file.display().to_string(), source })?;
+            let tensors = ferrite_io::load_state_dict(file, &options).map_err(|source| ModelError::WeightFile {
+                path: file.display().to_string(),
+                source: Box::new(source),
+            })?;
             for (k, t) in tensors {
                 if let Some(first) = origin.insert(k.clone(), file.to_path_buf()) {
                     return Err(folder_err(
@@ -259,9 +261,9 @@ pub fn save_decoder(model: &Decoder, config_text: &str, dir: impl AsRef<Path>) -
     let sd = model.state_dict();
     let weights = dir.join("model.safetensors");
     ferrite_io::save_state_dict(&weights, sd.iter())
-        .map_err(|source| ModelError::WeightFile { path: weights.display().to_string(), source })?;
+        .map_err(|source| ModelError::WeightFile { path: weights.display().to_string(), source: Box::new(source) })?;
     let config = dir.join("config.json");
     ferrite_io::write_atomically(&config, |f| std::io::Write::write_all(f, config_text.as_bytes()))
-        .map_err(|source| ModelError::WeightFile { path: config.display().to_string(), source })?;
+        .map_err(|source| ModelError::WeightFile { path: config.display().to_string(), source: Box::new(source) })?;
     Ok(())
 }

@@ -353,7 +353,7 @@ impl T5Attention {
         let (buckets, mask) = if matches!(device, Device::Meta) {
             (Tensor::zeros(&[len, len], DType::I64, device)?, Tensor::zeros(&[len, len], DType::F32, device)?)
         } else {
-            let cells = len.checked_mul(len).unwrap_or(usize::MAX);
+            let cells = len.saturating_mul(len);
             let (mut ids, mut mask) = (Vec::new(), Vec::new());
             if ids.try_reserve_exact(cells).is_err() || mask.try_reserve_exact(cells).is_err() {
                 return Err(ferrite_nn::NnError::InvalidConfig {
