@@ -35,6 +35,8 @@ echo "== examples: custom_model --epochs 3"
 # recursion on hostile input shows first, and it is what `cargo test` gives a user.
 # ferrite-cli's parsers are its unit tests (addresses, cgroup files, checkpoint metadata), the
 # parser fuzz suite and the bad-input suite; its training runs stay in the release run above.
-echo "== cargo test (debug) -p ferrite-io -p ferrite-memory -p ferrite-data; ferrite-cli's parser tests"
+echo "== cargo test (debug) -p ferrite-io -p ferrite-memory -p ferrite-data; ferrite-cli's parser tests and doctor without mpi"
 cargo test -p ferrite-io -p ferrite-memory -p ferrite-data
-cargo test -p ferrite-cli --lib --test parser_fuzz --test bad_inputs
+# doctor_mpi runs here too: this build has no `mpi` feature, so `ferrite doctor`'s MPI line is
+# checked in both flavours (the release run above has the feature).
+cargo test -p ferrite-cli --lib --test parser_fuzz --test bad_inputs --test doctor_mpi
