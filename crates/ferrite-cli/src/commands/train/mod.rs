@@ -27,13 +27,13 @@
 
 mod data_parallel;
 mod image;
+mod image_data;
 mod language;
 mod plan_context;
 mod settings;
 
 use std::path::PathBuf;
 
-use ferrite_data::DatasetKind;
 use ferrite_memory::allocator;
 use ferrite_tensor::Device;
 
@@ -61,6 +61,33 @@ pub struct TrainArgs {
     /// not) for the language models. Default: digits, or jargon for a language model.
     #[arg(long)]
     pub dataset: Option<String>,
+    /// Your own data instead of a built-in dataset. For `mlp` and `cnn`: a folder of images in
+    /// torchvision's ImageFolder layout (one subfolder per class; PNG, JPEG or BMP), its
+    /// `train/` and `val/` (or `test/`) subfolders as the splits if it has them; for `mlp`, a CSV
+    /// file with a header row and --target. For `lstm` and `transformer`: a UTF-8 text file, or a
+    /// folder whose .txt files are joined in name order.
+    #[arg(long, conflicts_with = "dataset")]
+    pub data: Option<PathBuf>,
+    /// The column of the --data CSV file holding each row's class (integers or text); every other
+    /// column is a numeric feature, standardised with the training split's mean and std.
+    #[arg(long, requires = "data")]
+    pub target: Option<String>,
+    /// Resize every image of --data to N×N pixels. Without it all images must share one size.
+    #[arg(long, requires = "data")]
+    pub image_size: Option<u32>,
+    /// Share of each class of --data held out (seeded by --seed) to measure the test accuracy,
+    /// when the folder has no train/ and val/ (or test/) subfolders, and for a CSV file.
+    #[arg(long, default_value_t = 0.1)]
+    pub val_split: f64,
+    /// Augment the training images: a random crop with zero padding (an eighth of the side, 4 px
+    /// for 28×28) and a random horizontal flip, drawn per sample so the run is the same for any
+    /// --workers.
+    #[arg(long)]
+    pub augment: bool,
+    /// Skip unreadable or corrupt images in --data (their number is printed) instead of stopping
+    /// at the first.
+    #[arg(long, requires = "data")]
+    pub skip_bad_files: bool,
     /// Device to train on: `cpu`, a simulated GPU such as `sim:t4-16gb`, `sim:a100-40gb`,
     /// `sim:1GiB` (see `ferrite memory gpus`), or a real GPU `gpu:0` (see `ferrite devices`).
     #[arg(long, default_value = "cpu")]
@@ -175,6 +202,12 @@ impl TrainArgs {
         TrainArgs {
             model: ModelKind::Mlp,
             dataset: None,
+            data: None,
+            target: None,
+            image_size: None,
+            val_split: 0.1,
+            augment: false,
+            skip_bad_files: false,
             device: "cpu".into(),
             batch_size: 64,
             accum_steps: 1,
@@ -213,10 +246,77 @@ impl TrainArgs {
 }
 
 pub fn run(args: TrainArgs) -> CliResult {
+    check_own_data(&args)?;
     let args = resolve_batch_size(&args)?.unwrap_or(args);
     // Out of memory: the report's ranked suggestions become the planner's, with the bytes each
     // saves for this model (the fixed rules stay, saying why, where the planner cannot model it).
-    train(&args).map_err(|e| plan_context::with_planned_remedies(e, &args).into())
+    train(&args).map_err(|e| {
+        if own_images(&args) {
+            ferrite_train::planned::with_planned_remedies(e, Err(OWN_IMAGES_UNPLANNED.to_string())).into()
+        } else {
+            plan_context::with_planned_remedies(e, &args).into()
+        }
+    })
+}
+
+/// Why the planner is not asked about a run on `--data` images or tables.
+const OWN_IMAGES_UNPLANNED: &str = "it trains on --data, whose sample shape the planner does not know";
+
+/// Whether an image model trains on the user's own data (`--data`).
+fn own_images(args: &TrainArgs) -> bool {
+    args.data.is_some() && !args.model.is_language_model()
+}
+
+/// The `--data` flags that cannot work together with the rest, refused before anything runs.
+fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
+    check(
+        "val-split",
+        args.val_split > 0.0 && args.val_split < 1.0,
+        args.val_split,
+        "must be between 0 and 1 (exclusive), e.g. 0.1",
+    )?;
+    if let Some(n) = args.image_size {
+        check("image-size", n >= 1, n, "must be at least 1")?;
+    }
+    if args.model.is_language_model() {
+        let image_only = [
+            ("target", args.target.is_some()),
+            ("image-size", args.image_size.is_some()),
+            ("augment", args.augment),
+            ("skip-bad-files", args.skip_bad_files),
+        ];
+        if let Some((flag, _)) = image_only.into_iter().find(|(_, given)| *given) {
+            return Err(TrainError::InvalidArgument {
+                flag,
+                value: args.model.name().to_string(),
+                expected: "an image model (mlp, cnn); a language model reads a text file or a folder of .txt files",
+            });
+        }
+        return Ok(());
+    }
+    if own_images(args) {
+        if data_parallel::requested(args) {
+            return Err(TrainError::InvalidArgument {
+                flag: "data",
+                value: args.data.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                expected: "a built-in --dataset with --devices/--data-parallel (DataParallel reads those only); train on one device or with --distributed",
+            });
+        }
+        if args.batch_size == BATCH_SIZE_AUTO {
+            return Err(TrainError::InvalidArgument {
+                flag: "batch-size",
+                value: "auto".to_string(),
+                expected: "a number with --data: the planner knows the built-in datasets' shapes only",
+            });
+        }
+    } else if args.augment && data_parallel::requested(args) {
+        return Err(TrainError::InvalidArgument {
+            flag: "augment",
+            value: "true".to_string(),
+            expected: "one device or --distributed; DataParallel does not augment",
+        });
+    }
+    Ok(())
 }
 
 /// Whether the run trains with DataParallel on several devices (`--devices`, `--data-parallel`).
@@ -242,8 +342,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
     let result = if args.model.is_language_model() {
         language::train(args, device, Some(&dist))
     } else {
-        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-        image::train(args, kind, device, Some(&dist))
+        image::train(args, device, Some(&dist))
     };
     // Rank 0 writes the memory snapshot; the others only stop recording.
     let result = if dist.rank() == 0 {
@@ -261,6 +360,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
 
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
+    check_own_data(args)?;
     let device = Device::parse(&args.device)?;
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
@@ -314,12 +414,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     let result = if args.model.is_language_model() {
         language::train(args, &device, None)
     } else {
-        args.dataset
-            .as_deref()
-            .unwrap_or("digits")
-            .parse::<DatasetKind>()
-            .map_err(TrainError::from)
-            .and_then(|kind| image::train(args, kind, &device, None))
+        image::train(args, &device, None)
     };
     write_snapshot(args, &device, result)
 }
