@@ -144,15 +144,16 @@ fn folder(args: &TrainArgs, path: &Path) -> Result<ImageData, TrainError> {
     notes.extend(augment_note(&train));
     let classes_json = json(&classes);
     let normalization = format!("{{\"mean\":{},\"std\":{}}}", norm.mean, norm.std);
-    let mut settings = vec![
+    // The flags first (a changed flag is what a refused resume should name), then what they and
+    // the files on disk made of the data.
+    let settings = vec![
+        ("val-split".to_string(), split_setting(&f.layout)),
+        ("image-size".to_string(), args.image_size.map_or("none".to_string(), |n| n.to_string())),
+        ("augment".to_string(), args.augment.to_string()),
         ("classes".to_string(), classes_json.clone()),
         ("image-shape".to_string(), format!("[{c},{h},{w}]")),
         ("normalization".to_string(), normalization.clone()),
-        ("val-split".to_string(), split_setting(&f.layout)),
     ];
-    if args.augment {
-        settings.push(("augment".to_string(), "true".to_string()));
-    }
     let metadata = BTreeMap::from([
         ("dataset".to_string(), name.clone()),
         ("classes".to_string(), classes_json),
@@ -215,12 +216,12 @@ fn table(args: &TrainArgs, path: &Path) -> Result<ImageData, TrainError> {
     let (classes_json, features_json) = (json(&classes), json(&t.feature_names));
     let (mean_json, std_json) = (json(&std.mean), json(&std.std));
     let settings = vec![
-        ("classes".to_string(), classes_json.clone()),
+        ("val-split".to_string(), args.val_split.to_string()),
         ("target".to_string(), target.clone()),
+        ("classes".to_string(), classes_json.clone()),
         ("features".to_string(), features_json.clone()),
         ("feature-mean".to_string(), mean_json.clone()),
         ("feature-std".to_string(), std_json.clone()),
-        ("val-split".to_string(), args.val_split.to_string()),
     ];
     let metadata = BTreeMap::from([
         ("dataset".to_string(), name.clone()),
