@@ -48,11 +48,8 @@ fn safetensors_metadata(path: &Path) -> serde_json::Map<String, serde_json::Valu
 
 /// The epoch lines and the accuracy of the final line (without the timings, which differ).
 fn results(out: &str) -> (Vec<String>, f64) {
-    let epochs = out
-        .lines()
-        .filter(|l| l.starts_with("epoch "))
-        .map(|l| l.split(" | ").next().unwrap().to_string())
-        .collect();
+    let epochs =
+        out.lines().filter(|l| l.starts_with("epoch ")).map(|l| l.split(" | ").next().unwrap().to_string()).collect();
     (epochs, final_accuracy(out))
 }
 
@@ -63,8 +60,19 @@ fn an_image_folder_trains_reports_held_out_accuracy_and_saves_its_classes() {
     write_folder(&data, &["left", "middle", "right"], 16, 8);
     let args = |workers: &'static str| {
         vec![
-            "train", "--data", "bands", "--epochs", "3", "--batch-size", "8", "--augment", "--workers", workers,
-            "--val-split", "0.25", "--no-progress",
+            "train",
+            "--data",
+            "bands",
+            "--epochs",
+            "3",
+            "--batch-size",
+            "8",
+            "--augment",
+            "--workers",
+            workers,
+            "--val-split",
+            "0.25",
+            "--no-progress",
         ]
     };
     let out = ok(&args("0"), dir.path());
@@ -106,8 +114,22 @@ fn a_cnn_trains_on_colour_train_and_val_folders_resized_to_one_size() {
     }
     let out = ok(
         &[
-            "train", "--model", "cnn", "--layers", "1", "--hidden", "4", "--data", "shapes", "--image-size", "8",
-            "--epochs", "2", "--batch-size", "4", "--no-progress",
+            "train",
+            "--model",
+            "cnn",
+            "--layers",
+            "1",
+            "--hidden",
+            "4",
+            "--data",
+            "shapes",
+            "--image-size",
+            "8",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--no-progress",
         ],
         dir.path(),
     );
@@ -140,7 +162,20 @@ fn a_resume_on_own_data_is_bit_identical_and_a_changed_split_is_refused() {
     let p = |n: &str| dir.path().join(n);
     assert_eq!(tensor_bytes(&p("resumed.safetensors")), tensor_bytes(&p("full.safetensors")));
     let err = fails_with(
-        &["train", "--data", "bands", "--batch-size", "4", "--augment", "--epochs", "2", "--resume", "ck.ft", "--val-split", "0.2"],
+        &[
+            "train",
+            "--data",
+            "bands",
+            "--batch-size",
+            "4",
+            "--augment",
+            "--epochs",
+            "2",
+            "--resume",
+            "ck.ft",
+            "--val-split",
+            "0.2",
+        ],
         dir.path(),
         &["--val-split"],
     );
@@ -163,8 +198,18 @@ fn a_csv_table_trains_the_mlp_with_standardised_features() {
     std::fs::write(dir.path().join("iris.csv"), table()).unwrap();
     let out = ok(
         &[
-            "train", "--data", "iris.csv", "--target", "species", "--epochs", "20", "--batch-size", "8",
-            "--val-split", "0.2", "--no-progress",
+            "train",
+            "--data",
+            "iris.csv",
+            "--target",
+            "species",
+            "--epochs",
+            "20",
+            "--batch-size",
+            "8",
+            "--val-split",
+            "0.2",
+            "--no-progress",
         ],
         dir.path(),
     );
@@ -196,8 +241,20 @@ fn a_language_model_trains_on_a_folder_of_txt_files() {
     std::fs::write(corpus.join("a.txt"), "pack my box with five dozen liquor jugs. ".repeat(40)).unwrap();
     let out = ok(
         &[
-            "train", "--model", "lstm", "--data", "corpus", "--hidden", "16", "--seq", "16", "--batch-size", "4",
-            "--epochs", "1", "--no-progress",
+            "train",
+            "--model",
+            "lstm",
+            "--data",
+            "corpus",
+            "--hidden",
+            "16",
+            "--seq",
+            "16",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--no-progress",
         ],
         dir.path(),
     );
@@ -294,8 +351,18 @@ fn a_folder_of_fashion_mnist_pngs_trains_end_to_end() {
     let start = std::time::Instant::now();
     let out = ok(
         &[
-            "train", "--data", "fashion3", "--epochs", "2", "--batch-size", "16", "--val-split", "0.25",
-            "--workers", "2", "--no-progress",
+            "train",
+            "--data",
+            "fashion3",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "16",
+            "--val-split",
+            "0.25",
+            "--workers",
+            "2",
+            "--no-progress",
         ],
         dir.path(),
     );

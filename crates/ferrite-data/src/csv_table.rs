@@ -67,7 +67,11 @@ pub fn load_csv(path: &Path, options: &CsvOptions) -> Result<CsvTable, DataError
     };
     let header: Vec<String> = reader.headers().map_err(malformed)?.iter().map(str::to_string).collect();
     let Some(target_col) = header.iter().position(|h| *h == options.target) else {
-        return Err(DataError::MissingColumn { path: path.to_path_buf(), column: options.target.clone(), available: header });
+        return Err(DataError::MissingColumn {
+            path: path.to_path_buf(),
+            column: options.target.clone(),
+            available: header,
+        });
     };
     let feature_cols: Vec<usize> = (0..header.len()).filter(|&c| c != target_col).collect();
     if feature_cols.is_empty() {

@@ -230,8 +230,7 @@ fn find_splits(root: &Path) -> Result<Option<(PathBuf, PathBuf)>, DataError> {
 
 /// The visible subfolders of `dir` as `(name, path)`, sorted by name.
 fn class_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>, DataError> {
-    let mut out: Vec<(String, PathBuf)> =
-        entries(dir)?.into_iter().filter(|(_, p)| p.is_dir()).collect();
+    let mut out: Vec<(String, PathBuf)> = entries(dir)?.into_iter().filter(|(_, p)| p.is_dir()).collect();
     out.sort();
     Ok(out)
 }
@@ -323,9 +322,7 @@ fn decode_all(files: &[(PathBuf, u32)], size: Option<u32>) -> Vec<Result<Pixels,
                 // `decode` catches the decoders' panics, so a thread cannot end in one; if it
                 // did, every file of its share is reported as undecodable rather than panicking.
                 h.join().unwrap_or_else(|_| {
-                    part.iter()
-                        .map(|(p, _)| Err(corrupt(p, "the decoder failed unexpectedly".into())))
-                        .collect()
+                    part.iter().map(|(p, _)| Err(corrupt(p, "the decoder failed unexpectedly".into()))).collect()
                 })
             })
             .collect()

@@ -29,7 +29,7 @@ impl Standardization {
     /// Mean and (population) standard deviation of each of `num_features` columns of the
     /// row-major `rows`; a constant column gets std 1 (it is only centred).
     pub fn fit(rows: &[f32], num_features: usize) -> Standardization {
-        let n = if num_features == 0 { 0 } else { rows.len() / num_features };
+        let n = rows.len().checked_div(num_features).unwrap_or(0);
         let mut sum = vec![0.0f64; num_features];
         let mut sum_sq = vec![0.0f64; num_features];
         for row in rows.chunks_exact(num_features.max(1)) {
@@ -155,10 +155,7 @@ impl TabularClassification {
     }
 
     /// A loader builder whose batches are tensors `(f32 [n, 1, 1, features], i64 [n])`.
-    pub fn tensor_loader(
-        self,
-        batch_size: usize,
-    ) -> DataLoaderBuilder<TabularClassification, Tensors<ImageCollate>> {
+    pub fn tensor_loader(self, batch_size: usize) -> DataLoaderBuilder<TabularClassification, Tensors<ImageCollate>> {
         let shape = self.sample_shape();
         DataLoader::builder(self).batch_size(batch_size).collate(Tensors(ImageCollate::new(shape)))
     }

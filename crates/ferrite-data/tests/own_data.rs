@@ -240,7 +240,8 @@ fn a_csv_is_a_standardised_classification_table() {
 fn bad_csv_files_are_typed_errors_naming_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let load = |name: &str, text: &str, target: &str| load_csv(&write(d, name, text), &csv_options(target)).unwrap_err();
+    let load =
+        |name: &str, text: &str, target: &str| load_csv(&write(d, name, text), &csv_options(target)).unwrap_err();
 
     let e = load("text.csv", "a,b,y\n1,2,0\n3,oops,1\n", "y");
     assert!(

@@ -143,30 +143,29 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
     let mut specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
     specific.extend(data.settings);
-    let mut trainer =
-        trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, &name, specific))
-            .dropout_rng(dropout_rng)
-            .run_observer(run)
-            .rank0(dist.is_none_or(|d| d.rank() == 0))
-            .on_epoch_start(|epoch| {
-                if let Some(s) = &sampler {
-                    s.set_epoch(epoch as u64);
-                }
-            })
-            // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
-            .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
-            .on_epoch(|e| {
-                println!(
-                    "epoch {:>3}/{}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
-                    e.epoch,
-                    e.epochs,
-                    e.mean_loss,
-                    100.0 * e.train_mean("correct").unwrap_or(0.0),
-                    100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
-                    e.memory_line,
-                    seconds(e.elapsed.as_secs_f64()),
-                )
-            });
+    let mut trainer = trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, &name, specific))
+        .dropout_rng(dropout_rng)
+        .run_observer(run)
+        .rank0(dist.is_none_or(|d| d.rank() == 0))
+        .on_epoch_start(|epoch| {
+            if let Some(s) = &sampler {
+                s.set_epoch(epoch as u64);
+            }
+        })
+        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
+        .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
+        .on_epoch(|e| {
+            println!(
+                "epoch {:>3}/{}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
+                e.epoch,
+                e.epochs,
+                e.mean_loss,
+                100.0 * e.train_mean("correct").unwrap_or(0.0),
+                100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
+                e.memory_line,
+                seconds(e.elapsed.as_secs_f64()),
+            )
+        });
     if let Some(sync) = sync {
         trainer = trainer.gradient_sync(sync);
     }

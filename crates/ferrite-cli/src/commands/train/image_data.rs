@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrite_data::{
-    Augment, CsvOptions, DataError, Dataset, DatasetKind, FolderLayout, ImageClassification, ImageExample, ImageFolderOptions,
-    builtin_dataset, load_csv, load_image_folder,
+    Augment, CsvOptions, DataError, Dataset, DatasetKind, FolderLayout, ImageClassification, ImageExample,
+    ImageFolderOptions, builtin_dataset, load_csv, load_image_folder,
 };
 
 use super::{TrainArgs, TrainError};
@@ -120,11 +120,9 @@ fn folder(args: &TrainArgs, path: &Path) -> Result<ImageData, TrainError> {
         norm.std
     ));
     notes.push(match &f.layout {
-        FolderLayout::Splits { train, val } => format!(
-            "training on {}, test accuracy on {}",
-            train.display(),
-            val.display()
-        ),
+        FolderLayout::Splits { train, val } => {
+            format!("training on {}, test accuracy on {}", train.display(), val.display())
+        }
         FolderLayout::HeldOut { fraction } => format!(
             "test accuracy on {}% of each class held out (--val-split {fraction}, seed {})",
             fmt_percent(*fraction),
@@ -182,7 +180,9 @@ fn table(args: &TrainArgs, path: &Path) -> Result<ImageData, TrainError> {
             expected: "a folder of images (one subfolder per class), or a CSV file with --target COLUMN naming the class column",
         });
     };
-    for (flag, given) in [("image-size", args.image_size.is_some()), ("augment", args.augment), ("skip-bad-files", args.skip_bad_files)] {
+    for (flag, given) in
+        [("image-size", args.image_size.is_some()), ("augment", args.augment), ("skip-bad-files", args.skip_bad_files)]
+    {
         if given {
             return Err(TrainError::InvalidArgument {
                 flag,

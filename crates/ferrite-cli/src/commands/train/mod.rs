@@ -9,11 +9,12 @@
 //!
 //! Four model families (`--model`), two tasks:
 //! - image classification ([`image`]): `mlp` and `cnn` (conv-bn-relu-pool blocks) on digits
-//!   (8×8) or Fashion-MNIST (28×28);
+//!   (8×8), Fashion-MNIST (28×28), or the user's own `--data` ([`image_data`]: an image folder,
+//!   or a CSV table for the MLP);
 //! - character-level language modelling ([`language`]): `lstm` (truncated backpropagation through
 //!   time, the hidden state carried across chunks and detached at each boundary) and
 //!   `transformer` (decoder-only, causal attention) on the Jargon File, so the two can be
-//!   compared on one corpus.
+//!   compared on one corpus, or on the user's own `--data` (a text file or a folder of .txt).
 //!
 //! Semantics a user should know:
 //! - `--batch-size` is the micro-batch (what is in memory at once); with `--accum-steps k` the
