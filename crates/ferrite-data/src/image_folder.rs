@@ -31,6 +31,9 @@ use crate::error::DataError;
 use crate::image_classification::{ImageClassification, ImageParts, Normalization, Split};
 use crate::stratified_split::stratified_split;
 
+/// The largest `image_size` accepted (a 4096×4096 RGB image is 48 MiB in memory).
+pub const MAX_IMAGE_SIZE: u32 = 4096;
+
 /// File extensions read as images (case-insensitive).
 pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "bmp"];
 
@@ -99,8 +102,10 @@ impl ImageFolder {
 
 /// Reads the image folder at `root`.
 pub fn load_image_folder(root: &Path, options: &ImageFolderOptions) -> Result<ImageFolder, DataError> {
-    if options.image_size == Some(0) {
-        return Err(DataError::InvalidConfig("the image size must be at least 1 pixel".into()));
+    if let Some(n) = options.image_size
+        && !(1..=MAX_IMAGE_SIZE).contains(&n)
+    {
+        return Err(DataError::InvalidConfig(format!("image size {n} must be between 1 and {MAX_IMAGE_SIZE} pixels")));
     }
     let splits = find_splits(root)?;
     let train_dir = splits.as_ref().map_or(root, |(t, _)| t.as_path());
@@ -163,7 +168,14 @@ pub fn load_image_folder(root: &Path, options: &ImageFolderOptions) -> Result<Im
     let (width, height) = images.first().map_or((0, 0), |(_, _, image)| image.size());
     let channels = if rgb { 3 } else { 1 };
     let per_image = channels * width as usize * height as usize;
-    let mut pixels = Vec::with_capacity(images.len() * per_image);
+    let mut pixels = Vec::new();
+    // The whole dataset lives in memory as bytes: say so, rather than abort, when it cannot.
+    images.len().checked_mul(per_image).and_then(|total| pixels.try_reserve_exact(total).ok()).ok_or_else(|| {
+        DataError::InvalidConfig(format!(
+            "{} images of {channels}x{height}x{width} bytes do not fit in memory; use a smaller --image-size",
+            images.len()
+        ))
+    })?;
     let mut labels = Vec::with_capacity(images.len());
     for (_, label, image) in &images {
         image.write_chw(rgb, &mut pixels);

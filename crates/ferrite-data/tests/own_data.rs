@@ -106,6 +106,10 @@ fn mixed_sizes_need_an_image_size_and_are_resized_with_one() {
     let f = load_image_folder(dir.path(), &ImageFolderOptions { image_size: Some(8), ..options() }).unwrap();
     assert_eq!(f.train.sample_shape(), [1, 8, 8]);
     assert_eq!(f.train.len() + f.val.len(), 9);
+    for bad in [0, 100_000] {
+        let e = load_image_folder(dir.path(), &ImageFolderOptions { image_size: Some(bad), ..options() }).unwrap_err();
+        assert!(matches!(e, DataError::InvalidConfig(_)), "{e}");
+    }
 }
 
 #[test]
