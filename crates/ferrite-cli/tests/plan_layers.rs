@@ -10,7 +10,7 @@ fn args(model: ModelKind, hidden: usize, layers: usize, batch: usize, ckpt: bool
         shape: ModelArgs { hidden: Some(hidden), layers: Some(layers), seq: 16, ..ModelArgs::default() },
         batch_size: batch,
         checkpoint_activations: ckpt,
-        device: "sim:a100-40gb".into(),
+        device: Device::parse("sim:a100-40gb").unwrap(),
         ..TrainArgs::default_demo()
     }
 }

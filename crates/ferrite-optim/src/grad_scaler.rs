@@ -143,6 +143,15 @@ impl GradScaler {
         Ok(loss.mul_scalar(s as f64)?)
     }
 
+    /// The factor [`scale`](Self::scale) multiplies a loss by (1 when disabled), starting the
+    /// scaler as `scale` does: for a caller that scales losses itself, e.g. on other threads.
+    pub fn scale_factor(&mut self) -> f64 {
+        if !self.enabled {
+            return 1.0;
+        }
+        self.lazy_scale() as f64
+    }
+
     fn lazy_scale(&mut self) -> f32 {
         if self.scale.is_none() {
             self.scale = Some(self.init_scale as f32);

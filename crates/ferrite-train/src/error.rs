@@ -31,6 +31,16 @@ pub enum TrainError {
     /// Early stopping or best-checkpoint keeping tracks a metric the evaluation does not report.
     #[error("the evaluation reports no metric `{metric}` (it reports: {found}); track one of those")]
     MissingMetric { metric: String, found: String },
+    /// DataParallel scatters a batch along dim 0, so it must be made of tensors.
+    #[error(
+        "DataParallel cannot split a batch of type `{batch_type}`: it scatters batches of tensors ({supported}); collate into tensors (ferrite_data::StackCollate, Tensors(...))"
+    )]
+    NotScatterable { batch_type: &'static str, supported: &'static str },
+    /// Under DataParallel the optimizer must update the owner replicas' tensors.
+    #[error(
+        "the optimizer holds a tensor of shape {shape:?} on {device} that none of the {devices} DataParallel replicas owns: build it with `Trainer::builder_with(model, |params| ...)`, which hands it the owners' tensors (or use OwnerPolicy::Primary with an optimizer over the model's parameters)"
+    )]
+    OptimizerNotOnReplicas { shape: Vec<usize>, device: String, devices: usize },
     #[error("{phase} on {device}: {source}{hint}")]
     During { phase: &'static str, device: String, source: Box<TrainError>, hint: String },
     /// A device ran out of memory. `fn run` puts the report here, whichever layer returned it,

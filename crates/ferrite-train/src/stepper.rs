@@ -10,7 +10,7 @@ use std::path::Path;
 
 use ferrite_data::{Collate, DataLoader, Dataset};
 use ferrite_nn::{Module, RngHandle, StateDict};
-use ferrite_optim::{Accumulator, GradScaler, GradScalerConfig, Optimizer, clip_grad_norm_};
+use ferrite_optim::{Accumulator, GradScaler, GradScalerConfig, Optimizer, OptimizerState, clip_grad_norm_};
 use ferrite_plan::AmpMode;
 use ferrite_tensor::{Device, GeneratorState, Tensor};
 
@@ -56,6 +56,19 @@ impl Stepper {
             Some(sync) => sync.backward(&scaled, self.acc.pending() + 1 == self.acc.steps())?,
             None => scaled.backward().during("backward pass", device)?,
         }
+        self.micro_batch_done(device, run)
+    }
+
+    /// What [`backward`](Self::backward) multiplies a micro-batch's loss by before its backward
+    /// pass, for a caller that runs the backward pass itself (DataParallel's replicas, each on its
+    /// own thread); call [`micro_batch_done`](Self::micro_batch_done) after it.
+    pub fn loss_scale(&mut self) -> LossScale {
+        LossScale { accum: self.acc.steps(), scale: self.scaler.is_enabled().then(|| self.scaler.scale_factor()) }
+    }
+
+    /// Counts a micro-batch whose backward pass has run, and takes the optimizer step when its
+    /// accumulation group is complete.
+    pub fn micro_batch_done(&mut self, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
         if self.acc.micro_step() {
             self.step(device, run)?;
         }
@@ -98,22 +111,29 @@ impl Stepper {
         Ok(applied)
     }
 
-    /// Writes the training checkpoint of a run that has completed `epoch` epochs.
+    /// Writes the training checkpoint of a run that has completed `epoch` epochs. `optimizer` is
+    /// the optimizer's state in the single-device layout (`None`: this stepper's optimizer's own).
+    #[allow(clippy::too_many_arguments)]
     pub fn save_checkpoint(
         &self,
         path: &Path,
         epoch: usize,
         model: &dyn Module,
+        optimizer: Option<OptimizerState>,
         loader_rng: GeneratorState,
         dropout_rng: &RngHandle,
         settings: &[(String, String)],
     ) -> Result<(), TrainError> {
+        let optimizer = match optimizer {
+            Some(state) => state,
+            None => self.opt.state_dict()?,
+        };
         let state = TrainingState {
             epoch,
             step: self.steps,
             // Parameters and buffers (batch norm's running statistics and batch count).
             model: model.state_dict().iter().map(|(k, t)| (k.to_string(), t.clone())).collect(),
-            optimizer: self.opt.state_dict()?,
+            optimizer,
             scaler: self.scaler.state_dict(),
             loader_rng,
             dropout_rng: dropout_rng.state(),
@@ -122,38 +142,95 @@ impl Stepper {
         resume::save(path, &state)
     }
 
-    /// With a `resume` checkpoint: restores weights, optimizer, scaler, the dropout generator and
-    /// the data loader's generator from it, and returns the epochs it had completed (0 without).
+    /// With a `resume` checkpoint: restores the weights and the optimizer through `restore` (given
+    /// the saved weights, this stepper's optimizer and the saved optimizer state; see
+    /// [`restore_plain`] for one model), the scaler, the dropout generator and the data loader's
+    /// generator, and says what it resumed (`None` without a checkpoint). Nothing is printed: the
+    /// caller says it ([`Resumed`]'s `Display` is the line `ferrite train` prints).
     #[allow(clippy::too_many_arguments)]
     pub fn resume_if_asked<D, C>(
         &mut self,
         resume: Option<&Path>,
         epochs: usize,
-        model: &mut dyn Module,
+        restore: &mut Restore<'_>,
         dropout_rng: &RngHandle,
         loader: &mut DataLoader<D, C>,
         device: &Device,
         settings: &[(String, String)],
-    ) -> Result<usize, TrainError>
+    ) -> Result<Option<Resumed>, TrainError>
     where
         D: Dataset,
         C: Collate<D::Sample>,
     {
-        let Some(path) = resume else { return Ok(0) };
+        let Some(path) = resume else { return Ok(None) };
         let state = resume::load(path, device, settings)?;
         let sd: StateDict = state.model.into_iter().collect();
-        model.load_state_dict(&sd, true)?;
-        self.opt.load_state_dict(&state.optimizer)?;
+        restore(&sd, &mut *self.opt, &state.optimizer)?;
         if self.scaler.is_enabled() {
             self.scaler.load_state_dict(state.scaler.as_ref())?;
         }
         dropout_rng.set_state(state.dropout_rng);
         loader.set_generator_state(state.loader_rng);
         self.steps = state.step;
-        println!("  resumed from {} after epoch {} ({} steps)", path.display(), state.epoch, state.step);
-        if state.epoch >= epochs {
-            println!("  nothing to do: the checkpoint already has {} of {epochs} epochs", state.epoch);
+        Ok(Some(Resumed { path: path.to_path_buf(), epoch: state.epoch, steps: state.step, epochs }))
+    }
+}
+
+/// How [`Stepper::resume_if_asked`] puts the saved weights and optimizer state in place.
+pub type Restore<'a> = dyn FnMut(&StateDict, &mut dyn Optimizer, &OptimizerState) -> Result<(), TrainError> + 'a;
+
+/// What [`Stepper::resume_if_asked`] restores for a model on one device: its weights (strictly)
+/// and the optimizer's state as saved.
+pub fn restore_plain(
+    model: &mut dyn Module,
+    weights: &StateDict,
+    opt: &mut dyn Optimizer,
+    state: &OptimizerState,
+) -> Result<(), TrainError> {
+    model.load_state_dict(weights, true)?;
+    opt.load_state_dict(state)?;
+    Ok(())
+}
+
+/// A run resumed from a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resumed {
+    pub path: std::path::PathBuf,
+    /// Epochs the checkpoint had completed.
+    pub epoch: usize,
+    /// Optimizer steps the checkpoint had taken.
+    pub steps: u64,
+    /// Epochs the resumed run asks for in all.
+    pub epochs: usize,
+}
+
+impl std::fmt::Display for Resumed {
+    /// `  resumed from PATH after epoch E (S steps)`, and a second line when the checkpoint
+    /// already has every epoch asked for.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "  resumed from {} after epoch {} ({} steps)", self.path.display(), self.epoch, self.steps)?;
+        if self.epoch >= self.epochs {
+            write!(f, "\n  nothing to do: the checkpoint already has {} of {} epochs", self.epoch, self.epochs)?;
         }
-        Ok(state.epoch)
+        Ok(())
+    }
+}
+
+/// A micro-batch loss's multiplier: `1 / accum_steps` for accumulation, then the GradScaler's
+/// scale under f16 (see [`Stepper::loss_scale`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScale {
+    accum: usize,
+    scale: Option<f64>,
+}
+
+impl LossScale {
+    /// `loss` scaled as [`Stepper::backward`] scales it (the same operations, so the same bits).
+    pub fn apply(&self, loss: &Tensor) -> Result<Tensor, TrainError> {
+        let averaged = if self.accum == 1 { loss.clone() } else { loss.div_scalar(self.accum as f64)? };
+        Ok(match self.scale {
+            Some(s) => averaged.mul_scalar(s)?,
+            None => averaged,
+        })
     }
 }

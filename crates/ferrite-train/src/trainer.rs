@@ -28,12 +28,14 @@
 //! # Ok(()) }
 //! ```
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferrite_data::{Collate, DataLoader, Dataset};
 use ferrite_memory::MemoryScope;
 use ferrite_nn::{Module, RngHandle, autocast};
-use ferrite_optim::{LrScheduler, Optimizer};
+use ferrite_optim::{LrScheduler, Optimizer, OptimizerState};
+use ferrite_parallel::{MemoryReport, OwnerPolicy, ParallelError, Shard};
 use ferrite_plan::AmpMode;
 use ferrite_tensor::{Device, Tensor};
 
@@ -42,6 +44,9 @@ use crate::epoch_meter::EpochMeter;
 use crate::error::{During, TrainError};
 use crate::metrics::{Goal, Metrics};
 use crate::observe::{BatchReport, ObserveSettings, RunInfo, RunObserver};
+use crate::planned::PlanContext;
+use crate::replicas::{self, Replicated};
+use crate::stepper::{LossScale, Resumed};
 
 /// What one micro-batch's step returns: the loss to backpropagate, the samples it covered, and
 /// metrics summed over those samples (e.g. `("correct", 57.0)`), which the trainer adds up over
@@ -135,6 +140,9 @@ pub struct EpochSummary {
     pub elapsed: Duration,
     /// Optimizer steps taken so far.
     pub steps: u64,
+    /// Under [`data_parallel`](TrainerBuilder::data_parallel): every device's memory over the
+    /// epoch's training pass (peaks since the epoch started).
+    pub replica_memory: Option<MemoryReport>,
 }
 
 impl EpochSummary {
@@ -151,6 +159,8 @@ pub struct FitReport {
     pub epochs: Vec<EpochSummary>,
     /// Epochs completed before this call (from `resume`), 0 for a fresh run.
     pub resumed_epochs: usize,
+    /// The checkpoint this call resumed from (`Display` is the line `ferrite train` prints).
+    pub resumed: Option<Resumed>,
     /// Why the run ended before its last epoch, if it did.
     pub stopped_early: Option<String>,
     /// Optimizer steps taken in all.
@@ -164,7 +174,52 @@ pub struct FitReport {
 type StepCallback<'a> = Box<dyn FnMut(&StepInfo) + 'a>;
 type EpochCallback<'a> = Box<dyn FnMut(&EpochSummary) + 'a>;
 type StartCallback<'a> = Box<dyn FnMut(usize) + 'a>;
+type ResumeCallback<'a> = Box<dyn FnMut(&Resumed) + 'a>;
 type EvalFn<'a, M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError> + 'a>;
+type MakeOptimizer<'a> = Box<dyn FnOnce(Vec<Tensor>) -> Result<Box<dyn Optimizer>, TrainError> + 'a>;
+type PlanFn<'a> = Box<dyn FnOnce() -> Result<PlanContext, String> + 'a>;
+
+/// The model of a run: on one device, or replicated by DataParallel.
+enum Held<M> {
+    One(M),
+    Replicas(Box<dyn Replicated<M>>),
+}
+
+impl<M> Held<M> {
+    fn get(&self) -> &M {
+        match self {
+            Held::One(m) => m,
+            Held::Replicas(r) => r.module(),
+        }
+    }
+
+    fn get_mut(&mut self) -> &mut M {
+        match self {
+            Held::One(m) => m,
+            Held::Replicas(r) => r.module_mut(),
+        }
+    }
+
+    fn into_inner(self) -> M {
+        match self {
+            Held::One(m) => m,
+            Held::Replicas(r) => r.into_module(),
+        }
+    }
+
+    fn replicas(&self) -> Option<&dyn Replicated<M>> {
+        match self {
+            Held::One(_) => None,
+            Held::Replicas(r) => Some(&**r),
+        }
+    }
+}
+
+/// The optimizer given to the builder, or how to build it over the run's trainable tensors.
+enum OptimizerSource<'a> {
+    Given(Box<dyn Optimizer>),
+    Make(MakeOptimizer<'a>),
+}
 
 /// Stop when the metric has not improved for `patience` evaluations in a row.
 #[derive(Debug, Clone)]
@@ -184,8 +239,13 @@ struct KeepBest {
 
 /// Builds a [`Trainer`]; every setting has the default of a plain f32 run.
 pub struct TrainerBuilder<'a, M: Module> {
-    model: M,
-    optimizer: Box<dyn Optimizer>,
+    /// `None` after a failed `data_parallel` (its error is in `deferred`).
+    model: Option<Held<M>>,
+    optimizer: OptimizerSource<'a>,
+    /// An error of a setting that could only be found while applying it, reported by `build`.
+    deferred: Option<TrainError>,
+    plan: Option<PlanFn<'a>>,
+    on_resume: Vec<ResumeCallback<'a>>,
     scheduler: Option<Box<dyn LrScheduler>>,
     device: Device,
     epochs: usize,
@@ -340,8 +400,64 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
         self
     }
 
+    /// DataParallel (PyTorch's `nn.DataParallel`, with balanced memory — see
+    /// `ferrite_parallel::DataParallel`): the model is replicated on `devices` (the first is the
+    /// primary, where evaluation runs and the model's values are read), each micro-batch is
+    /// scattered along dim 0 between the replicas, every replica runs the step (forward and loss)
+    /// on its shard and its backward pass on its own thread, and each parameter's gradients are
+    /// summed onto its owner (`policy`). The result equals the single-device step on the whole
+    /// batch with a mean loss; accumulation, f16 loss scaling, clipping, checkpoints (in the
+    /// single-device layout) and resuming work as on one device.
+    ///
+    /// The batches must be tensors DataParallel can split (a `Tensor`, a pair or triple of
+    /// tensors, or a `Vec<Tensor>`); the steps of the replicas take turns through the one
+    /// [`TrainStep`] (its backward passes run in parallel). Build the optimizer with
+    /// [`Trainer::builder_with`] (it receives the owners' tensors), or with
+    /// [`OwnerPolicy::Primary`] over the model's own parameters.
+    pub fn data_parallel(mut self, devices: &[Device], policy: OwnerPolicy) -> Self
+    where
+        M: Clone + 'static,
+    {
+        let Some(held) = self.model.take() else { return self };
+        match replicas::replicate(held.into_inner(), devices, policy) {
+            Ok(r) => {
+                if let Some(primary) = r.devices().first() {
+                    self.device = primary.clone();
+                }
+                self.model = Some(Held::Replicas(r));
+            }
+            Err(e) => self.deferred = Some(e),
+        }
+        self
+    }
+
+    /// What to tell a user whose run runs out of memory: `plan` describes the run to the planner
+    /// (called only then), whose ranked remedies — what each change saves for this model, and
+    /// whether it then fits — replace the report's fixed rules; `Err(reason)` keeps them and
+    /// says why the planner cannot model the run.
+    pub fn planner(mut self, plan: impl FnOnce() -> Result<PlanContext, String> + 'a) -> Self {
+        self.plan = Some(Box::new(plan));
+        self
+    }
+
+    /// Called once when `fit` resumes from the `resume` checkpoint (`ferrite train` prints it).
+    pub fn on_resume(mut self, f: impl FnMut(&Resumed) + 'a) -> Self {
+        self.on_resume.push(Box::new(f));
+        self
+    }
+
     /// Checks the settings and builds the trainer.
-    pub fn build(self) -> Result<Trainer<'a, M>, TrainError> {
+    pub fn build(mut self) -> Result<Trainer<'a, M>, TrainError> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
+        let Some(model) = self.model.take() else {
+            return Err(TrainError::InvalidArgument {
+                flag: "data-parallel",
+                value: "set".into(),
+                expected: "a model to replicate",
+            });
+        };
         let invalid = |setting: &'static str, value: String, expected: &'static str| {
             Err(TrainError::InvalidArgument { flag: setting, value, expected })
         };
@@ -369,8 +485,27 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
         if matches!(self.device, Device::Meta) {
             return Err(TrainError::MetaDevice);
         }
-        let mut stepper =
-            crate::stepper::Stepper::new(self.optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
+        let trainable = match &model {
+            Held::One(m) => m.parameters(),
+            Held::Replicas(r) => r.parameters(),
+        };
+        let optimizer = match self.optimizer {
+            OptimizerSource::Given(opt) => opt,
+            OptimizerSource::Make(make) => make(trainable.clone())?,
+        };
+        if let Held::Replicas(r) = &model {
+            if self.sync.is_some() {
+                return invalid(
+                    "data-parallel",
+                    "with gradient_sync".into(),
+                    "DataParallel (devices of one process) and DDP (MPI ranks) are separate settings: choose one",
+                );
+            }
+            if let Some((shape, device)) = replicas::foreign_parameter(&*optimizer, &trainable) {
+                return Err(TrainError::OptimizerNotOnReplicas { shape, device, devices: r.devices().len() });
+            }
+        }
+        let mut stepper = crate::stepper::Stepper::new(optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
         stepper.sync = self.sync;
         let mut settings = self.settings;
         for (name, value) in
@@ -381,7 +516,9 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
             }
         }
         Ok(Trainer {
-            model: self.model,
+            model,
+            plan: self.plan,
+            on_resume: self.on_resume,
             stepper,
             scheduler: self.scheduler,
             device: self.device,
@@ -410,7 +547,9 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
 
 /// Trains a model; see the module docs and [`Trainer::builder`].
 pub struct Trainer<'a, M: Module> {
-    model: M,
+    model: Held<M>,
+    plan: Option<PlanFn<'a>>,
+    on_resume: Vec<ResumeCallback<'a>>,
     stepper: crate::stepper::Stepper,
     scheduler: Option<Box<dyn LrScheduler>>,
     device: Device,
@@ -444,9 +583,49 @@ impl<'a, M: Module> Trainer<'a, M> {
 
     /// As [`Trainer::builder`] with an optimizer chosen at run time.
     pub fn builder_boxed(model: M, optimizer: Box<dyn Optimizer>) -> TrainerBuilder<'a, M> {
+        Self::builder_from(model, OptimizerSource::Given(optimizer))
+    }
+
+    /// A trainer of `model` whose optimizer `make_optimizer` builds over the tensors it is to
+    /// update, when the trainer is built: the model's parameters, or under
+    /// [`data_parallel`](TrainerBuilder::data_parallel) each parameter (or piece of one) on its
+    /// owner replica — Lightning's `configure_optimizers`.
+    ///
+    /// ```no_run
+    /// # use ferrite_train::{TrainError, Trainer};
+    /// # use ferrite_nn::Linear;
+    /// # use ferrite_optim::{Adam, AdamConfig};
+    /// # use ferrite_parallel::OwnerPolicy;
+    /// # use ferrite_memory::{Device, select_devices};
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let devices = select_devices(&Device::parse("sim:a100-40gb")?, Some("0,1"))?;
+    /// let trainer = Trainer::builder_with(Linear::new(64, 10)?, |params| Adam::new(params, AdamConfig::adamw(1e-3)))
+    ///     .data_parallel(&devices, OwnerPolicy::Sharded)
+    ///     .epochs(3)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder_with<O, E>(
+        model: M,
+        make_optimizer: impl FnOnce(Vec<Tensor>) -> Result<O, E> + 'a,
+    ) -> TrainerBuilder<'a, M>
+    where
+        O: Optimizer + 'static,
+        E: Into<TrainError>,
+    {
+        let make: MakeOptimizer<'a> = Box::new(move |params| {
+            make_optimizer(params).map(|o| Box::new(o) as Box<dyn Optimizer>).map_err(Into::into)
+        });
+        Self::builder_from(model, OptimizerSource::Make(make))
+    }
+
+    fn builder_from(model: M, optimizer: OptimizerSource<'a>) -> TrainerBuilder<'a, M> {
         TrainerBuilder {
-            model,
+            model: Some(Held::One(model)),
             optimizer,
+            deferred: None,
+            plan: None,
+            on_resume: Vec::new(),
             scheduler: None,
             device: Device::Cpu,
             epochs: 1,
@@ -474,17 +653,34 @@ impl<'a, M: Module> Trainer<'a, M> {
         }
     }
 
+    /// The model (under DataParallel, the primary replica: up to date after every step).
     pub fn model(&self) -> &M {
-        &self.model
+        self.model.get()
     }
 
+    /// The model, to change it (under DataParallel, the primary replica: the other replicas take
+    /// its values at the next resume or load; change weights before `fit`, not between steps).
     pub fn model_mut(&mut self) -> &mut M {
-        &mut self.model
+        self.model.get_mut()
     }
 
-    /// The trained model.
+    /// The trained model (under DataParallel, the primary replica, on the first device).
     pub fn into_model(self) -> M {
-        self.model
+        self.model.into_inner()
+    }
+
+    /// Under DataParallel: every device's memory now (allocated, reserved and their peaks).
+    pub fn replica_memory(&self) -> Option<MemoryReport> {
+        self.model.replicas().map(|r| r.memory_report())
+    }
+
+    /// The optimizer's state in the single-device layout (under DataParallel with sharded
+    /// owners, the pieces' state joined): what a checkpoint stores.
+    pub fn optimizer_state_dict(&self) -> Result<OptimizerState, TrainError> {
+        Ok(match self.model.replicas() {
+            Some(r) => r.optimizer_state_dict(&*self.stepper.opt)?,
+            None => self.stepper.opt.state_dict()?,
+        })
     }
 
     pub fn optimizer(&self) -> &dyn Optimizer {
@@ -508,12 +704,26 @@ impl<'a, M: Module> Trainer<'a, M> {
         self.stepper.sync.take()
     }
 
-    /// Trains for the configured epochs over `loader`, each micro-batch through `step`.
-    pub fn fit<D, C, S>(&mut self, loader: &mut DataLoader<D, C>, mut step: S) -> Result<FitReport, TrainError>
+    /// Trains for the configured epochs over `loader`, each micro-batch through `step`. A device
+    /// that runs out of memory ends the run with [`TrainError::OutOfMemory`], whose report ranks
+    /// the planner's remedies when the builder was given a [`planner`](TrainerBuilder::planner).
+    pub fn fit<D, C, S>(&mut self, loader: &mut DataLoader<D, C>, step: S) -> Result<FitReport, TrainError>
     where
         D: Dataset,
         C: Collate<D::Sample>,
-        S: TrainStep<M, C::Batch>,
+        S: TrainStep<M, C::Batch> + Send,
+    {
+        self.fit_epochs(loader, step).map_err(|e| match self.plan.take() {
+            Some(plan) if e.is_out_of_memory() => crate::planned::with_planned_remedies(e, plan()),
+            _ => e,
+        })
+    }
+
+    fn fit_epochs<D, C, S>(&mut self, loader: &mut DataLoader<D, C>, mut step: S) -> Result<FitReport, TrainError>
+    where
+        D: Dataset,
+        C: Collate<D::Sample>,
+        S: TrainStep<M, C::Batch> + Send,
     {
         let start = Instant::now();
         let device = self.device.clone();
@@ -534,19 +744,44 @@ impl<'a, M: Module> Trainer<'a, M> {
             None if self.observe.any() => (RunObserver::start(&self.observe, info, devices)?, false),
             None => (RunObserver::disabled(), false),
         };
-        let first_epoch = self.stepper.resume_if_asked(
-            self.resume.as_deref(),
-            self.epochs,
-            &mut self.model,
-            &self.dropout_rng,
-            loader,
-            &device,
-            &self.settings,
-        )?;
+        let resumed = {
+            let model = &mut self.model;
+            let mut restore = |weights: &ferrite_nn::StateDict,
+                               opt: &mut dyn Optimizer,
+                               state: &OptimizerState|
+             -> Result<(), TrainError> {
+                match model {
+                    Held::One(m) => crate::stepper::restore_plain(m, weights, opt, state),
+                    Held::Replicas(r) => {
+                        // The primary takes the weights, the other replicas the primary's values;
+                        // the optimizer's single-device state is split over the owners.
+                        r.module_mut().load_state_dict(weights, true)?;
+                        r.sync_replicas()?;
+                        Ok(r.load_optimizer_state_dict(opt, state)?)
+                    }
+                }
+            };
+            self.stepper.resume_if_asked(
+                self.resume.as_deref(),
+                self.epochs,
+                &mut restore,
+                &self.dropout_rng,
+                loader,
+                &device,
+                &self.settings,
+            )?
+        };
+        let first_epoch = resumed.as_ref().map_or(0, |r| r.epoch);
+        if let Some(r) = &resumed {
+            for f in &mut self.on_resume {
+                f(r);
+            }
+        }
         run.set_steps(self.stepper.steps);
         let mut report = FitReport {
             epochs: Vec::new(),
             resumed_epochs: first_epoch,
+            resumed,
             stopped_early: None,
             steps: self.stepper.steps,
             best: None,
@@ -563,8 +798,15 @@ impl<'a, M: Module> Trainer<'a, M> {
                 f(epoch);
             }
             let epoch_start = Instant::now();
+            if let Held::Replicas(r) = &mut self.model {
+                // Every replica in the primary's mode (an evaluation may have switched it), and
+                // the devices' peaks measured from here.
+                let training = r.module().is_training();
+                r.train(training);
+                r.reset_peak_memory_stats();
+            }
             let mut meter = EpochMeter::start(self.progress, &device, loader.len(), epoch, self.epochs);
-            step.start_epoch(&self.model, epoch)?;
+            step.start_epoch(self.model.get(), epoch)?;
             let mut train = Metrics::new();
             let mut samples = 0usize;
             let mut reached_max = false;
@@ -572,25 +814,45 @@ impl<'a, M: Module> Trainer<'a, M> {
             for batch in run.time_loader(loader.epoch()) {
                 let batch = batch?;
                 let pass = MemoryScope::new("forward+backward", &device).quiet();
-                let mut out = {
-                    let _amp = self.amp.map(|a| autocast(a.dtype())).transpose()?;
-                    step.step(&self.model, &batch).during("forward pass", &device)?
-                };
                 let before = self.stepper.steps;
-                self.stepper.backward(&out.loss, &device, &run)?;
-                let loss = out.loss.item()?;
-                meter.batch(pass, loss);
-                samples += out.samples;
-                for (name, v) in &out.sums {
-                    train.add(name, *v);
-                }
-                if let Some(after) = out.after.take() {
-                    for (name, v) in after()? {
-                        train.add(&name, v);
+                let loss = match &self.model {
+                    Held::One(model) => {
+                        let mut out = {
+                            let _amp = self.amp.map(|a| autocast(a.dtype())).transpose()?;
+                            step.step(model, &batch).during("forward pass", &device)?
+                        };
+                        self.stepper.backward(&out.loss, &device, &run)?;
+                        let loss = out.loss.item()?;
+                        samples += out.samples;
+                        for (name, v) in &out.sums {
+                            train.add(name, *v);
+                        }
+                        if let Some(after) = out.after.take() {
+                            for (name, v) in after()? {
+                                train.add(&name, v);
+                            }
+                        }
+                        run.batch(BatchReport { samples: out.samples, loss });
+                        loss
                     }
-                }
-                run.batch(BatchReport { samples: out.samples, loss });
-                drop(out);
+                    Held::Replicas(r) => {
+                        let scale = self.stepper.loss_scale();
+                        let _amp = self.amp.map(|a| autocast(a.dtype())).transpose()?;
+                        let out = replicated_step(&**r, &mut step, &batch, scale).during("forward pass", &device)?;
+                        drop(_amp);
+                        self.stepper.micro_batch_done(&device, &run)?;
+                        if self.stepper.steps > before {
+                            r.sync_from_owners()?;
+                        }
+                        samples += out.samples;
+                        for (name, v) in &out.sums {
+                            train.add(name, *v);
+                        }
+                        run.batch(BatchReport { samples: out.samples, loss: out.loss });
+                        out.loss
+                    }
+                };
+                meter.batch(pass, loss);
                 drop(batch);
                 if self.stepper.steps > before {
                     self.after_step(loss)?;
@@ -604,13 +866,26 @@ impl<'a, M: Module> Trainer<'a, M> {
                 let before = self.stepper.steps;
                 self.stepper.finish_epoch(&device, &run)?;
                 if self.stepper.steps > before {
+                    if let Some(r) = self.model.replicas() {
+                        r.sync_from_owners()?;
+                    }
                     self.after_step(f64::NAN)?;
                 }
             }
             run.epoch_finished();
-            let (mean_loss, memory_line, _) = meter.finish();
+            let (mean_loss, mut memory_line, _) = meter.finish();
+            let replica_memory = self.model.replicas().map(|r| r.memory_report());
+            if let Some(m) = &replica_memory {
+                let peaks: Vec<String> =
+                    m.devices.iter().map(|d| ferrite_memory::format_size(d.peak_allocated)).collect();
+                memory_line.push_str(&format!(
+                    "; peak per device {} (spread {:.1} %)",
+                    peaks.join(" / "),
+                    100.0 * m.peak_imbalance()
+                ));
+            }
             let eval = match &mut self.eval {
-                Some(f) => f(&mut self.model).during("evaluation", &device)?,
+                Some(f) => f(self.model.get_mut()).during("evaluation", &device)?,
                 None => Metrics::new(),
             };
             let summary = EpochSummary {
@@ -623,6 +898,7 @@ impl<'a, M: Module> Trainer<'a, M> {
                 memory_line,
                 elapsed: epoch_start.elapsed(),
                 steps: self.stepper.steps,
+                replica_memory,
             };
             if self.eval.is_some() {
                 for f in &mut self.on_evaluation {
@@ -639,17 +915,22 @@ impl<'a, M: Module> Trainer<'a, M> {
                     report.best = Some((value, epoch + 1));
                     since_best = 0;
                     if let Some(k) = self.keep_best.as_ref().filter(|_| self.rank0) {
-                        save_weights(&k.path, &self.model)?;
+                        save_weights(&k.path, self.model.get())?;
                     }
                 } else {
                     since_best += 1;
                 }
             }
             if let Some(path) = self.save_checkpoint.as_ref().filter(|_| self.rank0 && !reached_max) {
+                let optimizer = match self.model.replicas() {
+                    Some(r) => Some(r.optimizer_state_dict(&*self.stepper.opt)?),
+                    None => None,
+                };
                 self.stepper.save_checkpoint(
                     path,
                     epoch + 1,
-                    &self.model,
+                    self.model.get(),
+                    optimizer,
                     loader.generator_state(),
                     &self.dropout_rng,
                     &self.settings,
@@ -701,6 +982,73 @@ impl<'a, M: Module> Trainer<'a, M> {
         }
         Ok(())
     }
+}
+
+/// What the replicas' steps of one micro-batch gave together.
+struct ReplicatedOutput {
+    /// The batch's loss: the replicas' losses weighted by their samples.
+    loss: f64,
+    samples: usize,
+    sums: Vec<(String, f64)>,
+}
+
+/// One micro-batch under DataParallel: scattered over the replicas, each running `step` on its
+/// shard (in turns: there is one step) and its scaled loss's backward pass (in parallel). Each
+/// replica's `after_step` metrics are read right after its loss (the logits they read do not
+/// change in the backward pass).
+fn replicated_step<M, B, S>(
+    replicas: &dyn Replicated<M>,
+    step: &mut S,
+    batch: &B,
+    scale: LossScale,
+) -> Result<ReplicatedOutput, TrainError>
+where
+    B: 'static,
+    S: TrainStep<M, B> + Send,
+{
+    let batch_type = std::any::type_name::<B>();
+    let tensors = replicas::batch_tensors(batch)
+        .ok_or_else(|| TrainError::NotScatterable { batch_type, supported: replicas::SCATTERABLE })?;
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+    let step = Mutex::new(step);
+    // (shard samples, loss) of every replica, the step's samples and its metric sums.
+    type Gathered = (Vec<(usize, f64)>, usize, Vec<(String, f64)>);
+    let gathered: Mutex<Gathered> = Mutex::new((Vec::new(), 0, Vec::new()));
+    let failure: Mutex<Option<TrainError>> = Mutex::new(None);
+    let replica_step = |m: &M, shard: &Shard| -> Result<Tensor, ParallelError> {
+        let run = || -> Result<Tensor, TrainError> {
+            let b: B = replicas::rebuild_batch(&shard.tensors)
+                .ok_or(TrainError::NotScatterable { batch_type, supported: replicas::SCATTERABLE })?;
+            let mut out = lock(&step).step(m, &b)?;
+            let value = out.loss.item()?;
+            let mut sums = std::mem::take(&mut out.sums);
+            if let Some(after) = out.after.take() {
+                sums.extend(after()?);
+            }
+            let scaled = scale.apply(&out.loss)?;
+            let mut g = lock(&gathered);
+            g.0.push((shard.samples, value));
+            g.1 += out.samples;
+            g.2.extend(sums);
+            Ok(scaled)
+        };
+        run().map_err(|e| {
+            let message = e.to_string();
+            lock(&failure).get_or_insert(e);
+            ParallelError::ReplicaPanicked { device: shard.device.to_string(), message }
+        })
+    };
+    let result = replicas.forward_backward(&tensors, &replica_step);
+    if let Some(e) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    result?;
+    let (losses, samples, sums) = gathered.into_inner().unwrap_or_else(|p| p.into_inner());
+    let total: usize = losses.iter().map(|(n, _)| n).sum();
+    let loss = losses.iter().map(|&(n, l)| n as f64 * l).sum::<f64>() / total.max(1) as f64;
+    Ok(ReplicatedOutput { loss, samples, sums })
 }
 
 /// The model's state dict as safetensors at `path`, written atomically.

@@ -1,15 +1,16 @@
 //! The `Trainer` from outside, as a library user meets it: a model defined here (not in any
 //! ferrite crate) with dropout, a dataset of tensors, and every setting the trainer supplies —
 //! accumulation, f16 loss scaling, clipping, a schedule, resume (bit-identical), early stopping,
-//! the best checkpoint, callbacks and a step limit.
+//! the best checkpoint, callbacks, a step limit, and DataParallel over simulated GPUs.
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use ferrite_data::{DataLoader, Dataset, InMemory, StackCollate};
+use ferrite_memory::select_devices;
 use ferrite_nn::{CrossEntropyLoss, Dropout, Linear, Module, ReLU, RngHandle, inference};
 use ferrite_optim::{Adam, AdamConfig, Sgd, SgdConfig, StepLr};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
-use ferrite_train::{AmpMode, Goal, Metrics, StepOutput, TrainError, Trainer};
+use ferrite_train::{AmpMode, Goal, Metrics, OwnerPolicy, StepOutput, TrainError, Trainer};
 
 /// A user's model: two linears with a ReLU and dropout between them.
 #[derive(Clone)]
@@ -23,11 +24,15 @@ struct TwoLayer {
 
 impl TwoLayer {
     fn new(seed: u64, rng: &RngHandle) -> TwoLayer {
+        TwoLayer::with_dropout(seed, rng, 0.2)
+    }
+
+    fn with_dropout(seed: u64, rng: &RngHandle, p: f64) -> TwoLayer {
         let mut g = Generator::new(seed);
         TwoLayer {
             fc1: Linear::new_with(8, 32, true, &Device::Cpu, &mut g).unwrap(),
             act: ReLU::new(),
-            drop: Dropout::with_rng(0.2, rng.clone()).unwrap(),
+            drop: Dropout::with_rng(p, rng.clone()).unwrap(),
             fc2: Linear::new_with(32, 3, true, &Device::Cpu, &mut g).unwrap(),
             training: true,
         }
@@ -90,7 +95,9 @@ fn step(m: &TwoLayer, (x, y): &(Tensor, Tensor)) -> Result<StepOutput, TrainErro
 fn accuracy(m: &mut TwoLayer) -> Result<Metrics, TrainError> {
     let all = samples();
     let xs: Vec<&Tensor> = all.iter().map(|(x, _)| x).collect();
-    let x = Tensor::stack(&xs, 0)?;
+    // On the model's device (under DataParallel, the primary replica's).
+    let device = m.parameters()[0].device().clone();
+    let x = Tensor::stack(&xs, 0)?.to_device(&device)?;
     let y: Vec<i64> = all.iter().map(|(_, c)| *c as i64).collect();
     let logits = inference(m, |m| m.forward(&x))?;
     let pred = logits.argmax(1, false)?.to_vec::<i64>()?;
@@ -255,4 +262,197 @@ fn impossible_settings_are_typed_errors() {
     assert!(err.contains("no metric `val_loss`") && err.contains("accuracy"), "{err}");
     let _ = DType::F32;
     let _ = Dataset::len(&InMemory::new(vec![1]));
+}
+
+/// Two simulated A100s of one process.
+fn two_gpus() -> Vec<Device> {
+    select_devices(&Device::parse("sim:a100-40gb").unwrap(), Some("0,1")).unwrap()
+}
+
+#[test]
+fn data_parallel_by_a_setting_matches_one_device() {
+    // Without dropout the step is deterministic: DataParallel over two devices (each replica's
+    // loss weighted by its share of the batch) takes the single-device step on the whole batch.
+    let run = |parallel: Option<OwnerPolicy>| {
+        let rng = RngHandle::new(0);
+        let model = TwoLayer::with_dropout(3, &rng, 0.0);
+        let mut b = Trainer::builder_with(model, |params| Sgd::new(params, SgdConfig::new(0.1).momentum(0.9)))
+            .epochs(3)
+            .accum_steps(2)
+            .clip_grad_norm(5.0)
+            .evaluate(accuracy);
+        if let Some(policy) = parallel {
+            b = b.data_parallel(&two_gpus(), policy);
+        }
+        let mut t = b.build().unwrap();
+        let report = t.fit(&mut loader(2), step).unwrap();
+        let memory = t.replica_memory();
+        (t.into_model(), report, memory)
+    };
+    let (one, one_report, none) = run(None);
+    assert!(none.is_none());
+    for policy in [OwnerPolicy::Primary, OwnerPolicy::Balanced, OwnerPolicy::Sharded] {
+        let (dp, report, memory) = run(Some(policy));
+        assert_eq!(report.steps, one_report.steps);
+        for (a, b) in one.parameters().iter().zip(dp.parameters()) {
+            let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_device(&Device::Cpu).unwrap().to_vec::<f32>().unwrap());
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-4 * (1.0 + x.abs()), "{policy:?}: {x} vs {y}");
+            }
+        }
+        for (e1, e2) in one_report.epochs.iter().zip(&report.epochs) {
+            assert!((e1.mean_loss - e2.mean_loss).abs() < 1e-4, "{policy:?}: {} vs {}", e1.mean_loss, e2.mean_loss);
+            assert_eq!(e1.samples, e2.samples);
+            assert_eq!(e1.train.get("correct"), e2.train.get("correct"));
+        }
+        let last = report.epochs.last().unwrap();
+        assert!(last.memory_line.contains("peak per device"), "{}", last.memory_line);
+        assert_eq!(last.replica_memory.as_ref().map(|m| m.devices.len()), Some(2));
+        assert_eq!(memory.map(|m| m.devices.len()), Some(2));
+    }
+}
+
+#[test]
+fn data_parallel_resumes_bit_identically_with_f16_scaling_and_accumulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("dp.ckpt");
+    let run = |epochs: usize, resume: bool, save: bool| {
+        let rng = RngHandle::new(4);
+        let model = TwoLayer::with_dropout(5, &rng, 0.0);
+        let mut b = Trainer::builder_with(model, |params| Adam::new(params, AdamConfig::adamw(1e-2)))
+            .data_parallel(&two_gpus(), OwnerPolicy::Sharded)
+            .epochs(epochs)
+            .accum_steps(2)
+            .amp(Some(AmpMode::F16))
+            .dropout_rng(rng);
+        if save {
+            b = b.save_checkpoint(&ckpt);
+        }
+        if resume {
+            b = b.resume(&ckpt);
+        }
+        let resumed_line = Rc::new(RefCell::new(String::new()));
+        let line = resumed_line.clone();
+        let mut t = b.on_resume(move |r| *line.borrow_mut() = r.to_string()).build().unwrap();
+        let report = t.fit(&mut loader(6), step).unwrap();
+        let optimizer = t.optimizer_state_dict().unwrap();
+        (weights(t.model()), report, optimizer.state.len(), resumed_line.borrow().clone())
+    };
+    let (straight, full, entries, _) = run(4, false, false);
+    assert_eq!(entries, 4, "the optimizer state in the single-device layout: one entry per parameter");
+    assert!(full.epochs.last().unwrap().mean_loss < full.epochs[0].mean_loss);
+    run(2, false, true);
+    let (resumed, second, _, line) = run(4, true, true);
+    assert_eq!(second.resumed_epochs, 2);
+    assert_eq!(second.resumed.as_ref().map(|r| r.epoch), Some(2));
+    assert!(line.contains("resumed from") && line.contains("after epoch 2"), "{line}");
+    assert_eq!(resumed, straight, "a resumed DataParallel run ends with the uninterrupted run's exact weights");
+
+    // The checkpoint is in the single-device layout: a one-device run resumes from it.
+    let rng = RngHandle::new(4);
+    let model = TwoLayer::with_dropout(5, &rng, 0.0);
+    let opt = adamw(&model);
+    let mut t = Trainer::builder(model, opt)
+        .epochs(5)
+        .accum_steps(2)
+        .amp(Some(AmpMode::F16))
+        .dropout_rng(rng)
+        .resume(&ckpt)
+        .build()
+        .unwrap();
+    let report = t.fit(&mut loader(6), step).unwrap();
+    assert_eq!((report.resumed_epochs, report.epochs.len()), (4, 1));
+}
+
+#[test]
+fn data_parallel_refuses_what_it_cannot_run() {
+    // An optimizer over the model's own parameters does not update the sharded owners' pieces.
+    let rng = RngHandle::new(0);
+    let model = TwoLayer::with_dropout(0, &rng, 0.0);
+    let opt = adamw(&model);
+    let err = Trainer::builder(model, opt).data_parallel(&two_gpus(), OwnerPolicy::Sharded).build().err().unwrap();
+    assert!(matches!(err, TrainError::OptimizerNotOnReplicas { devices: 2, .. }), "{err}");
+    assert!(err.to_string().contains("Trainer::builder_with"), "{err}");
+
+    // No devices, or one twice.
+    let model = TwoLayer::with_dropout(0, &rng, 0.0);
+    let d = two_gpus();
+    let err = Trainer::builder_with(model, |p| Sgd::new(p, SgdConfig::new(0.1)))
+        .data_parallel(&[d[0].clone(), d[0].clone()], OwnerPolicy::Balanced)
+        .build()
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("twice") || err.to_string().contains("duplicate"), "{err}");
+
+    // A batch DataParallel cannot split is a typed error naming its type.
+    let model = TwoLayer::with_dropout(0, &rng, 0.0);
+    let mut t = Trainer::builder_with(model, |p| Sgd::new(p, SgdConfig::new(0.1)))
+        .data_parallel(&two_gpus(), OwnerPolicy::Primary)
+        .build()
+        .unwrap();
+    let mut odd: DataLoader<InMemory<(Tensor, usize)>, ferrite_data::VecCollate> =
+        DataLoader::builder(InMemory::new(samples())).batch_size(16).collate(ferrite_data::VecCollate).build().unwrap();
+    let err = t
+        .fit(&mut odd, |m: &TwoLayer, b: &Vec<(Tensor, usize)>| {
+            let x = m.forward(&b[0].0)?;
+            Ok(StepOutput::new(x.sum()?, b.len()))
+        })
+        .unwrap_err();
+    assert!(matches!(err, TrainError::During { .. }), "{err}");
+    assert!(err.to_string().contains("cannot split a batch of type"), "{err}");
+}
+
+#[test]
+fn an_out_of_memory_step_ends_with_the_planners_remedies() {
+    // An MLP described to the planner, trained on a simulated GPU far too small for its batch.
+    let device = Device::parse("sim:2MiB").unwrap();
+    let fit = |planner: Option<Result<(), String>>| {
+        let mut g = Generator::new(0);
+        let model = Linear::new_with(8, 3, true, &device, &mut g).unwrap();
+        let opt = Adam::new(model.parameters(), AdamConfig::adamw(1e-3)).unwrap();
+        let mut b = Trainer::builder(model, opt).device(device.clone());
+        if let Some(p) = planner {
+            let device = device.to_string();
+            b = b.planner(move || {
+                p?;
+                Ok(ferrite_train::PlanContext {
+                    workload: Box::new(ferrite_plan::Builtin::Mlp {
+                        input: [1, 1, 8],
+                        hidden: 4096,
+                        layers: 2,
+                        classes: 3,
+                        dropout: 0.0,
+                    }),
+                    step: ferrite_plan::StepConfig {
+                        batch: 4096,
+                        accum_steps: 1,
+                        amp: None,
+                        checkpoint_activations: false,
+                        optimizer: ferrite_plan::OptimizerKind::Adamw,
+                    },
+                    device,
+                    alloc_conf: None,
+                    memory_fraction: None,
+                })
+            });
+        }
+        let mut t = b.build().unwrap();
+        let dev = device.clone();
+        t.fit(&mut loader(0), move |m: &Linear, (x, y): &(Tensor, Tensor)| {
+            // A step whose activations (64 MiB) cannot fit in 2 MiB.
+            let wide = Tensor::zeros(&[4096, 4096], DType::F32, &dev)?;
+            let logits = m.forward(&x.to_device(&dev)?)?;
+            let loss = CrossEntropyLoss::new().forward(&logits, &y.to_device(&dev)?)?;
+            Ok(StepOutput::new(loss.add(&wide.sum()?)?, y.numel()))
+        })
+        .unwrap_err()
+    };
+    let plain = fit(None);
+    assert!(plain.is_out_of_memory(), "{plain}");
+    assert!(!plain.to_string().contains("Ranked remedies"), "{plain}");
+    let planned = fit(Some(Ok(())));
+    let msg = planned.to_string();
+    assert!(msg.contains("Ranked remedies (ferrite plan, for this model on sim:2MiB)"), "{msg}");
+    let unavailable = fit(Some(Err("a model of its own".into()))).to_string();
+    assert!(unavailable.contains("The planner cannot model this run (a model of its own)"), "{unavailable}");
 }

@@ -36,6 +36,7 @@ mod settings;
 
 use std::path::PathBuf;
 
+use ferrite_memory::Device;
 pub use ferrite_train::{During, Hint, TrainError};
 
 pub use super::model_args::{Amp, ModelArgs, ModelKind};
@@ -84,8 +85,8 @@ pub struct TrainArgs {
     pub skip_bad_files: bool,
     /// Device to train on: `cpu`, a simulated GPU such as `sim:t4-16gb`, `sim:a100-40gb`,
     /// `sim:1GiB` (see `ferrite memory gpus`), or a real GPU `gpu:0` (see `ferrite devices`).
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: Device,
     /// Micro-batch size (samples in memory at once; for a language model, the number of
     /// parallel text streams), or `auto`: the largest that `ferrite plan` finds fits on the
     /// (simulated) GPU, printed with its plan.
@@ -180,6 +181,12 @@ fn parse_batch_size(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--device`: parsed once, here, into the device every part of the run uses (an unknown device
+/// is the parser's error, with the device's own message saying what exists).
+fn parse_device(s: &str) -> Result<Device, String> {
+    Device::parse(s).map_err(|e| e.to_string())
+}
+
 impl TrainArgs {
     /// The configuration `ferrite` with no arguments runs.
     pub fn default_demo() -> Self {
@@ -192,7 +199,7 @@ impl TrainArgs {
             val_split: 0.1,
             augment: false,
             skip_bad_files: false,
-            device: "cpu".into(),
+            device: Device::Cpu,
             batch_size: 64,
             accum_steps: 1,
             amp: None,

@@ -34,7 +34,7 @@ impl TrainArgs {
                 checkpoint_activations: self.checkpoint_activations,
                 optimizer: OptimizerKind::Adamw,
             },
-            device: self.device.clone(),
+            device: self.device.to_string(),
             alloc_conf: self.alloc_conf.clone(),
             memory_fraction: None,
         })
@@ -102,7 +102,7 @@ mod tests {
 
     fn args(device: &str) -> TrainArgs {
         TrainArgs {
-            device: device.into(),
+            device: Device::parse(device).unwrap(),
             batch_size: 512,
             shape: super::super::ModelArgs { hidden: Some(512), ..Default::default() },
             ..TrainArgs::default_demo()

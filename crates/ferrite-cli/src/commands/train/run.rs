@@ -136,7 +136,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     check_own_data(args)?;
-    let device = Device::parse(&args.device)?;
+    let device = args.device.clone();
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
     }

@@ -23,7 +23,8 @@ pub fn trainer_for<'a, M: Module>(
         .epochs(epochs)
         .accum_steps(args.accum_steps)
         .amp(args.amp.map(Amp::mode))
-        .progress(!args.no_progress);
+        .progress(!args.no_progress)
+        .on_resume(|resumed| println!("{resumed}"));
     if let Some(c) = args.clip_grad_norm {
         b = b.clip_grad_norm(c);
     }
