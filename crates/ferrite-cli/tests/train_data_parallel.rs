@@ -47,3 +47,42 @@ fn four_simulated_devices_train_with_balanced_peaks_and_optimizer_state() {
     assert!(shares.iter().all(|s| s.trim() == shares[0].trim()), "{line}");
     assert!(dir.path().join("dp.safetensors").exists());
 }
+
+#[test]
+fn data_parallel_accumulates_scales_f16_checkpoints_and_resumes() {
+    // The trainer's settings work under --devices as on one device: two micro-batches per step,
+    // f16 loss scaling, a checkpoint after each epoch and a resume from it.
+    let dir = tempfile::tempdir().unwrap();
+    let args = |epochs: &'static str, extra: &[&'static str]| {
+        let mut a = vec![
+            "train",
+            "--device",
+            "sim:a100-40gb",
+            "--devices",
+            "0,1",
+            "--epochs",
+            epochs,
+            "--train-subset",
+            "256",
+            "--batch-size",
+            "32",
+            "--accum-steps",
+            "2",
+            "--amp",
+            "f16",
+            "--no-progress",
+            "--save-checkpoint",
+            "dp.ckpt",
+            "--out",
+            "dp.safetensors",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let first = ok(&args("1", &[]), dir.path());
+    assert!(first.contains("epoch   1/1") && first.contains("peak per device"), "{first}");
+    let resumed = ok(&args("2", &["--resume", "dp.ckpt"]), dir.path());
+    assert!(resumed.contains("resumed from dp.ckpt after epoch 1"), "{resumed}");
+    assert!(resumed.contains("epoch   2/2") && !resumed.contains("epoch   1/2"), "{resumed}");
+    assert!(resumed.contains("peak spread across devices:"), "{resumed}");
+}

@@ -6,10 +6,11 @@
 //! run of them, with its gradients and AdamW state, so the devices stay balanced even when one
 //! weight is most of the model (the default MLP's hidden layer).
 //!
-//! A separate loop from the single-device one (`image.rs`) on purpose: it runs the same model,
-//! loss (cross-entropy, mean) and optimizer (AdamW) with the batch scattered over the replicas;
-//! options it does not support yet (mixed precision, accumulation, checkpoints, resuming, the
-//! metrics endpoint) are refused by name rather than ignored.
+//! The training loop is the library's (`ferrite_train::Trainer` with its `data_parallel`
+//! setting): the same model, loss (cross-entropy, mean) and optimizer (AdamW) as on one device,
+//! with each batch scattered over the replicas, and accumulation, mixed precision, clipping,
+//! checkpoints, resuming and the metrics outputs as on one device. Evaluation runs on the primary
+//! device after each epoch's memory figures are taken.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,10 +19,12 @@ use ferrite_data::{Dataset, DatasetKind, builtin_dataset};
 use ferrite_memory::{Device, select_devices};
 use ferrite_models::{CnnSpec, MlpSpec, build_cnn, build_mlp};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
-use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue, clip_grad_norm_};
-use ferrite_parallel::{DataParallel, OwnerPolicy};
-use ferrite_tensor::{Generator, no_grad};
+use ferrite_optim::{Adam, AdamConfig, Optimizer, StateValue};
+use ferrite_parallel::OwnerPolicy;
+use ferrite_tensor::{Generator, Tensor, no_grad};
+use ferrite_train::{Metrics, StepOutput, Trainer, start_observer};
 
+use super::settings::{configure, run_settings};
 use super::{ModelKind, TrainArgs, TrainError};
 
 /// Whether this run asks for data parallelism.
@@ -31,7 +34,6 @@ pub fn requested(args: &TrainArgs) -> bool {
 
 /// Train an image model with DataParallel over the devices `--device` and `--devices` select.
 pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
-    refuse_unsupported(args)?;
     // `--data-parallel` alone uses the devices FERRITE_VISIBLE_DEVICES makes visible (or one).
     let devices = select_devices(base, args.devices.as_deref())?;
     let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
@@ -75,13 +77,13 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
                 checkpoint_activations: args.checkpoint_activations,
             };
             let model = build_mlp(&spec, &Device::Cpu, &mut init, &dropout_rng)?;
-            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader)
+            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader, dropout_rng)
         }
         ModelKind::Cnn => {
             let spec =
                 CnnSpec { input: shape, hidden, layers, classes, checkpoint_activations: args.checkpoint_activations };
             let model = build_cnn(&spec, &Device::Cpu, &mut init)?;
-            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader)
+            run(args, kind, epochs, model, &devices, &mut train_loader, &mut test_loader, dropout_rng)
         }
         other => Err(TrainError::InvalidArgument {
             flag: "model",
@@ -94,6 +96,7 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
 type Loader =
     ferrite_data::DataLoader<ferrite_data::ImageClassification, ferrite_data::Tensors<ferrite_data::ImageCollate>>;
 
+#[allow(clippy::too_many_arguments)]
 fn run<M: Module + Clone + 'static>(
     args: &TrainArgs,
     kind: DatasetKind,
@@ -102,47 +105,61 @@ fn run<M: Module + Clone + 'static>(
     devices: &[Device],
     train_loader: &mut Loader,
     test_loader: &mut Loader,
+    dropout_rng: RngHandle,
 ) -> Result<(), TrainError> {
+    let primary = devices[0].clone();
+    let run = start_observer(&args.observe.settings(), args.model.name().to_string(), &kind.to_string(), &primary)?;
+    let specific =
+        vec![("hidden".to_string(), args.hidden().to_string()), ("layers".to_string(), args.layers().to_string())];
+    let (lr, weight_decay) = (args.lr, args.weight_decay);
     // Sharded owners: every device holds an equal share of the AdamW state, whatever the model.
-    let mut dp = DataParallel::with_owners(model, devices, OwnerPolicy::Sharded)?;
-    let mut opt = Adam::new(dp.parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let builder =
+        Trainer::builder_with(model, move |params| Adam::new(params, AdamConfig::adamw(lr).weight_decay(weight_decay)))
+            .data_parallel(devices, OwnerPolicy::Sharded);
+    let mut trainer = configure(args, builder, &primary, epochs, run_settings(args, &kind.to_string(), specific))
+        .dropout_rng(dropout_rng)
+        .run_observer(run)
+        .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, test_loader, &primary)?)))
+        .on_epoch(|e| {
+            let (peaks, spread) = match &e.replica_memory {
+                Some(m) => (
+                    m.devices
+                        .iter()
+                        .map(|d| ferrite_memory::format_size(d.peak_allocated))
+                        .collect::<Vec<_>>()
+                        .join(" / "),
+                    100.0 * m.peak_imbalance(),
+                ),
+                None => (String::new(), f64::NAN),
+            };
+            println!(
+                "epoch {:>3}/{}  loss {:.4}  test acc {:5.2}%  | peak per device {} (spread {:.1} %) | {:.1}s",
+                e.epoch,
+                e.epochs,
+                e.mean_loss,
+                100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
+                peaks,
+                spread,
+                e.elapsed.as_secs_f64()
+            );
+        })
+        .build()?;
     let loss_fn = CrossEntropyLoss::new();
     let start = Instant::now();
-    let mut accuracy = f64::NAN;
-    for epoch in 0..epochs {
-        let t = Instant::now();
-        dp.train(true);
-        dp.reset_peak_memory_stats();
-        let (mut loss_sum, mut samples) = (0.0, 0usize);
-        for batch in train_loader.epoch() {
-            let (x, y) = batch?;
-            opt.zero_grad()?;
-            let step =
-                dp.forward_backward(&[&x, &y], |m, s| Ok(loss_fn.forward(&m.forward(&s.tensors[0])?, &s.tensors[1])?))?;
-            if let Some(max) = args.clip_grad_norm {
-                clip_grad_norm_(&dp.parameters(), max)?;
-            }
-            dp.step(&mut opt)?;
-            loss_sum += step.loss * y.numel() as f64;
-            samples += y.numel();
-        }
-        dp.train(false);
-        accuracy = evaluate(&dp, test_loader)?;
-        let report = dp.memory_report();
-        let peaks: Vec<String> = report.devices.iter().map(|d| ferrite_memory::format_size(d.peak_allocated)).collect();
-        println!(
-            "epoch {:>3}/{epochs}  loss {:.4}  test acc {:5.2}%  | peak per device {} (spread {:.1} %) | {:.1}s",
-            epoch + 1,
-            loss_sum / samples.max(1) as f64,
-            100.0 * accuracy,
-            peaks.join(" / "),
-            100.0 * report.peak_imbalance(),
-            t.elapsed().as_secs_f64()
-        );
+    let report = trainer.fit(train_loader, |m: &M, (x, y): &(Tensor, Tensor)| {
+        Ok(StepOutput::new(loss_fn.forward(&m.forward(x)?, y)?, y.numel()))
+    })?;
+    if let Some(run) = trainer.take_run_observer() {
+        run.finish();
     }
+    let Some(last) = report.epochs.last() else {
+        // A resume from a checkpoint that already has every epoch: nothing was trained.
+        return Ok(());
+    };
+    let accuracy = last.eval.get("accuracy").unwrap_or(f64::NAN);
     let weights =
         args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{kind}-{}.safetensors", args.model.name())));
-    let sd = dp.state_dict();
+    let sd = trainer.model().state_dict();
     ferrite_io::save_state_dict(&weights, sd.iter())?;
     println!(
         "test accuracy {:.2}% after {epochs} epochs ({:.1}s); weights (plain names, no `module.` prefix) written to {}",
@@ -150,66 +167,55 @@ fn run<M: Module + Clone + 'static>(
         start.elapsed().as_secs_f64(),
         weights.display()
     );
-    let report = dp.memory_report();
-    println!("memory per device (peaks of the last epoch):\n{report}");
-    println!("{}", optimizer_state_line(&dp, &opt)?);
+    if let Some(memory) = &last.replica_memory {
+        println!("memory per device (peaks of the last epoch's training pass):\n{memory}");
+    }
+    println!("{}", optimizer_state_line(devices, trainer.optimizer())?);
     Ok(())
 }
 
 /// The optimizer state each device holds (each parameter's, or piece's, state lives on its
-/// owner replica).
-fn optimizer_state_line<M: Module + Clone + 'static>(
-    dp: &DataParallel<M>,
-    opt: &dyn Optimizer,
-) -> Result<String, TrainError> {
-    let mut per_device = vec![0usize; dp.devices().len()];
+/// owner replica), and the parameter bytes each owns.
+fn optimizer_state_line(devices: &[Device], opt: &dyn Optimizer) -> Result<String, TrainError> {
+    let mut per_device = vec![0usize; devices.len()];
     for (_, entries) in opt.state_dict()?.state {
         for (_, v) in entries {
             if let StateValue::Tensor(t) = v
-                && let Some(i) = dp.devices().iter().position(|d| d == t.device())
+                && let Some(i) = devices.iter().position(|d| d == t.device())
             {
                 per_device[i] += t.nbytes();
             }
         }
     }
-    let sizes: Vec<String> = per_device.iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
-    let owned: Vec<String> = dp.owned_bytes().iter().map(|&b| ferrite_memory::format_size(b as u64)).collect();
+    let mut owned = vec![0usize; devices.len()];
+    for p in opt.params() {
+        if let Some(i) = devices.iter().position(|d| d == p.device()) {
+            owned[i] += p.nbytes();
+        }
+    }
+    let sizes = |v: &[usize]| v.iter().map(|&b| ferrite_memory::format_size(b as u64)).collect::<Vec<_>>().join(" / ");
     Ok(format!(
         "optimizer state per device (AdamW, on each parameter piece's owner): {}; parameters owned: {}",
-        sizes.join(" / "),
-        owned.join(" / ")
+        sizes(&per_device),
+        sizes(&owned)
     ))
 }
 
-fn evaluate<M: Module + Clone + 'static>(dp: &DataParallel<M>, loader: &mut Loader) -> Result<f64, TrainError> {
-    let _g = no_grad();
-    let (mut correct, mut seen) = (0usize, 0usize);
-    for batch in loader {
-        let (x, y) = batch?;
-        let logits = dp.forward(&[&x], |m, s| Ok(m.forward(&s.tensors[0])?))?;
-        let hits = logits.argmax(1, false)?.eq(&y.to_device(logits.device())?)?.to_vec_bool()?;
-        correct += hits.into_iter().filter(|h| *h).count();
-        seen += y.numel();
-    }
-    Ok(correct as f64 / seen.max(1) as f64)
-}
-
-fn refuse_unsupported(args: &TrainArgs) -> Result<(), TrainError> {
-    let unsupported: [(&'static str, bool); 5] = [
-        ("amp", args.amp.is_some()),
-        ("accum-steps", args.accum_steps > 1),
-        ("save-checkpoint", args.save_checkpoint.is_some()),
-        ("resume", args.resume.is_some()),
-        ("metrics-addr/metrics-file", args.observe != Default::default()),
-    ];
-    for (flag, set) in unsupported {
-        if set {
-            return Err(TrainError::InvalidArgument {
-                flag,
-                value: "(given)".into(),
-                expected: "not supported with --devices/--data-parallel yet; train on one device to use it",
-            });
+/// Accuracy on the test set, on the primary replica (evaluation mode, no graph).
+fn evaluate<M: Module>(m: &mut M, loader: &mut Loader, device: &Device) -> Result<f64, TrainError> {
+    m.train(false);
+    let result = (|| {
+        let _g = no_grad();
+        let (mut correct, mut seen) = (0usize, 0usize);
+        for batch in loader.epoch() {
+            let (x, y) = batch?;
+            let logits = m.forward(&x.to_device(device)?)?;
+            let hits = logits.argmax(1, false)?.eq(&y.to_device(device)?)?.to_vec_bool()?;
+            correct += hits.into_iter().filter(|h| *h).count();
+            seen += y.numel();
         }
-    }
-    Ok(())
+        Ok(correct as f64 / seen.max(1) as f64)
+    })();
+    m.train(true);
+    result
 }

@@ -7,9 +7,7 @@ use ferrite_train::{Trainer, TrainerBuilder};
 
 use super::{Amp, TrainArgs};
 
-/// A trainer of `model` with `optimizer` set up as the flags ask: epochs, accumulation,
-/// precision, clipping, progress bar, checkpoint and resume, and `settings` (what a resume must
-/// not change, from [`run_settings`]).
+/// A trainer of `model` with `optimizer` set up as the flags ask (see [`configure`]).
 pub fn trainer_for<'a, M: Module>(
     args: &TrainArgs,
     model: M,
@@ -18,7 +16,20 @@ pub fn trainer_for<'a, M: Module>(
     epochs: usize,
     settings: Vec<(String, String)>,
 ) -> TrainerBuilder<'a, M> {
-    let mut b = Trainer::builder_boxed(model, optimizer)
+    configure(args, Trainer::builder_boxed(model, optimizer), device, epochs, settings)
+}
+
+/// `builder` set up as the flags ask: epochs, accumulation, precision, clipping, progress bar,
+/// checkpoint and resume (the resumed checkpoint is announced on stdout), and `settings` (what a
+/// resume must not change, from [`run_settings`]).
+pub fn configure<'a, M: Module>(
+    args: &TrainArgs,
+    builder: TrainerBuilder<'a, M>,
+    device: &Device,
+    epochs: usize,
+    settings: Vec<(String, String)>,
+) -> TrainerBuilder<'a, M> {
+    let mut b = builder
         .device(device.clone())
         .epochs(epochs)
         .accum_steps(args.accum_steps)
