@@ -115,6 +115,10 @@ pub fn build_cnn(spec: &CnnSpec, device: &Device, g: &mut Generator) -> ferrite_
 }
 
 impl Module for Cnn {
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.checkpointed = on;
+        true
+    }
     fn type_name(&self) -> &'static str {
         "Sequential"
     }

@@ -926,6 +926,10 @@ impl Decoder {
 }
 
 impl Module for Decoder {
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.checkpoint_activations = on;
+        true
+    }
     fn type_name(&self) -> &'static str {
         match self.config.style {
             HfStyle::Gpt2 => "GPT2LMHeadModel",

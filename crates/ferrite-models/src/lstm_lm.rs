@@ -112,6 +112,10 @@ impl LstmLm {
 }
 
 impl Module for LstmLm {
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.checkpoint_activations = on;
+        true
+    }
     fn type_name(&self) -> &'static str {
         "LstmLm"
     }

@@ -86,6 +86,11 @@ fn run_blocks(blocks: &[Sequential], first: usize, x: &Tensor) -> ferrite_nn::Re
 }
 
 impl Module for Mlp {
+    /// Segments of ⌈√blocks⌉ hidden blocks (see the module docs), or none.
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.segment = if on { (self.blocks.len() as f64).sqrt().ceil() as usize } else { 0 };
+        true
+    }
     fn type_name(&self) -> &'static str {
         "Sequential"
     }
@@ -153,6 +158,12 @@ mod tests {
             build_mlp(&MlpSpec { checkpoint_activations: true, ..spec }, &Device::Cpu, &mut Generator::new(0), &rng)
                 .unwrap();
         assert_eq!((plain.segment_len(), ckpt.segment_len()), (0, 2));
+        // The switch a trainer flips: the same segments as the spec's flag, and off again.
+        let mut switched = plain.clone();
+        assert!(switched.set_activation_checkpointing(true));
+        assert_eq!(switched.segment_len(), ckpt.segment_len());
+        assert!(switched.set_activation_checkpointing(false));
+        assert_eq!(switched.segment_len(), 0);
         let names = parameter_names(&plain);
         assert_eq!(names, vec!["0.0.weight", "0.0.bias", "1.0.weight", "1.0.bias", "2.weight", "2.bias"]);
         assert_eq!(names, parameter_names(&ckpt));

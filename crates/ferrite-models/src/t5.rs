@@ -586,6 +586,10 @@ impl T5Stack {
 }
 
 impl Module for T5Stack {
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.checkpoint_activations = on;
+        true
+    }
     fn type_name(&self) -> &'static str {
         "T5Stack"
     }

@@ -102,6 +102,10 @@ impl TransformerLm {
 }
 
 impl Module for TransformerLm {
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        self.checkpoint_activations = on;
+        true
+    }
     fn type_name(&self) -> &'static str {
         "TransformerLm"
     }

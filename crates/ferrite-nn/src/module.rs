@@ -78,6 +78,19 @@ pub trait Module: DynClone + Send + Sync {
         self.train(false);
     }
 
+    /// Turns activation checkpointing on or off where the module supports it (Hugging Face's
+    /// `gradient_checkpointing_enable`): a module that can recompute its blocks' activations in
+    /// backward sets its own switch and returns true; by default the call reaches every child and
+    /// returns whether any of them supports it (false: nothing in the tree can checkpoint; wrap
+    /// the regions to recompute in [`Checkpointed`](crate::Checkpointed) yourself).
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        let mut any = false;
+        for (_, c) in self.children_mut() {
+            any |= c.set_activation_checkpointing(on);
+        }
+        any
+    }
+
     /// Every module in the tree with its dotted name, pre-order (the root is `""`).
     fn named_modules(&self) -> Vec<(String, &dyn Module)> {
         let mut out: Vec<(String, &dyn Module)> = Vec::new();
@@ -377,6 +390,9 @@ impl Module for Box<dyn Module> {
     }
     fn eval(&mut self) {
         (**self).eval()
+    }
+    fn set_activation_checkpointing(&mut self, on: bool) -> bool {
+        (**self).set_activation_checkpointing(on)
     }
     fn named_modules(&self) -> Vec<(String, &dyn Module)> {
         (**self).named_modules()

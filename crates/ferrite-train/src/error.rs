@@ -31,6 +31,11 @@ pub enum TrainError {
     /// Early stopping or best-checkpoint keeping tracks a metric the evaluation does not report.
     #[error("the evaluation reports no metric `{metric}` (it reports: {found}); track one of those")]
     MissingMetric { metric: String, found: String },
+    /// `checkpoint_activations(true)` for a model with nothing that can recompute its activations.
+    #[error(
+        "`{model}` does not support activation checkpointing (no part of it implements Module::set_activation_checkpointing): wrap the blocks to recompute in ferrite_nn::Checkpointed, or train without checkpoint_activations"
+    )]
+    CheckpointingUnsupported { model: &'static str },
     /// DataParallel scatters a batch along dim 0, so it must be made of tensors.
     #[error(
         "DataParallel cannot split a batch of type `{batch_type}`: it scatters batches of tensors ({supported}); collate into tensors (ferrite_data::StackCollate, Tensors(...))"

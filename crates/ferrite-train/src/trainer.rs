@@ -178,6 +178,7 @@ type ResumeCallback<'a> = Box<dyn FnMut(&Resumed) + 'a>;
 type EvalFn<'a, M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError> + 'a>;
 type MakeOptimizer<'a> = Box<dyn FnOnce(Vec<Tensor>) -> Result<Box<dyn Optimizer>, TrainError> + 'a>;
 type PlanFn<'a> = Box<dyn FnOnce() -> Result<PlanContext, String> + 'a>;
+type ReplicateFn<M> = Box<dyn FnOnce(M) -> Result<Box<dyn Replicated<M>>, TrainError>>;
 
 /// The model of a run: on one device, or replicated by DataParallel.
 enum Held<M> {
@@ -239,11 +240,11 @@ struct KeepBest {
 
 /// Builds a [`Trainer`]; every setting has the default of a plain f32 run.
 pub struct TrainerBuilder<'a, M: Module> {
-    /// `None` after a failed `data_parallel` (its error is in `deferred`).
-    model: Option<Held<M>>,
+    model: M,
     optimizer: OptimizerSource<'a>,
-    /// An error of a setting that could only be found while applying it, reported by `build`.
-    deferred: Option<TrainError>,
+    /// `data_parallel`: replicates the model when the trainer is built.
+    replicate: Option<ReplicateFn<M>>,
+    checkpoint_activations: Option<bool>,
     plan: Option<PlanFn<'a>>,
     on_resume: Vec<ResumeCallback<'a>>,
     scheduler: Option<Box<dyn LrScheduler>>,
@@ -418,16 +419,21 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
     where
         M: Clone + 'static,
     {
-        let Some(held) = self.model.take() else { return self };
-        match replicas::replicate(held.into_inner(), devices, policy) {
-            Ok(r) => {
-                if let Some(primary) = r.devices().first() {
-                    self.device = primary.clone();
-                }
-                self.model = Some(Held::Replicas(r));
-            }
-            Err(e) => self.deferred = Some(e),
+        if let Some(primary) = devices.first() {
+            self.device = primary.clone();
         }
+        let devices = devices.to_vec();
+        self.replicate = Some(Box::new(move |model| replicas::replicate(model, &devices, policy)));
+        self
+    }
+
+    /// Activation checkpointing on (or off) for a model that supports it
+    /// ([`Module::set_activation_checkpointing`]: ferrite-models' MLP, CNN, LSTM, transformer,
+    /// Hugging Face decoders and T5 do, and so does any model with one of them inside): each block's
+    /// activations are recomputed in backward instead of kept, trading compute for memory. A model
+    /// that cannot is refused by `build` (`TrainError::CheckpointingUnsupported`).
+    pub fn checkpoint_activations(mut self, on: bool) -> Self {
+        self.checkpoint_activations = Some(on);
         self
     }
 
@@ -448,16 +454,6 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
 
     /// Checks the settings and builds the trainer.
     pub fn build(mut self) -> Result<Trainer<'a, M>, TrainError> {
-        if let Some(e) = self.deferred.take() {
-            return Err(e);
-        }
-        let Some(model) = self.model.take() else {
-            return Err(TrainError::InvalidArgument {
-                flag: "data-parallel",
-                value: "set".into(),
-                expected: "a model to replicate",
-            });
-        };
         let invalid = |setting: &'static str, value: String, expected: &'static str| {
             Err(TrainError::InvalidArgument { flag: setting, value, expected })
         };
@@ -485,6 +481,16 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
         if matches!(self.device, Device::Meta) {
             return Err(TrainError::MetaDevice);
         }
+        if let Some(on) = self.checkpoint_activations
+            && !self.model.set_activation_checkpointing(on)
+            && on
+        {
+            return Err(TrainError::CheckpointingUnsupported { model: self.model.type_name() });
+        }
+        let model = match self.replicate.take() {
+            Some(replicate) => Held::Replicas(replicate(self.model)?),
+            None => Held::One(self.model),
+        };
         let trainable = match &model {
             Held::One(m) => m.parameters(),
             Held::Replicas(r) => r.parameters(),
@@ -621,9 +627,10 @@ impl<'a, M: Module> Trainer<'a, M> {
 
     fn builder_from(model: M, optimizer: OptimizerSource<'a>) -> TrainerBuilder<'a, M> {
         TrainerBuilder {
-            model: Some(Held::One(model)),
+            model,
             optimizer,
-            deferred: None,
+            replicate: None,
+            checkpoint_activations: None,
             plan: None,
             on_resume: Vec::new(),
             scheduler: None,

@@ -456,3 +456,42 @@ fn an_out_of_memory_step_ends_with_the_planners_remedies() {
     let unavailable = fit(Some(Err("a model of its own".into()))).to_string();
     assert!(unavailable.contains("The planner cannot model this run (a model of its own)"), "{unavailable}");
 }
+
+#[test]
+fn activation_checkpointing_is_a_setting_for_models_that_support_it() {
+    // ferrite-models' MLP recomputes its blocks in backward: same weights, bit for bit.
+    let run = |ckpt: Option<bool>| {
+        let spec = ferrite_models::MlpSpec {
+            inputs: 8,
+            hidden: 16,
+            layers: 4,
+            classes: 3,
+            dropout: 0.1,
+            checkpoint_activations: false,
+        };
+        let rng = RngHandle::new(1);
+        let model = ferrite_models::build_mlp(&spec, &Device::Cpu, &mut Generator::new(2), &rng).unwrap();
+        let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(1e-2)).unwrap();
+        let mut b = Trainer::builder(model, opt).epochs(2).dropout_rng(rng);
+        if let Some(on) = ckpt {
+            b = b.checkpoint_activations(on);
+        }
+        let mut t = b.build().unwrap();
+        t.fit(&mut loader(3), |m: &ferrite_models::Mlp, (x, y): &(Tensor, Tensor)| {
+            Ok(StepOutput::new(CrossEntropyLoss::new().forward(&m.forward(x)?, y)?, y.numel()))
+        })
+        .unwrap();
+        weights(t.model())
+    };
+    let plain = run(None);
+    assert_eq!(run(Some(true)), plain, "checkpointing changes no gradient");
+    assert_eq!(run(Some(false)), plain);
+
+    // A model with nothing that can recompute is refused, naming it.
+    let rng = RngHandle::new(0);
+    let model = TwoLayer::new(0, &rng);
+    let opt = adamw(&model);
+    let err = Trainer::builder(model, opt).checkpoint_activations(true).build().err().unwrap();
+    assert!(matches!(err, TrainError::CheckpointingUnsupported { model: "TwoLayer" }), "{err}");
+    assert!(err.to_string().contains("ferrite_nn::Checkpointed"), "{err}");
+}
