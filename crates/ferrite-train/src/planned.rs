@@ -26,17 +26,15 @@ pub struct PlanContext {
     pub memory_fraction: Option<f64>,
 }
 
-/// The allocator settings of a run: `spec` when given (on top of the defaults), else those of
-/// `FERRITE_ALLOC_CONF` — the one place both are resolved for training and planning.
+/// The allocator settings of a run: those of `FERRITE_ALLOC_CONF` (the defaults without it), with
+/// `spec` applied on top when given (as PyTorch's `_set_allocator_settings` applies on top of
+/// `PYTORCH_CUDA_ALLOC_CONF`) — the one place both are resolved, for training and for planning.
 pub fn allocator_config(spec: Option<&str>) -> Result<AllocatorConfig, ferrite_memory::MemoryError> {
-    match spec {
-        Some(spec) => {
-            let mut config = AllocatorConfig::default();
-            config.apply(spec)?;
-            Ok(config)
-        }
-        None => ferrite_memory::env_alloc_config(),
+    let mut config: AllocatorConfig = ferrite_memory::env_alloc_config()?;
+    if let Some(spec) = spec {
+        config.apply(spec)?;
     }
+    Ok(config)
 }
 
 /// The simulated GPU `device` names (`sim:t4-16gb`, `sim:24GiB`) with the allocator settings of

@@ -166,13 +166,9 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         check("epochs", e >= 1, e, "must be at least 1")?;
     }
     let alloc = allocator(&device);
-    match &args.alloc_conf {
-        Some(spec) => alloc.set_alloc_conf(spec)?,
-        // A bad FERRITE_ALLOC_CONF is reported now, not as the failure of the first allocation.
-        None => {
-            ferrite_memory::env_alloc_config()?;
-        }
-    }
+    // The settings the planner uses too (FERRITE_ALLOC_CONF, then --alloc-conf on top); a bad
+    // value is reported now, not as the failure of the first allocation.
+    alloc.set_config(ferrite_train::planned::allocator_config(args.alloc_conf.as_deref())?);
     if let Some(path) = &args.snapshot {
         // Refused now rather than after the run it was meant to record.
         if path.is_dir() {
