@@ -27,10 +27,11 @@ cargo test --release --workspace "${FEATURES[@]}"
 # The examples a Rust user starts from (README: "Training from Rust"), run for a few epochs. The
 # test run above built them with the workspace's features; run that binary (a `cargo run -p`
 # would resolve features for one package and rebuild its dependencies).
-echo "== examples: custom_model --epochs 3; image_folder --epochs 2 (and on two simulated GPUs)"
+echo "== examples: custom_model --epochs 3; image_folder --epochs 2 (and on two simulated GPUs); hf_finetune --epochs 2"
 "${CARGO_TARGET_DIR:-target}/release/examples/custom_model" --epochs 3
 "${CARGO_TARGET_DIR:-target}/release/examples/image_folder" --epochs 2
 "${CARGO_TARGET_DIR:-target}/release/examples/image_folder" --epochs 1 --data-parallel 2
+"${CARGO_TARGET_DIR:-target}/release/examples/hf_finetune" --epochs 2 --out "$(mktemp -d)/gpt2-finetuned"
 
 # Crates that parse user files and strings (checkpoints and pickles, allocator settings and traces,
 # dataset files, command lines) also run in the debug profile: its larger stack frames are where
