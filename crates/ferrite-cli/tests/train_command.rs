@@ -193,19 +193,21 @@ fn sim_devices_train_like_the_cpu_and_bad_flags_are_errors() {
     let (sim_out, _) = text(&sim);
     assert!(sim_out.contains("device sim:a100-40gb"), "{sim_out}");
 
-    for (args, needle) in [
-        (&["train", "--device", "meta"][..], "cannot train on `meta`"),
-        (&["train", "--batch-size", "0"][..], "--batch-size 0"),
-        (&["train", "--dropout", "1.5"][..], "--dropout 1.5"),
-        (&["train", "--dataset", "imagenet"][..], "imagenet"),
-        (&["train", "--device", "sim:no-such-gpu"][..], "no-such-gpu"),
-        (&["train", "--alloc-conf", "bogus_key:1"][..], "bogus_key"),
-        (&["train", "--hidden", "10000000000000"][..], "does not fit in 64 bits"),
-        (&["train", "--layers", "100000"][..], "--layers 100000"),
+    // Exit 1: a run the flags describe cannot go ahead; exit 2: the command line itself does not
+    // parse (clap's usage errors — `--device` is parsed into a device by the argument parser).
+    for (args, needle, code) in [
+        (&["train", "--device", "meta"][..], "cannot train on `meta`", 1),
+        (&["train", "--batch-size", "0"][..], "--batch-size 0", 1),
+        (&["train", "--dropout", "1.5"][..], "--dropout 1.5", 1),
+        (&["train", "--dataset", "imagenet"][..], "imagenet", 1),
+        (&["train", "--device", "sim:no-such-gpu"][..], "unknown GPU `no-such-gpu`; known: t4-16gb", 2),
+        (&["train", "--alloc-conf", "bogus_key:1"][..], "bogus_key", 1),
+        (&["train", "--hidden", "10000000000000"][..], "does not fit in 64 bits", 1),
+        (&["train", "--layers", "100000"][..], "--layers 100000", 1),
     ] {
         let o = ferrite(args, dir.path());
         let (out, err) = text(&o);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {out}{err}");
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {out}{err}");
         assert!(err.contains(needle) && !err.contains("panicked"), "{args:?}: {err}");
     }
 }

@@ -891,10 +891,17 @@ impl<'a, M: Module> Trainer<'a, M> {
                     100.0 * m.peak_imbalance()
                 ));
             }
+            // Reserved memory the evaluation added (blocks the caching allocator keeps for the next
+            // epoch) is named on the epoch's line, so it is not mistaken for the training pass's.
+            let reserved_before = ferrite_memory::allocator(&device).memory_reserved();
             let eval = match &mut self.eval {
                 Some(f) => f(self.model.get_mut()).during("evaluation", &device)?,
                 None => Metrics::new(),
             };
+            let eval_reserved = ferrite_memory::allocator(&device).memory_reserved().saturating_sub(reserved_before);
+            if eval_reserved > 0 {
+                memory_line.push_str(&format!("; evaluation reserved +{}", ferrite_memory::format_size(eval_reserved)));
+            }
             let summary = EpochSummary {
                 epoch: epoch + 1,
                 epochs: self.epochs,

@@ -495,3 +495,37 @@ fn activation_checkpointing_is_a_setting_for_models_that_support_it() {
     assert!(matches!(err, TrainError::CheckpointingUnsupported { model: "TwoLayer" }), "{err}");
     assert!(err.to_string().contains("ferrite_nn::Checkpointed"), "{err}");
 }
+
+#[test]
+fn reserved_memory_an_evaluation_adds_is_named_on_the_epoch_line() {
+    // An evaluation that needs more than training ever reserved (a 64 MiB temporary on a
+    // simulated GPU of its own): the caching allocator keeps that segment, and the line says why.
+    let device = Device::parse("sim:a100-40gb:7").unwrap();
+    let mut g = Generator::new(0);
+    let model = Linear::new_with(8, 3, true, &device, &mut g).unwrap();
+    let opt = Adam::new(model.parameters(), AdamConfig::adamw(1e-3)).unwrap();
+    let dev = device.clone();
+    let mut first = true;
+    let mut t = Trainer::builder(model, opt)
+        .device(device.clone())
+        .epochs(2)
+        .evaluate(move |_m: &mut Linear| {
+            if std::mem::take(&mut first) {
+                let big = Tensor::zeros(&[4096, 4096], DType::F32, &dev)?;
+                drop(big);
+            }
+            Ok(Metrics::new())
+        })
+        .build()
+        .unwrap();
+    let d = device.clone();
+    let report = t
+        .fit(&mut loader(0), move |m: &Linear, (x, y): &(Tensor, Tensor)| {
+            let loss = CrossEntropyLoss::new().forward(&m.forward(&x.to_device(&d)?)?, &y.to_device(&d)?)?;
+            Ok(StepOutput::new(loss, y.numel()))
+        })
+        .unwrap();
+    let (one, two) = (&report.epochs[0].memory_line, &report.epochs[1].memory_line);
+    assert!(one.contains("; evaluation reserved +64.00 MiB"), "{one}");
+    assert!(!two.contains("evaluation reserved"), "the second evaluation reuses the cached segment: {two}");
+}

@@ -53,7 +53,8 @@ pub fn train(args: &TrainArgs, base: &Device) -> Result<(), TrainError> {
     // Batches stay on the host: DataParallel copies each replica's shard straight to its device.
     let mut train_loader =
         train_set.tensor_loader(args.batch_size).shuffle(true).seed(loader_seed).num_workers(args.workers).build()?;
-    let mut test_loader = splits.test.tensor_loader(500).num_workers(args.workers).build()?;
+    // Evaluation batches are the training micro-batch (see image.rs): reserved memory stays flat.
+    let mut test_loader = splits.test.tensor_loader(args.batch_size).num_workers(args.workers).build()?;
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
     let names: Vec<String> = devices.iter().map(|d| d.to_string()).collect();

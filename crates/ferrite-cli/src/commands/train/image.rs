@@ -55,7 +55,10 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut test_loader = {
-        let b = loader(&test_set, 500).num_workers(args.workers);
+        // Evaluation batches are the training micro-batch: without a graph they need less than a
+        // training step, so they fit in the blocks training reserved (reserved memory stays flat;
+        // batches of 500 used to grow it by their own blocks after the first evaluation).
+        let b = loader(&test_set, args.batch_size).num_workers(args.workers);
         // Distributed: each rank evaluates its share; `evaluate` sums the counts over the ranks.
         let b = match dist {
             Some(d) => b.sampler(EvalShare::new(d.world_size(), d.rank())),
@@ -152,7 +155,8 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
                 s.set_epoch(epoch as u64);
             }
         })
-        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
+        // Evaluation (no graph, training-sized batches) comes after the memory figures of the
+        // training pass.
         .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
         .on_epoch(|e| {
             println!(
