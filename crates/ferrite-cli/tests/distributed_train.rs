@@ -67,8 +67,8 @@ fn figure(out: &str, key: &str) -> f64 {
 
 /// `mpirun -np 2 ferrite train --distributed --model MODEL ARGS --batch-size 2`, then checks what
 /// a user sees, that rank 0's checkpoint resumes without MPI, that rank 0 wrote the snapshot, and
-/// that one process with `--batch-size 4` (the same 4 streams) ends with the same weights. (Not the
-/// same validation loss for the LSTM: its validation streams follow `--batch-size`.)
+/// that one process with `--batch-size 4` (the same 4 streams) ends with the same weights and the
+/// same validation loss (the ranks share the validation streams one process reads, and sum).
 fn language_model_case(test: &str, model: &str, model_args: &[&str]) {
     if !mpi_ready(test) {
         return;
@@ -131,6 +131,8 @@ fn language_model_case(test: &str, model: &str, model_args: &[&str]) {
         .fold(0f32, f32::max);
     println!("{model}: 2 ranks x 2 streams vs 1 process x 4 streams, largest relative weight difference {worst:e}");
     assert!(worst < 1e-4, "{model}: the distributed weights differ from one process's by {worst}\n{out}\n{one}");
+    let single_val = figure(&one, "validation loss");
+    assert!((val - single_val).abs() < 2e-3, "{model}: validation loss {val} on 2 ranks, {single_val} in one process");
 
     // Rank 0's checkpoint continues in a plain process (2 streams per step now).
     let resume = with(&["--batch-size", "2", "--resume", "ck.ft", "--epochs", "3"]);

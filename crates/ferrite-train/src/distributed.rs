@@ -95,8 +95,16 @@ impl Distributed {
     /// own count failed still takes part, so no rank waits for it, and returns its own error; the
     /// others return an error naming it.
     pub fn sum_counts(&self, local: Result<(usize, usize), TrainError>) -> Result<(usize, usize), TrainError> {
+        let (correct, seen) = self.sum_pairs(local.map(|(c, s)| (c as f64, s as f64)))?;
+        Ok((correct as usize, seen as usize))
+    }
+
+    /// Two figures summed over the ranks (e.g. a loss summed over characters, and the characters),
+    /// as [`sum_counts`](Self::sum_counts) sums counts: a rank whose own figures failed still takes
+    /// part and returns its error; the others return an error naming it.
+    pub fn sum_pairs(&self, local: Result<(f64, f64), TrainError>) -> Result<(f64, f64), TrainError> {
         let mine = match &local {
-            Ok((correct, seen)) => vec![*correct as f64, *seen as f64, 0.0],
+            Ok((a, b)) => vec![*a, *b, 0.0],
             Err(_) => vec![0.0, 0.0, 1.0],
         };
         #[cfg(feature = "mpi")]
@@ -112,8 +120,7 @@ impl Distributed {
             }
             .into());
         }
-        let (correct, seen) = all.chunks(3).fold((0.0, 0.0), |(c, s), v| (c + v[0], s + v[1]));
-        Ok((correct as usize, seen as usize))
+        Ok(all.chunks(3).fold((0.0, 0.0), |(a, b), v| (a + v[0], b + v[1])))
     }
 
     /// Every rank's peak allocated and reserved bytes on `device`, one line per rank.
@@ -162,6 +169,42 @@ impl Sampler for EvalShare {
 
     fn num_indices(&self, dataset_len: usize) -> usize {
         dataset_len.saturating_sub(self.rank).div_ceil(self.ranks)
+    }
+}
+
+/// One rank's share of a language model's validation streams: streams `rank, rank + ranks, …` of
+/// the `streams` the validation text is cut into, batch `c` being chunk `c` of those rows — so the
+/// ranks together evaluate exactly the streams one process would, each stream's state carried from
+/// chunk to chunk on the rank that owns it, and [`Distributed::sum_pairs`] adds up the losses.
+#[derive(Debug, Clone, Copy)]
+pub struct ValidationShare {
+    ranks: usize,
+    rank: usize,
+    streams: usize,
+}
+
+impl ValidationShare {
+    /// Rank `rank`'s share among `ranks` (at least 1) of `streams` validation streams.
+    pub fn new(ranks: usize, rank: usize, streams: usize) -> ValidationShare {
+        ValidationShare { ranks: ranks.max(1), rank, streams }
+    }
+
+    /// The streams this rank evaluates (0 when there are fewer streams than ranks and this rank
+    /// has none: it then adds nothing to the sums).
+    pub fn rows(&self) -> usize {
+        self.streams.saturating_sub(self.rank).div_ceil(self.ranks)
+    }
+}
+
+impl Sampler for ValidationShare {
+    fn epoch_indices(&mut self, dataset_len: usize, _rng: &mut Generator) -> Vec<usize> {
+        let total = self.streams.max(1);
+        let mine: Vec<usize> = (self.rank..self.streams).step_by(self.ranks).collect();
+        (0..dataset_len / total).flat_map(|c| mine.iter().map(move |&s| c * total + s)).collect()
+    }
+
+    fn num_indices(&self, dataset_len: usize) -> usize {
+        dataset_len / self.streams.max(1) * self.rows()
     }
 }
 

@@ -20,7 +20,7 @@ mod start_observer;
 mod stepper;
 mod trainer;
 
-pub use distributed::{Distributed, EvalShare, StepSync, StreamShare};
+pub use distributed::{Distributed, EvalShare, StepSync, StreamShare, ValidationShare};
 pub use epoch_meter::{EpochMeter, seconds};
 pub use error::{During, Hint, TrainError};
 pub use ferrite_parallel::OwnerPolicy;

@@ -16,7 +16,7 @@ use ferrite_models::{LstmLm, LstmSpec, LstmState, TransformerLm, TransformerSpec
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle};
 use ferrite_optim::{Adam, AdamConfig};
 use ferrite_tensor::{Device, Generator, Tensor, no_grad};
-use ferrite_train::distributed::{Distributed, StreamShare};
+use ferrite_train::distributed::{Distributed, StreamShare, ValidationShare};
 use ferrite_train::{Metrics, StepOutput, TrainStep, seconds, start_observer};
 
 use super::settings::{describe_settings, run_settings, trainer_for};
@@ -182,9 +182,14 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let vocab = text.vocab_size();
     let streams = TextStreams::new(&train_text, all_streams, args.shape.seq)?;
     let chunks = streams.chunks();
-    // Validation streams: as many as the batch, or fewer when the validation text is short.
-    let val_batch = args.batch_size.min(val_text.num_chars().saturating_sub(1) / args.shape.seq).max(1);
-    let val_streams = TextStreams::new(&val_text, val_batch, args.shape.seq)?;
+    // Validation streams: as many as the training streams of all ranks (so a distributed run
+    // evaluates exactly what one process with that batch would), or fewer when the validation
+    // text is short. Distributed, each rank evaluates its share of them (`ValidationShare`) and
+    // the losses are summed over the ranks.
+    let val_streams_all = all_streams.min(val_text.num_chars().saturating_sub(1) / args.shape.seq).max(1);
+    let val_streams = TextStreams::new(&val_text, val_streams_all, args.shape.seq)?;
+    let val_share = dist.map(|d| ValidationShare::new(d.world_size(), d.rank(), val_streams_all));
+    let val_batch = val_share.as_ref().map_or(val_streams_all, ValidationShare::rows);
     let unigram = unigram_loss(&train_text, &val_text);
 
     let mut train_loader: TextLoader = {
@@ -197,6 +202,12 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let mut val_loader: TextLoader = {
         let b = val_streams.tensor_loader().num_workers(args.workers);
+        // A rank with no validation stream (fewer streams than ranks) keeps the whole loader and
+        // does not read it (`evaluate` is given 0 rows).
+        let b = match &val_share {
+            Some(s) if s.rows() > 0 => b.batch_size(s.rows()).sampler(*s),
+            _ => b,
+        };
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
 
@@ -245,7 +256,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
                 s.set_epoch(epoch as u64);
             }
         })
-        .evaluate(|m| Ok(Metrics::new().with("loss", evaluate(m, &mut val_loader, vocab, val_batch, device)?)))
+        .evaluate(|m| Ok(Metrics::new().with("loss", evaluate(m, &mut val_loader, vocab, val_batch, device, dist)?)))
         .on_epoch(|e| {
             let val_loss = e.eval.get("loss").unwrap_or(f64::NAN);
             println!(
@@ -279,7 +290,8 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let first_epoch = report.resumed_epochs;
     let mut val_loss = report.epochs.last().and_then(|e| e.eval.get("loss")).unwrap_or(f64::NAN);
     if first_epoch >= epochs {
-        val_loss = evaluate(&mut model, &mut val_loader, vocab, val_batch, device).during("evaluation", device)?;
+        val_loss =
+            evaluate(&mut model, &mut val_loader, vocab, val_batch, device, dist).during("evaluation", device)?;
     }
 
     // ---- results
@@ -427,18 +439,23 @@ fn build_model(
     })
 }
 
-/// Mean cross-entropy per character over the validation streams, the state carried from chunk
-/// to chunk as in training.
+/// Mean cross-entropy per character over the validation streams (`batch` of them on this rank),
+/// the state carried from chunk to chunk as in training; distributed, over every rank's streams.
 fn evaluate(
     model: &mut LanguageModel,
     loader: &mut TextLoader,
     vocab: usize,
     batch: usize,
     device: &Device,
+    dist: Option<&Distributed>,
 ) -> Result<f64, TrainError> {
     let was_training = model.module().is_training();
     model.module_mut().eval();
-    let result = (|| {
+    // (loss summed over characters, characters) of this rank's streams.
+    let local = (|| {
+        if batch == 0 {
+            return Ok((0.0, 0.0));
+        }
         let _g = no_grad();
         let mut state = model.start_state(batch, device)?;
         let (mut sum, mut n) = (0.0f64, 0usize);
@@ -447,13 +464,18 @@ fn evaluate(
             let (x, y) = b?;
             let (logits, next) = model.chunk(&x, state.take())?;
             state = next;
-            sum += loss_fn.forward(&logits.reshape(&[-1, vocab as i64])?, &y.reshape(&[-1])?)?.item()?;
-            n += 1;
+            let chars = y.numel();
+            sum += loss_fn.forward(&logits.reshape(&[-1, vocab as i64])?, &y.reshape(&[-1])?)?.item()? * chars as f64;
+            n += chars;
         }
-        Ok(sum / n.max(1) as f64)
+        Ok((sum, n as f64))
     })();
     model.module_mut().train(was_training);
-    result
+    let (sum, n) = match dist {
+        Some(d) => d.sum_pairs(local)?,
+        None => local?,
+    };
+    Ok(sum / n.max(1.0))
 }
 
 /// Cross-entropy (nats per character) of the validation text under the training text's
