@@ -130,8 +130,7 @@ impl Case {
 #[test]
 fn conv_layers_match_pytorch_on_every_device() {
     let Some(cases) = cases() else { return };
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         for c in &cases {
             let m = c.layer(dev);
             let x = c.input(0).to_device(dev).unwrap().requires_grad_(true).unwrap();
@@ -147,7 +146,7 @@ fn conv_layers_match_pytorch_on_every_device() {
             }
             println!("conv layer parity {dev:<6} {:<24} ({}) ok", c.name, m.type_name());
         }
-    }
+    });
 }
 
 #[test]

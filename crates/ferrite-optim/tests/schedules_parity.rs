@@ -59,7 +59,7 @@ fn optimizer_trajectories_match_pytorch() {
     for name in ["rmsprop", "rmsprop__centered_momentum", "adagrad"] {
         assert!(cases.contains_key(name), "schedules.json lacks the `{name}` trajectory");
     }
-    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    ferrite_test_support::for_each_device(|dev| {
         for (name, case) in cases {
             let shape: Vec<usize> =
                 case["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
@@ -86,7 +86,7 @@ fn optimizer_trajectories_match_pytorch() {
             }
             println!("{dev} {name}: {} steps, max |param diff| {worst:.2e}", steps.len());
         }
-    }
+    });
 }
 
 /// `SGD(lr=base_lr, momentum=base_momentum)` on one parameter, as the fixture generator built it.

@@ -1,14 +1,32 @@
 //! What the test suites of several ferrite crates share, so that each rule lives in one place:
 //! where the PyTorch reference fixtures are, what a test does when the machine lacks
-//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module), and
-//! how the parsers of user text are fuzzed ([`text_fuzz`]).
+//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module),
+//! which devices a suite runs on and the loop that runs it on each ([`devices`]), how fixture
+//! files are read ([`fixtures`]) and results compared ([`close`], [`params`]), the small models
+//! several suites train ([`models`]), and how the parsers of user text are fuzzed ([`text_fuzz`]).
+//!
+//! Features keep the lower crates' test builds small: without features this crate needs only
+//! ferrite-memory; `tensor` adds the fixture reader and the tensor checks, `nn` the models.
 //!
 //! The rule: without the dependency a test prints a loud `SKIPPED` line naming what is missing and
 //! how to get it, and returns early; with `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI sets it, after
 //! `.ci/run` installed everything) a missing dependency fails the test instead, so CI never passes
 //! by skipping. This crate is a dev-dependency only; nothing in it ships with ferrite.
 
+pub mod close;
+pub mod devices;
+#[cfg(feature = "tensor")]
+pub mod fixtures;
+#[cfg(feature = "nn")]
+pub mod models;
+#[cfg(feature = "tensor")]
+pub mod params;
 pub mod text_fuzz;
+
+pub use close::{assert_all_close, assert_slices_close};
+#[cfg(feature = "tensor")]
+pub use close::{assert_close, check_close};
+pub use devices::{TEST_DEVICES_ENV, devices_under_test, for_each_device, for_each_device_where};
 
 use std::path::PathBuf;
 
@@ -67,11 +85,7 @@ const GPU_REMEDY: &str = "install mesa-vulkan-drivers and libvulkan1 (bash .ci/r
 /// The GPUs among the devices under test (`FERRITE_TEST_DEVICES`, else every adapter of this
 /// machine); empty after [`present_or_skip`]'s message when there is none.
 pub fn gpus_or_skip() -> Vec<Device> {
-    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
-        .unwrap_or_else(|e| panic!("{}: {e}", ferrite_memory::gpu::TEST_DEVICES_ENV))
-        .into_iter()
-        .filter(|d| matches!(d, Device::Gpu { .. }))
-        .collect();
+    let gpus: Vec<Device> = devices::devices().into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
     present_or_skip(!gpus.is_empty(), "no GPU adapter", GPU_REMEDY);
     gpus
 }

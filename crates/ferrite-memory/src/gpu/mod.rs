@@ -332,18 +332,3 @@ pub fn context(index: usize) -> Result<Arc<GpuContext>, MemoryError> {
     v[index] = Some(c.clone());
     Ok(c)
 }
-
-/// Environment variable choosing the devices the conformance suites run on (`cpu,gpu:0`).
-pub const TEST_DEVICES_ENV: &str = "FERRITE_TEST_DEVICES";
-
-/// The devices a device-parameterised test suite runs on: those listed in
-/// `$FERRITE_TEST_DEVICES` (comma-separated), else `cpu` and every GPU adapter of this machine.
-/// One place decides, so every suite runs on the same devices and can print them.
-pub fn devices_under_test() -> Result<Vec<crate::Device>, MemoryError> {
-    match std::env::var(TEST_DEVICES_ENV) {
-        Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().parse::<crate::Device>()).collect(),
-        _ => Ok(std::iter::once(crate::Device::Cpu)
-            .chain(list_adapters().into_iter().map(|a| crate::Device::Gpu { index: a.index }))
-            .collect()),
-    }
-}
