@@ -73,7 +73,10 @@ fn default_backend(device: &Device) -> Result<Box<dyn RawMemory>, MemoryError> {
         Device::Cpu => Box::new(HostMemory::new()),
         Device::Sim { profile, .. } => Box::new(SimMemory::new(profile)),
         Device::Meta => Box::new(MetaMemory::new()),
+        #[cfg(feature = "gpu")]
         Device::Gpu { index } => Box::new(crate::gpu::memory::WgpuMemory::new(crate::gpu::context(*index)?)),
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu { .. } => return Err(crate::gpu::not_compiled(&device.to_string())),
     })
 }
 
@@ -120,10 +123,13 @@ impl CachingAllocator {
             },
             Device::Meta => Box::new(MetaMemory::new()),
             // A GPU of unknown capacity: address-only, capacity from the GPU's context when known.
+            #[cfg(feature = "gpu")]
             Device::Gpu { index } => match crate::gpu::context(*index).ok().and_then(|c| c.capacity()) {
                 Some(cap) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(cap))),
                 None => Box::new(MetaMemory::new()),
             },
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu { .. } => Box::new(MetaMemory::new()),
         };
         Self::with_backend(device, config, raw)
     }

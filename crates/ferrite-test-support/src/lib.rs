@@ -82,23 +82,56 @@ pub fn pytorch_file_or_skip(name: &str) -> Option<PathBuf> {
 /// What to install for a GPU adapter on Debian (Mesa's software Vulkan is enough).
 const GPU_REMEDY: &str = "install mesa-vulkan-drivers and libvulkan1 (bash .ci/run does)";
 
+/// `true` when this build has GPU support (ferrite-memory's `gpu` feature); otherwise prints a
+/// `SKIPPED` line saying how to build with it and returns `false`. A build without the feature is
+/// a choice, not a missing system dependency, so this skips also under
+/// `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI's debug run of the lower crates builds without it); CI's
+/// workspace run has it through the `ferrite` binary's default features, which
+/// `tests::ci_runs_gpu_tests_with_gpu_support` checks.
+pub fn gpu_compiled_or_skip() -> bool {
+    if !ferrite_memory::gpu::COMPILED {
+        eprintln!(
+            "SKIPPED: this build has no GPU support (the `gpu` cargo feature is off); test with `--features gpu` or in the workspace (`cargo test --workspace`)"
+        );
+    }
+    ferrite_memory::gpu::COMPILED
+}
+
 /// The GPUs among the devices under test (`FERRITE_TEST_DEVICES`, else every adapter of this
-/// machine); empty after [`present_or_skip`]'s message when there is none.
+/// machine); empty after [`present_or_skip`]'s message when there is none, or after
+/// [`gpu_compiled_or_skip`]'s when this build has no GPU support.
 pub fn gpus_or_skip() -> Vec<Device> {
+    if !gpu_compiled_or_skip() {
+        return Vec::new();
+    }
     let gpus: Vec<Device> = devices::devices().into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
     present_or_skip(!gpus.is_empty(), "no GPU adapter", GPU_REMEDY);
     gpus
 }
 
 /// Whether this machine has a GPU adapter at all (for tests that drive `gpu:0` themselves);
-/// `false` after [`present_or_skip`]'s message.
+/// `false` after [`present_or_skip`]'s or [`gpu_compiled_or_skip`]'s message.
 pub fn gpu_adapter_or_skip() -> bool {
-    present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
+    gpu_compiled_or_skip()
+        && present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CI (`FERRITE_REQUIRE_SYSTEM_DEPS=1`) runs this crate's tests only in the workspace run,
+    /// where feature unification through ferrite-cli's default features compiles GPU support:
+    /// if that ever stops, the GPU tests would skip, and this test fails instead.
+    #[test]
+    fn ci_runs_gpu_tests_with_gpu_support() {
+        if system_deps_required() {
+            assert!(
+                ferrite_memory::gpu::COMPILED,
+                "{REQUIRE_SYSTEM_DEPS_ENV}=1 but ferrite-memory was built without the `gpu` feature: the GPU tests of this run would skip"
+            );
+        }
+    }
 
     #[test]
     fn a_present_dependency_runs_the_test() {

@@ -71,6 +71,9 @@ pub fn select_devices(base: &Device, list: Option<&str>) -> Result<Vec<Device>, 
             }
         },
         Device::Gpu { .. } => {
+            if !gpu::COMPILED {
+                return Err(gpu::not_compiled(&base.to_string()));
+            }
             if let Some(l) = list {
                 set_visible_devices(l)?;
             }
