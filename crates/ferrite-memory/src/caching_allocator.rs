@@ -360,3 +360,20 @@ impl Drop for Block {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The no-GPU build: nothing reaches a GPU — no adapters, and an allocator for `gpu:0` says
+    /// why on every allocation (the typed error naming the `gpu` feature).
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn without_the_gpu_feature_a_gpu_allocator_names_the_feature() {
+        use crate::{CachingAllocator, Device, MemoryError};
+
+        assert!(crate::gpu::list_adapters().is_empty() && !crate::gpu::COMPILED);
+        let a = CachingAllocator::new(Device::Gpu { index: 0 });
+        let e = a.allocate(1024).unwrap_err();
+        assert!(matches!(e, MemoryError::GpuNotCompiled { .. }), "{e:?}");
+        assert!(e.to_string().contains("--features gpu"), "{e}");
+    }
+}

@@ -82,7 +82,12 @@ impl Device {
     /// `gpu:<index>` when this build has GPU support, else the typed error naming the feature
     /// (and quoting `spec`, the name as the user wrote it).
     fn gpu(index: usize, spec: &str) -> Result<Device, MemoryError> {
-        if crate::gpu::COMPILED { Ok(Device::Gpu { index }) } else { Err(crate::gpu::not_compiled(spec)) }
+        // `cfg!` rather than `crate::gpu::COMPILED`: device names are the leaf the GPU code builds on.
+        if cfg!(feature = "gpu") {
+            Ok(Device::Gpu { index })
+        } else {
+            Err(MemoryError::GpuNotCompiled { device: spec.to_string() })
+        }
     }
 }
 
@@ -165,11 +170,6 @@ mod tests {
         }
         // A malformed index is still a malformed device name, not a missing feature.
         assert!(matches!(Device::parse("gpu:x"), Err(MemoryError::InvalidDevice { .. })));
-        // Nothing else can reach a GPU either: no adapters, and an allocator says why.
-        assert!(crate::gpu::list_adapters().is_empty());
-        let a = crate::CachingAllocator::new(Device::Gpu { index: 0 });
-        let e = a.allocate(1024).unwrap_err();
-        assert!(matches!(e, MemoryError::GpuNotCompiled { .. }), "{e:?}");
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! adapters, [`COMPILED`] is `false` — and naming a `gpu:N` device is the typed
 //! [`MemoryError::GpuNotCompiled`] that says how to turn the feature on.
 
+mod adapter;
 #[cfg(feature = "gpu")]
 pub mod memory;
 #[cfg(feature = "gpu")]
@@ -24,6 +25,8 @@ mod wgpu_device;
 
 #[cfg(feature = "gpu")]
 pub use wgpu_device::{GpuContext, context};
+
+pub use adapter::{AdapterSummary, GPU_MEMORY_ENV};
 
 use crate::MemoryError;
 
@@ -33,30 +36,6 @@ pub const COMPILED: bool = cfg!(feature = "gpu");
 /// The error for a `gpu:N` device in a build without the `gpu` feature.
 pub fn not_compiled(device: &str) -> MemoryError {
     MemoryError::GpuNotCompiled { device: device.to_string() }
-}
-
-/// Environment variable that sets the capacity of every GPU (`24GiB`, `16000MiB`, bytes).
-pub const GPU_MEMORY_ENV: &str = "FERRITE_GPU_MEMORY";
-
-/// What ferrite knows about one GPU adapter (for listings and `ferrite devices`).
-#[derive(Debug, Clone)]
-pub struct AdapterSummary {
-    /// ferrite's index (`gpu:<index>`).
-    pub index: usize,
-    pub name: String,
-    /// `Vulkan`, `Metal`, `Dx12`.
-    pub backend: String,
-    pub device_type: String,
-    pub driver: String,
-    pub driver_info: String,
-    pub max_buffer_size: u64,
-    pub max_storage_buffer_binding_size: u64,
-    pub min_storage_buffer_offset_alignment: u32,
-    pub shader_f16: bool,
-    /// Capacity in bytes as ferrite will use it (see the module documentation), if known.
-    pub capacity: Option<u64>,
-    /// Where the capacity comes from (`FERRITE_GPU_MEMORY`, `catalogue: <key>`), if known.
-    pub capacity_source: Option<String>,
 }
 
 // Defined here rather than in `device.rs`: naming a `gpu:N` needs the adapter list, and

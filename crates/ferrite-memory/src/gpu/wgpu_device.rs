@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::{AdapterSummary, GPU_MEMORY_ENV};
+use super::adapter::{AdapterSummary, GPU_MEMORY_ENV};
 use crate::{GpuProfile, MemoryError};
 
 fn instance() -> &'static wgpu::Instance {

@@ -213,4 +213,12 @@ mod tests {
         assert!(listed[1].free.unwrap() < listed[2].free.unwrap());
         drop(b);
     }
+
+    /// The no-GPU build: choosing `gpu` devices is the typed error naming the `gpu` feature.
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn without_the_gpu_feature_gpu_devices_cannot_be_selected() {
+        let e = select_devices(&Device::Gpu { index: 0 }, None).unwrap_err();
+        assert!(matches!(e, MemoryError::GpuNotCompiled { .. }), "{e:?}");
+    }
 }
