@@ -259,28 +259,53 @@ impl Default for BatchNormOptions {
     }
 }
 
-struct BatchNormBackward {
+/// Which channel normalisation a [`ChannelNormBackward`] node differentiates: the only thing
+/// batch norm's and group norm's backward nodes do differently is the kernel they call.
+enum ChannelNorm {
+    /// `batch_stats`: the forward normalised with the batch's statistics (training).
+    Batch {
+        batch_stats: bool,
+    },
+    Group {
+        groups: usize,
+    },
+}
+
+/// The backward node of [`batch_norm`] and [`group_norm`]: saved `x [N, C, S]`, the statistics
+/// (`mean` and `invstd`/`rstd`), the optional weight; gradients for the input, weight and bias
+/// that need one.
+struct ChannelNormBackward {
+    kind: ChannelNorm,
     x: SavedTensor,
     mean: SavedTensor,
-    invstd: SavedTensor,
+    /// `invstd` (batch norm) or `rstd` (group norm): `1/√(var + eps)` either way.
+    rstd: SavedTensor,
     weight: Option<SavedTensor>,
     has_bias: bool,
-    batch_stats: bool,
     ncs: [usize; 3],
     need: [bool; 3],
 }
 
-impl BackwardFn for BatchNormBackward {
+impl ChannelNormBackward {
+    fn node_name(&self) -> &'static str {
+        match self.kind {
+            ChannelNorm::Batch { .. } => "NativeBatchNormBackward0",
+            ChannelNorm::Group { .. } => "NativeGroupNormBackward0",
+        }
+    }
+}
+
+impl BackwardFn for ChannelNormBackward {
     fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("NativeBatchNormBackward0")
+        Cow::Borrowed(self.node_name())
     }
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let n_in = 1 + self.weight.is_some() as usize + self.has_bias as usize;
         let Some(g) = &g[0] else { return Ok(vec![None; n_in]) };
-        let name = "NativeBatchNormBackward0";
+        let name = self.node_name();
         let x = self.x.get(name)?;
         let mean = self.mean.get(name)?;
-        let invstd = self.invstd.get(name)?;
+        let rstd = self.rstd.get(name)?;
         let w = self.weight.as_ref().map(|w| w.get(name).cloned()).transpose()?;
         let [n, c, s] = self.ncs;
         let dtype = x.dtype();
@@ -293,17 +318,31 @@ impl BackwardFn for BatchNormBackward {
         };
         let gb = if self.has_bias && self.need[2] { Some(x.empty_like_shape(&[c], dtype)?) } else { None };
         let wf = w.as_ref().map(|w| contiguous_as(w, dtype)).transpose()?;
-        x.kernels().batch_norm_backward(&BatchNormBackwardArgs {
-            grad_input: gi.as_ref(),
-            grad_weight: gw.as_ref(),
-            grad_bias: gb.as_ref(),
-            grad_output: &gc,
-            x: &x3,
-            mean,
-            invstd,
-            weight: wf.as_ref(),
-            batch_stats: self.batch_stats,
-        })?;
+        let (grad_input, grad_weight, grad_bias, weight) = (gi.as_ref(), gw.as_ref(), gb.as_ref(), wf.as_ref());
+        match self.kind {
+            ChannelNorm::Batch { batch_stats } => x.kernels().batch_norm_backward(&BatchNormBackwardArgs {
+                grad_input,
+                grad_weight,
+                grad_bias,
+                grad_output: &gc,
+                x: &x3,
+                mean,
+                invstd: rstd,
+                weight,
+                batch_stats,
+            })?,
+            ChannelNorm::Group { groups } => x.kernels().group_norm_backward(&GroupNormBackwardArgs {
+                grad_input,
+                grad_weight,
+                grad_bias,
+                grad_output: &gc,
+                x: &x3,
+                mean,
+                rstd,
+                weight,
+                groups,
+            })?,
+        }
         let mut out = vec![gi.map(|t| t.contiguous_view_as(x.shape()))];
         if let Some(w) = &w {
             out.push(gw.map(|t| t.contiguous_view_as(w.shape())));
@@ -443,13 +482,13 @@ pub fn batch_norm(
     if !Tensor::needs_graph(&inputs) {
         return Ok(y);
     }
-    let f = BatchNormBackward {
+    let f = ChannelNormBackward {
+        kind: ChannelNorm::Batch { batch_stats: opts.training },
         x: SavedTensor::new(&xc),
         mean: SavedTensor::new(&mean),
-        invstd: SavedTensor::new(&invstd),
+        rstd: SavedTensor::new(&invstd),
         weight: wt.as_ref().map(SavedTensor::new),
         has_bias: bt.is_some(),
-        batch_stats: opts.training,
         ncs: [n, c, s],
         need: [
             x.requires_grad(),
@@ -461,62 +500,6 @@ pub fn batch_norm(
 }
 
 // ---------------------------------------------------------------------- group norm
-
-struct GroupNormBackward {
-    x: SavedTensor,
-    mean: SavedTensor,
-    rstd: SavedTensor,
-    weight: Option<SavedTensor>,
-    has_bias: bool,
-    groups: usize,
-    ncs: [usize; 3],
-    need: [bool; 3],
-}
-
-impl BackwardFn for GroupNormBackward {
-    fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("NativeGroupNormBackward0")
-    }
-    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let n_in = 1 + self.weight.is_some() as usize + self.has_bias as usize;
-        let Some(g) = &g[0] else { return Ok(vec![None; n_in]) };
-        let name = "NativeGroupNormBackward0";
-        let x = self.x.get(name)?;
-        let mean = self.mean.get(name)?;
-        let rstd = self.rstd.get(name)?;
-        let w = self.weight.as_ref().map(|w| w.get(name).cloned()).transpose()?;
-        let [n, c, s] = self.ncs;
-        let dtype = x.dtype();
-        let gc = contiguous_as(g, dtype)?.contiguous_view_as(&[n, c, s]);
-        let x3 = x.contiguous_view_as(&[n, c, s]);
-        let gi = if self.need[0] { Some(x.empty_like_shape(&[n, c, s], dtype)?) } else { None };
-        let gw = match &w {
-            Some(_) if self.need[1] => Some(x.empty_like_shape(&[c], dtype)?),
-            _ => None,
-        };
-        let gb = if self.has_bias && self.need[2] { Some(x.empty_like_shape(&[c], dtype)?) } else { None };
-        let wf = w.as_ref().map(|w| contiguous_as(w, dtype)).transpose()?;
-        x.kernels().group_norm_backward(&GroupNormBackwardArgs {
-            grad_input: gi.as_ref(),
-            grad_weight: gw.as_ref(),
-            grad_bias: gb.as_ref(),
-            grad_output: &gc,
-            x: &x3,
-            mean,
-            rstd,
-            weight: wf.as_ref(),
-            groups: self.groups,
-        })?;
-        let mut out = vec![gi.map(|t| t.contiguous_view_as(x.shape()))];
-        if let Some(w) = &w {
-            out.push(gw.map(|t| t.contiguous_view_as(w.shape())));
-        }
-        if self.has_bias {
-            out.push(gb);
-        }
-        Ok(out)
-    }
-}
 
 /// Group normalisation of `x` `(N, C, *)` (PyTorch's `F.group_norm`): the `C` channels form
 /// `num_groups` consecutive groups, each sample's group normalised over its channels and every
@@ -579,13 +562,13 @@ pub fn group_norm(
     if !Tensor::needs_graph(&inputs) {
         return Ok(y);
     }
-    let f = GroupNormBackward {
+    let f = ChannelNormBackward {
+        kind: ChannelNorm::Group { groups: num_groups },
         x: SavedTensor::new(&xc),
         mean: SavedTensor::new(&mean),
         rstd: SavedTensor::new(&rstd),
         weight: wt.as_ref().map(SavedTensor::new),
         has_bias: bt.is_some(),
-        groups: num_groups,
         ncs: [n, c, s],
         need: [
             x.requires_grad(),
