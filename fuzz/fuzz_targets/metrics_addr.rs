@@ -1,6 +1,6 @@
 //! `--metrics-addr` and `ferrite monitor`'s target: any text parses or is a typed error; what
 //! parses prints to a form that parses back to it. The CI counterpart is the proptest in
-//! `crates/ferrite-cli/src/observe/metrics_addr.rs`.
+//! `crates/ferrite-train/src/observe/metrics_addr.rs`.
 #![no_main]
 
 use ferrite_train::observe::metrics_addr::{parse_listen_addr, parse_target};

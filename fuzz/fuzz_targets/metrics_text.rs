@@ -1,6 +1,6 @@
 //! What `ferrite monitor` reads from a `/metrics` endpoint, which may be any server: any text is
 //! samples or a typed error with a line number. The CI counterpart is the proptest in
-//! `crates/ferrite-cli/src/observe/metrics_text.rs`.
+//! `crates/ferrite-train/src/observe/metrics_text.rs`.
 #![no_main]
 
 use ferrite_train::observe::metrics_text::parse_metrics_text;

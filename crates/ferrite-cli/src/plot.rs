@@ -196,7 +196,7 @@ pub fn memory_timeline_png(timelines: &[DeviceTimeline]) -> Result<Vec<u8>, Plot
     draw_panels(&BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area(), timelines)?;
     let mut png = Vec::new();
     image::codecs::png::PngEncoder::new(&mut png)
-        .write_image(&pixels, w, h, image::ColorType::Rgb8)
+        .write_image(&pixels, w, h, image::ExtendedColorType::Rgb8)
         .map_err(|e| PlotError::Encode(e.to_string()))?;
     Ok(png)
 }

@@ -61,7 +61,7 @@ fn text_output_names_the_peak_and_the_breakdown() {
     assert!(ok, "{err}");
     assert!(out.contains("124439808 parameters"), "{out}");
     assert!(out.contains("FITS") && out.contains("optimizer state") && out.contains("peak at:"), "{out}");
-    assert!(out.contains("layers.11"), "{out}");
+    assert!(out.contains("transformer.h.11"), "{out}");
 }
 
 #[test]

@@ -14,6 +14,7 @@ use crate::dataset::Dataset;
 use crate::error::{BoxError, DataError};
 use crate::examples::TextExample;
 use crate::file_bytes::read_maybe_gz;
+use crate::text_files::read_text_source;
 
 /// Where Debian's `jargon-text` package installs the Jargon File.
 pub const JARGON_PATH: &str = "/usr/share/doc/jargon-text/jargon.txt.gz";
@@ -36,6 +37,13 @@ impl CharText {
         let bytes = read_maybe_gz(path)?;
         let text = String::from_utf8(bytes)
             .map_err(|e| DataError::NotUtf8 { path: path.to_path_buf(), offset: e.utf8_error().valid_up_to() })?;
+        CharText::from_text(&path.display().to_string(), &text, seq_len)
+    }
+
+    /// Read `path`: a text file (UTF-8, optionally gzipped), or a folder whose `.txt` files are
+    /// joined in name order with a newline between them (see [`read_text_source`]).
+    pub fn from_path(path: &Path, seq_len: usize) -> Result<CharText, DataError> {
+        let (text, _) = read_text_source(path)?;
         CharText::from_text(&path.display().to_string(), &text, seq_len)
     }
 

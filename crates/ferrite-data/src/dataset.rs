@@ -44,7 +44,7 @@ pub trait Dataset: Send + Sync + 'static {
     }
 }
 
-impl<D: Dataset> Dataset for Arc<D> {
+impl<D: Dataset + ?Sized> Dataset for Arc<D> {
     type Sample = D::Sample;
 
     fn len(&self) -> usize {

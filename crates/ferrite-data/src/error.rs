@@ -123,6 +123,58 @@ pub enum DataError {
         "{path} has {chars} characters, fewer than one sequence of {needed} (seq_len + 1); use a shorter seq_len or a longer text"
     )]
     TextTooShort { path: PathBuf, chars: usize, needed: usize },
+    /// An image folder without class subfolders.
+    #[error(
+        "{path} has no class subfolders; an image folder holds one subfolder per class (e.g. {path}/cat/1.png, {path}/dog/2.png), or train/ and val/ folders laid out that way"
+    )]
+    NoClasses { path: PathBuf },
+    /// An image folder with a single class: nothing to tell apart.
+    #[error(
+        "{path} has only one class subfolder (`{class}`); a classifier needs at least two classes, one subfolder each"
+    )]
+    OneClass { path: PathBuf, class: String },
+    /// A class subfolder (or a whole split) without any image file.
+    #[error("{path} holds no image files (.png, .jpg, .jpeg, .bmp){}", class.as_ref().map(|c| format!(" for class `{c}`")).unwrap_or_default())]
+    NoImages { path: PathBuf, class: Option<String> },
+    /// A validation/test split with a class the training split does not have.
+    #[error(
+        "{path} is class `{class}`, which the training folder {train} does not have; the splits must share their class subfolders"
+    )]
+    UnknownSplitClass { path: PathBuf, class: String, train: PathBuf },
+    /// An image file that cannot be decoded.
+    #[error("{path} is not a readable image: {reason} (pass --skip-bad-files to skip such files)")]
+    CorruptImage { path: PathBuf, reason: String },
+    /// Images of different sizes and no size to resize them to.
+    #[error(
+        "images differ in size: {first} is {}x{} but {other} is {}x{}; resize them all with --image-size N",
+        first_size.0, first_size.1, other_size.0, other_size.1
+    )]
+    MixedImageSizes { first: PathBuf, first_size: (u32, u32), other: PathBuf, other_size: (u32, u32) },
+    /// A CSV file the parser rejects (unequal row lengths, bad quoting, not UTF-8).
+    #[error("{path}, line {line}: {reason}")]
+    MalformedCsv { path: PathBuf, line: u64, reason: String },
+    /// A CSV with a header and no data rows.
+    #[error("{path} has a header but no data rows")]
+    EmptyCsv { path: PathBuf },
+    /// A CSV feature that is not a number.
+    #[error(
+        "{path}, line {line}, column `{column}` (column {column_number}): `{value}` is not a finite number; every column but the target must be numeric"
+    )]
+    NonNumericFeature { path: PathBuf, line: u64, column: String, column_number: usize, value: String },
+    /// The `--target` column is not in the CSV header.
+    #[error("{path} has no column `{column}`; its columns are: {}", available.join(", "))]
+    MissingColumn { path: PathBuf, column: String, available: Vec<String> },
+    /// A target column whose values are not classes (fractional numbers, or empty).
+    #[error(
+        "{path}, line {line}, target column `{column}`: `{value}` is not a class; classification needs integer or text labels (regression is not supported)"
+    )]
+    NotAClass { path: PathBuf, line: u64, column: String, value: String },
+    /// A target column with a single class.
+    #[error("target column `{column}` of {path} holds only one class (`{class}`); a classifier needs at least two")]
+    OneTargetClass { path: PathBuf, column: String, class: String },
+    /// A folder given as a text corpus without any `.txt` file.
+    #[error("{path} holds no .txt files; give a text file, or a folder of .txt files")]
+    NoTextFiles { path: PathBuf },
     /// An unknown built-in dataset name.
     #[error("unknown dataset `{0}`; available: digits, fashion-mnist")]
     UnknownDataset(String),

@@ -1,5 +1,6 @@
-//! Labelled single-channel images held in memory as bytes — the shape of digits and
-//! Fashion-MNIST — served as normalised `f32` pixels ready to become tensors.
+//! Labelled images held in memory as bytes — digits, Fashion-MNIST, a user's image folder —
+//! served as normalised `f32` pixels ready to become tensors, optionally augmented.
+
 //!
 //! Pixels stay `u8` in memory (Fashion-MNIST's 60,000 training images are 47 MB as bytes, 188 MB
 //! as `f32`) and are converted per sample, in the workers.
@@ -8,6 +9,7 @@ use std::sync::Arc;
 
 use ferrite_tensor::Generator;
 
+use crate::augment::Augment;
 use crate::batch_collate::ImageCollate;
 use crate::dataset::Dataset;
 use crate::error::{BoxError, DataError};
@@ -40,17 +42,38 @@ pub struct ImageClassification {
     name: String,
     split: Split,
     images: Arc<Vec<u8>>,
-    labels: Arc<Vec<u8>>,
+    labels: Arc<Vec<u32>>,
+    channels: usize,
     height: usize,
     width: usize,
     max_value: u8,
-    class_names: &'static [&'static str],
+    class_names: Arc<Vec<String>>,
     normalization: Normalization,
+    augment: Option<Augment>,
+}
+
+/// Everything an [`ImageClassification`] is made of, for datasets whose class names and channel
+/// count are only known at run time (an image folder); see [`ImageClassification::from_parts`].
+#[derive(Debug, Clone)]
+pub struct ImageParts {
+    pub name: String,
+    pub split: Split,
+    /// `n * channels * height * width` bytes, each image channel-major (`[c, h, w]`).
+    pub images: Vec<u8>,
+    /// `n` class indices below `class_names.len()`.
+    pub labels: Vec<u32>,
+    /// `[channels, height, width]` of one image.
+    pub shape: [usize; 3],
+    /// Largest raw pixel value (the value that scales to 1.0).
+    pub max_value: u8,
+    pub class_names: Vec<String>,
+    pub normalization: Normalization,
 }
 
 impl ImageClassification {
-    /// Build from raw pixels (`n * height * width` bytes, values `0..=max_value`) and labels
-    /// (`n` values below `class_names.len()`). Inconsistent inputs are errors.
+    /// Build from raw single-channel pixels (`n * height * width` bytes, values
+    /// `0..=max_value`) and labels (`n` values below `class_names.len()`). Inconsistent inputs
+    /// are errors.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         name: &str,
@@ -63,10 +86,27 @@ impl ImageClassification {
         class_names: &'static [&'static str],
         normalization: Normalization,
     ) -> Result<ImageClassification, DataError> {
-        let per_image = height * width;
+        ImageClassification::from_parts(ImageParts {
+            name: name.to_string(),
+            split,
+            images,
+            labels: labels.into_iter().map(u32::from).collect(),
+            shape: [1, height, width],
+            max_value,
+            class_names: class_names.iter().map(|c| c.to_string()).collect(),
+            normalization,
+        })
+    }
+
+    /// Build from [`ImageParts`] (any number of channels, class names owned). Inconsistent
+    /// inputs are errors.
+    pub fn from_parts(parts: ImageParts) -> Result<ImageClassification, DataError> {
+        let ImageParts { name, split, images, labels, shape, max_value, class_names, normalization } = parts;
+        let [channels, height, width] = shape;
+        let per_image = channels * height * width;
         if per_image == 0 || !images.len().is_multiple_of(per_image) {
             return Err(DataError::InvalidConfig(format!(
-                "{name}: {} pixel bytes do not divide into {height}x{width} images",
+                "{name}: {} pixel bytes do not divide into {channels}x{height}x{width} images",
                 images.len()
             )));
         }
@@ -74,7 +114,7 @@ impl ImageClassification {
         if n != labels.len() {
             return Err(DataError::LengthMismatch { dataset: name.to_string(), images: n, labels: labels.len() });
         }
-        if let Some((index, &label)) = labels.iter().enumerate().find(|(_, l)| usize::from(**l) >= class_names.len()) {
+        if let Some((index, &label)) = labels.iter().enumerate().find(|(_, l)| **l as usize >= class_names.len()) {
             return Err(DataError::BadLabel {
                 dataset: name.to_string(),
                 index,
@@ -88,15 +128,17 @@ impl ImageClassification {
             )));
         }
         Ok(ImageClassification {
-            name: name.to_string(),
+            name,
             split,
             images: Arc::new(images),
             labels: Arc::new(labels),
+            channels,
             height,
             width,
             max_value,
-            class_names,
+            class_names: Arc::new(class_names),
             normalization,
+            augment: None,
         })
     }
 
@@ -108,22 +150,23 @@ impl ImageClassification {
         self.split
     }
 
-    /// `[channels, height, width]` of one sample (channels is always 1 here).
+    /// `[channels, height, width]` of one sample.
     pub fn sample_shape(&self) -> [usize; 3] {
-        [1, self.height, self.width]
+        [self.channels, self.height, self.width]
     }
 
-    /// Values per sample (`height * width`), the input size of an MLP.
+    /// Values per sample (`channels * height * width`), the input size of an MLP.
     pub fn num_features(&self) -> usize {
-        self.height * self.width
+        self.channels * self.height * self.width
     }
 
     pub fn num_classes(&self) -> usize {
         self.class_names.len()
     }
 
-    pub fn class_names(&self) -> &'static [&'static str] {
-        self.class_names
+    /// Class names; a label is an index into this list.
+    pub fn class_names(&self) -> &[String] {
+        &self.class_names
     }
 
     /// Largest raw pixel value (16 for digits, 255 for Fashion-MNIST).
@@ -148,12 +191,45 @@ impl ImageClassification {
     }
 
     pub fn label(&self, index: usize) -> Option<usize> {
-        self.labels.get(index).map(|&l| usize::from(l))
+        self.labels.get(index).map(|&l| l as usize)
     }
 
     /// Labels of all samples, in order.
-    pub fn labels(&self) -> &[u8] {
+    pub fn labels(&self) -> &[u32] {
         &self.labels
+    }
+
+    /// The samples at `indices`, in that order, as a dataset of `split` (how a held-out share is
+    /// cut out of one folder). An index out of range is an error.
+    pub fn select(&self, indices: &[usize], split: Split) -> Result<ImageClassification, DataError> {
+        let n = self.num_features();
+        let len = self.labels.len();
+        let mut images = Vec::with_capacity(indices.len() * n);
+        let mut labels = Vec::with_capacity(indices.len());
+        for &i in indices {
+            if i >= len {
+                return Err(DataError::IndexOutOfRange { index: i, len });
+            }
+            images.extend_from_slice(&self.images[i * n..(i + 1) * n]);
+            labels.push(self.labels[i]);
+        }
+        let mut out = self.clone();
+        out.split = split;
+        out.images = Arc::new(images);
+        out.labels = Arc::new(labels);
+        Ok(out)
+    }
+
+    /// The same data, each sample randomly cropped and flipped by `augment` when it is loaded
+    /// (drawn from the sample's own generator: reproducible for any number of workers).
+    pub fn with_augment(mut self, augment: Augment) -> ImageClassification {
+        self.augment = Some(augment);
+        self
+    }
+
+    /// The augmentation `get` applies, if any.
+    pub fn augment(&self) -> Option<Augment> {
+        self.augment
     }
 
     /// Only the first `n` samples (or all, if fewer) — quick runs on a slice of the data.
@@ -174,7 +250,7 @@ impl ImageClassification {
         DataLoader::builder(self).batch_size(batch_size).collate(ImageCollate::new(shape))
     }
 
-    /// A loader builder over this dataset whose batches are tensors: `(f32 [n, 1, h, w],
+    /// A loader builder over this dataset whose batches are tensors: `(f32 [n, c, h, w],
     /// i64 [n])` on `cpu` — add `.stage_to(device)` to receive them on the training device.
     pub fn tensor_loader(self, batch_size: usize) -> DataLoaderBuilder<ImageClassification, Tensors<ImageCollate>> {
         let shape = self.sample_shape();
@@ -203,15 +279,19 @@ impl Dataset for ImageClassification {
         self.labels.len()
     }
 
-    fn get(&self, index: usize, _rng: &mut Generator) -> Result<ImageExample, BoxError> {
+    fn get(&self, index: usize, rng: &mut Generator) -> Result<ImageExample, BoxError> {
         let raw = self
             .raw_image(index)
             .ok_or_else(|| format!("{}: index {index} out of range for {} samples", self.name, self.labels.len()))?;
         let Normalization { mean, std } = self.normalization;
         let scale = 1.0 / (f32::from(self.max_value) * std);
         let shift = mean / std;
-        let pixels = raw.iter().map(|&p| f32::from(p) * scale - shift).collect();
-        Ok(ImageExample { pixels, label: usize::from(self.labels[index]) })
+        let normalise = |p: &u8| f32::from(*p) * scale - shift;
+        let pixels = match &self.augment {
+            Some(a) => a.apply(raw, self.sample_shape(), rng).iter().map(normalise).collect(),
+            None => raw.iter().map(normalise).collect(),
+        };
+        Ok(ImageExample { pixels, label: self.labels[index] as usize })
     }
 }
 

@@ -21,11 +21,19 @@
 //! [`digits`], [`fashion_mnist`] (read with [`idx`]), [`char_text`] (and [`text_streams`] for
 //! truncated BPTT), with [`builtin`] as the entry
 //! point for the CLI.
+//!
+//! A user's own data: [`image_folder`] (torchvision's `ImageFolder` layout, decoded with the
+//! `image` crate), [`csv_table`] (a CSV file as a [`tabular`] classification table),
+//! [`text_files`] (a text file or a folder of `.txt` files), the [`stratified_split`] both
+//! classification sources hold out validation with, and [`augment`] (random crop and flip,
+//! drawn from the sample's generator).
 
+pub mod augment;
 pub mod batch_collate;
 pub mod builtin;
 pub mod char_text;
 pub mod collate;
+pub mod csv_table;
 pub mod dataset;
 pub mod digits;
 pub mod distributed_sampler;
@@ -36,25 +44,32 @@ mod fetch;
 pub mod file_bytes;
 pub mod idx;
 pub mod image_classification;
+pub mod image_folder;
 pub mod iterable_loader;
 pub mod loader;
 pub mod loader_builder;
 pub mod sampler;
 pub mod seeding;
 pub mod staging;
+pub mod stratified_split;
+pub mod tabular;
 pub mod tensor_collate;
+pub mod text_files;
 pub mod text_streams;
 mod worker_pool;
 
+pub use augment::Augment;
 pub use batch_collate::{ImageCollate, TextCollate};
 pub use builtin::{DatasetKind, Splits, builtin_dataset};
 pub use char_text::CharText;
 pub use collate::{Collate, VecCollate, collate_fn};
+pub use csv_table::{CsvOptions, CsvTable, load_csv};
 pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo, worker_info};
 pub use distributed_sampler::DistributedSampler;
 pub use error::{BoxError, DataError, Origin};
 pub use examples::{ImageBatch, ImageExample, TextBatch, TextExample};
-pub use image_classification::{ImageClassification, Normalization, Split};
+pub use image_classification::{ImageClassification, ImageParts, Normalization, Split};
+pub use image_folder::{FolderLayout, ImageFolder, ImageFolderOptions, SkippedFile, load_image_folder};
 pub use iterable_loader::{IterableEpoch, IterableLoader, IterableLoaderBuilder};
 pub use loader::{DataLoader, DataLoaderBuilder, Epoch};
 pub use loader_builder::LoaderBuilder;
@@ -63,7 +78,10 @@ pub use sampler::{
 };
 pub use seeding::{EpochSeed, Stream};
 pub use staging::ToDevice;
+pub use stratified_split::{SplitIndices, stratified_split};
+pub use tabular::{Standardization, TabularClassification};
 pub use tensor_collate::{IntoTensors, StackCollate, Stackable, Tensors};
+pub use text_files::read_text_source;
 pub use text_streams::TextStreams;
 
 /// The generator type datasets receive, and the tensor type batches are made of (re-exported

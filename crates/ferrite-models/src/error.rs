@@ -10,6 +10,23 @@ pub enum ModelError {
     /// model needs; `path` names the file, `problem` the key and the value.
     #[error("{path}: {problem}")]
     Config { path: String, problem: String },
+    /// A number in a model description beyond what ferrite builds (see `limits.rs`): `key`
+    /// names it (or the keys a parameter count comes from), `figure` is what was asked for.
+    #[error(
+        "{path}: `{key}` asks for {figure}, beyond the limit of {limit}; no real model comes near it — check the number"
+    )]
+    ConfigLimit { path: String, key: String, figure: String, limit: String },
+    /// A Hugging Face model folder that is not complete or not consistent (no `config.json`, no
+    /// weights, an index naming a missing shard); `path` names the file or folder.
+    #[error("{path}: {problem}")]
+    HfFolder { path: String, problem: String },
+    /// A weight file that cannot be read or written (truncated, corrupt, unsupported), named.
+    #[error("{path}: {source}")]
+    WeightFile {
+        path: String,
+        #[source]
+        source: Box<ferrite_io::IoError>,
+    },
     /// A model setting that cannot work (a sequence longer than the learned positions, heads that
     /// do not divide the width).
     #[error("invalid {what}: {reason}")]

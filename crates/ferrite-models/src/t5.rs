@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use ferrite_nn::mark_layer;
 
 use crate::ModelError;
+use crate::limits::{MAX_SIZE, check_parameters, check_size, limit_of, n};
 
 /// The activation of T5's feed-forward (`feed_forward_proj`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -92,11 +93,13 @@ impl T5Config {
                 None | Some(Value::Null) => {
                     default.ok_or_else(|| err(format!("missing key `{key}` (a T5 config needs it)")))
                 }
-                Some(x) => x
-                    .as_u64()
-                    .filter(|n| *n >= 1)
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| err(format!("key `{key}` must be a positive integer, found {x}"))),
+                Some(x) => {
+                    let v = x
+                        .as_u64()
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| err(format!("key `{key}` must be a positive integer, found {x}")))?;
+                    check_size(origin, key, v, limit_of(key))
+                }
             }
         };
         let num_layers = int("num_layers", None)?;
@@ -135,7 +138,7 @@ impl T5Config {
                 .filter(|f| f.is_finite() && *f > 0.0)
                 .ok_or_else(|| err(format!("key `layer_norm_epsilon` must be a positive number, found {x}")))?,
         };
-        Ok(T5Config {
+        let c = T5Config {
             model_type: obj.get("model_type").and_then(Value::as_str).unwrap_or("t5").to_string(),
             vocab_size: int("vocab_size", None)?,
             d_model: int("d_model", None)?,
@@ -149,20 +152,55 @@ impl T5Config {
             feed_forward,
             tie_word_embeddings,
             layer_norm_epsilon,
-        })
+        };
+        c.check(origin)?;
+        Ok(c)
     }
 
-    /// Parameters of the model, from the shapes (the built model is checked against it).
-    pub fn num_parameters(&self) -> u64 {
-        let (v, d, f) = (self.vocab_size as u64, self.d_model as u64, self.d_ff as u64);
-        let inner = (self.num_heads * self.d_kv) as u64;
-        let attn = 4 * d * inner;
-        let ff = if self.feed_forward.gated() { 3 * d * f } else { 2 * d * f };
-        let bias = (self.relative_attention_num_buckets * self.num_heads) as u64;
-        let encoder = self.num_layers as u64 * (attn + ff + 2 * d) + bias + d;
-        let decoder = self.num_decoder_layers as u64 * (2 * attn + ff + 3 * d) + bias + d;
-        let head = if self.tie_word_embeddings { 0 } else { v * d };
-        v * d + encoder + decoder + head
+    /// Every size within `limits.rs` and the parameter count within
+    /// [`MAX_PARAMETERS`](crate::limits::MAX_PARAMETERS), computed with checked arithmetic;
+    /// returns the count. [`T5Config::from_json`] and [`T5Model::new`] call it.
+    pub fn check(&self, origin: &str) -> Result<u64, ModelError> {
+        let sizes = [
+            ("num_layers", self.num_layers),
+            ("num_decoder_layers", self.num_decoder_layers),
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("d_kv", self.d_kv),
+            ("d_ff", self.d_ff),
+            ("num_heads", self.num_heads),
+            ("relative_attention_num_buckets", self.relative_attention_num_buckets),
+            ("relative_attention_max_distance", self.relative_attention_max_distance),
+        ];
+        for (key, v) in sizes {
+            check_size(origin, key, v as u64, limit_of(key))?;
+            if v == 0 {
+                return Err(ModelError::Config {
+                    path: origin.into(),
+                    problem: format!("`{key}` is 0; it must be a positive integer"),
+                });
+            }
+        }
+        check_size(origin, "num_heads × d_kv", (n(self.num_heads) * n(self.d_kv)).0.unwrap_or(u64::MAX), MAX_SIZE)?;
+        check_parameters(
+            origin,
+            self.num_parameters(),
+            "vocab_size, d_model, d_ff, num_layers, num_decoder_layers (the parameter count)",
+        )
+    }
+
+    /// Parameters of the model, from the shapes (the built model is checked against it); `None`
+    /// when the count overflows `u64`.
+    pub fn num_parameters(&self) -> Option<u64> {
+        let (v, d, f) = (n(self.vocab_size), n(self.d_model), n(self.d_ff));
+        let inner = n(self.num_heads) * n(self.d_kv);
+        let attn = n(4) * d * inner;
+        let ff = if self.feed_forward.gated() { n(3) * d * f } else { n(2) * d * f };
+        let bias = n(self.relative_attention_num_buckets) * n(self.num_heads);
+        let encoder = n(self.num_layers) * (attn + ff + n(2) * d) + bias + d;
+        let decoder = n(self.num_decoder_layers) * (n(2) * attn + ff + n(3) * d) + bias + d;
+        let head = if self.tie_word_embeddings { n(0) } else { v * d };
+        (v * d + encoder + decoder + head).0
     }
 }
 
@@ -194,7 +232,9 @@ pub fn relative_position_bucket(relative: i64, bidirectional: bool, num_buckets:
 
 impl T5Model {
     /// The model on `device` (initialised; values do not matter on `meta`).
+    /// The config is checked first ([`T5Config::check`]).
     pub fn new(c: &T5Config, device: &Device, checkpoint_activations: bool) -> Result<T5Model, ModelError> {
+        c.check("the model's configuration")?;
         let mut g = Generator::new(0);
         let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
         let norm = || RMSNorm::with_config(&[d], Some(c.layer_norm_epsilon), true, device);
@@ -313,8 +353,14 @@ impl T5Attention {
         let (buckets, mask) = if matches!(device, Device::Meta) {
             (Tensor::zeros(&[len, len], DType::I64, device)?, Tensor::zeros(&[len, len], DType::F32, device)?)
         } else {
-            let mut ids = Vec::with_capacity(len * len);
-            let mut mask = Vec::with_capacity(len * len);
+            let cells = len.saturating_mul(len);
+            let (mut ids, mut mask) = (Vec::new(), Vec::new());
+            if ids.try_reserve_exact(cells).is_err() || mask.try_reserve_exact(cells).is_err() {
+                return Err(ferrite_nn::NnError::InvalidConfig {
+                    layer: "T5Attention",
+                    detail: format!("no host memory for the {len}×{len} position bias of a {len}-token sequence"),
+                });
+            }
             for q in 0..len as i64 {
                 for k in 0..len as i64 {
                     ids.push(relative_position_bucket(k - q, !decoder, num_buckets, max_distance) as i64);
@@ -659,6 +705,26 @@ mod tests {
             assert!(b >= last && b < 32);
             last = b;
         }
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused() {
+        let base = r#"{"model_type": "t5", "d_model": 8, "d_kv": 4, "d_ff": 16, "num_heads": 2, "num_layers": 1, "vocab_size": 10}"#;
+        let e = |from: &str, to: &str| T5Config::from_json(&base.replace(from, to), "config.json").unwrap_err();
+        let err = e(r#""num_layers": 1"#, r#""num_layers": 1073741824"#);
+        assert!(matches!(err, ModelError::ConfigLimit { .. }), "{err}");
+        assert!(err.to_string().contains("num_layers") && err.to_string().contains("1073741824"), "{err}");
+        let err = e(r#""d_model": 8"#, r#""d_model": 1099511627776"#);
+        assert!(err.to_string().contains("d_model") && err.to_string().contains("1099511627776"), "{err}");
+        let huge = base
+            .replace(r#""d_ff": 16"#, r#""d_ff": 2000000000"#)
+            .replace(r#""d_model": 8"#, r#""d_model": 2000000000"#);
+        let err = T5Config::from_json(&huge, "config.json").unwrap_err();
+        assert!(matches!(&err, ModelError::ConfigLimit { figure, .. } if figure.contains("parameters")), "{err}");
+        let mut c = T5Config::from_json(base, "c").unwrap();
+        c.num_decoder_layers = usize::MAX;
+        assert_eq!(c.num_parameters(), None);
+        assert!(matches!(T5Model::new(&c, &Device::Meta, false), Err(ModelError::ConfigLimit { .. })));
     }
 
     #[test]

@@ -14,7 +14,7 @@ fn data(name: &str) -> PathBuf {
 
 fn built_count(file: &str) -> (u64, u64) {
     let cfg = HfConfig::from_file(&data(file)).unwrap();
-    let analytic = cfg.num_parameters();
+    let analytic = cfg.num_parameters().unwrap();
     let model = HfDecoder::new(cfg, 16).unwrap().build_model(&Device::Meta, false).unwrap();
     let built: u64 = model.parameters().iter().map(|p| p.numel() as u64).sum();
     (built, analytic)
@@ -53,6 +53,24 @@ fn bad_configs_name_the_key() {
     assert!(e("{").contains("not valid JSON"));
     let missing = HfConfig::from_file(&data("no-such-config.json")).unwrap_err().to_string();
     assert!(missing.contains("no-such-config.json") && missing.contains("cannot read"), "{missing}");
+}
+
+#[test]
+fn an_absurd_config_is_a_typed_error_not_an_abort() {
+    // Issue 33: 2^30 layers of width 2^40 aborted the process sizing the list of blocks.
+    let path = std::env::temp_dir().join(format!("ferrite-absurd-config-{}.json", std::process::id()));
+    std::fs::write(
+        &path,
+        r#"{"model_type": "llama", "hidden_size": 1099511627776, "num_hidden_layers": 1073741824, "num_attention_heads": 8, "intermediate_size": 64, "vocab_size": 100}"#,
+    )
+    .unwrap();
+    let e = ferrite_plan::hf_workload(&path, 16).err().expect("refused").to_string();
+    let _ = std::fs::remove_file(&path);
+    assert!(e.contains("hidden_size") && e.contains("1099511627776"), "{e}");
+    let mut cfg = HfConfig::from_file(&data("tiny-gpt2.json")).unwrap();
+    cfg.num_layers = 1 << 30;
+    let e = HfDecoder::new(cfg, 16).unwrap().build_model(&Device::Meta, false).unwrap_err().to_string();
+    assert!(e.contains("num_hidden_layers") && e.contains("1073741824"), "{e}");
 }
 
 fn within(pred: u64, meas: u64, tol: f64) -> bool {

@@ -33,7 +33,7 @@ fn the_breakdown_adds_up_to_the_peak_and_the_json_has_the_keys() {
     assert_eq!(j["parameters"], p.parameters);
     assert!(p.peak_at.is_some());
     let layers: Vec<&str> = p.activations_by_layer.iter().map(|l| l.layer.as_str()).collect();
-    assert!(layers.contains(&"layers.0") && layers.contains(&"layers.1"), "{layers:?}");
+    assert!(layers.contains(&"model.layers.0") && layers.contains(&"model.layers.1"), "{layers:?}");
 }
 
 #[test]

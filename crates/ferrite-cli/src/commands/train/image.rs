@@ -1,12 +1,12 @@
-//! Image classification: the MLP and the CNN on digits or Fashion-MNIST, with test accuracy and
-//! the allocator's figures after every epoch.
+//! Image classification: the MLP and the CNN on digits, Fashion-MNIST or the user's own data (an
+//! image folder, or a CSV table for the MLP; see [`image_data`](super::image_data)), with test
+//! accuracy and the allocator's figures after every epoch.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
-use ferrite_data::{
-    DataLoader, Dataset, DatasetKind, DistributedSampler, ImageClassification, ImageCollate, Tensors, builtin_dataset,
-};
+use ferrite_data::{DataLoader, DistributedSampler, ImageCollate, Tensors};
 use ferrite_memory::{allocator, format_size};
 use ferrite_models::{CnnSpec, MlpSpec, build_cnn, build_mlp};
 use ferrite_nn::{CrossEntropyLoss, Module, RngHandle, inference};
@@ -15,31 +15,30 @@ use ferrite_tensor::{Device, Generator, Tensor};
 use ferrite_train::distributed::{Distributed, EvalShare};
 use ferrite_train::{Metrics, StepOutput, seconds, start_observer};
 
+use super::image_data::{self, ImageData, Samples};
 use super::settings::{describe_settings, run_settings, trainer_for};
 use super::{During, Hint, ModelKind, TrainArgs, TrainError};
 
-type ImageLoader = DataLoader<ImageClassification, Tensors<ImageCollate>>;
+type ImageLoader = DataLoader<Samples, Tensors<ImageCollate>>;
 
-/// Trains `args.model` (an image model) on `kind`.
-pub fn train(
-    args: &TrainArgs,
-    kind: DatasetKind,
-    device: &Device,
-    dist: Option<&Distributed>,
-) -> Result<(), TrainError> {
-    let epochs = args.epochs.unwrap_or(match kind {
-        DatasetKind::Digits => 20,
-        DatasetKind::FashionMnist => 5,
-    });
-
+/// Trains `args.model` (an image model) on the data the flags name (`--dataset` or `--data`).
+pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> Result<(), TrainError> {
     // ---- data
-    let splits = builtin_dataset(kind)?;
-    let train_set = match args.train_subset {
-        Some(n) => splits.train.take(n),
-        None => splits.train,
+    let data = image_data::load(args)?;
+    if data.tabular && args.model != ModelKind::Mlp {
+        return Err(TrainError::InvalidArgument {
+            flag: "model",
+            value: args.model.name().to_string(),
+            expected: "mlp for a CSV table (the CNN needs images)",
+        });
+    }
+    let ImageData { name, train: train_set, test: test_set, sample_shape, classes, notes, metadata, .. } = data;
+    let epochs = args.epochs.unwrap_or(data.default_epochs);
+    let inputs = sample_shape.iter().product::<usize>();
+    let (train_len, test_len) = (train_set.len(), test_set.len());
+    let loader = |set: &Samples, batch: usize| {
+        DataLoader::builder(Arc::clone(set)).batch_size(batch).collate(Tensors(ImageCollate::new(sample_shape)))
     };
-    let (inputs, classes, sample_shape) = (train_set.num_features(), train_set.num_classes(), train_set.sample_shape());
-    let (train_len, test_len) = (Dataset::len(&train_set), Dataset::len(&splits.test));
     let mut seeds = Generator::new(args.seed);
     let loader_seed = seeds.next_u64();
     let sampler = match dist {
@@ -47,7 +46,7 @@ pub fn train(
         None => None,
     };
     let mut train_loader = {
-        let b = train_set.tensor_loader(args.batch_size).seed(loader_seed).num_workers(args.workers);
+        let b = loader(&train_set, args.batch_size).seed(loader_seed).num_workers(args.workers);
         // Distributed: this rank's share, the same permutation on every rank (seeded alike).
         let b = match (dist, &sampler) {
             (Some(_), Some(s)) => b.sampler(s.clone()),
@@ -56,7 +55,7 @@ pub fn train(
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut test_loader = {
-        let b = splits.test.tensor_loader(500).num_workers(args.workers);
+        let b = loader(&test_set, 500).num_workers(args.workers);
         // Distributed: each rank evaluates its share; `evaluate` sums the counts over the ranks.
         let b = match dist {
             Some(d) => b.sampler(EvalShare::new(d.world_size(), d.rank())),
@@ -113,7 +112,10 @@ pub fn train(
         }
         ImageSpec::Cnn(c) => (c.describe().to_lowercase(), c.describe()),
     };
-    println!("ferrite train: {kind} ({train_len} train / {test_len} test), {banner} on {device}");
+    println!("ferrite train: {name} ({train_len} train / {test_len} test), {banner} on {device}");
+    for note in &notes {
+        println!("  {note}");
+    }
     println!(
         "  {} parameters: weights {}, with gradients and AdamW moments {} before activations",
         num_parameters,
@@ -123,7 +125,7 @@ pub fn train(
     println!("  {}", describe_settings(args));
     // Outputs for watching the run (metrics endpoint, JSON lines) start before the model is
     // built, so a port in use or an unwritable file fails the run before any real work.
-    let run = start_observer(&args.observe.settings(), model_name, kind.name(), device)?;
+    let run = start_observer(&args.observe.settings(), model_name, &name, device)?;
     let dropout_rng = RngHandle::new(seeds.next_u64());
     let mut init = Generator::new(seeds.next_u64());
     let too_big = Hint::OutOfMemory(format!(
@@ -139,31 +141,31 @@ pub fn train(
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
     let sync = dist.map(|d| d.sync_for(&*model)).transpose()?;
     let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
-    let specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
-    let mut trainer =
-        trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, kind.name(), specific))
-            .dropout_rng(dropout_rng)
-            .run_observer(run)
-            .rank0(dist.is_none_or(|d| d.rank() == 0))
-            .on_epoch_start(|epoch| {
-                if let Some(s) = &sampler {
-                    s.set_epoch(epoch as u64);
-                }
-            })
-            // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
-            .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
-            .on_epoch(|e| {
-                println!(
-                    "epoch {:>3}/{}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
-                    e.epoch,
-                    e.epochs,
-                    e.mean_loss,
-                    100.0 * e.train_mean("correct").unwrap_or(0.0),
-                    100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
-                    e.memory_line,
-                    seconds(e.elapsed.as_secs_f64()),
-                )
-            });
+    let mut specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
+    specific.extend(data.settings);
+    let mut trainer = trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, &name, specific))
+        .dropout_rng(dropout_rng)
+        .run_observer(run)
+        .rank0(dist.is_none_or(|d| d.rank() == 0))
+        .on_epoch_start(|epoch| {
+            if let Some(s) = &sampler {
+                s.set_epoch(epoch as u64);
+            }
+        })
+        // Evaluation (no graph, batch 500) comes after the memory figures of the training pass.
+        .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, &mut test_loader, dist)?)))
+        .on_epoch(|e| {
+            println!(
+                "epoch {:>3}/{}  loss {:.4}  train acc {:5.2}%  test acc {:5.2}%  | {}  | {}",
+                e.epoch,
+                e.epochs,
+                e.mean_loss,
+                100.0 * e.train_mean("correct").unwrap_or(0.0),
+                100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
+                e.memory_line,
+                seconds(e.elapsed.as_secs_f64()),
+            )
+        });
     if let Some(sync) = sync {
         trainer = trainer.gradient_sync(sync);
     }
@@ -193,10 +195,11 @@ pub fn train(
 
     // ---- results
     let weights =
-        args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{kind}-{}.safetensors", args.model.name())));
+        args.out.clone().unwrap_or_else(|| PathBuf::from(format!("ferrite-{name}-{}.safetensors", args.model.name())));
     let sd = model.state_dict();
     if dist.is_none_or(|d| d.rank() == 0) {
-        ferrite_io::save_state_dict(&weights, sd.iter())?;
+        // Own data: the class names and the input normalisation travel with the weights.
+        ferrite_io::save_state_dict_with_metadata(&weights, sd.iter(), &metadata)?;
     }
     let run_epochs = epochs.saturating_sub(first_epoch);
     println!(

@@ -134,7 +134,7 @@ impl TrainStep<LanguageModel, (Tensor, Tensor)> for ChunkStep {
     }
 }
 
-/// Trains `args.model` (a language model) on the text `args.dataset` names; with `dist`, as one
+/// Trains `args.model` (a language model) on the text `args.data` or `args.dataset` names; with `dist`, as one
 /// rank reading its [`StreamShare`] of the streams.
 pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> Result<(), TrainError> {
     let epochs = args.epochs.unwrap_or(1);
@@ -310,8 +310,12 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     Ok(())
 }
 
-/// The text `--dataset` names (`jargon` by default, or a file) and the name to report it by.
+/// The text `--data` or `--dataset` names (`jargon` by default, a file, or with `--data` a folder
+/// of .txt files) and the name to report it by.
 fn load_text(args: &TrainArgs) -> Result<(CharText, String), TrainError> {
+    if let Some(path) = &args.data {
+        return Ok((CharText::from_path(path, args.shape.seq)?, path.display().to_string()));
+    }
     match args.dataset.as_deref() {
         None | Some("jargon") => Ok((CharText::jargon(args.shape.seq)?, "jargon".to_string())),
         Some(name @ ("digits" | "fashion-mnist")) => Err(TrainError::InvalidArgument {

@@ -9,11 +9,12 @@
 //!
 //! Four model families (`--model`), two tasks:
 //! - image classification ([`image`]): `mlp` and `cnn` (conv-bn-relu-pool blocks) on digits
-//!   (8×8) or Fashion-MNIST (28×28);
+//!   (8×8), Fashion-MNIST (28×28), or the user's own `--data` ([`image_data`]: an image folder,
+//!   or a CSV table for the MLP);
 //! - character-level language modelling ([`language`]): `lstm` (truncated backpropagation through
 //!   time, the hidden state carried across chunks and detached at each boundary) and
 //!   `transformer` (decoder-only, causal attention) on the Jargon File, so the two can be
-//!   compared on one corpus.
+//!   compared on one corpus, or on the user's own `--data` (a text file or a folder of .txt).
 //!
 //! Semantics a user should know:
 //! - `--batch-size` is the micro-batch (what is in memory at once); with `--accum-steps k` the
@@ -27,6 +28,7 @@
 
 mod data_parallel;
 mod image;
+mod image_data;
 mod language;
 mod plan_context;
 mod run;
@@ -53,6 +55,33 @@ pub struct TrainArgs {
     /// not) for the language models. Default: digits, or jargon for a language model.
     #[arg(long)]
     pub dataset: Option<String>,
+    /// Your own data instead of a built-in dataset. For `mlp` and `cnn`: a folder of images in
+    /// torchvision's ImageFolder layout (one subfolder per class; PNG, JPEG or BMP), its
+    /// `train/` and `val/` (or `test/`) subfolders as the splits if it has them; for `mlp`, a CSV
+    /// file with a header row and --target. For `lstm` and `transformer`: a UTF-8 text file, or a
+    /// folder whose .txt files are joined in name order.
+    #[arg(long, conflicts_with = "dataset")]
+    pub data: Option<PathBuf>,
+    /// The column of the --data CSV file holding each row's class (integers or text); every other
+    /// column is a numeric feature, standardised with the training split's mean and std.
+    #[arg(long, requires = "data")]
+    pub target: Option<String>,
+    /// Resize every image of --data to N×N pixels. Without it all images must share one size.
+    #[arg(long, requires = "data")]
+    pub image_size: Option<u32>,
+    /// Share of each class of --data held out (seeded by --seed) to measure the test accuracy,
+    /// when the folder has no train/ and val/ (or test/) subfolders, and for a CSV file.
+    #[arg(long, default_value_t = 0.1)]
+    pub val_split: f64,
+    /// Augment the training images: a random crop with zero padding (an eighth of the side, 4 px
+    /// for 28×28) and a random horizontal flip, drawn per sample so the run is the same for any
+    /// --workers.
+    #[arg(long)]
+    pub augment: bool,
+    /// Skip unreadable or corrupt images in --data (their number is printed) instead of stopping
+    /// at the first.
+    #[arg(long, requires = "data")]
+    pub skip_bad_files: bool,
     /// Device to train on: `cpu`, a simulated GPU such as `sim:t4-16gb`, `sim:a100-40gb`,
     /// `sim:1GiB` (see `ferrite memory gpus`), or a real GPU `gpu:0` (see `ferrite devices`).
     #[arg(long, default_value = "cpu")]
@@ -157,6 +186,12 @@ impl TrainArgs {
         TrainArgs {
             model: ModelKind::Mlp,
             dataset: None,
+            data: None,
+            target: None,
+            image_size: None,
+            val_split: 0.1,
+            augment: false,
+            skip_bad_files: false,
             device: "cpu".into(),
             batch_size: 64,
             accum_steps: 1,

@@ -4,7 +4,6 @@
 //!
 //! Why apart from `mod.rs`: the flags (`TrainArgs`) are read by every run mode, and the dispatch
 //! calls every run mode — in one file they would import each other.
-use ferrite_data::DatasetKind;
 use ferrite_memory::allocator;
 use ferrite_tensor::Device;
 use ferrite_train::distributed;
@@ -27,10 +26,77 @@ fn resolve_batch_size(args: &TrainArgs) -> Result<Option<TrainArgs>, TrainError>
 }
 
 pub fn run(args: TrainArgs) -> CliResult {
+    check_own_data(&args)?;
     let args = resolve_batch_size(&args)?.unwrap_or(args);
     // Out of memory: the report's ranked suggestions become the planner's, with the bytes each
     // saves for this model (the fixed rules stay, saying why, where the planner cannot model it).
-    train(&args).map_err(|e| plan_context::with_planned_remedies(e, &args).into())
+    train(&args).map_err(|e| {
+        if own_images(&args) {
+            ferrite_train::planned::with_planned_remedies(e, Err(OWN_IMAGES_UNPLANNED.to_string())).into()
+        } else {
+            plan_context::with_planned_remedies(e, &args).into()
+        }
+    })
+}
+
+/// Why the planner is not asked about a run on `--data` images or tables.
+const OWN_IMAGES_UNPLANNED: &str = "it trains on --data, whose sample shape the planner does not know";
+
+/// Whether an image model trains on the user's own data (`--data`).
+fn own_images(args: &TrainArgs) -> bool {
+    args.data.is_some() && !args.model.is_language_model()
+}
+
+/// The `--data` flags that cannot work together with the rest, refused before anything runs.
+fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
+    check(
+        "val-split",
+        args.val_split > 0.0 && args.val_split < 1.0,
+        args.val_split,
+        "must be between 0 and 1 (exclusive), e.g. 0.1",
+    )?;
+    if let Some(n) = args.image_size {
+        check("image-size", n >= 1, n, "must be at least 1")?;
+    }
+    if args.model.is_language_model() {
+        let image_only = [
+            ("target", args.target.is_some()),
+            ("image-size", args.image_size.is_some()),
+            ("augment", args.augment),
+            ("skip-bad-files", args.skip_bad_files),
+        ];
+        if let Some((flag, _)) = image_only.into_iter().find(|(_, given)| *given) {
+            return Err(TrainError::InvalidArgument {
+                flag,
+                value: args.model.name().to_string(),
+                expected: "an image model (mlp, cnn); a language model reads a text file or a folder of .txt files",
+            });
+        }
+        return Ok(());
+    }
+    if own_images(args) {
+        if data_parallel::requested(args) {
+            return Err(TrainError::InvalidArgument {
+                flag: "data",
+                value: args.data.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                expected: "a built-in --dataset with --devices/--data-parallel (DataParallel reads those only); train on one device or with --distributed",
+            });
+        }
+        if args.batch_size == BATCH_SIZE_AUTO {
+            return Err(TrainError::InvalidArgument {
+                flag: "batch-size",
+                value: "auto".to_string(),
+                expected: "a number with --data: the planner knows the built-in datasets' shapes only",
+            });
+        }
+    } else if args.augment && data_parallel::requested(args) {
+        return Err(TrainError::InvalidArgument {
+            flag: "augment",
+            value: "true".to_string(),
+            expected: "one device or --distributed; DataParallel does not augment",
+        });
+    }
+    Ok(())
 }
 
 fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
@@ -51,8 +117,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
     let result = if args.model.is_language_model() {
         language::train(args, device, Some(&dist))
     } else {
-        let kind: DatasetKind = args.dataset.as_deref().unwrap_or("digits").parse()?;
-        image::train(args, kind, device, Some(&dist))
+        image::train(args, device, Some(&dist))
     };
     // Rank 0 writes the memory snapshot; the others only stop recording.
     let result = if dist.rank() == 0 {
@@ -70,6 +135,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
 
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
+    check_own_data(args)?;
     let device = Device::parse(&args.device)?;
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);
@@ -123,12 +189,7 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     let result = if args.model.is_language_model() {
         language::train(args, &device, None)
     } else {
-        args.dataset
-            .as_deref()
-            .unwrap_or("digits")
-            .parse::<DatasetKind>()
-            .map_err(TrainError::from)
-            .and_then(|kind| image::train(args, kind, &device, None))
+        image::train(args, &device, None)
     };
     write_snapshot(args, &device, result)
 }

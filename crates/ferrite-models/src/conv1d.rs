@@ -1,0 +1,85 @@
+//! GPT-2's `Conv1D`: a linear layer whose weight is stored `[in, out]` (not a convolution).
+//!
+//! Why: Hugging Face's GPT-2 (and GPT-J-era relatives) keep the original TensorFlow layout,
+//! `y = x @ W + b` with `W: [in, out]`, while `nn.Linear` stores `[out, in]`. Keeping the layer as
+//! it is lets a GPT-2 state dict load and save key for key and shape for shape, with no
+//! transposes on the way in or out.
+use ferrite_nn::Module;
+use ferrite_nn::init::normal_;
+use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
+
+/// `y = x @ weight + bias`, `weight [nx, nf]` (inputs × outputs), `bias [nf]`: Hugging Face's
+/// `transformers.pytorch_utils.Conv1D`, initialised as GPT-2 does (weight N(0, 0.02), bias 0).
+#[derive(Clone, Debug)]
+pub struct Conv1D {
+    /// Input features.
+    pub nx: usize,
+    /// Output features.
+    pub nf: usize,
+    pub weight: Tensor,
+    pub bias: Tensor,
+    training: bool,
+}
+
+impl Conv1D {
+    /// A layer of `nx` inputs and `nf` outputs on `device`, weights drawn from `g`.
+    pub fn new_with(nx: usize, nf: usize, device: &Device, g: &mut Generator) -> ferrite_nn::Result<Conv1D> {
+        let weight = Tensor::zeros(&[nx, nf], DType::F32, device)?;
+        normal_(&weight, 0.0, 0.02, g)?;
+        let bias = Tensor::zeros(&[nf], DType::F32, device)?;
+        Ok(Conv1D { nx, nf, weight: weight.requires_grad_(true)?, bias: bias.requires_grad_(true)?, training: true })
+    }
+}
+
+impl Module for Conv1D {
+    fn type_name(&self) -> &'static str {
+        "Conv1D"
+    }
+
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        let y = x.matmul(&self.weight)?;
+        let b = if self.bias.dtype() != y.dtype() { self.bias.to_dtype(y.dtype())? } else { self.bias.clone() };
+        if Tensor::needs_graph(&[x, &self.weight, &self.bias]) {
+            Ok(y.add(&b)?)
+        } else {
+            // Without a graph, add the bias into the fresh product (one activation fewer).
+            let _g = no_grad();
+            y.add_(&b)?;
+            Ok(y)
+        }
+    }
+
+    fn own_parameters(&self) -> Vec<(String, &Tensor)> {
+        vec![("weight".into(), &self.weight), ("bias".into(), &self.bias)]
+    }
+
+    fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        vec![("weight".into(), &mut self.weight), ("bias".into(), &mut self.bias)]
+    }
+
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn computes_x_at_w_plus_b_with_w_stored_in_out() {
+        let mut g = Generator::new(0);
+        let mut c = Conv1D::new_with(3, 2, &Device::Cpu, &mut g).unwrap();
+        assert_eq!(c.weight.shape(), [3, 2]);
+        c.weight = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], &Device::Cpu).unwrap();
+        c.bias = Tensor::from_vec(vec![0.5f32, -0.5], &[2], &Device::Cpu).unwrap();
+        let x = Tensor::from_vec(vec![1.0f32, 0.0, 1.0], &[1, 3], &Device::Cpu).unwrap();
+        let y: Vec<f32> = c.forward(&x).unwrap().to_vec().unwrap();
+        assert_eq!(y, vec![1.0 + 5.0 + 0.5, 2.0 + 6.0 - 0.5]);
+        let names: Vec<String> = c.named_parameters().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["weight", "bias"]);
+    }
+}
