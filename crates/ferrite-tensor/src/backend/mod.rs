@@ -63,8 +63,9 @@ pub(crate) use kernel_backend::check_host_len;
 pub use kernel_backend::{KernelBackend, rows_cols};
 pub use loss_operands::{LossGrad, LossOperands, PointwiseLoss};
 pub use norm_args::{
-    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs,
-    RmsNormArgs, RmsNormBackwardArgs, RunningStats, ncs,
+    BatchNormArgs, BatchNormBackwardArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs,
+    GroupNormBackwardArgs, GroupNormParams, LayerNormArgs, LayerNormParams, NormArgs, NormBackwardArgs, RmsNormArgs,
+    RmsNormBackwardArgs, RunningStats, ncs,
 };
 pub use pool_window::{AvgWindow, Pool2d, PoolKind, adaptive_end, adaptive_start, pool_output_size};
 pub use recurrent_operands::{CellBackward, CellForward, RecurrentCell};

@@ -15,8 +15,8 @@ use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::backend::{
-    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs,
-    RmsNormArgs, RmsNormBackwardArgs, RunningStats,
+    BatchNormArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs, GroupNormParams, LayerNormArgs,
+    LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
 };
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;
@@ -149,8 +149,15 @@ pub fn layer_norm(
         let w2 = wt.as_ref().map(flat).transpose()?;
         let b2 = bt.as_ref().map(flat).transpose()?;
         let (y2, x2) = (rows_view(&y), rows_view(&xc));
-        let args =
-            LayerNormArgs { y: &y2, mean: &mean, rstd: &rstd, x: &x2, weight: w2.as_ref(), bias: b2.as_ref(), eps };
+        let args = LayerNormArgs {
+            y: &y2,
+            mean: &mean,
+            rstd: &rstd,
+            x: &x2,
+            weight: w2.as_ref(),
+            bias: b2.as_ref(),
+            params: LayerNormParams { eps },
+        };
         y.kernels().layer_norm(&args)?;
     }
     let mut inputs: Vec<&Tensor> = vec![&x];
@@ -239,6 +246,19 @@ fn flat_param(p: &Option<Tensor>, len: usize) -> Result<Option<Tensor>> {
 
 // ---------------------------------------------------------------------- batch norm
 
+/// The channel count `C` of a channel norm's `(N, C, *)` input; a typed shape error below rank 2.
+fn channel_count(op: &'static str, x: &Tensor) -> Result<usize> {
+    if x.rank() < 2 {
+        return Err(TensorError::InvalidShape {
+            op,
+            arg: "input",
+            shape: x.shape().to_vec(),
+            expected: ExpectedShape::MinRank(2),
+        });
+    }
+    Ok(x.shape()[1])
+}
+
 /// Options of [`batch_norm`] (PyTorch's `F.batch_norm` defaults: evaluation, momentum 0.1,
 /// eps 1e-5).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -262,13 +282,8 @@ impl Default for BatchNormOptions {
 /// Which channel normalisation a [`ChannelNormBackward`] node differentiates: the only thing
 /// batch norm's and group norm's backward nodes do differently is the kernel they call.
 enum ChannelNorm {
-    /// `batch_stats`: the forward normalised with the batch's statistics (training).
-    Batch {
-        batch_stats: bool,
-    },
-    Group {
-        groups: usize,
-    },
+    Batch(BatchNormBackwardParams),
+    Group(GroupNormParams),
 }
 
 /// The backward node of [`batch_norm`] and [`group_norm`]: saved `x [N, C, S]`, the statistics
@@ -287,10 +302,45 @@ struct ChannelNormBackward {
 }
 
 impl ChannelNormBackward {
+    /// `y`, the output of batch or group norm of `x` (saved as its contiguous `xc`), with this
+    /// node attached when `x`, the weight or the bias needs a gradient; `stats` are the
+    /// forward's `mean` and `invstd`/`rstd`, `ncs` the `[N, C, S]` the kernels saw.
+    fn attach(
+        y: Tensor,
+        x: &Tensor,
+        xc: &Tensor,
+        [wt, bt]: [&Option<Tensor>; 2],
+        kind: ChannelNorm,
+        [mean, rstd]: [&Tensor; 2],
+        ncs: [usize; 3],
+    ) -> Result<Tensor> {
+        let mut inputs: Vec<&Tensor> = vec![x];
+        inputs.extend(wt.iter());
+        inputs.extend(bt.iter());
+        if !Tensor::needs_graph(&inputs) {
+            return Ok(y);
+        }
+        let f = ChannelNormBackward {
+            kind,
+            x: SavedTensor::new(xc),
+            mean: SavedTensor::new(mean),
+            rstd: SavedTensor::new(rstd),
+            weight: wt.as_ref().map(SavedTensor::new),
+            has_bias: bt.is_some(),
+            ncs,
+            need: [
+                x.requires_grad(),
+                wt.as_ref().is_some_and(|w| w.requires_grad()),
+                bt.as_ref().is_some_and(|b| b.requires_grad()),
+            ],
+        };
+        Ok(Tensor::from_op1(y, &inputs, f))
+    }
+
     fn node_name(&self) -> &'static str {
         match self.kind {
-            ChannelNorm::Batch { .. } => "NativeBatchNormBackward0",
-            ChannelNorm::Group { .. } => "NativeGroupNormBackward0",
+            ChannelNorm::Batch(_) => "NativeBatchNormBackward0",
+            ChannelNorm::Group(_) => "NativeGroupNormBackward0",
         }
     }
 }
@@ -318,30 +368,20 @@ impl BackwardFn for ChannelNormBackward {
         };
         let gb = if self.has_bias && self.need[2] { Some(x.empty_like_shape(&[c], dtype)?) } else { None };
         let wf = w.as_ref().map(|w| contiguous_as(w, dtype)).transpose()?;
-        let (grad_input, grad_weight, grad_bias, weight) = (gi.as_ref(), gw.as_ref(), gb.as_ref(), wf.as_ref());
+        let args = NormBackwardArgs {
+            grad_input: gi.as_ref(),
+            grad_weight: gw.as_ref(),
+            grad_bias: gb.as_ref(),
+            grad_output: &gc,
+            x: &x3,
+            mean,
+            rstd,
+            weight: wf.as_ref(),
+            params: (),
+        };
         match self.kind {
-            ChannelNorm::Batch { batch_stats } => x.kernels().batch_norm_backward(&BatchNormBackwardArgs {
-                grad_input,
-                grad_weight,
-                grad_bias,
-                grad_output: &gc,
-                x: &x3,
-                mean,
-                invstd: rstd,
-                weight,
-                batch_stats,
-            })?,
-            ChannelNorm::Group { groups } => x.kernels().group_norm_backward(&GroupNormBackwardArgs {
-                grad_input,
-                grad_weight,
-                grad_bias,
-                grad_output: &gc,
-                x: &x3,
-                mean,
-                rstd,
-                weight,
-                groups,
-            })?,
+            ChannelNorm::Batch(p) => x.kernels().batch_norm_backward(&args.with_params(p))?,
+            ChannelNorm::Group(p) => x.kernels().group_norm_backward(&args.with_params(p))?,
         }
         let mut out = vec![gi.map(|t| t.contiguous_view_as(x.shape()))];
         if let Some(w) = &w {
@@ -367,15 +407,7 @@ pub fn batch_norm(
     opts: &BatchNormOptions,
 ) -> Result<Tensor> {
     const OP: &str = "batch_norm";
-    if x.rank() < 2 {
-        return Err(TensorError::InvalidShape {
-            op: OP,
-            arg: "input",
-            shape: x.shape().to_vec(),
-            expected: ExpectedShape::MinRank(2),
-        });
-    }
-    let c = x.shape()[1];
+    let c = channel_count(OP, x)?;
     for (arg, p) in [("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)] {
         check_param(OP, arg, p, &[c], x)?;
     }
@@ -436,10 +468,10 @@ pub fn batch_norm(
             y: &y3,
             x: &x3,
             mean: &mean,
-            invstd: &invstd,
+            rstd: &invstd,
             weight: w1.as_ref(),
             bias: b1.as_ref(),
-            stats,
+            params: stats,
         };
         if n * s == 0 {
             // Statistics of nothing: mean 0, variance 0 (gradients of an empty batch are sums
@@ -468,35 +500,16 @@ pub fn batch_norm(
             y: &y3,
             x: &x3,
             mean: &mean,
-            invstd: &invstd,
+            rstd: &invstd,
             weight: w1.as_ref(),
             bias: b1.as_ref(),
-            stats: BatchNormStats::Given,
+            params: BatchNormStats::Given,
         };
         y.kernels().batch_norm(&args)?;
         (mean, invstd)
     };
-    let mut inputs: Vec<&Tensor> = vec![&x];
-    inputs.extend(wt.iter());
-    inputs.extend(bt.iter());
-    if !Tensor::needs_graph(&inputs) {
-        return Ok(y);
-    }
-    let f = ChannelNormBackward {
-        kind: ChannelNorm::Batch { batch_stats: opts.training },
-        x: SavedTensor::new(&xc),
-        mean: SavedTensor::new(&mean),
-        rstd: SavedTensor::new(&invstd),
-        weight: wt.as_ref().map(SavedTensor::new),
-        has_bias: bt.is_some(),
-        ncs: [n, c, s],
-        need: [
-            x.requires_grad(),
-            wt.as_ref().is_some_and(|w| w.requires_grad()),
-            bt.as_ref().is_some_and(|b| b.requires_grad()),
-        ],
-    };
-    Ok(Tensor::from_op1(y, &inputs, f))
+    let kind = ChannelNorm::Batch(BatchNormBackwardParams { batch_stats: opts.training });
+    ChannelNormBackward::attach(y, &x, &xc, [&wt, &bt], kind, [&mean, &invstd], [n, c, s])
 }
 
 // ---------------------------------------------------------------------- group norm
@@ -512,15 +525,7 @@ pub fn group_norm(
     eps: f64,
 ) -> Result<Tensor> {
     const OP: &str = "group_norm";
-    if x.rank() < 2 {
-        return Err(TensorError::InvalidShape {
-            op: OP,
-            arg: "input",
-            shape: x.shape().to_vec(),
-            expected: ExpectedShape::MinRank(2),
-        });
-    }
-    let c = x.shape()[1];
+    let c = channel_count(OP, x)?;
     if num_groups == 0 {
         return Err(TensorError::invalid(OP, "num_groups must be positive"));
     }
@@ -546,6 +551,7 @@ pub fn group_norm(
     let (w1, b1) = (flat_param(&wt, c)?, flat_param(&bt, c)?);
     let x3 = xc.contiguous_view_as(&[n, c, s]);
     let y3 = y.contiguous_view_as(&[n, c, s]);
+    let params = GroupNormParams { groups: num_groups, eps };
     y.kernels().group_norm(&GroupNormArgs {
         y: &y3,
         mean: &mean,
@@ -553,30 +559,9 @@ pub fn group_norm(
         x: &x3,
         weight: w1.as_ref(),
         bias: b1.as_ref(),
-        groups: num_groups,
-        eps,
+        params,
     })?;
-    let mut inputs: Vec<&Tensor> = vec![&x];
-    inputs.extend(wt.iter());
-    inputs.extend(bt.iter());
-    if !Tensor::needs_graph(&inputs) {
-        return Ok(y);
-    }
-    let f = ChannelNormBackward {
-        kind: ChannelNorm::Group { groups: num_groups },
-        x: SavedTensor::new(&xc),
-        mean: SavedTensor::new(&mean),
-        rstd: SavedTensor::new(&rstd),
-        weight: wt.as_ref().map(SavedTensor::new),
-        has_bias: bt.is_some(),
-        ncs: [n, c, s],
-        need: [
-            x.requires_grad(),
-            wt.as_ref().is_some_and(|w| w.requires_grad()),
-            bt.as_ref().is_some_and(|b| b.requires_grad()),
-        ],
-    };
-    Ok(Tensor::from_op1(y, &inputs, f))
+    ChannelNormBackward::attach(y, &x, &xc, [&wt, &bt], ChannelNorm::Group(params), [&mean, &rstd], [n, c, s])
 }
 
 // ---------------------------------------------------------------------- RMS norm
