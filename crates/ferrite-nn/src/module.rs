@@ -313,6 +313,20 @@ fn map_tensors_memo(
     Ok(())
 }
 
+/// The named tensors that are present, in order, with their names: a layer's optional
+/// parameters or buffers (`weight` and `bias` without affine, running statistics without
+/// tracking) as `own_parameters` / `own_buffers` list them.
+pub(crate) fn present<'a, const N: usize>(named: [(&str, &'a Option<Tensor>); N]) -> Vec<(String, &'a Tensor)> {
+    named.into_iter().filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t))).collect()
+}
+
+/// [`present`] for `own_parameters_mut` / `own_buffers_mut`.
+pub(crate) fn present_mut<'a, const N: usize>(
+    named: [(&str, &'a mut Option<Tensor>); N],
+) -> Vec<(String, &'a mut Tensor)> {
+    named.into_iter().filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t))).collect()
+}
+
 /// A fresh leaf parameter of `shape` (zeros in f32 on `device`) that `init` fills in place
 /// before it is marked as requiring grad.
 pub(crate) fn new_parameter(

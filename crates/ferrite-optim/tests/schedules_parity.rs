@@ -64,7 +64,7 @@ fn optimizer_trajectories_match_pytorch() {
             let shape: Vec<usize> =
                 case["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
             let init: Vec<f32> = floats(&case["init"]).into_iter().map(|v| v as f32).collect();
-            let w = Tensor::from_vec(init, &shape, &dev).unwrap().requires_grad_(true).unwrap();
+            let w = Tensor::from_vec(init, &shape, dev).unwrap().requires_grad_(true).unwrap();
             let mut opt = build(name, &case["config"], w.clone());
             let steps = case["after_each_step"].as_array().unwrap();
             let mut worst = 0.0f64;
