@@ -60,7 +60,7 @@ fn optimizer_trajectories_match_pytorch() {
             let steps = case["steps"].as_u64().unwrap() as usize;
             let accum = case["accum"].as_u64().unwrap() as usize;
             let batch = case["batch"].as_u64().unwrap() as usize;
-            let ts = load_safetensors(&dir.join(format!("{name}.safetensors")), &dev);
+            let ts = load_safetensors(&dir.join(format!("{name}.safetensors")), dev);
             let (x, y) = (get(&ts, "X"), get(&ts, "Y"));
             let want_losses = get(&ts, "losses").to_vec::<f32>().unwrap();
             let params = leaf_params(&ts, "init");
@@ -108,7 +108,7 @@ fn grad_scaler_trajectory_matches_pytorch_exactly() {
     };
     ferrite_test_support::for_each_device(|dev| {
         let mut scaler = GradScaler::new(cfg.clone()).unwrap();
-        let w = Tensor::from_vec(vec![0.5f32, -0.25], &[2], &dev).unwrap().requires_grad_(true).unwrap();
+        let w = Tensor::from_vec(vec![0.5f32, -0.25], &[2], dev).unwrap().requires_grad_(true).unwrap();
         let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.01)).unwrap();
         let steps = spec["steps"].as_array().unwrap();
         for (i, st) in steps.iter().enumerate() {

@@ -108,7 +108,7 @@ fn load_sched(s: &mut Sched, st: &SchedulerState) {
 fn resume_from_saved_states_is_bit_identical() {
     ferrite_test_support::for_each_device(|dev| {
         for kind in [Kind::RmspropOneCycle, Kind::AdagradWarmRestarts, Kind::AdamPlateau] {
-            let mut a = new_run(kind, params(7, &dev));
+            let mut a = new_run(kind, params(7, dev));
             train(&mut a, 0..5);
             let saved_p: Vec<Tensor> = a.p.iter().map(|p| p.detach().deep_clone().unwrap()).collect();
             let saved_opt = a.opt.state_dict().unwrap().deep_clone().unwrap();
