@@ -19,7 +19,7 @@ use ferrite_tensor::{Device, Generator, Tensor, TensorError};
 
 use crate::error::{NnError, Result};
 use crate::init::{FanMode, Nonlinearity, fan_in_and_fan_out, kaiming_uniform_, uniform_};
-use crate::module::{Module, new_parameter, training_flag};
+use crate::module::{Module, new_parameter, training_flag, weight_and_bias, weight_and_bias_mut};
 
 /// Constructor arguments of [`Conv1d`] / [`Conv2d`] with PyTorch's defaults (stride 1, padding 0,
 /// dilation 1, groups 1, bias on): `Conv2dConfig::new(3, 64, 3).padding(1)`.
@@ -285,18 +285,10 @@ impl<const N: usize> Module for ConvNd<N> {
         y.map_err(|e| as_layer_error(e, conv_name(N)))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("weight".to_string(), &self.weight)];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias(&self.weight, &self.bias)
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = vec![("weight".to_string(), &mut self.weight)];
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
     training_flag!();
 }
@@ -350,18 +342,10 @@ impl Module for ConvTranspose2d {
             .map_err(|e| as_layer_error(e, "ConvTranspose2d"))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("weight".to_string(), &self.weight)];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias(&self.weight, &self.bias)
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = vec![("weight".to_string(), &mut self.weight)];
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
     training_flag!();
 }
