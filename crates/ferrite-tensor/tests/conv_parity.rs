@@ -34,13 +34,9 @@ struct Case {
 }
 
 fn cases() -> Option<Vec<Case>> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    let out: Vec<Case> = m["cases"]
-        .as_array()
-        .unwrap()
+    let (dir, cases) = ferrite_test_support::fixtures::model_cases(&OPS)?;
+    let out: Vec<Case> = cases
         .iter()
-        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
         .map(|c| {
             let name = c["name"].as_str().unwrap().to_string();
             Case {

@@ -10,44 +10,17 @@
 //! `grad_input.0` is checked through it. A loss case of the manifest without a runner here fails
 //! the test, so new fixture cases cannot be skipped silently.
 
-use std::path::PathBuf;
-
 use ferrite_tensor::functional::{
     CrossEntropyOptions, KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
     cross_entropy, huber_loss, kl_div, nll_loss, smooth_l1_loss,
 };
 use ferrite_tensor::{DType, Device, Tensor};
 use ferrite_test_support::assert_close;
-use ferrite_test_support::fixtures::{get, load_f32};
+use ferrite_test_support::fixtures::{get, load_f32, model_cases, nested};
 use serde_json::Value;
 
 const LOSSES: [&str; 7] =
     ["nll_loss", "cross_entropy", "bce_with_logits", "binary_cross_entropy", "smooth_l1_loss", "huber_loss", "kl_div"];
-
-fn manifest() -> Option<(PathBuf, Value)> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
-    Some((dir, serde_json::from_str(&text).expect("models/manifest.json is valid JSON")))
-}
-
-/// A nested JSON list as (flat values, shape).
-fn nested(v: &Value) -> (Vec<f64>, Vec<usize>) {
-    match v.as_array() {
-        None => (vec![v.as_f64().expect("a number")], vec![]),
-        Some(items) => {
-            let mut flat = Vec::new();
-            let mut inner = Vec::new();
-            for it in items {
-                let (f, s) = nested(it);
-                inner = s;
-                flat.extend(f);
-            }
-            let mut shape = vec![items.len()];
-            shape.extend(inner);
-            (flat, shape)
-        }
-    }
-}
 
 fn float_attr(a: &Value, key: &str, device: &Device) -> Tensor {
     let (v, shape) = nested(&a[key]);
@@ -128,9 +101,7 @@ fn forward(op: &str, a: &Value, x: &[Tensor], dev: &Device) -> Tensor {
 
 #[test]
 fn loss_cases_match_pytorch_on_every_device() {
-    let Some((dir, m)) = manifest() else { return };
-    let cases: Vec<&Value> =
-        m["cases"].as_array().unwrap().iter().filter(|c| LOSSES.contains(&c["op"].as_str().unwrap_or(""))).collect();
+    let Some((dir, cases)) = model_cases(&LOSSES) else { return };
     assert!(cases.len() >= LOSSES.len(), "expected at least one fixture case per loss, found {}", cases.len());
     ferrite_test_support::for_each_device(|dev| {
         for c in &cases {

@@ -84,12 +84,10 @@ fn step(c: &Value, fx: &[(String, Tensor)], dev: &Device) -> (Vec<usize>, Vec<Ve
 
 #[test]
 fn meta_gives_pytorch_shapes_and_the_real_allocations() {
-    let Some(dir) = ferrite_test_support::reference_or_skip("models/manifest.json") else { return };
-    let dir = dir.join("models");
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let Some((dir, cases)) = ferrite_test_support::fixtures::model_cases(&OPS) else { return };
     let sim = Device::parse("sim:1GiB:0").unwrap();
     let mut checked = 0;
-    for c in m["cases"].as_array().unwrap().iter().filter(|c| OPS.contains(&c["op"].as_str().unwrap_or(""))) {
+    for c in &cases {
         let name = c["name"].as_str().unwrap();
         let fx = load_f32(&dir.join(format!("{name}.safetensors")));
         let (meta_out, meta_grads, meta_peak) = step(c, &fx, &Device::Meta);

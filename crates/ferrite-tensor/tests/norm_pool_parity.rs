@@ -13,33 +13,17 @@
 //! precision) are checked across devices instead: every device under test must agree with the
 //! CPU backend, whose window arithmetic the unit tests check by hand.
 
-use std::path::PathBuf;
-
 use ferrite_tensor::functional::{
     AvgPool2dOptions, BatchNormOptions, MaxPool2dOptions, adaptive_avg_pool2d, avg_pool2d, batch_norm, group_norm,
     max_pool2d, rms_norm,
 };
 use ferrite_tensor::{DType, Device, Tensor};
 use ferrite_test_support::assert_close;
-use ferrite_test_support::fixtures::{get, load_f32};
+use ferrite_test_support::fixtures::{get, load_f32, model_cases};
 use serde_json::Value;
 
 const OPS: [&str; 7] =
     ["batch_norm1d", "batch_norm2d", "group_norm", "rms_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"];
-
-fn cases() -> Option<(PathBuf, Vec<Value>)> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json");
-    let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
-    let cases = m["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
-        .cloned()
-        .collect();
-    Some((dir, cases))
-}
 
 fn usizes(v: &Value) -> Vec<usize> {
     match v {
@@ -132,7 +116,7 @@ fn forward(op: &str, a: &Value, x: &[Tensor], dev: &Device) -> (Tensor, Vec<(Str
 
 #[test]
 fn norm_and_pool_cases_match_pytorch_on_every_device() {
-    let Some((dir, cases)) = cases() else { return };
+    let Some((dir, cases)) = model_cases(&OPS) else { return };
     for op in OPS {
         assert!(cases.iter().any(|c| c["op"] == op), "no fixture case for {op}");
     }

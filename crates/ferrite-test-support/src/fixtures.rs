@@ -1,9 +1,11 @@
-//! Reading the PyTorch reference fixtures' safetensors files into ferrite tensors: one reader
-//! instead of one per test file, so every suite reads the same bytes the same way.
+//! Reading the PyTorch reference fixtures into ferrite tensors: their safetensors files, the
+//! `models/` manifest's cases and the nested number lists of their attributes. One reader instead
+//! of one per test file, so every suite reads the same bytes the same way.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ferrite_tensor::{DType, Device, Tensor};
+use serde_json::Value;
 
 /// Every tensor of a safetensors file (F32 and I64) on the CPU, in file order; `Err` naming the
 /// file or tensor when it cannot be read.
@@ -58,4 +60,31 @@ pub fn try_get<'a>(fx: &'a [(String, Tensor)], name: &str) -> Result<&'a Tensor,
 /// [`try_get`], panicking with its message.
 pub fn get<'a>(fx: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
     try_get(fx, name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The cases of the fixtures' `models/manifest.json` whose `op` is one of `ops` (every case when
+/// `ops` is empty), with the `models/` folder their files are in; `None` after
+/// [`reference_or_skip`](crate::reference_or_skip)'s message when the fixtures are missing.
+pub fn model_cases(ops: &[&str]) -> Option<(PathBuf, Vec<Value>)> {
+    let dir = crate::reference_or_skip("models/manifest.json")?.join("models");
+    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
+    let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
+    let all = m["cases"].as_array().expect("models/manifest.json has a `cases` list");
+    let cases =
+        all.iter().filter(|c| ops.is_empty() || ops.contains(&c["op"].as_str().unwrap_or(""))).cloned().collect();
+    Some((dir, cases))
+}
+
+/// A nested JSON list of numbers (a case attribute such as a target or a weight) as its values in
+/// row-major order and its shape (`[]` for a single number).
+pub fn nested(v: &Value) -> (Vec<f64>, Vec<usize>) {
+    match v.as_array() {
+        None => (vec![v.as_f64().expect("a number")], vec![]),
+        Some(items) => {
+            let parts: Vec<(Vec<f64>, Vec<usize>)> = items.iter().map(nested).collect();
+            let mut shape = vec![items.len()];
+            shape.extend(parts.first().map(|p| p.1.clone()).unwrap_or_default());
+            (parts.into_iter().flat_map(|p| p.0).collect(), shape)
+        }
+    }
 }

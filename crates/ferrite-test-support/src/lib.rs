@@ -3,7 +3,8 @@
 //! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module),
 //! which devices a suite runs on and the loop that runs it on each ([`devices`]), how fixture
 //! files are read ([`fixtures`]) and results compared ([`close`], [`params`]), the small models
-//! several suites train ([`models`]), and how the parsers of user text are fuzzed ([`text_fuzz`]).
+//! several suites train ([`models`]), how the parsers of user text are fuzzed ([`text_fuzz`]), and
+//! the CPU-time clocks of measurements on a shared machine ([`timing`]).
 //!
 //! Features keep the lower crates' test builds small: without features this crate needs only
 //! ferrite-memory; `tensor` adds the fixture reader and the tensor checks, `nn` the models.
@@ -22,6 +23,7 @@ pub mod models;
 #[cfg(feature = "tensor")]
 pub mod params;
 pub mod text_fuzz;
+pub mod timing;
 
 pub use close::{assert_all_close, assert_slices_close};
 #[cfg(feature = "tensor")]
