@@ -43,3 +43,14 @@ cargo test -p ferrite-io -p ferrite-memory -p ferrite-data
 # doctor_mpi runs here too: this build has no `mpi` feature, so `ferrite doctor`'s MPI line is
 # checked in both flavours (the release run above has the feature).
 cargo test -p ferrite-cli --lib --test parser_fuzz --test bad_inputs --test doctor_mpi
+
+# GPU support is a cargo feature (`gpu`) of the library crates, off by default: a CPU-only user of
+# ferrite-tensor compiles neither wgpu nor naga. The build below reuses part of the debug artifacts
+# of the run above (some dependencies differ in features; about two minutes on the 2-core CI
+# machine); the tree check fails if a default dependency ever pulls wgpu back in.
+echo "== CPU-only library: cargo build -p ferrite-tensor --no-default-features, and no wgpu in its tree"
+cargo build -p ferrite-tensor --no-default-features
+if cargo tree -p ferrite-tensor --no-default-features -e normal --prefix none | grep -q '^wgpu '; then
+    echo "ferrite-tensor without the gpu feature depends on wgpu" >&2
+    exit 1
+fi

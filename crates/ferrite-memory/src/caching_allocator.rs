@@ -73,7 +73,10 @@ fn default_backend(device: &Device) -> Result<Box<dyn RawMemory>, MemoryError> {
         Device::Cpu => Box::new(HostMemory::new()),
         Device::Sim { profile, .. } => Box::new(SimMemory::new(profile)),
         Device::Meta => Box::new(MetaMemory::new()),
+        #[cfg(feature = "gpu")]
         Device::Gpu { index } => Box::new(crate::gpu::memory::WgpuMemory::new(crate::gpu::context(*index)?)),
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu { .. } => return Err(crate::gpu::not_compiled(&device.to_string())),
     })
 }
 
@@ -120,10 +123,13 @@ impl CachingAllocator {
             },
             Device::Meta => Box::new(MetaMemory::new()),
             // A GPU of unknown capacity: address-only, capacity from the GPU's context when known.
+            #[cfg(feature = "gpu")]
             Device::Gpu { index } => match crate::gpu::context(*index).ok().and_then(|c| c.capacity()) {
                 Some(cap) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(cap))),
                 None => Box::new(MetaMemory::new()),
             },
+            #[cfg(not(feature = "gpu"))]
+            Device::Gpu { .. } => Box::new(MetaMemory::new()),
         };
         Self::with_backend(device, config, raw)
     }
@@ -352,5 +358,22 @@ impl Drop for Block {
         if self.idx != NIL {
             self.shared.core.lock().free(self.idx);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The no-GPU build: nothing reaches a GPU — no adapters, and an allocator for `gpu:0` says
+    /// why on every allocation (the typed error naming the `gpu` feature).
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn without_the_gpu_feature_a_gpu_allocator_names_the_feature() {
+        use crate::{CachingAllocator, Device, MemoryError};
+
+        assert!(crate::gpu::list_adapters().is_empty() && !crate::gpu::COMPILED);
+        let a = CachingAllocator::new(Device::Gpu { index: 0 });
+        let e = a.allocate(1024).unwrap_err();
+        assert!(matches!(e, MemoryError::GpuNotCompiled { .. }), "{e:?}");
+        assert!(e.to_string().contains("--features gpu"), "{e}");
     }
 }

@@ -42,19 +42,20 @@ impl Device {
     }
 
     /// Parse a device string such as `cpu`, `meta`, `gpu`, `gpu:1`, `sim:a100-40gb`,
-    /// `sim:a100-40gb:1`, `sim:1GiB`. (Whether a `gpu:N` exists is checked when it is first used.)
+    /// `sim:a100-40gb:1`, `sim:1GiB`. (Whether a `gpu:N` exists is checked when it is first used;
+    /// in a build without the `gpu` feature a `gpu:N` is [`MemoryError::GpuNotCompiled`].)
     pub fn parse(spec: &str) -> Result<Device, MemoryError> {
         let bad = |reason: &str| MemoryError::InvalidDevice { spec: spec.to_string(), reason: reason.to_string() };
         let s = spec.trim();
         match s {
             "cpu" => return Ok(Device::Cpu),
             "meta" => return Ok(Device::Meta),
-            "gpu" => return Ok(Device::Gpu { index: 0 }),
+            "gpu" => return Device::gpu(0, s),
             _ => {}
         }
         if let Some(i) = s.strip_prefix("gpu:") {
             let index = i.parse::<usize>().map_err(|_| bad("GPU index must be a non-negative integer (`gpu:0`)"))?;
-            return Ok(Device::Gpu { index });
+            return Device::gpu(index, s);
         }
         let Some(rest) = s.strip_prefix("sim:") else {
             return Err(bad("expected `cpu`, `meta`, `gpu[:index]` or `sim:<gpu>[:index]`"));
@@ -74,6 +75,19 @@ impl Device {
             }
         };
         Ok(Device::Sim { profile, index })
+    }
+}
+
+impl Device {
+    /// `gpu:<index>` when this build has GPU support, else the typed error naming the feature
+    /// (and quoting `spec`, the name as the user wrote it).
+    fn gpu(index: usize, spec: &str) -> Result<Device, MemoryError> {
+        // `cfg!` rather than `crate::gpu::COMPILED`: device names are the leaf the GPU code builds on.
+        if cfg!(feature = "gpu") {
+            Ok(Device::Gpu { index })
+        } else {
+            Err(MemoryError::GpuNotCompiled { device: spec.to_string() })
+        }
     }
 }
 
@@ -132,11 +146,30 @@ mod tests {
         assert!(Device::parse("sim:nope").is_err());
         assert!(Device::parse("sim:a100-40gb:x").is_err());
         assert!(Device::parse("cuda:0").is_err());
-        assert_eq!(Device::parse("gpu").unwrap(), Device::Gpu { index: 0 });
-        assert_eq!(Device::parse("gpu:3").unwrap().to_string(), "gpu:3");
         assert!(Device::parse("gpu:x").is_err());
         assert!(Device::parse("gpu:-1").is_err());
         assert!(Device::parse("sim:0GiB").is_err());
+    }
+
+    #[cfg(feature = "gpu")]
+    #[test]
+    fn gpu_devices_parse_with_the_gpu_feature() {
+        assert_eq!(Device::parse("gpu").unwrap(), Device::Gpu { index: 0 });
+        assert_eq!(Device::parse("gpu:3").unwrap().to_string(), "gpu:3");
+    }
+
+    /// The no-GPU build: `gpu:N` is a typed error that names the feature and how to turn it on.
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn a_gpu_device_without_the_gpu_feature_is_a_typed_error_naming_it() {
+        for (spec, device) in [("gpu", "gpu"), ("gpu:3", "gpu:3"), (" gpu:+1 ", "gpu:+1")] {
+            let e = Device::parse(spec).unwrap_err();
+            assert!(matches!(&e, MemoryError::GpuNotCompiled { device: d } if d == device), "{spec}: {e:?}");
+            let msg = e.to_string();
+            assert!(msg.contains("`gpu` cargo feature") && msg.contains("--features gpu"), "{msg}");
+        }
+        // A malformed index is still a malformed device name, not a missing feature.
+        assert!(matches!(Device::parse("gpu:x"), Err(MemoryError::InvalidDevice { .. })));
     }
 
     #[test]

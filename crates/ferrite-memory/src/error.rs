@@ -34,6 +34,11 @@ pub enum MemoryError {
     /// to create the device, or a device lost mid-run. The reason says what exists and what to do.
     #[error("{device} is not available: {reason}")]
     GpuUnavailable { device: String, reason: String },
+    /// A `gpu:N` device in a build without GPU support (the `gpu` cargo feature is off).
+    #[error(
+        "{device} needs GPU support, which this build of ferrite lacks: it was compiled without the `gpu` cargo feature. Rebuild with `--features gpu` (the `ferrite` binary has it by default; a library user adds `features = [\"gpu\"]` to the ferrite dependency)"
+    )]
+    GpuNotCompiled { device: String },
     /// A single allocation larger than the largest buffer the GPU can create.
     #[error(
         "cannot allocate {requested} bytes on {device}: larger than the largest buffer this GPU can create ({max} bytes, the adapter's max_buffer_size); split the tensor or use a smaller batch"

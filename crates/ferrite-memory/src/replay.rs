@@ -210,9 +210,12 @@ fn replay_observed_with(
     mut observe: impl FnMut(usize, &CachingAllocator),
 ) -> Result<ReplayReport, MemoryError> {
     if let Device::Gpu { index } = &device {
-        // A replay on a real GPU uses its capacity (when known); a GPU that is not there is an
-        // error, not an address-only replay.
+        // A replay on a real GPU uses its capacity (when known); a GPU that is not there (or a
+        // build without GPU support) is an error, not an address-only replay.
+        #[cfg(feature = "gpu")]
         crate::gpu::context(*index)?;
+        #[cfg(not(feature = "gpu"))]
+        return Err(crate::gpu::not_compiled(&format!("gpu:{index}")));
     }
     let alloc = CachingAllocator::unbacked(device.clone(), config.clone());
     if history.is_some() {

@@ -44,17 +44,9 @@ fn causal_lm_loss(logits: &Tensor, ids: &Tensor) -> f64 {
     CrossEntropyLoss::new().forward(&pred, &target).unwrap().item().unwrap()
 }
 
+/// The tolerance of the header, by ferrite-test-support's closeness check (which also fails on a NaN).
 fn assert_close(name: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.shape(), want.shape(), "{name}: logits shape");
-    let (g, w): (Vec<f32>, Vec<f32>) = (got.to_vec().unwrap(), want.to_vec().unwrap());
-    let mut worst = (0.0f32, 0usize);
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let excess = (a - b).abs() - (1e-4 * b.abs() + 1e-5);
-        if excess > worst.0 {
-            worst = (excess, i);
-        }
-    }
-    assert!(worst.0 <= 0.0, "{name}: logit {} is {} in ferrite, {} in transformers", worst.1, g[worst.1], w[worst.1]);
+    ferrite_test_support::assert_close(&format!("{name}: logits"), got, want, 1e-4, 1e-5);
 }
 
 /// Load the folder, run the fixed batch, compare logits and loss; returns the model.

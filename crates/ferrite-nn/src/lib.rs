@@ -32,7 +32,6 @@ pub mod layers;
 pub mod loss;
 pub mod module;
 pub mod packed_sequence;
-pub mod recurrent_error;
 pub mod rng;
 pub mod state_dict;
 pub mod tbptt;
@@ -62,7 +61,6 @@ pub use loss::{
 };
 pub use module::Module;
 pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
-pub use recurrent_error::RecurrentError;
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
 // normalisation and pooling (normpool)

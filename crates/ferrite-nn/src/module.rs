@@ -326,6 +326,37 @@ fn map_tensors_memo(
     Ok(())
 }
 
+/// The named tensors that are present, in order, with their names: a layer's optional
+/// parameters or buffers (`weight` and `bias` without affine, running statistics without
+/// tracking) as `own_parameters` / `own_buffers` list them.
+pub(crate) fn present<'a, const N: usize>(named: [(&str, &'a Option<Tensor>); N]) -> Vec<(String, &'a Tensor)> {
+    named.into_iter().filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t))).collect()
+}
+
+/// A layer's `weight` and optional `bias` under PyTorch's names (Linear, the convolutions).
+pub(crate) fn weight_and_bias<'a>(weight: &'a Tensor, bias: &'a Option<Tensor>) -> Vec<(String, &'a Tensor)> {
+    let mut v = vec![("weight".to_string(), weight)];
+    v.extend(bias.as_ref().map(|b| ("bias".to_string(), b)));
+    v
+}
+
+/// [`weight_and_bias`] for `own_parameters_mut`.
+pub(crate) fn weight_and_bias_mut<'a>(
+    weight: &'a mut Tensor,
+    bias: &'a mut Option<Tensor>,
+) -> Vec<(String, &'a mut Tensor)> {
+    let mut v = vec![("weight".to_string(), weight)];
+    v.extend(bias.as_mut().map(|b| ("bias".to_string(), b)));
+    v
+}
+
+/// [`present`] for `own_parameters_mut` / `own_buffers_mut`.
+pub(crate) fn present_mut<'a, const N: usize>(
+    named: [(&str, &'a mut Option<Tensor>); N],
+) -> Vec<(String, &'a mut Tensor)> {
+    named.into_iter().filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t))).collect()
+}
+
 /// A fresh leaf parameter of `shape` (zeros in f32 on `device`) that `init` fills in place
 /// before it is marked as requiring grad.
 pub(crate) fn new_parameter(

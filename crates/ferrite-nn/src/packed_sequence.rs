@@ -16,8 +16,7 @@
 
 use ferrite_tensor::Tensor;
 
-use crate::error::Result;
-use crate::recurrent_error::RecurrentError;
+use crate::error::{NnError, Result};
 
 /// A batch of variable-length sequences packed time-major (see the module documentation).
 #[derive(Clone, Debug)]
@@ -43,7 +42,7 @@ impl PackedSequence {
             || !sorted_ok
             || batch_sizes.iter().sum::<usize>() != rows
         {
-            return Err(RecurrentError::InvalidBatchSizes { batch_sizes, rows }.into());
+            return Err(NnError::InvalidBatchSizes { batch_sizes, rows });
         }
         let unsorted_indices = match &sorted_indices {
             None => None,
@@ -99,11 +98,7 @@ impl PackedSequence {
     pub fn with_data(&self, data: Tensor) -> Result<PackedSequence> {
         let rows: usize = self.batch_sizes.iter().sum();
         if data.shape().first() != Some(&rows) {
-            return Err(RecurrentError::InvalidBatchSizes {
-                batch_sizes: self.batch_sizes.clone(),
-                rows: data.shape()[0],
-            }
-            .into());
+            return Err(NnError::InvalidBatchSizes { batch_sizes: self.batch_sizes.clone(), rows: data.shape()[0] });
         }
         Ok(PackedSequence { data, ..self.clone() })
     }
@@ -128,11 +123,11 @@ fn index_tensor(idx: impl Iterator<Item = usize>, like: &Tensor) -> Result<Tenso
 fn invert(sorted: &[usize], batch: usize) -> Result<Vec<usize>> {
     let mut inv = vec![usize::MAX; batch];
     if sorted.len() != batch {
-        return Err(RecurrentError::InvalidIndices { indices: sorted.to_vec(), batch }.into());
+        return Err(NnError::InvalidIndices { indices: sorted.to_vec(), batch });
     }
     for (j, &b) in sorted.iter().enumerate() {
         if b >= batch || inv[b] != usize::MAX {
-            return Err(RecurrentError::InvalidIndices { indices: sorted.to_vec(), batch }.into());
+            return Err(NnError::InvalidIndices { indices: sorted.to_vec(), batch });
         }
         inv[b] = j;
     }
@@ -144,7 +139,7 @@ fn invert(sorted: &[usize], batch: usize) -> Result<Vec<usize>> {
 fn sort_order(op: &'static str, lengths: &[usize], enforce_sorted: bool) -> Result<Option<Vec<usize>>> {
     if enforce_sorted {
         if lengths.windows(2).any(|w| w[1] > w[0]) {
-            return Err(RecurrentError::UnsortedLengths { op, lengths: lengths.to_vec() }.into());
+            return Err(NnError::UnsortedLengths { op, lengths: lengths.to_vec() });
         }
         return Ok(None);
     }
@@ -198,25 +193,17 @@ pub fn pack_padded_sequence(
     let (bd, td) = if batch_first { (0, 1) } else { (1, 0) };
     let (batch, steps) = (input.shape()[bd], input.shape()[td]);
     if lengths.len() != batch {
-        return Err(RecurrentError::LengthsCount {
-            op: OP,
-            lengths: lengths.len(),
-            batch,
-            shape: input.shape().to_vec(),
-        }
-        .into());
+        return Err(NnError::LengthsCount { op: OP, lengths: lengths.len(), batch, shape: input.shape().to_vec() });
     }
     if batch == 0 {
-        return Err(RecurrentError::NoSequences { op: OP }.into());
+        return Err(NnError::NoSequences { op: OP });
     }
     for (index, &length) in lengths.iter().enumerate() {
         if length == 0 {
-            return Err(RecurrentError::EmptySequence { op: OP, what: "sequence", index }.into());
+            return Err(NnError::EmptySequence { op: OP, what: "sequence", index });
         }
         if length > steps {
-            return Err(
-                RecurrentError::LengthTooLong { op: OP, index, length, steps, shape: input.shape().to_vec() }.into()
-            );
+            return Err(NnError::LengthTooLong { op: OP, index, length, steps, shape: input.shape().to_vec() });
         }
     }
     let order = sort_order(OP, lengths, enforce_sorted)?;
@@ -245,13 +232,13 @@ pub fn pack_padded_sequence(
 pub fn pack_sequence(sequences: &[Tensor], enforce_sorted: bool) -> Result<PackedSequence> {
     const OP: &str = "pack_sequence";
     if sequences.is_empty() {
-        return Err(RecurrentError::NoSequences { op: OP }.into());
+        return Err(NnError::NoSequences { op: OP });
     }
     let mut lengths = Vec::with_capacity(sequences.len());
     for (index, s) in sequences.iter().enumerate() {
         let len = s.shape().first().copied().unwrap_or(0);
         if s.rank() == 0 || len == 0 {
-            return Err(RecurrentError::EmptySequence { op: OP, what: "sequence", index }.into());
+            return Err(NnError::EmptySequence { op: OP, what: "sequence", index });
         }
         lengths.push(len);
     }
@@ -291,7 +278,7 @@ pub fn pad_packed_sequence(
     let longest = sizes.len();
     let steps = total_length.unwrap_or(longest);
     if steps < longest {
-        return Err(RecurrentError::TotalLengthTooShort { total_length: steps, longest }.into());
+        return Err(NnError::TotalLengthTooShort { total_length: steps, longest });
     }
     let data = &sequence.data;
     let batch = sequence.batch();

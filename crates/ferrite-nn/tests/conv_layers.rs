@@ -27,13 +27,9 @@ struct Case {
 }
 
 fn cases() -> Option<Vec<Case>> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    let out: Vec<Case> = m["cases"]
-        .as_array()
-        .unwrap()
+    let (dir, cases) = ferrite_test_support::fixtures::model_cases(&["conv1d", "conv2d", "conv_transpose2d"])?;
+    let out: Vec<Case> = cases
         .iter()
-        .filter(|c| ["conv1d", "conv2d", "conv_transpose2d"].contains(&c["op"].as_str().unwrap_or("")))
         .map(|c| {
             let name = c["name"].as_str().unwrap().to_string();
             Case {
@@ -130,8 +126,7 @@ impl Case {
 #[test]
 fn conv_layers_match_pytorch_on_every_device() {
     let Some(cases) = cases() else { return };
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         for c in &cases {
             let m = c.layer(dev);
             let x = c.input(0).to_device(dev).unwrap().requires_grad_(true).unwrap();
@@ -147,7 +142,7 @@ fn conv_layers_match_pytorch_on_every_device() {
             }
             println!("conv layer parity {dev:<6} {:<24} ({}) ok", c.name, m.type_name());
         }
-    }
+    });
 }
 
 #[test]

@@ -12,34 +12,16 @@ use ferrite_nn::{
     SmoothL1Loss,
 };
 use ferrite_tensor::{Device, Tensor};
+use ferrite_test_support::fixtures::{model_cases, nested};
 use serde_json::Value;
 
-fn cases() -> Option<(std::path::PathBuf, Vec<Value>)> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
-    let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
-    Some((dir, m["cases"].as_array().expect("the manifest has cases").clone()))
-}
-
-fn flat(v: &Value) -> (Vec<f64>, Vec<usize>) {
-    match v.as_array() {
-        None => (vec![v.as_f64().unwrap()], vec![]),
-        Some(items) => {
-            let parts: Vec<(Vec<f64>, Vec<usize>)> = items.iter().map(flat).collect();
-            let mut shape = vec![items.len()];
-            shape.extend(parts.first().map(|p| p.1.clone()).unwrap_or_default());
-            (parts.into_iter().flat_map(|p| p.0).collect(), shape)
-        }
-    }
-}
-
 fn floats(v: &Value) -> Tensor {
-    let (d, s) = flat(v);
+    let (d, s) = nested(v);
     Tensor::from_vec(d.into_iter().map(|x| x as f32).collect(), &s, &Device::Cpu).unwrap()
 }
 
 fn classes(v: &Value) -> Tensor {
-    let (d, s) = flat(v);
+    let (d, s) = nested(v);
     Tensor::from_vec(d.into_iter().map(|x| x as i64).collect(), &s, &Device::Cpu).unwrap()
 }
 
@@ -62,7 +44,7 @@ fn applied(a: &Value, x: &Tensor) -> Tensor {
 
 #[test]
 fn loss_modules_match_pytorch() {
-    let Some((dir, cases)) = cases() else { return };
+    let Some((dir, cases)) = model_cases(&[]) else { return };
     let mut checked = 0;
     for c in &cases {
         let (op, a, name) = (c["op"].as_str().unwrap(), &c["attrs"], c["name"].as_str().unwrap());

@@ -132,40 +132,49 @@ fn module_for(op: &str, a: &Value, fx: &StateDict, dev: &Device) -> Box<dyn Modu
 #[test]
 fn modules_match_pytorch_on_every_device() {
     let Some((dir, cases)) = cases() else { return };
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in devices.iter().filter(|d| !matches!(d, Device::Meta)) {
-        for c in &cases {
-            let (op, a, name) = (c["op"].as_str().unwrap(), &c["attrs"], c["name"].as_str().unwrap());
-            let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
-            let fx = load_safetensors(&dir.join(format!("{name}.safetensors")));
-            let m = module_for(op, a, &fx, dev);
-            let x = get(&fx, "input.0").to_device(dev).unwrap().requires_grad_(true).unwrap();
-            let y = m.forward(&x).unwrap_or_else(|e| panic!("{dev} {name}: {e}"));
-            assert_close(&format!("{dev} {name} output"), &y, get(&fx, "output"), rtol, atol);
-            let buffers = m.state_dict();
-            for extra in c["extra_outputs"].as_array().unwrap() {
-                let extra = extra.as_str().unwrap();
-                let got = buffers.get(extra).unwrap_or_else(|| panic!("{name}: the module has no buffer `{extra}`"));
-                assert_close(&format!("{dev} {name} {extra}"), got, get(&fx, &format!("extra.{extra}")), rtol, atol);
+    ferrite_test_support::for_each_device_where(
+        |d| !matches!(d, Device::Meta),
+        |dev| {
+            for c in &cases {
+                let (op, a, name) = (c["op"].as_str().unwrap(), &c["attrs"], c["name"].as_str().unwrap());
+                let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
+                let fx = load_safetensors(&dir.join(format!("{name}.safetensors")));
+                let m = module_for(op, a, &fx, dev);
+                let x = get(&fx, "input.0").to_device(dev).unwrap().requires_grad_(true).unwrap();
+                let y = m.forward(&x).unwrap_or_else(|e| panic!("{dev} {name}: {e}"));
+                assert_close(&format!("{dev} {name} output"), &y, get(&fx, "output"), rtol, atol);
+                let buffers = m.state_dict();
+                for extra in c["extra_outputs"].as_array().unwrap() {
+                    let extra = extra.as_str().unwrap();
+                    let got =
+                        buffers.get(extra).unwrap_or_else(|| panic!("{name}: the module has no buffer `{extra}`"));
+                    assert_close(
+                        &format!("{dev} {name} {extra}"),
+                        got,
+                        get(&fx, &format!("extra.{extra}")),
+                        rtol,
+                        atol,
+                    );
+                }
+                y.backward_with(&get(&fx, "grad_output").to_device(dev).unwrap(), false).unwrap();
+                let params = m.named_parameters();
+                for i in c["grad_inputs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize) {
+                    // Input 0 is the layer's input; the others are its parameters in PyTorch's
+                    // argument order (weight, then bias).
+                    let t = if i == 0 { x.clone() } else { params[i - 1].1.clone() };
+                    let g = t.grad().unwrap_or_else(|| panic!("{dev} {name}: input {i} has no gradient"));
+                    assert_close(
+                        &format!("{dev} {name} grad_input.{i}"),
+                        &g,
+                        get(&fx, &format!("grad_input.{i}")),
+                        rtol,
+                        atol,
+                    );
+                }
+                println!("module parity {dev:<6} {name} ok");
             }
-            y.backward_with(&get(&fx, "grad_output").to_device(dev).unwrap(), false).unwrap();
-            let params = m.named_parameters();
-            for i in c["grad_inputs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize) {
-                // Input 0 is the layer's input; the others are its parameters in PyTorch's
-                // argument order (weight, then bias).
-                let t = if i == 0 { x.clone() } else { params[i - 1].1.clone() };
-                let g = t.grad().unwrap_or_else(|| panic!("{dev} {name}: input {i} has no gradient"));
-                assert_close(
-                    &format!("{dev} {name} grad_input.{i}"),
-                    &g,
-                    get(&fx, &format!("grad_input.{i}")),
-                    rtol,
-                    atol,
-                );
-            }
-            println!("module parity {dev:<6} {name} ok");
-        }
-    }
+        },
+    );
 }
 
 fn randn(shape: &[usize], seed: u64) -> Tensor {

@@ -5,8 +5,8 @@
 //! bad input as a typed error naming the layer, the argument and the numbers — never a panic.
 
 use ferrite_nn::{
-    GRU, LSTM, Module, NnError, Nonlinearity, PackedSequence, RNN, RecurrentConfig, RecurrentError,
-    pack_padded_sequence, pack_sequence, pad_packed_sequence,
+    GRU, LSTM, Module, NnError, Nonlinearity, PackedSequence, RNN, RecurrentConfig, pack_padded_sequence,
+    pack_sequence, pad_packed_sequence,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
@@ -14,11 +14,10 @@ fn randn(shape: &[usize], g: &mut Generator) -> Tensor {
     Tensor::randn_with(shape, DType::F32, &Device::Cpu, g).unwrap()
 }
 
-fn recurrent_err(e: NnError) -> RecurrentError {
-    match e {
-        NnError::Recurrent(r) => r,
-        other => panic!("expected a RecurrentError, got {other:?}"),
-    }
+/// `e` is exactly `want`, every field (NnError carries tensor errors, so it has no `PartialEq`;
+/// the derived `Debug` prints every field).
+fn same(e: &NnError, want: NnError) {
+    assert_eq!(format!("{e:?}"), format!("{want:?}"), "{e}");
 }
 
 fn values(t: &Tensor) -> Vec<f32> {
@@ -169,10 +168,10 @@ fn pack_sequence_and_enforce_sorted() {
         assert_eq!((out.data().shape(), h.shape()), (&[7usize, 3][..], &[1usize, 3, 3][..]));
     }
     // Hand-built packed sequences are checked.
-    let e = recurrent_err(PackedSequence::new(randn(&[5, 2], &mut g), vec![2, 3], None).unwrap_err());
-    assert!(matches!(e, RecurrentError::InvalidBatchSizes { .. }), "{e}");
-    let e = recurrent_err(PackedSequence::new(randn(&[5, 2], &mut g), vec![3, 2], Some(vec![0, 0, 1])).unwrap_err());
-    assert!(matches!(e, RecurrentError::InvalidIndices { batch: 3, .. }), "{e}");
+    let e = PackedSequence::new(randn(&[5, 2], &mut g), vec![2, 3], None).unwrap_err();
+    assert!(matches!(e, NnError::InvalidBatchSizes { .. }), "{e}");
+    let e = PackedSequence::new(randn(&[5, 2], &mut g), vec![3, 2], Some(vec![0, 0, 1])).unwrap_err();
+    assert!(matches!(e, NnError::InvalidIndices { batch: 3, .. }), "{e}");
 }
 
 #[test]
@@ -202,64 +201,55 @@ fn bad_inputs_are_typed_errors() {
         LSTM::from_config(RecurrentConfig::new(4, 3).num_layers(2).batch_first(true), &Device::Cpu, &mut g).unwrap();
     let x = randn(&[2, 5, 4], &mut g);
 
-    let e = recurrent_err(pack_padded_sequence(&x, &[3, 5], true, true).unwrap_err());
-    assert_eq!(e, RecurrentError::UnsortedLengths { op: "pack_padded_sequence", lengths: vec![3, 5] });
+    let e = pack_padded_sequence(&x, &[3, 5], true, true).unwrap_err();
+    same(&e, NnError::UnsortedLengths { op: "pack_padded_sequence", lengths: vec![3, 5] });
     println!("{e}");
-    let e = recurrent_err(pack_padded_sequence(&x, &[5, 0], true, false).unwrap_err());
-    assert_eq!(e, RecurrentError::EmptySequence { op: "pack_padded_sequence", what: "sequence", index: 1 });
+    let e = pack_padded_sequence(&x, &[5, 0], true, false).unwrap_err();
+    same(&e, NnError::EmptySequence { op: "pack_padded_sequence", what: "sequence", index: 1 });
     println!("{e}");
-    let e = recurrent_err(pack_padded_sequence(&x, &[6, 2], true, false).unwrap_err());
-    assert!(matches!(e, RecurrentError::LengthTooLong { index: 0, length: 6, steps: 5, .. }), "{e}");
+    let e = pack_padded_sequence(&x, &[6, 2], true, false).unwrap_err();
+    assert!(matches!(e, NnError::LengthTooLong { index: 0, length: 6, steps: 5, .. }), "{e}");
     println!("{e}");
-    let e = recurrent_err(pack_padded_sequence(&x, &[5, 2, 1], true, false).unwrap_err());
-    assert!(matches!(e, RecurrentError::LengthsCount { lengths: 3, batch: 2, .. }), "{e}");
+    let e = pack_padded_sequence(&x, &[5, 2, 1], true, false).unwrap_err();
+    assert!(matches!(e, NnError::LengthsCount { lengths: 3, batch: 2, .. }), "{e}");
     println!("{e}");
-    let e = recurrent_err(pack_sequence(&[], false).unwrap_err());
-    assert!(matches!(e, RecurrentError::NoSequences { .. }), "{e}");
+    let e = pack_sequence(&[], false).unwrap_err();
+    assert!(matches!(e, NnError::NoSequences { .. }), "{e}");
 
     let packed = pack_padded_sequence(&x, &[5, 2], true, true).unwrap();
-    let e = recurrent_err(pad_packed_sequence(&packed, true, 0.0, Some(4)).unwrap_err());
-    assert_eq!(e, RecurrentError::TotalLengthTooShort { total_length: 4, longest: 5 });
+    let e = pad_packed_sequence(&packed, true, 0.0, Some(4)).unwrap_err();
+    same(&e, NnError::TotalLengthTooShort { total_length: 4, longest: 5 });
     println!("{e}");
 
     // A packed batch whose source layout is not the layer's.
     let seq_first = pack_padded_sequence(&x.transpose(0, 1).unwrap(), &[5, 2], false, true).unwrap();
-    let e = recurrent_err(lstm.forward_packed(&seq_first, None).unwrap_err());
-    assert_eq!(e, RecurrentError::PackedLayout { layer: "LSTM", packed_batch_first: false, layer_batch_first: true });
+    let e = lstm.forward_packed(&seq_first, None).unwrap_err();
+    same(&e, NnError::PackedLayout { layer: "LSTM", packed_batch_first: false, layer_batch_first: true });
     println!("{e}");
 
     // Wrong feature size, padded and packed; wrong rank.
-    let e = recurrent_err(lstm.forward_with_state(&randn(&[2, 5, 3], &mut g), None).unwrap_err());
-    assert_eq!(
-        e,
-        RecurrentError::InputShape { layer: "LSTM", shape: vec![2, 5, 3], layout: "batch, seq", input_size: 4 }
-    );
+    let e = lstm.forward_with_state(&randn(&[2, 5, 3], &mut g), None).unwrap_err();
+    same(&e, NnError::InputShape { layer: "LSTM", shape: vec![2, 5, 3], layout: "batch, seq", input_size: 4 });
     println!("{e}");
-    let e = recurrent_err(lstm.forward_with_state(&randn(&[2, 5, 4, 1], &mut g), None).unwrap_err());
-    assert!(matches!(e, RecurrentError::InputShape { .. }), "{e}");
+    let e = lstm.forward_with_state(&randn(&[2, 5, 4, 1], &mut g), None).unwrap_err();
+    assert!(matches!(e, NnError::InputShape { .. }), "{e}");
     let narrow = pack_padded_sequence(&randn(&[2, 5, 3], &mut g), &[5, 2], true, true).unwrap();
-    let e = recurrent_err(lstm.forward_packed(&narrow, None).unwrap_err());
-    assert_eq!(e, RecurrentError::PackedShape { layer: "LSTM", shape: vec![7, 3], input_size: 4 });
+    let e = lstm.forward_packed(&narrow, None).unwrap_err();
+    same(&e, NnError::PackedShape { layer: "LSTM", shape: vec![7, 3], input_size: 4 });
     println!("{e}");
 
     // Wrong initial states.
     let (h_bad, c_ok) = (randn(&[1, 2, 3], &mut g), randn(&[2, 2, 3], &mut g));
-    let e = recurrent_err(lstm.forward_with_state(&x, Some((&h_bad, &c_ok))).unwrap_err());
-    assert_eq!(
-        e,
-        RecurrentError::StateShape { layer: "LSTM", arg: "h_0", shape: vec![1, 2, 3], expected: vec![2, 2, 3] }
-    );
+    let e = lstm.forward_with_state(&x, Some((&h_bad, &c_ok))).unwrap_err();
+    same(&e, NnError::StateShape { layer: "LSTM", arg: "h_0", shape: vec![1, 2, 3], expected: vec![2, 2, 3] });
     println!("{e}");
     let (h_ok, c_bad) = (randn(&[2, 2, 3], &mut g), randn(&[2, 3, 3], &mut g));
-    let e = recurrent_err(lstm.forward_packed(&packed, Some((&h_ok, &c_bad))).unwrap_err());
-    assert!(matches!(e, RecurrentError::StateShape { arg: "c_0", .. }), "{e}");
+    let e = lstm.forward_packed(&packed, Some((&h_ok, &c_bad))).unwrap_err();
+    assert!(matches!(e, NnError::StateShape { arg: "c_0", .. }), "{e}");
     let gru = GRU::from_config(RecurrentConfig::new(4, 3), &Device::Cpu, &mut g).unwrap();
-    let e = recurrent_err(gru.forward_with_state(&x, Some(&randn(&[1, 2, 3], &mut g))).unwrap_err());
-    assert_eq!(
-        e,
-        RecurrentError::StateShape { layer: "GRU", arg: "h_0", shape: vec![1, 2, 3], expected: vec![1, 5, 3] }
-    );
+    let e = gru.forward_with_state(&x, Some(&randn(&[1, 2, 3], &mut g))).unwrap_err();
+    same(&e, NnError::StateShape { layer: "GRU", arg: "h_0", shape: vec![1, 2, 3], expected: vec![1, 5, 3] });
     // Empty sequences.
-    let e = recurrent_err(gru.forward_with_state(&randn(&[0, 2, 4], &mut g), None).unwrap_err());
-    assert!(matches!(e, RecurrentError::EmptySequence { .. }), "{e}");
+    let e = gru.forward_with_state(&randn(&[0, 2, 4], &mut g), None).unwrap_err();
+    assert!(matches!(e, NnError::EmptySequence { .. }), "{e}");
 }

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{get, load_safetensors};
+use common::{assert_close, get, load_safetensors};
 use ferrite_nn::{
     GRU, LSTM, Module, Nonlinearity, PackedSequence, RNN, RecurrentConfig, StateDict, pack_padded_sequence,
     pad_packed_sequence,
@@ -38,19 +38,6 @@ fn manifest() -> Option<(std::path::PathBuf, Vec<Value>)> {
     let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
     let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     Some((dir, m["cases"].as_array().unwrap().clone()))
-}
-
-/// Worst |difference|, or a panic naming the first element outside `atol + rtol·|want|`.
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let d = (a - b).abs();
-        assert!(d <= atol + rtol * b.abs(), "{what}: element {i} is {a}, PyTorch gives {b} (diff {d:e})");
-        worst = worst.max(d);
-    }
-    worst
 }
 
 /// A layer of the case's kind and shape, built on `dev`.
@@ -111,8 +98,7 @@ fn recurrent_layers_match_pytorch_on_every_device() {
     for name in REQUIRED {
         assert!(cases.iter().any(|c| c["name"] == name), "models/manifest.json lacks the case {name}");
     }
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         for c in &cases {
             let (name, op, a) = (c["name"].as_str().unwrap(), c["op"].as_str().unwrap(), &c["attrs"]);
             let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
@@ -179,5 +165,5 @@ fn recurrent_layers_match_pytorch_on_every_device() {
             }
             println!("recurrent parity {dev:<6} {name:<26} ok (max |diff| {worst:.2e}, rtol {rtol}, atol {atol})");
         }
-    }
+    });
 }

@@ -13,12 +13,15 @@
 //! built; ferrite creates it at a parameter's first step (the values are the same, and a
 //! parameter that never receives a gradient costs no memory).
 
+use ferrite_tensor::Tensor;
 use ferrite_tensor::backend::FusedKernel;
-use ferrite_tensor::{Device, Tensor};
 
-use crate::error::{Result, bad_hyper};
+use crate::config_setters::config_setters;
+use crate::error::{Result, non_negative};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{GroupState, HyperValue, StateValue, entry, hyper_bool, hyper_f64, load_tensor};
+use crate::state_dict::{
+    GroupState, HyperValue, StateValue, entry, load_hyper_bool, load_hyper_f64, load_tensor, state_entries, step_count,
+};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// Adagrad hyperparameters of one parameter group (PyTorch's defaults: lr 0.01, no decay,
@@ -53,27 +56,15 @@ impl AdagradConfig {
     pub fn new(lr: f64) -> Self {
         AdagradConfig { lr, ..Default::default() }
     }
-    pub fn lr_decay(mut self, lr_decay: f64) -> Self {
-        self.lr_decay = lr_decay;
-        self
-    }
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
-        self
-    }
-    pub fn initial_accumulator_value(mut self, value: f64) -> Self {
-        self.initial_accumulator_value = value;
-        self
-    }
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
-    }
-    pub fn maximize(mut self, maximize: bool) -> Self {
-        self.maximize = maximize;
-        self
-    }
 }
+
+config_setters!(AdagradConfig {
+    lr_decay: f64,
+    weight_decay: f64,
+    initial_accumulator_value: f64,
+    eps: f64,
+    maximize: bool,
+});
 
 impl GroupConfig for AdagradConfig {
     fn lr(&self) -> f64 {
@@ -83,22 +74,13 @@ impl GroupConfig for AdagradConfig {
         self.lr = lr;
     }
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
-            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
-        }
-        if !(self.lr_decay >= 0.0) {
-            return Err(bad_hyper("lr_decay value", self.lr_decay, "a number >= 0"));
-        }
-        if !(self.weight_decay >= 0.0) {
-            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
-        }
-        if !(self.initial_accumulator_value >= 0.0) {
-            return Err(bad_hyper("initial_accumulator_value value", self.initial_accumulator_value, "a number >= 0"));
-        }
-        if !(self.eps >= 0.0) {
-            return Err(bad_hyper("epsilon value", self.eps, "a number >= 0"));
-        }
-        Ok(())
+        non_negative(&[
+            ("learning rate", self.lr),
+            ("lr_decay value", self.lr_decay),
+            ("weight_decay value", self.weight_decay),
+            ("initial_accumulator_value value", self.initial_accumulator_value),
+            ("epsilon value", self.eps),
+        ])
     }
     fn to_hyper(&self) -> Vec<(String, HyperValue)> {
         vec![
@@ -114,25 +96,12 @@ impl GroupConfig for AdagradConfig {
         ]
     }
     fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
-        if let Some(v) = hyper_f64(g, "lr", group)? {
-            self.lr = v;
-        }
-        if let Some(v) = hyper_f64(g, "lr_decay", group)? {
-            self.lr_decay = v;
-        }
-        if let Some(v) = hyper_f64(g, "eps", group)? {
-            self.eps = v;
-        }
-        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
-            self.weight_decay = v;
-        }
-        if let Some(v) = hyper_f64(g, "initial_accumulator_value", group)? {
-            self.initial_accumulator_value = v;
-        }
-        if let Some(v) = hyper_bool(g, "maximize", group)? {
-            self.maximize = v;
-        }
-        Ok(())
+        load_hyper_f64(g, "lr", group, &mut self.lr)?;
+        load_hyper_f64(g, "lr_decay", group, &mut self.lr_decay)?;
+        load_hyper_f64(g, "eps", group, &mut self.eps)?;
+        load_hyper_f64(g, "weight_decay", group, &mut self.weight_decay)?;
+        load_hyper_f64(g, "initial_accumulator_value", group, &mut self.initial_accumulator_value)?;
+        load_hyper_bool(g, "maximize", group, &mut self.maximize)
     }
 }
 
@@ -147,14 +116,11 @@ pub struct AdagradState {
 
 impl ParamState for AdagradState {
     fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
-        Ok(vec![
-            ("step".to_string(), StateValue::Tensor(Tensor::scalar(self.step, &Device::Cpu)?)),
-            ("sum".to_string(), StateValue::Tensor(self.sum.clone())),
-        ])
+        state_entries(Some(self.step), &[("sum", Some(&self.sum))])
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
         Ok(AdagradState {
-            step: crate::state_dict::step_count(entry(entries, "step", index)?, index)?,
+            step: step_count(entry(entries, "step", index)?, index)?,
             sum: load_tensor(entries, "sum", index, param)?,
         })
     }

@@ -16,13 +16,15 @@
 //! Scalars are computed in f64 like Python's floats and rounded once to the compute type.
 //! AdamW is Adam with `decoupled_weight_decay` (as in PyTorch, where `AdamW` subclasses `Adam`).
 
+use ferrite_tensor::Tensor;
 use ferrite_tensor::backend::FusedKernel;
-use ferrite_tensor::{Device, Tensor};
 
-use crate::error::{OptimError, Result, bad_hyper};
+use crate::config_setters::config_setters;
+use crate::error::{OptimError, Result, bad_hyper, non_negative};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
 use crate::state_dict::{
     GroupState, HyperValue, StateValue, entry, load_hyper_bool, load_hyper_f64, load_optional_tensor, load_tensor,
+    state_entries, step_count,
 };
 use crate::update_target::{grad_like, with_contiguous};
 
@@ -67,23 +69,9 @@ impl AdamConfig {
         self.betas = (beta1, beta2);
         self
     }
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
-    }
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
-        self
-    }
-    pub fn amsgrad(mut self, amsgrad: bool) -> Self {
-        self.amsgrad = amsgrad;
-        self
-    }
-    pub fn maximize(mut self, maximize: bool) -> Self {
-        self.maximize = maximize;
-        self
-    }
 }
+
+config_setters!(AdamConfig { eps: f64, weight_decay: f64, amsgrad: bool, maximize: bool });
 
 impl GroupConfig for AdamConfig {
     fn lr(&self) -> f64 {
@@ -100,22 +88,14 @@ impl GroupConfig for AdamConfig {
         true
     }
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
-            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
-        }
-        if !(self.eps >= 0.0) {
-            return Err(bad_hyper("epsilon value", self.eps, "a number >= 0"));
-        }
+        non_negative(&[("learning rate", self.lr), ("epsilon value", self.eps)])?;
         if !(0.0..1.0).contains(&self.betas.0) {
             return Err(bad_hyper("beta parameter at index 0", self.betas.0, "0 <= beta < 1"));
         }
         if !(0.0..1.0).contains(&self.betas.1) {
             return Err(bad_hyper("beta parameter at index 1", self.betas.1, "0 <= beta < 1"));
         }
-        if !(self.weight_decay >= 0.0) {
-            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
-        }
-        Ok(())
+        non_negative(&[("weight_decay value", self.weight_decay)])
     }
     fn to_hyper(&self) -> Vec<(String, HyperValue)> {
         vec![
@@ -163,25 +143,18 @@ pub struct AdamState {
 
 impl ParamState for AdamState {
     fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
-        let mut v = vec![
-            ("step".to_string(), StateValue::Tensor(Tensor::scalar(self.step, &Device::Cpu)?)),
-            ("exp_avg".to_string(), StateValue::Tensor(self.exp_avg.clone())),
-            ("exp_avg_sq".to_string(), StateValue::Tensor(self.exp_avg_sq.clone())),
-        ];
-        if let Some(m) = &self.max_exp_avg_sq {
-            v.push(("max_exp_avg_sq".to_string(), StateValue::Tensor(m.clone())));
-        }
-        Ok(v)
+        state_entries(
+            Some(self.step),
+            &[
+                ("exp_avg", Some(&self.exp_avg)),
+                ("exp_avg_sq", Some(&self.exp_avg_sq)),
+                ("max_exp_avg_sq", self.max_exp_avg_sq.as_ref()),
+            ],
+        )
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
-        let step = entry(entries, "step", index)?.as_f64()?;
-        if !(step >= 0.0) || step.fract() != 0.0 {
-            return Err(OptimError::StateDict(format!(
-                "`step` of parameter {index} must be a non-negative whole number, found {step}"
-            )));
-        }
         Ok(AdamState {
-            step: step as f32,
+            step: step_count(entry(entries, "step", index)?, index)?,
             exp_avg: load_tensor(entries, "exp_avg", index, param)?,
             exp_avg_sq: load_tensor(entries, "exp_avg_sq", index, param)?,
             max_exp_avg_sq: load_optional_tensor(entries, "max_exp_avg_sq", index, param)?,

@@ -73,3 +73,12 @@ pub type Result<T, E = OptimError> = std::result::Result<T, E>;
 pub(crate) fn bad_hyper(name: &'static str, value: f64, expected: &'static str) -> OptimError {
     OptimError::InvalidHyperparameter { name, value, expected }
 }
+
+/// The first of `checks` (PyTorch's name for the value, the value) that is not a number >= 0
+/// (NaN included) as [`bad_hyper`]'s error, in the order given (PyTorch's order of checks).
+pub(crate) fn non_negative(checks: &[(&'static str, f64)]) -> Result<()> {
+    match checks.iter().find(|(_, v)| !(*v >= 0.0)) {
+        Some(&(name, value)) => Err(bad_hyper(name, value, "a number >= 0")),
+        None => Ok(()),
+    }
+}

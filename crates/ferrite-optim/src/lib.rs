@@ -40,6 +40,7 @@ mod accumulation;
 mod adagrad;
 mod adam;
 mod clip_grad;
+mod config_setters;
 mod error;
 mod grad_scaler;
 pub mod lr_scheduler;

@@ -21,12 +21,16 @@
 //! with momentum, `grad_avg` only when centered (both are created when a later change of the
 //! group's settings first needs them, e.g. a OneCycleLR that cycles the momentum).
 
+use ferrite_tensor::Tensor;
 use ferrite_tensor::backend::FusedKernel;
-use ferrite_tensor::{Device, Tensor};
 
-use crate::error::{Result, bad_hyper};
+use crate::config_setters::config_setters;
+use crate::error::{Result, bad_hyper, non_negative};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{GroupState, HyperValue, StateValue, entry, hyper_bool, hyper_f64, load_tensor};
+use crate::state_dict::{
+    GroupState, HyperValue, StateValue, entry, load_hyper_bool, load_hyper_f64, load_optional_tensor, load_tensor,
+    state_entries, step_count,
+};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// RMSprop hyperparameters of one parameter group (PyTorch's defaults: lr 0.01, alpha 0.99,
@@ -64,31 +68,16 @@ impl RmspropConfig {
     pub fn new(lr: f64) -> Self {
         RmspropConfig { lr, ..Default::default() }
     }
-    pub fn alpha(mut self, alpha: f64) -> Self {
-        self.alpha = alpha;
-        self
-    }
-    pub fn eps(mut self, eps: f64) -> Self {
-        self.eps = eps;
-        self
-    }
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
-        self
-    }
-    pub fn momentum(mut self, momentum: f64) -> Self {
-        self.momentum = momentum;
-        self
-    }
-    pub fn centered(mut self, centered: bool) -> Self {
-        self.centered = centered;
-        self
-    }
-    pub fn maximize(mut self, maximize: bool) -> Self {
-        self.maximize = maximize;
-        self
-    }
 }
+
+config_setters!(RmspropConfig {
+    alpha: f64,
+    eps: f64,
+    weight_decay: f64,
+    momentum: f64,
+    centered: bool,
+    maximize: bool,
+});
 
 impl GroupConfig for RmspropConfig {
     fn lr(&self) -> f64 {
@@ -105,18 +94,12 @@ impl GroupConfig for RmspropConfig {
         true
     }
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
-            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
-        }
-        if !(self.eps >= 0.0) {
-            return Err(bad_hyper("epsilon value", self.eps, "a number >= 0"));
-        }
-        if !(self.momentum >= 0.0) {
-            return Err(bad_hyper("momentum value", self.momentum, "a number >= 0"));
-        }
-        if !(self.weight_decay >= 0.0) {
-            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
-        }
+        non_negative(&[
+            ("learning rate", self.lr),
+            ("epsilon value", self.eps),
+            ("momentum value", self.momentum),
+            ("weight_decay value", self.weight_decay),
+        ])?;
         // PyTorch checks only alpha >= 0; above 1 the running average of squares turns negative
         // and every step is NaN, so ferrite refuses it too.
         if !(0.0..=1.0).contains(&self.alpha) {
@@ -139,28 +122,13 @@ impl GroupConfig for RmspropConfig {
         ]
     }
     fn load_hyper(&mut self, g: &GroupState, group: usize) -> Result<()> {
-        if let Some(v) = hyper_f64(g, "lr", group)? {
-            self.lr = v;
-        }
-        if let Some(v) = hyper_f64(g, "momentum", group)? {
-            self.momentum = v;
-        }
-        if let Some(v) = hyper_f64(g, "alpha", group)? {
-            self.alpha = v;
-        }
-        if let Some(v) = hyper_f64(g, "eps", group)? {
-            self.eps = v;
-        }
-        if let Some(v) = hyper_bool(g, "centered", group)? {
-            self.centered = v;
-        }
-        if let Some(v) = hyper_f64(g, "weight_decay", group)? {
-            self.weight_decay = v;
-        }
-        if let Some(v) = hyper_bool(g, "maximize", group)? {
-            self.maximize = v;
-        }
-        Ok(())
+        load_hyper_f64(g, "lr", group, &mut self.lr)?;
+        load_hyper_f64(g, "momentum", group, &mut self.momentum)?;
+        load_hyper_f64(g, "alpha", group, &mut self.alpha)?;
+        load_hyper_f64(g, "eps", group, &mut self.eps)?;
+        load_hyper_bool(g, "centered", group, &mut self.centered)?;
+        load_hyper_f64(g, "weight_decay", group, &mut self.weight_decay)?;
+        load_hyper_bool(g, "maximize", group, &mut self.maximize)
     }
 }
 
@@ -178,30 +146,22 @@ pub struct RmspropState {
 
 impl ParamState for RmspropState {
     fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
-        let mut v = vec![
-            ("step".to_string(), StateValue::Tensor(Tensor::scalar(self.step, &Device::Cpu)?)),
-            ("square_avg".to_string(), StateValue::Tensor(self.square_avg.clone())),
-        ];
-        if let Some(b) = &self.momentum_buffer {
-            v.push(("momentum_buffer".to_string(), StateValue::Tensor(b.clone())));
-        }
-        if let Some(g) = &self.grad_avg {
-            v.push(("grad_avg".to_string(), StateValue::Tensor(g.clone())));
-        }
-        Ok(v)
+        state_entries(
+            Some(self.step),
+            &[
+                ("square_avg", Some(&self.square_avg)),
+                ("momentum_buffer", self.momentum_buffer.as_ref()),
+                ("grad_avg", self.grad_avg.as_ref()),
+            ],
+        )
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
-        let step = crate::state_dict::step_count(entry(entries, "step", index)?, index)?;
-        let has = |k: &str| entries.iter().any(|(name, _)| name == k);
+        let step = step_count(entry(entries, "step", index)?, index)?;
         Ok(RmspropState {
             step,
             square_avg: load_tensor(entries, "square_avg", index, param)?,
-            momentum_buffer: if has("momentum_buffer") {
-                Some(load_tensor(entries, "momentum_buffer", index, param)?)
-            } else {
-                None
-            },
-            grad_avg: if has("grad_avg") { Some(load_tensor(entries, "grad_avg", index, param)?) } else { None },
+            momentum_buffer: load_optional_tensor(entries, "momentum_buffer", index, param)?,
+            grad_avg: load_optional_tensor(entries, "grad_avg", index, param)?,
         })
     }
 }

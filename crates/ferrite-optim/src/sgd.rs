@@ -13,9 +13,12 @@
 use ferrite_tensor::Tensor;
 use ferrite_tensor::backend::FusedKernel;
 
-use crate::error::{OptimError, Result, bad_hyper};
+use crate::config_setters::config_setters;
+use crate::error::{OptimError, Result, bad_hyper, non_negative};
 use crate::optimizer::{GroupConfig, Optim, ParamState, UpdateRule};
-use crate::state_dict::{GroupState, HyperValue, StateValue, load_hyper_bool, load_hyper_f64, load_optional_tensor};
+use crate::state_dict::{
+    GroupState, HyperValue, StateValue, load_hyper_bool, load_hyper_f64, load_optional_tensor, state_entries,
+};
 use crate::update_target::{grad_like, with_contiguous};
 
 /// SGD hyperparameters of one parameter group (PyTorch's defaults).
@@ -40,27 +43,9 @@ impl SgdConfig {
     pub fn new(lr: f64) -> Self {
         SgdConfig { lr, ..Default::default() }
     }
-    pub fn momentum(mut self, momentum: f64) -> Self {
-        self.momentum = momentum;
-        self
-    }
-    pub fn dampening(mut self, dampening: f64) -> Self {
-        self.dampening = dampening;
-        self
-    }
-    pub fn weight_decay(mut self, weight_decay: f64) -> Self {
-        self.weight_decay = weight_decay;
-        self
-    }
-    pub fn nesterov(mut self, nesterov: bool) -> Self {
-        self.nesterov = nesterov;
-        self
-    }
-    pub fn maximize(mut self, maximize: bool) -> Self {
-        self.maximize = maximize;
-        self
-    }
 }
+
+config_setters!(SgdConfig { momentum: f64, dampening: f64, weight_decay: f64, nesterov: bool, maximize: bool });
 
 impl GroupConfig for SgdConfig {
     fn lr(&self) -> f64 {
@@ -77,15 +62,11 @@ impl GroupConfig for SgdConfig {
         true
     }
     fn validate(&self) -> Result<()> {
-        if !(self.lr >= 0.0) {
-            return Err(bad_hyper("learning rate", self.lr, "a number >= 0"));
-        }
-        if !(self.momentum >= 0.0) {
-            return Err(bad_hyper("momentum value", self.momentum, "a number >= 0"));
-        }
-        if !(self.weight_decay >= 0.0) {
-            return Err(bad_hyper("weight_decay value", self.weight_decay, "a number >= 0"));
-        }
+        non_negative(&[
+            ("learning rate", self.lr),
+            ("momentum value", self.momentum),
+            ("weight_decay value", self.weight_decay),
+        ])?;
         if !self.dampening.is_finite() {
             return Err(bad_hyper("dampening value", self.dampening, "a finite number"));
         }
@@ -125,11 +106,7 @@ pub struct SgdState {
 
 impl ParamState for SgdState {
     fn to_entries(&self) -> Result<Vec<(String, StateValue)>> {
-        Ok(self
-            .momentum_buffer
-            .iter()
-            .map(|b| ("momentum_buffer".to_string(), StateValue::Tensor(b.clone())))
-            .collect())
+        state_entries(None, &[("momentum_buffer", self.momentum_buffer.as_ref())])
     }
     fn from_entries(entries: &[(String, StateValue)], index: usize, param: &Tensor) -> Result<Self> {
         Ok(SgdState { momentum_buffer: load_optional_tensor(entries, "momentum_buffer", index, param)? })

@@ -17,7 +17,7 @@
 //! serialise them before the next step, or [`OptimizerState::deep_clone`] them.
 //! Loading copies tensors into fresh storage on each parameter's device and dtype.
 
-use ferrite_tensor::{Tensor, no_grad};
+use ferrite_tensor::{Device, Tensor, no_grad};
 
 use crate::error::{OptimError, Result};
 
@@ -161,6 +161,24 @@ pub(crate) fn load_tensor(entries: &[(String, StateValue)], key: &str, index: us
     let src = t.detach().to_device(param.device())?;
     out.copy_(&src)?;
     Ok(out)
+}
+
+/// A parameter's state entries in PyTorch's order: `step` (a 0-dim f32 tensor on the CPU) when
+/// given, then each tensor that is present, under its key.
+pub(crate) fn state_entries(
+    step: Option<f32>,
+    tensors: &[(&str, Option<&Tensor>)],
+) -> Result<Vec<(String, StateValue)>> {
+    let mut v = Vec::with_capacity(1 + tensors.len());
+    if let Some(step) = step {
+        v.push(("step".to_string(), StateValue::Tensor(Tensor::scalar(step, &Device::Cpu)?)));
+    }
+    for (key, t) in tensors {
+        if let Some(t) = t {
+            v.push((key.to_string(), StateValue::Tensor((*t).clone())));
+        }
+    }
+    Ok(v)
 }
 
 /// A saved state tensor that a parameter may or may not have (`momentum_buffer`,

@@ -11,6 +11,7 @@ use ferrite_optim::{
     StateValue,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
+use ferrite_test_support::params::bits_of as bits;
 
 fn hyper_to_value(h: &HyperValue) -> Value {
     match h {
@@ -157,10 +158,6 @@ fn train(r: &mut Run, steps: std::ops::Range<usize>) {
         r.restarts.step(&mut r.ada).unwrap();
         r.plateau.step(&mut r.ada, metric.round()).unwrap();
     }
-}
-
-fn bits(ps: &[Tensor]) -> Vec<Vec<u32>> {
-    ps.iter().map(|p| p.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect()).collect()
 }
 
 fn params() -> Vec<Tensor> {

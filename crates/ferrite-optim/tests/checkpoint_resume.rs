@@ -9,6 +9,7 @@ use ferrite_optim::{
 };
 use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
+use ferrite_test_support::params::bits_of as bits;
 
 fn init_params(seed: u64) -> Vec<Tensor> {
     let mut g = Generator::new(seed);
@@ -69,10 +70,6 @@ fn train(r: &mut Run, steps: std::ops::Range<usize>) {
         r.opt.zero_grad().unwrap();
         r.sched.step(r.opt.as_mut()).unwrap();
     }
-}
-
-fn bits(ps: &[Tensor]) -> Vec<Vec<u32>> {
-    ps.iter().map(|p| p.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect()).collect()
 }
 
 #[test]

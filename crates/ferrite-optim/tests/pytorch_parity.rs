@@ -53,14 +53,14 @@ fn optimizer_trajectories_match_pytorch() {
     let manifest: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     let cases = manifest["cases"].as_array().expect("cases");
     assert!(cases.len() >= 3, "expected the SGD, Adam and AdamW trajectories");
-    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    ferrite_test_support::for_each_device(|dev| {
         println!("optimizer trajectories on {dev}");
         for case in cases {
             let name = case["name"].as_str().unwrap();
             let steps = case["steps"].as_u64().unwrap() as usize;
             let accum = case["accum"].as_u64().unwrap() as usize;
             let batch = case["batch"].as_u64().unwrap() as usize;
-            let ts = load_safetensors(&dir.join(format!("{name}.safetensors")), &dev);
+            let ts = load_safetensors(&dir.join(format!("{name}.safetensors")), dev);
             let (x, y) = (get(&ts, "X"), get(&ts, "Y"));
             let want_losses = get(&ts, "losses").to_vec::<f32>().unwrap();
             let params = leaf_params(&ts, "init");
@@ -92,7 +92,7 @@ fn optimizer_trajectories_match_pytorch() {
                 "{dev} {name}: {steps} steps x {accum} micro-batches; max |param diff| {worst:.2e}, max |loss diff| {worst_loss:.2e}"
             );
         }
-    }
+    });
 }
 
 #[test]
@@ -106,9 +106,9 @@ fn grad_scaler_trajectory_matches_pytorch_exactly() {
         growth_interval: spec["growth_interval"].as_i64().unwrap(),
         enabled: true,
     };
-    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    ferrite_test_support::for_each_device(|dev| {
         let mut scaler = GradScaler::new(cfg.clone()).unwrap();
-        let w = Tensor::from_vec(vec![0.5f32, -0.25], &[2], &dev).unwrap().requires_grad_(true).unwrap();
+        let w = Tensor::from_vec(vec![0.5f32, -0.25], &[2], dev).unwrap().requires_grad_(true).unwrap();
         let mut opt = Sgd::new(vec![w.clone()], SgdConfig::new(0.01)).unwrap();
         let steps = spec["steps"].as_array().unwrap();
         for (i, st) in steps.iter().enumerate() {
@@ -133,5 +133,5 @@ fn grad_scaler_trajectory_matches_pytorch_exactly() {
             assert_eq!(scaler.get_scale(), want, "step {i}: scale after update");
         }
         println!("grad_scaler on {dev}: {} steps, scale trajectory identical to PyTorch", steps.len());
-    }
+    });
 }

@@ -12,6 +12,7 @@ use ferrite_optim::{
     SchedulerState, Sgd, SgdConfig, StateValue, ThresholdMode,
 };
 use ferrite_tensor::{DType, Device, Generator, Tensor};
+use ferrite_test_support::params::bits_of as bits;
 
 fn params(seed: u64, device: &Device) -> Vec<Tensor> {
     let mut g = Generator::new(seed);
@@ -28,10 +29,6 @@ fn loss(p: &[Tensor], step: usize) -> Tensor {
     let h = x.matmul(&p[0].t().unwrap()).unwrap().tanh().unwrap();
     let y = h.sum_dims(&[1], false).unwrap().add(&p[1].sum().unwrap()).unwrap();
     y.square().unwrap().sum().unwrap().add(&p[2].abs().unwrap().sum().unwrap()).unwrap()
-}
-
-fn bits(ps: &[Tensor]) -> Vec<Vec<u32>> {
-    ps.iter().map(|p| p.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect()).collect()
 }
 
 /// The optimizer / schedule pairs under test.
@@ -109,9 +106,9 @@ fn load_sched(s: &mut Sched, st: &SchedulerState) {
 
 #[test]
 fn resume_from_saved_states_is_bit_identical() {
-    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    ferrite_test_support::for_each_device(|dev| {
         for kind in [Kind::RmspropOneCycle, Kind::AdagradWarmRestarts, Kind::AdamPlateau] {
-            let mut a = new_run(kind, params(7, &dev));
+            let mut a = new_run(kind, params(7, dev));
             train(&mut a, 0..5);
             let saved_p: Vec<Tensor> = a.p.iter().map(|p| p.detach().deep_clone().unwrap()).collect();
             let saved_opt = a.opt.state_dict().unwrap().deep_clone().unwrap();
@@ -130,7 +127,7 @@ fn resume_from_saved_states_is_bit_identical() {
             assert_eq!(sched_state(&a.sched), sched_state(&b.sched), "{dev} {kind:?}");
             println!("{dev} {kind:?}: resumed after 5 steps, 6 more steps bit-identical");
         }
-    }
+    });
 }
 
 #[test]

@@ -59,12 +59,12 @@ fn optimizer_trajectories_match_pytorch() {
     for name in ["rmsprop", "rmsprop__centered_momentum", "adagrad"] {
         assert!(cases.contains_key(name), "schedules.json lacks the `{name}` trajectory");
     }
-    for dev in ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES") {
+    ferrite_test_support::for_each_device(|dev| {
         for (name, case) in cases {
             let shape: Vec<usize> =
                 case["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
             let init: Vec<f32> = floats(&case["init"]).into_iter().map(|v| v as f32).collect();
-            let w = Tensor::from_vec(init, &shape, &dev).unwrap().requires_grad_(true).unwrap();
+            let w = Tensor::from_vec(init, &shape, dev).unwrap().requires_grad_(true).unwrap();
             let mut opt = build(name, &case["config"], w.clone());
             let steps = case["after_each_step"].as_array().unwrap();
             let mut worst = 0.0f64;
@@ -86,7 +86,7 @@ fn optimizer_trajectories_match_pytorch() {
             }
             println!("{dev} {name}: {} steps, max |param diff| {worst:.2e}", steps.len());
         }
-    }
+    });
 }
 
 /// `SGD(lr=base_lr, momentum=base_momentum)` on one parameter, as the fixture generator built it.

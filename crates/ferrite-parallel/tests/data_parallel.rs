@@ -9,19 +9,12 @@
 //! threads) never share an allocator.
 
 use ferrite_memory::{Device, MemoryError, select_devices};
-use ferrite_nn::{Linear, Module, Sequential, Tanh};
+use ferrite_nn::{Linear, Module, Sequential};
 use ferrite_optim::{Adam, AdamConfig, Optimizer, OptimizerState, Sgd, SgdConfig, StateValue};
 use ferrite_parallel::{DataParallel, OwnerPolicy, ParallelError};
 use ferrite_tensor::functional::mse_loss;
 use ferrite_tensor::{DType, Generator, Tensor};
-
-fn mlp(seed: u64) -> Sequential {
-    let mut g = Generator::new(seed);
-    Sequential::new()
-        .append(Linear::new_with(6, 16, true, &Device::Cpu, &mut g).unwrap())
-        .append(Tanh::new())
-        .append(Linear::new_with(16, 3, true, &Device::Cpu, &mut g).unwrap())
-}
+use ferrite_test_support::models::mlp;
 
 /// Batches of 8, 8, 8 and a last one of 5 (uneven over 2 and 3 devices).
 fn batches() -> Vec<(Tensor, Tensor)> {
@@ -40,14 +33,10 @@ fn values(m: &impl Module) -> Vec<Vec<f32>> {
     m.parameters().iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
 }
 
+/// Parameters equal within f32 reduction tolerance (the replicas sum their gradients in another
+/// order).
 fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        for (u, v) in x.iter().zip(y) {
-            // f32 reduction tolerance: the replicas sum their gradients in another order.
-            assert!((u - v).abs() <= 2e-5 + 2e-5 * v.abs(), "{what}: parameter {i}: {u} vs {v}");
-        }
-    }
+    ferrite_test_support::assert_all_close(what, a, b, 2e-5, 2e-5);
 }
 
 /// Train `steps` passes over the batches on one device and on `k` simulated devices of

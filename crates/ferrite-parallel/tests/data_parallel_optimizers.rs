@@ -4,19 +4,12 @@
 //! whole parameters as owners and with parameters split into pieces (`OwnerPolicy::Sharded`).
 
 use ferrite_memory::{Device, select_devices};
-use ferrite_nn::{Linear, Module, Sequential, Tanh};
+use ferrite_nn::Module;
 use ferrite_optim::{Adam, AdamConfig, GradScaler, GradScalerConfig, LrScheduler, Optimizer, StepLr, clip_grad_norm_};
 use ferrite_parallel::{DataParallel, OwnerPolicy};
 use ferrite_tensor::functional::mse_loss;
 use ferrite_tensor::{DType, Generator, Tensor};
-
-fn mlp(seed: u64) -> Sequential {
-    let mut g = Generator::new(seed);
-    Sequential::new()
-        .append(Linear::new_with(6, 16, true, &Device::Cpu, &mut g).unwrap())
-        .append(Tanh::new())
-        .append(Linear::new_with(16, 3, true, &Device::Cpu, &mut g).unwrap())
-}
+use ferrite_test_support::models::mlp;
 
 fn batches() -> Vec<(Tensor, Tensor)> {
     let mut g = Generator::new(42);
@@ -34,13 +27,10 @@ fn values(params: &[Tensor]) -> Vec<Vec<f32>> {
     params.iter().map(|p| p.to_vec::<f32>().unwrap()).collect()
 }
 
+/// Parameters equal within f32 reduction tolerance (the replicas sum their gradients in another
+/// order).
 fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        for (u, v) in x.iter().zip(y) {
-            assert!((u - v).abs() <= 2e-5 + 2e-5 * v.abs(), "{what}: parameter {i}: {u} vs {v}");
-        }
-    }
+    ferrite_test_support::assert_all_close(what, a, b, 2e-5, 2e-5);
 }
 
 fn adamw(params: Vec<Tensor>) -> Adam {

@@ -23,10 +23,7 @@ fn input() -> Tensor {
 }
 
 fn close(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}");
-    for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= 1e-5 + 1e-5 * y.abs(), "{what}[{i}]: {x} vs {y}");
-    }
+    ferrite_test_support::assert_slices_close(what, a, b, 1e-5, 1e-5);
 }
 
 #[test]

@@ -126,10 +126,9 @@ fn launch(case: &str) -> Run {
     Run { out, status: o.status, log, elapsed: start.elapsed() }
 }
 
+/// Every parameter value within 2e-5·(1 + |want|) of the single-process run.
 fn assert_close(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: parameter count");
-    let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0f32, f32::max);
-    assert!(worst < 2e-5, "{what}: largest relative difference {worst}");
+    ferrite_test_support::assert_slices_close(what, a, b, 2e-5, 2e-5);
 }
 
 fn equality_case(test: &str, case: &str, kind: &str, accumulation: usize) {

@@ -10,31 +10,7 @@ use std::time::Instant;
 
 use faer::{Accum, MatMut, MatRef, Par};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
-
-/// CPU time of the calling thread in seconds (Linux), to tune single-threaded kernels on a
-/// machine shared with other jobs: preemption does not count against the kernel.
-#[cfg(target_os = "linux")]
-fn thread_cpu_seconds() -> Option<f64> {
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    unsafe extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: glibc's clock_gettime with a valid clock id and a pointer to a timespec-sized
-    // struct (64-bit Linux layout).
-    let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn thread_cpu_seconds() -> Option<f64> {
-    None
-}
+use ferrite_test_support::timing::thread_cpu_seconds;
 
 fn best_of(reps: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     let cpu_time = std::env::var_os("GEMM_CPU_TIME").is_some();

@@ -13,22 +13,7 @@ use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 /// variants on a machine shared with other jobs (preemption does not count; run with
 /// `RAYON_NUM_THREADS=1` so idle helpers do not count either).
 fn cpu_seconds() -> Option<f64> {
-    if std::env::var_os("CONV_CPU_TIME").is_none() || !cfg!(target_os = "linux") {
-        return None;
-    }
-    #[repr(C)]
-    struct Timespec {
-        sec: i64,
-        nsec: i64,
-    }
-    unsafe extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
-    let mut ts = Timespec { sec: 0, nsec: 0 };
-    // SAFETY: glibc's clock_gettime with a valid clock id and a timespec-sized struct.
-    let r = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
+    std::env::var_os("CONV_CPU_TIME").and_then(|_| ferrite_test_support::timing::process_cpu_seconds())
 }
 
 fn med(mut f: impl FnMut()) -> f64 {

@@ -21,6 +21,11 @@ impl Storage {
     /// Allocate `nbytes` (uninitialised) from `allocator`.
     #[track_caller]
     pub(crate) fn new(allocator: &Arc<CachingAllocator>, nbytes: usize) -> Result<Arc<Storage>> {
+        #[cfg(not(feature = "gpu"))]
+        if let Device::Gpu { .. } = allocator.device() {
+            // Whatever its raw memory, no kernels compute on a GPU in this build.
+            return Err(ferrite_memory::gpu::not_compiled(&allocator.device().to_string()).into());
+        }
         let block = allocator.allocate(nbytes)?;
         let kernels = kernels_for(allocator.device());
         Ok(Arc::new(Storage { block, allocator: allocator.clone(), kernels, version: AtomicU64::new(0) }))
@@ -58,6 +63,7 @@ impl Storage {
     }
 
     /// Bytes of the allocator block (the request rounded up; kernels may touch the padding).
+    #[cfg(feature = "gpu")]
     pub(crate) fn block_size(&self) -> usize {
         self.block.size()
     }
@@ -71,4 +77,29 @@ impl Storage {
 /// Whether two storages live on the same device (cheap pointer test first).
 pub(crate) fn same_device(a: &Storage, b: &Storage) -> bool {
     Arc::ptr_eq(&a.allocator, &b.allocator) || a.device() == b.device()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The no-GPU build: a tensor on `gpu:N` — even through an allocator that hands out blocks
+    /// without a context (`unbacked`) — is the typed error naming the `gpu` feature.
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn no_tensor_lives_on_a_gpu_without_the_gpu_feature() {
+        use ferrite_memory::{AllocatorConfig, CachingAllocator, Device, MemoryError};
+
+        use crate::error::TensorError;
+        use crate::{DType, Tensor};
+
+        let gpu = Device::Gpu { index: 0 };
+        let e = Tensor::zeros(&[4], DType::F32, &gpu).unwrap_err();
+        assert!(matches!(e, TensorError::Memory(MemoryError::GpuNotCompiled { .. })), "{e:?}");
+        assert!(e.to_string().contains("--features gpu"), "{e}");
+        let unbacked = std::sync::Arc::new(CachingAllocator::unbacked(gpu, AllocatorConfig::default()));
+        let e = match super::Storage::new(&unbacked, 16) {
+            Ok(_) => panic!("a storage on gpu:0 in a build without the gpu feature"),
+            Err(e) => e,
+        };
+        assert!(matches!(e, TensorError::Memory(MemoryError::GpuNotCompiled { .. })), "{e:?}");
+    }
 }

@@ -11,13 +11,13 @@
 //! `sim` device (the planner's promise). And the rules without a fixture: PyTorch's asymmetric
 //! `padding="same"`, unbatched inputs, and the typed errors of bad input.
 
-use std::path::Path;
-
 use ferrite_memory::allocator;
 use ferrite_tensor::functional::{
     Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, Padding, conv_transpose2d, conv1d, conv2d,
 };
 use ferrite_tensor::{DType, Device, ExpectedShape, Generator, Tensor, TensorError};
+use ferrite_test_support::assert_close;
+use ferrite_test_support::fixtures::load_f32;
 use serde_json::Value;
 
 const OPS: [&str; 3] = ["conv1d", "conv2d", "conv_transpose2d"];
@@ -34,17 +34,13 @@ struct Case {
 }
 
 fn cases() -> Option<Vec<Case>> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
-    let out: Vec<Case> = m["cases"]
-        .as_array()
-        .unwrap()
+    let (dir, cases) = ferrite_test_support::fixtures::model_cases(&OPS)?;
+    let out: Vec<Case> = cases
         .iter()
-        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
         .map(|c| {
             let name = c["name"].as_str().unwrap().to_string();
             Case {
-                fx: load(&dir.join(format!("{name}.safetensors"))),
+                fx: load_f32(&dir.join(format!("{name}.safetensors"))),
                 name,
                 op: c["op"].as_str().unwrap().to_string(),
                 attrs: c["attrs"].clone(),
@@ -59,20 +55,6 @@ fn cases() -> Option<Vec<Case>> {
         assert!(out.iter().any(|c| c.op == op), "the fixtures have no `{op}` case");
     }
     Some(out)
-}
-
-fn load(path: &Path) -> Vec<(String, Tensor)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data: Vec<f32> =
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
-        })
-        .collect()
 }
 
 impl Case {
@@ -140,24 +122,10 @@ impl Case {
     }
 }
 
-/// Max |diff|, after asserting every element is within `atol + rtol·|want|`.
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let d = (a - b).abs();
-        assert!(d <= atol + rtol * b.abs(), "{what}: element {i} is {a}, PyTorch {b} (diff {d:e})");
-        worst = worst.max(d);
-    }
-    worst
-}
-
 #[test]
 fn conv_cases_match_pytorch_on_every_device() {
     let Some(cases) = cases() else { return };
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         for c in &cases {
             let x = c.inputs(dev);
             let out = c.run(&x).unwrap_or_else(|e| panic!("{dev} {}: {e}", c.name));
@@ -175,7 +143,7 @@ fn conv_cases_match_pytorch_on_every_device() {
                 c.name, c.rtol, c.atol
             );
         }
-    }
+    });
 }
 
 /// (peak, final) allocated bytes above the start of forward + backward of `c` on `dev`, and the

@@ -10,22 +10,11 @@ use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError, no_grad};
 /// Tests share one device (its allocator statistics, its error flag): they run one at a time.
 static DEVICE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The GPU devices under test, or `None` (after saying why) when there are none.
+/// The GPU devices under test, or `None` (after ferrite-test-support's skip-or-fail message)
+/// when there are none.
 fn gpus() -> Option<Vec<Device>> {
-    let devices: Vec<Device> = gpu::devices_under_test()
-        .expect("FERRITE_TEST_DEVICES")
-        .into_iter()
-        .filter(|d| matches!(d, Device::Gpu { .. }))
-        .collect();
+    let devices = ferrite_test_support::gpus_or_skip();
     if devices.is_empty() {
-        eprintln!(
-            "SKIPPED: no GPU adapter (install mesa-vulkan-drivers and libvulkan1 for lavapipe), or none chosen in FERRITE_TEST_DEVICES"
-        );
-        assert_ne!(
-            std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").as_deref(),
-            Ok("1"),
-            "FERRITE_REQUIRE_SYSTEM_DEPS=1 but no GPU adapter was found"
-        );
         return None;
     }
     eprintln!("gpu_backend devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));

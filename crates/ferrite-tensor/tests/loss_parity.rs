@@ -10,60 +10,17 @@
 //! `grad_input.0` is checked through it. A loss case of the manifest without a runner here fails
 //! the test, so new fixture cases cannot be skipped silently.
 
-use std::path::PathBuf;
-
 use ferrite_tensor::functional::{
     CrossEntropyOptions, KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits,
     cross_entropy, huber_loss, kl_div, nll_loss, smooth_l1_loss,
 };
 use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_test_support::assert_close;
+use ferrite_test_support::fixtures::{get, load_f32, model_cases, nested};
 use serde_json::Value;
 
 const LOSSES: [&str; 7] =
     ["nll_loss", "cross_entropy", "bce_with_logits", "binary_cross_entropy", "smooth_l1_loss", "huber_loss", "kl_div"];
-
-fn manifest() -> Option<(PathBuf, Value)> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json is readable");
-    Some((dir, serde_json::from_str(&text).expect("models/manifest.json is valid JSON")))
-}
-
-fn load(path: &std::path::Path) -> Vec<(String, Tensor)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data: Vec<f32> =
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
-        })
-        .collect()
-}
-
-fn get<'a>(fx: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
-    &fx.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("fixture lacks `{name}`")).1
-}
-
-/// A nested JSON list as (flat values, shape).
-fn nested(v: &Value) -> (Vec<f64>, Vec<usize>) {
-    match v.as_array() {
-        None => (vec![v.as_f64().expect("a number")], vec![]),
-        Some(items) => {
-            let mut flat = Vec::new();
-            let mut inner = Vec::new();
-            for it in items {
-                let (f, s) = nested(it);
-                inner = s;
-                flat.extend(f);
-            }
-            let mut shape = vec![items.len()];
-            shape.extend(inner);
-            (flat, shape)
-        }
-    }
-}
 
 fn float_attr(a: &Value, key: &str, device: &Device) -> Tensor {
     let (v, shape) = nested(&a[key]);
@@ -142,30 +99,15 @@ fn forward(op: &str, a: &Value, x: &[Tensor], dev: &Device) -> Tensor {
     r.unwrap_or_else(|e| panic!("{op} on {dev}: {e}"))
 }
 
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let d = (a - b).abs();
-        assert!(d <= atol + rtol * b.abs(), "{what}: element {i} is {a}, PyTorch {b} (diff {d:e})");
-        worst = worst.max(d);
-    }
-    worst
-}
-
 #[test]
 fn loss_cases_match_pytorch_on_every_device() {
-    let Some((dir, m)) = manifest() else { return };
-    let cases: Vec<&Value> =
-        m["cases"].as_array().unwrap().iter().filter(|c| LOSSES.contains(&c["op"].as_str().unwrap_or(""))).collect();
+    let Some((dir, cases)) = model_cases(&LOSSES) else { return };
     assert!(cases.len() >= LOSSES.len(), "expected at least one fixture case per loss, found {}", cases.len());
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         for c in &cases {
             let name = c["name"].as_str().unwrap();
             let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
-            let fx = load(&dir.join(format!("{name}.safetensors")));
+            let fx = load_f32(&dir.join(format!("{name}.safetensors")));
             let grads: Vec<u64> = c["grad_inputs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
             let inputs: Vec<Tensor> = (0..c["inputs"].as_u64().unwrap())
                 .map(|i| {
@@ -184,5 +126,5 @@ fn loss_cases_match_pytorch_on_every_device() {
             }
             println!("loss parity {dev:<6} {name:<28} ok (max |diff| {worst:.2e}, rtol {rtol}, atol {atol})");
         }
-    }
+    });
 }

@@ -4,35 +4,17 @@
 //! a real (sim) device — so the planner's prediction for a model with these layers is exact. Its
 //! own test binary, so no other test touches the process-wide meta allocator meanwhile.
 
-use std::path::Path;
-
 use ferrite_memory::allocator;
 use ferrite_tensor::functional::{
     AvgPool2dOptions, BatchNormOptions, MaxPool2dOptions, adaptive_avg_pool2d, avg_pool2d, batch_norm, group_norm,
     max_pool2d, rms_norm,
 };
 use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_test_support::fixtures::{get, load_f32};
 use serde_json::Value;
 
 const OPS: [&str; 7] =
     ["batch_norm1d", "batch_norm2d", "group_norm", "rms_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"];
-
-fn load(path: &Path) -> Vec<(String, Tensor)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            let data: Vec<f32> =
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
-        })
-        .collect()
-}
-
-fn get<'a>(fx: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
-    &fx.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("fixture lacks `{name}`")).1
-}
 
 fn pair(a: &Value, key: &str, default: [usize; 2]) -> [usize; 2] {
     match a.get(key).and_then(Value::as_array) {
@@ -102,14 +84,12 @@ fn step(c: &Value, fx: &[(String, Tensor)], dev: &Device) -> (Vec<usize>, Vec<Ve
 
 #[test]
 fn meta_gives_pytorch_shapes_and_the_real_allocations() {
-    let Some(dir) = ferrite_test_support::reference_or_skip("models/manifest.json") else { return };
-    let dir = dir.join("models");
-    let m: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let Some((dir, cases)) = ferrite_test_support::fixtures::model_cases(&OPS) else { return };
     let sim = Device::parse("sim:1GiB:0").unwrap();
     let mut checked = 0;
-    for c in m["cases"].as_array().unwrap().iter().filter(|c| OPS.contains(&c["op"].as_str().unwrap_or(""))) {
+    for c in &cases {
         let name = c["name"].as_str().unwrap();
-        let fx = load(&dir.join(format!("{name}.safetensors")));
+        let fx = load_f32(&dir.join(format!("{name}.safetensors")));
         let (meta_out, meta_grads, meta_peak) = step(c, &fx, &Device::Meta);
         let (sim_out, sim_grads, sim_peak) = step(c, &fx, &sim);
         assert_eq!(meta_out, get(&fx, "output").shape(), "{name}: meta output shape");

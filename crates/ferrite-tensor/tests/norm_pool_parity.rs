@@ -13,49 +13,17 @@
 //! precision) are checked across devices instead: every device under test must agree with the
 //! CPU backend, whose window arithmetic the unit tests check by hand.
 
-use std::path::{Path, PathBuf};
-
 use ferrite_tensor::functional::{
     AvgPool2dOptions, BatchNormOptions, MaxPool2dOptions, adaptive_avg_pool2d, avg_pool2d, batch_norm, group_norm,
     max_pool2d, rms_norm,
 };
 use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_test_support::assert_close;
+use ferrite_test_support::fixtures::{get, load_f32, model_cases};
 use serde_json::Value;
 
 const OPS: [&str; 7] =
     ["batch_norm1d", "batch_norm2d", "group_norm", "rms_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"];
-
-fn cases() -> Option<(PathBuf, Vec<Value>)> {
-    let dir = ferrite_test_support::reference_or_skip("models/manifest.json")?.join("models");
-    let text = std::fs::read_to_string(dir.join("manifest.json")).expect("models/manifest.json");
-    let m: Value = serde_json::from_str(&text).expect("models/manifest.json is valid JSON");
-    let cases = m["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .filter(|c| OPS.contains(&c["op"].as_str().unwrap_or("")))
-        .cloned()
-        .collect();
-    Some((dir, cases))
-}
-
-fn load(path: &Path) -> Vec<(String, Tensor)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors");
-    st.tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data: Vec<f32> =
-                view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            (name, Tensor::from_vec(data, view.shape(), &Device::Cpu).unwrap())
-        })
-        .collect()
-}
-
-fn get<'a>(fx: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
-    &fx.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("fixture lacks `{name}`")).1
-}
 
 fn usizes(v: &Value) -> Vec<usize> {
     match v {
@@ -146,54 +114,47 @@ fn forward(op: &str, a: &Value, x: &[Tensor], dev: &Device) -> (Tensor, Vec<(Str
     }
 }
 
-fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> f64 {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
-    let mut worst = 0.0f64;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let d = (a - b).abs();
-        assert!(d <= atol + rtol * b.abs(), "{what}: element {i} is {a}, PyTorch {b} (diff {d:e})");
-        worst = worst.max(d);
-    }
-    worst
-}
-
 #[test]
 fn norm_and_pool_cases_match_pytorch_on_every_device() {
-    let Some((dir, cases)) = cases() else { return };
+    let Some((dir, cases)) = model_cases(&OPS) else { return };
     for op in OPS {
         assert!(cases.iter().any(|c| c["op"] == op), "no fixture case for {op}");
     }
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for dev in devices.iter().filter(|d| !matches!(d, Device::Meta)) {
-        for c in &cases {
-            let name = c["name"].as_str().unwrap();
-            let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
-            let fx = load(&dir.join(format!("{name}.safetensors")));
-            let grads: Vec<u64> = c["grad_inputs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-            let inputs: Vec<Tensor> = (0..c["inputs"].as_u64().unwrap())
-                .map(|i| {
-                    let t = get(&fx, &format!("input.{i}")).to_device(dev).unwrap();
-                    if grads.contains(&i) { t.requires_grad_(true).unwrap() } else { t }
-                })
-                .collect();
-            let (out, extras) = forward(c["op"].as_str().unwrap(), &c["attrs"], &inputs, dev);
-            let mut worst = assert_close(&format!("{dev} {name} output"), &out, get(&fx, "output"), rtol, atol);
-            for extra in c["extra_outputs"].as_array().unwrap() {
-                let extra = extra.as_str().unwrap();
-                let got = &extras.iter().find(|(n, _)| n == extra).unwrap_or_else(|| panic!("{name}: no `{extra}`")).1;
-                let want = get(&fx, &format!("extra.{extra}"));
-                worst = worst.max(assert_close(&format!("{dev} {name} extra.{extra}"), got, want, rtol, atol));
+    ferrite_test_support::for_each_device_where(
+        |d| !matches!(d, Device::Meta),
+        |dev| {
+            for c in &cases {
+                let name = c["name"].as_str().unwrap();
+                let (rtol, atol) = (c["rtol"].as_f64().unwrap(), c["atol"].as_f64().unwrap());
+                let fx = load_f32(&dir.join(format!("{name}.safetensors")));
+                let grads: Vec<u64> =
+                    c["grad_inputs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+                let inputs: Vec<Tensor> = (0..c["inputs"].as_u64().unwrap())
+                    .map(|i| {
+                        let t = get(&fx, &format!("input.{i}")).to_device(dev).unwrap();
+                        if grads.contains(&i) { t.requires_grad_(true).unwrap() } else { t }
+                    })
+                    .collect();
+                let (out, extras) = forward(c["op"].as_str().unwrap(), &c["attrs"], &inputs, dev);
+                let mut worst = assert_close(&format!("{dev} {name} output"), &out, get(&fx, "output"), rtol, atol);
+                for extra in c["extra_outputs"].as_array().unwrap() {
+                    let extra = extra.as_str().unwrap();
+                    let got =
+                        &extras.iter().find(|(n, _)| n == extra).unwrap_or_else(|| panic!("{name}: no `{extra}`")).1;
+                    let want = get(&fx, &format!("extra.{extra}"));
+                    worst = worst.max(assert_close(&format!("{dev} {name} extra.{extra}"), got, want, rtol, atol));
+                }
+                out.backward_with(&get(&fx, "grad_output").to_device(dev).unwrap(), false).unwrap();
+                for i in &grads {
+                    let g =
+                        inputs[*i as usize].grad().unwrap_or_else(|| panic!("{dev} {name}: input {i} has no gradient"));
+                    let want = get(&fx, &format!("grad_input.{i}"));
+                    worst = worst.max(assert_close(&format!("{dev} {name} grad_input.{i}"), &g, want, rtol, atol));
+                }
+                println!("norm/pool parity {dev:<6} {name:<28} ok (max |diff| {worst:.2e}, rtol {rtol}, atol {atol})");
             }
-            out.backward_with(&get(&fx, "grad_output").to_device(dev).unwrap(), false).unwrap();
-            for i in &grads {
-                let g = inputs[*i as usize].grad().unwrap_or_else(|| panic!("{dev} {name}: input {i} has no gradient"));
-                let want = get(&fx, &format!("grad_input.{i}"));
-                worst = worst.max(assert_close(&format!("{dev} {name} grad_input.{i}"), &g, want, rtol, atol));
-            }
-            println!("norm/pool parity {dev:<6} {name:<28} ok (max |diff| {worst:.2e}, rtol {rtol}, atol {atol})");
-        }
-    }
+        },
+    );
 }
 
 /// One forward + backward on `dev` of `f` applied to copies of `inputs` (all requiring grad):
@@ -360,19 +321,22 @@ fn options_beyond_the_fixtures_agree_across_devices() {
             5e-2,
         ),
     ];
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
-    for (name, inputs, op, tol) in &cases {
-        let want = run_on(name, &Device::Cpu, inputs, op.as_ref());
-        for dev in devices.iter().filter(|d| !matches!(d, Device::Cpu | Device::Meta)) {
-            let got = run_on(name, dev, inputs, op.as_ref());
-            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g.len(), w.len(), "{dev} {name}: result {k} length");
-                for (i, (a, b)) in g.iter().zip(w).enumerate() {
-                    let ok = (a - b).abs() <= tol + tol * b.abs() || (a.is_nan() && b.is_nan());
-                    assert!(ok, "{dev} {name}: result {k} element {i} is {a}, cpu {b}");
+    let wants: Vec<_> =
+        cases.iter().map(|(name, inputs, op, _)| run_on(name, &Device::Cpu, inputs, op.as_ref())).collect();
+    ferrite_test_support::for_each_device_where(
+        |d| !matches!(d, Device::Cpu | Device::Meta),
+        |dev| {
+            for ((name, inputs, op, tol), want) in cases.iter().zip(&wants) {
+                let got = run_on(name, dev, inputs, op.as_ref());
+                for (k, (g, w)) in got.iter().zip(want).enumerate() {
+                    assert_eq!(g.len(), w.len(), "{dev} {name}: result {k} length");
+                    for (i, (a, b)) in g.iter().zip(w).enumerate() {
+                        let ok = (a - b).abs() <= tol + tol * b.abs() || (a.is_nan() && b.is_nan());
+                        assert!(ok, "{dev} {name}: result {k} element {i} is {a}, cpu {b}");
+                    }
                 }
+                println!("{dev} agrees with cpu: {name}");
             }
-            println!("{dev} agrees with cpu: {name}");
-        }
-    }
+        },
+    );
 }

@@ -7,9 +7,10 @@
 //! `cpu,gpu:0`), by default `cpu` and every GPU adapter this machine has (Mesa's lavapipe counts:
 //! CI runs the suite on it). Inputs are moved to the device, results read back.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ferrite_tensor::{Device, Tensor};
+use ferrite_test_support::fixtures::try_get as get;
 
 struct Case {
     name: String,
@@ -21,53 +22,17 @@ struct Case {
     atol: f64,
 }
 
-fn load(path: &PathBuf) -> Result<Vec<(String, Tensor)>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = vec![];
-    for (name, view) in st.tensors() {
-        if view.dtype() != safetensors::Dtype::F32 {
-            return Err(format!("{name}: unexpected dtype {:?}", view.dtype()));
-        }
-        let data: Vec<f32> =
-            view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let t = Tensor::from_vec(data, view.shape(), &Device::Cpu).map_err(|e| e.to_string())?;
-        out.push((name, t));
+/// The fixture reader and closeness check of ferrite-test-support, as this harness's `Result`s.
+fn load(path: &Path) -> Result<Vec<(String, Tensor)>, String> {
+    let fx = ferrite_test_support::fixtures::try_load(path)?;
+    match fx.iter().find(|(_, t)| t.dtype() != ferrite_tensor::DType::F32) {
+        Some((name, t)) => Err(format!("{name}: unexpected dtype {:?}", t.dtype())),
+        None => Ok(fx),
     }
-    Ok(out)
-}
-
-fn get<'a>(m: &'a [(String, Tensor)], k: &str) -> Result<&'a Tensor, String> {
-    m.iter().find(|(n, _)| n == k).map(|(_, t)| t).ok_or_else(|| format!("fixture lacks `{k}`"))
 }
 
 fn close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
-    if got.shape() != want.shape() {
-        return Err(format!("{what}: shape {:?}, expected {:?}", got.shape(), want.shape()));
-    }
-    let g = got.to_vec_f64().map_err(|e| e.to_string())?;
-    let w = want.to_vec_f64().map_err(|e| e.to_string())?;
-    // The worst offending element; NaN (on either side) counts as the worst possible.
-    let mut worst: Option<(usize, f64)> = None;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let err = (a - b).abs();
-        let tol = atol + rtol * b.abs();
-        if err.is_nan() || err > tol {
-            let excess = if err.is_nan() { f64::INFINITY } else { err / tol };
-            if worst.is_none_or(|(_, e)| excess > e) {
-                worst = Some((i, excess));
-            }
-        }
-    }
-    if let Some((i, _)) = worst {
-        return Err(format!(
-            "{what}: element {i} is {} but PyTorch gives {} (|diff| {:.3e})",
-            g[i],
-            w[i],
-            (g[i] - w[i]).abs()
-        ));
-    }
-    Ok(())
+    ferrite_test_support::check_close(what, got, want, rtol, atol).map(|_| ())
 }
 
 fn attr_i64(a: &serde_json::Value, k: &str) -> Result<i64, String> {
@@ -169,11 +134,6 @@ fn forward(case: &Case, x: &[Tensor]) -> Result<Option<Tensor>, String> {
     }
 }
 
-/// The devices to run on (see the module documentation).
-fn devices() -> Vec<Device> {
-    ferrite_memory::gpu::devices_under_test().unwrap_or_else(|e| panic!("FERRITE_TEST_DEVICES: {e}"))
-}
-
 fn run_case(dir: &Path, case: &Case, device: &Device) -> Result<bool, String> {
     let fx = load(&dir.join("ops").join(format!("{}.safetensors", case.name)))?;
     let inputs: Vec<Tensor> = (0..case.inputs)
@@ -208,9 +168,7 @@ fn main() {
     let m: serde_json::Value = serde_json::from_str(&text).expect("manifest.json is valid JSON");
     let cases = m["cases"].as_array().expect("manifest has cases");
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    let devices = devices();
-    println!("parity devices: {}", devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
-    for device in &devices {
+    ferrite_test_support::for_each_device(|device| {
         for c in cases {
             let case = Case {
                 name: c["name"].as_str().unwrap_or("?").to_string(),
@@ -240,7 +198,7 @@ fn main() {
                 }
             }
         }
-    }
+    });
     println!("{passed} passed, {failed} failed, {skipped} skipped");
     if failed > 0 {
         std::process::exit(1);

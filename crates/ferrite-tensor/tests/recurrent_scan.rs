@@ -82,12 +82,9 @@ fn cat_rows(v: &[Tensor]) -> Tensor {
     Tensor::cat(&v.iter().collect::<Vec<_>>(), 0).unwrap()
 }
 
+/// `got` (the fused scan) against `want` (the composition) within atol 2e-5, rtol 2e-4.
 fn close(what: &str, got: &Tensor, want: &Tensor) {
-    assert_eq!(got.shape(), want.shape(), "{what}: shape");
-    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        assert!((a - b).abs() <= 2e-5 + 2e-4 * b.abs(), "{what}: element {i} is {a}, the composition gives {b}");
-    }
+    ferrite_test_support::assert_close(what, got, want, 2e-4, 2e-5);
 }
 
 fn leaf(shape: &[usize], dev: &Device, g: &mut Generator, scale: f64) -> Tensor {
@@ -96,9 +93,8 @@ fn leaf(shape: &[usize], dev: &Device, g: &mut Generator, scale: f64) -> Tensor 
 
 #[test]
 fn fused_scan_matches_a_composition_of_ops_on_every_device() {
-    let devices = ferrite_memory::gpu::devices_under_test().expect("FERRITE_TEST_DEVICES");
     let (input, hidden) = (3, 5);
-    for dev in &devices {
+    ferrite_test_support::for_each_device(|dev| {
         let mut runs = 0;
         for cell in CELLS {
             for sizes in [vec![3, 3, 3, 3], vec![4, 3, 3, 1, 1]] {
@@ -192,7 +188,7 @@ fn fused_scan_matches_a_composition_of_ops_on_every_device() {
             }
         }
         println!("recurrent scan on {dev}: {runs} configurations match the composition (outputs, states, gradients)");
-    }
+    });
 }
 
 #[test]

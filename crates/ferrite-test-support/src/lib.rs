@@ -1,14 +1,34 @@
 //! What the test suites of several ferrite crates share, so that each rule lives in one place:
 //! where the PyTorch reference fixtures are, what a test does when the machine lacks
-//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module), and
-//! how the parsers of user text are fuzzed ([`text_fuzz`]).
+//! something it needs (the fixtures, a GPU adapter, a Debian data package, a Python module),
+//! which devices a suite runs on and the loop that runs it on each ([`devices`]), how fixture
+//! files are read ([`fixtures`]) and results compared ([`close`], [`params`]), the small models
+//! several suites train ([`models`]), how the parsers of user text are fuzzed ([`text_fuzz`]), and
+//! the CPU-time clocks of measurements on a shared machine ([`timing`]).
+//!
+//! Features keep the lower crates' test builds small: without features this crate needs only
+//! ferrite-memory; `tensor` adds the fixture reader and the tensor checks, `nn` the models.
 //!
 //! The rule: without the dependency a test prints a loud `SKIPPED` line naming what is missing and
 //! how to get it, and returns early; with `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI sets it, after
 //! `.ci/run` installed everything) a missing dependency fails the test instead, so CI never passes
 //! by skipping. This crate is a dev-dependency only; nothing in it ships with ferrite.
 
+pub mod close;
+pub mod devices;
+#[cfg(feature = "tensor")]
+pub mod fixtures;
+#[cfg(feature = "nn")]
+pub mod models;
+#[cfg(feature = "tensor")]
+pub mod params;
 pub mod text_fuzz;
+pub mod timing;
+
+pub use close::{assert_all_close, assert_slices_close};
+#[cfg(feature = "tensor")]
+pub use close::{assert_close, check_close};
+pub use devices::{TEST_DEVICES_ENV, devices_under_test, for_each_device, for_each_device_where};
 
 use std::path::PathBuf;
 
@@ -64,27 +84,56 @@ pub fn pytorch_file_or_skip(name: &str) -> Option<PathBuf> {
 /// What to install for a GPU adapter on Debian (Mesa's software Vulkan is enough).
 const GPU_REMEDY: &str = "install mesa-vulkan-drivers and libvulkan1 (bash .ci/run does)";
 
+/// `true` when this build has GPU support (ferrite-memory's `gpu` feature); otherwise prints a
+/// `SKIPPED` line saying how to build with it and returns `false`. A build without the feature is
+/// a choice, not a missing system dependency, so this skips also under
+/// `FERRITE_REQUIRE_SYSTEM_DEPS=1` (CI's debug run of the lower crates builds without it); CI's
+/// workspace run has it through the `ferrite` binary's default features, which
+/// `tests::ci_runs_gpu_tests_with_gpu_support` checks.
+pub fn gpu_compiled_or_skip() -> bool {
+    if !ferrite_memory::gpu::COMPILED {
+        eprintln!(
+            "SKIPPED: this build has no GPU support (the `gpu` cargo feature is off); test with `--features gpu` or in the workspace (`cargo test --workspace`)"
+        );
+    }
+    ferrite_memory::gpu::COMPILED
+}
+
 /// The GPUs among the devices under test (`FERRITE_TEST_DEVICES`, else every adapter of this
-/// machine); empty after [`present_or_skip`]'s message when there is none.
+/// machine); empty after [`present_or_skip`]'s message when there is none, or after
+/// [`gpu_compiled_or_skip`]'s when this build has no GPU support.
 pub fn gpus_or_skip() -> Vec<Device> {
-    let gpus: Vec<Device> = ferrite_memory::gpu::devices_under_test()
-        .unwrap_or_else(|e| panic!("{}: {e}", ferrite_memory::gpu::TEST_DEVICES_ENV))
-        .into_iter()
-        .filter(|d| matches!(d, Device::Gpu { .. }))
-        .collect();
+    if !gpu_compiled_or_skip() {
+        return Vec::new();
+    }
+    let gpus: Vec<Device> = devices::devices().into_iter().filter(|d| matches!(d, Device::Gpu { .. })).collect();
     present_or_skip(!gpus.is_empty(), "no GPU adapter", GPU_REMEDY);
     gpus
 }
 
 /// Whether this machine has a GPU adapter at all (for tests that drive `gpu:0` themselves);
-/// `false` after [`present_or_skip`]'s message.
+/// `false` after [`present_or_skip`]'s or [`gpu_compiled_or_skip`]'s message.
 pub fn gpu_adapter_or_skip() -> bool {
-    present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
+    gpu_compiled_or_skip()
+        && present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CI (`FERRITE_REQUIRE_SYSTEM_DEPS=1`) runs this crate's tests only in the workspace run,
+    /// where feature unification through ferrite-cli's default features compiles GPU support:
+    /// if that ever stops, the GPU tests would skip, and this test fails instead.
+    #[test]
+    fn ci_runs_gpu_tests_with_gpu_support() {
+        // An `if` rather than `assert!`: the condition is a constant of this build.
+        if system_deps_required() && !ferrite_memory::gpu::COMPILED {
+            panic!(
+                "{REQUIRE_SYSTEM_DEPS_ENV}=1 but ferrite-memory was built without the `gpu` feature: the GPU tests of this run would skip"
+            );
+        }
+    }
 
     #[test]
     fn a_present_dependency_runs_the_test() {

@@ -87,6 +87,10 @@ pub fn table(adapters: &[AdapterSummary]) -> String {
     let mut s = String::from(
         "cpu      host memory, CPU kernels\nmeta     shapes and allocations only (no data): planning\nsim:<gpu> host memory with a GPU's capacity and allocator (`ferrite memory gpus` lists them)\n",
     );
+    if adapters.is_empty() && !ferrite_memory::gpu::COMPILED {
+        s.push_str("\nNo GPU support in this build: ferrite was compiled without the `gpu` cargo feature, so `gpu:N` devices are refused.\nRebuild with `--features gpu` (the default of `cargo build --release -p ferrite-cli`).\n");
+        return s;
+    }
     if adapters.is_empty() {
         s.push_str("\nNo GPU adapter found (ferrite uses Vulkan, Metal or DX12 through wgpu).\nOn Linux install a Vulkan driver: your GPU vendor's, or Mesa's (`apt-get install mesa-vulkan-drivers libvulkan1`; lavapipe is a software GPU for testing).\n");
         return s;

@@ -7,76 +7,35 @@
 //! lives for the process, like a CUDA context.
 //!
 //! Memory: a caching-allocator segment is one storage buffer and a block is (buffer, offset,
-//! size), so PyTorch's rounding, pools and statistics apply unchanged (see [`memory`]). wgpu does
+//! size), so PyTorch's rounding, pools and statistics apply unchanged (see `memory`). wgpu does
 //! not report VRAM size, so the capacity comes from `FERRITE_GPU_MEMORY`, else from the GPU
 //! catalogue by adapter name, else it is unknown and only the driver's refusal limits it.
+//!
+//! The wgpu part (`GpuContext`, [`context`], `memory`) is compiled only with the `gpu` cargo
+//! feature (off by default in the library crates, on in the `ferrite` binary), so a CPU-only user
+//! of the libraries does not build wgpu and naga. Without it this module still answers — no
+//! adapters, [`COMPILED`] is `false` — and naming a `gpu:N` device is the typed
+//! [`MemoryError::GpuNotCompiled`] that says how to turn the feature on.
 
+mod adapter;
+#[cfg(feature = "gpu")]
 pub mod memory;
+#[cfg(feature = "gpu")]
+mod wgpu_device;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+#[cfg(feature = "gpu")]
+pub use wgpu_device::{GpuContext, context};
 
-use parking_lot::Mutex;
+pub use adapter::{AdapterSummary, GPU_MEMORY_ENV};
 
-use crate::{GpuProfile, MemoryError};
+use crate::MemoryError;
 
-/// Environment variable that sets the capacity of every GPU (`24GiB`, `16000MiB`, bytes).
-pub const GPU_MEMORY_ENV: &str = "FERRITE_GPU_MEMORY";
+/// Whether this build has GPU support (the `gpu` cargo feature of ferrite-memory).
+pub const COMPILED: bool = cfg!(feature = "gpu");
 
-/// What ferrite knows about one GPU adapter (for listings and `ferrite devices`).
-#[derive(Debug, Clone)]
-pub struct AdapterSummary {
-    /// ferrite's index (`gpu:<index>`).
-    pub index: usize,
-    pub name: String,
-    /// `Vulkan`, `Metal`, `Dx12`.
-    pub backend: String,
-    pub device_type: String,
-    pub driver: String,
-    pub driver_info: String,
-    pub max_buffer_size: u64,
-    pub max_storage_buffer_binding_size: u64,
-    pub min_storage_buffer_offset_alignment: u32,
-    pub shader_f16: bool,
-    /// Capacity in bytes as ferrite will use it (see the module documentation), if known.
-    pub capacity: Option<u64>,
-    /// Where the capacity comes from (`FERRITE_GPU_MEMORY`, `catalogue: <key>`), if known.
-    pub capacity_source: Option<String>,
-}
-
-fn instance() -> &'static wgpu::Instance {
-    static INSTANCE: OnceLock<wgpu::Instance> = OnceLock::new();
-    INSTANCE.get_or_init(|| {
-        let mut d = wgpu::InstanceDescriptor::new_without_display_handle();
-        // Compute-capable modern APIs only: GL adapters lack what the kernels need.
-        d.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
-        wgpu::Instance::new(d)
-    })
-}
-
-fn type_rank(t: wgpu::DeviceType) -> u8 {
-    match t {
-        wgpu::DeviceType::DiscreteGpu => 0,
-        wgpu::DeviceType::IntegratedGpu => 1,
-        wgpu::DeviceType::VirtualGpu => 2,
-        wgpu::DeviceType::Other => 3,
-        wgpu::DeviceType::Cpu => 4,
-    }
-}
-
-/// The adapters this process may use, in `gpu:N` order: the physical ones, chosen and renumbered
-/// by `--devices` / `FERRITE_VISIBLE_DEVICES` (see [`crate::visible_devices`]). A bad list leaves
-/// none visible; opening a GPU then reports the list's error.
-fn adapters() -> &'static [&'static wgpu::Adapter] {
-    static VISIBLE: OnceLock<Vec<&'static wgpu::Adapter>> = OnceLock::new();
-    VISIBLE.get_or_init(|| {
-        let all = physical_adapters();
-        match crate::visible_devices::gpu_selection(all.len()) {
-            Ok(None) => all.iter().collect(),
-            Ok(Some(chosen)) => chosen.into_iter().filter_map(|i| all.get(i)).collect(),
-            Err(_) => Vec::new(),
-        }
-    })
+/// The error for a `gpu:N` device in a build without the `gpu` feature.
+pub fn not_compiled(device: &str) -> MemoryError {
+    MemoryError::GpuNotCompiled { device: device.to_string() }
 }
 
 // Defined here rather than in `device.rs`: naming a `gpu:N` needs the adapter list, and
@@ -97,253 +56,28 @@ impl crate::Device {
 }
 
 /// How many GPU adapters the machine has, before any visible-device list.
+#[cfg(feature = "gpu")]
 pub fn physical_adapter_count() -> usize {
-    physical_adapters().len()
+    wgpu_device::physical_adapter_count()
 }
 
-/// Every adapter ferrite can use, in physical order (enumerated once per process).
-fn physical_adapters() -> &'static [wgpu::Adapter] {
-    static ADAPTERS: OnceLock<Vec<wgpu::Adapter>> = OnceLock::new();
-    ADAPTERS.get_or_init(|| {
-        let mut v = pollster::block_on(
-            instance().enumerate_adapters(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12),
-        );
-        v.retain(|a| a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS));
-        v.sort_by_key(|a| type_rank(a.get_info().device_type));
-        v
-    })
-}
-
-/// Parse `FERRITE_GPU_MEMORY`, if set. A malformed value is an error naming the variable.
-fn env_capacity() -> Result<Option<u64>, MemoryError> {
-    match std::env::var(GPU_MEMORY_ENV) {
-        Ok(s) => crate::capacity::parse_capacity(&s).map(Some).ok_or_else(|| MemoryError::InvalidConfig {
-            key: GPU_MEMORY_ENV.into(),
-            value: s,
-            reason: "expected a capacity such as `24GiB`, `16000MiB` or a number of bytes".into(),
-        }),
-        Err(_) => Ok(None),
-    }
-}
-
-/// The catalogue entry whose marketing name matches an adapter's name (e.g. `NVIDIA H100 80GB
-/// HBM3`), if any.
-fn catalogue_profile(adapter_name: &str) -> Option<GpuProfile> {
-    let name = adapter_name.to_ascii_lowercase();
-    GpuProfile::catalogue().into_iter().find(|p| {
-        let n = p.name.to_ascii_lowercase();
-        name == n || name.contains(&n) || n.contains(&name)
-    })
-}
-
-/// Capacity and where it came from.
-fn capacity_for(info: &wgpu::AdapterInfo) -> Result<(Option<u64>, Option<String>), MemoryError> {
-    if let Some(c) = env_capacity()? {
-        return Ok((Some(c), Some(GPU_MEMORY_ENV.to_string())));
-    }
-    Ok(match catalogue_profile(&info.name) {
-        Some(p) => (Some(p.usable_bytes()), Some(format!("catalogue: {}", p.key))),
-        None => (None, None),
-    })
-}
-
-fn summary(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
-    let info = a.get_info();
-    let l = a.limits();
-    let (capacity, capacity_source) = capacity_for(&info).unwrap_or((None, None));
-    AdapterSummary {
-        index,
-        name: info.name.clone(),
-        backend: format!("{:?}", info.backend),
-        device_type: format!("{:?}", info.device_type),
-        driver: info.driver.clone(),
-        driver_info: info.driver_info.clone(),
-        max_buffer_size: l.max_buffer_size,
-        max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
-        min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
-        shader_f16: a.features().contains(wgpu::Features::SHADER_F16),
-        capacity,
-        capacity_source,
-    }
+/// How many GPU adapters the machine has: none that this build can use (no `gpu` feature).
+#[cfg(not(feature = "gpu"))]
+pub fn physical_adapter_count() -> usize {
+    0
 }
 
 /// Every GPU adapter this process can use, in `gpu:N` order. Empty when there is no Vulkan,
 /// Metal or DX12 driver (the Vulkan loader is opened at run time, so a machine without one still
 /// runs everything else).
+#[cfg(feature = "gpu")]
 pub fn list_adapters() -> Vec<AdapterSummary> {
-    adapters().iter().enumerate().map(|(i, a)| summary(i, a)).collect()
+    wgpu_device::list_adapters()
 }
 
-/// One GPU's device, queue and the buffers of its memory segments.
-pub struct GpuContext {
-    index: usize,
-    info: wgpu::AdapterInfo,
-    limits: wgpu::Limits,
-    features: wgpu::Features,
-    device: wgpu::Device,
-    queue: wgpu::Queue,
-    capacity: Option<u64>,
-    capacity_source: Option<String>,
-    /// Live segments by base address: (buffer, size).
-    segments: Mutex<BTreeMap<u64, (wgpu::Buffer, u64)>>,
-    /// Set when the driver reported the device lost.
-    lost: Arc<Mutex<Option<String>>>,
-    /// Validation or internal errors the driver reported outside an error scope.
-    uncaptured: Arc<Mutex<Option<String>>>,
-}
-
-impl std::fmt::Debug for GpuContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GpuContext(gpu:{}, {})", self.index, self.info.name)
-    }
-}
-
-impl GpuContext {
-    fn create(index: usize, adapter: &wgpu::Adapter) -> Result<GpuContext, MemoryError> {
-        let info = adapter.get_info();
-        let (capacity, capacity_source) = capacity_for(&info)?;
-        // Ask for everything the adapter offers: the largest buffers and bindings, and f16
-        // arithmetic where it exists.
-        let limits = adapter.limits();
-        let features = adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY);
-        let desc = wgpu::DeviceDescriptor {
-            label: Some("ferrite"),
-            required_features: features,
-            required_limits: limits.clone(),
-            ..Default::default()
-        };
-        let (device, queue) =
-            pollster::block_on(adapter.request_device(&desc)).map_err(|e| MemoryError::GpuUnavailable {
-                device: format!("gpu:{index}"),
-                reason: format!("the driver refused to create a device on {} ({:?}): {e}", info.name, info.backend),
-            })?;
-        let lost = Arc::new(Mutex::new(None));
-        let lost2 = lost.clone();
-        device.set_device_lost_callback(move |reason, msg| {
-            *lost2.lock() = Some(format!("{reason:?}: {msg}"));
-        });
-        let uncaptured = Arc::new(Mutex::new(None));
-        let unc2 = uncaptured.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let mut slot = unc2.lock();
-            if slot.is_none() {
-                *slot = Some(e.to_string());
-            }
-        }));
-        Ok(GpuContext {
-            index,
-            info,
-            limits,
-            features,
-            device,
-            queue,
-            capacity,
-            capacity_source,
-            segments: Mutex::new(BTreeMap::new()),
-            lost,
-            uncaptured,
-        })
-    }
-
-    pub fn index(&self) -> usize {
-        self.index
-    }
-    pub fn info(&self) -> &wgpu::AdapterInfo {
-        &self.info
-    }
-    pub fn limits(&self) -> &wgpu::Limits {
-        &self.limits
-    }
-    pub fn features(&self) -> wgpu::Features {
-        self.features
-    }
-    pub fn device(&self) -> &wgpu::Device {
-        &self.device
-    }
-    pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
-    }
-    /// Bytes the allocator may reserve, if known.
-    pub fn capacity(&self) -> Option<u64> {
-        self.capacity
-    }
-    /// Where [`Self::capacity`] came from.
-    pub fn capacity_source(&self) -> Option<&str> {
-        self.capacity_source.as_deref()
-    }
-
-    /// The device-lost reason, once the driver reported one.
-    pub fn lost(&self) -> Option<String> {
-        self.lost.lock().clone()
-    }
-
-    /// Take the first error the driver reported outside an error scope (shader or validation
-    /// errors), if any.
-    pub fn take_uncaptured_error(&self) -> Option<String> {
-        self.uncaptured.lock().take()
-    }
-
-    /// The buffer holding device address `addr`, with `addr`'s offset in it and the buffer's size.
-    pub fn resolve(&self, addr: u64) -> Option<(wgpu::Buffer, u64, u64)> {
-        let segs = self.segments.lock();
-        let (&base, (buf, size)) = segs.range(..=addr).next_back()?;
-        (addr < base + size).then(|| (buf.clone(), addr - base, *size))
-    }
-
-    fn insert_segment(&self, addr: u64, buffer: wgpu::Buffer, size: u64) {
-        self.segments.lock().insert(addr, (buffer, size));
-    }
-
-    fn remove_segment(&self, addr: u64) -> Option<wgpu::Buffer> {
-        self.segments.lock().remove(&addr).map(|(b, _)| b)
-    }
-
-    /// Buffers currently held for segments (for tests: `empty_cache` must release them all).
-    pub fn live_buffers(&self) -> usize {
-        self.segments.lock().len()
-    }
-}
-
-/// The context of `gpu:<index>`, created on first use. Errors name the GPUs that exist.
-pub fn context(index: usize) -> Result<Arc<GpuContext>, MemoryError> {
-    static CONTEXTS: OnceLock<Mutex<Vec<Option<Arc<GpuContext>>>>> = OnceLock::new();
-    crate::visible_devices::gpu_selection(physical_adapter_count())?;
-    let all = adapters();
-    if all.is_empty() {
-        return Err(MemoryError::GpuUnavailable {
-            device: format!("gpu:{index}"),
-            reason: "no GPU adapter was found (no Vulkan, Metal or DX12 driver with compute support). On Debian/Ubuntu install `mesa-vulkan-drivers` and `libvulkan1` for a software GPU, or the vendor's driver; `ferrite devices` lists what is visible".into(),
-        });
-    }
-    let Some(adapter) = all.get(index) else {
-        let names: Vec<String> =
-            all.iter().enumerate().map(|(i, a)| format!("gpu:{i} ({})", a.get_info().name)).collect();
-        return Err(MemoryError::GpuUnavailable {
-            device: format!("gpu:{index}"),
-            reason: format!("this machine has {} GPU adapter(s): {}", all.len(), names.join(", ")),
-        });
-    };
-    let cell = CONTEXTS.get_or_init(|| Mutex::new(vec![None; all.len()]));
-    let mut v = cell.lock();
-    if let Some(c) = &v[index] {
-        return Ok(c.clone());
-    }
-    let c = Arc::new(GpuContext::create(index, adapter)?);
-    v[index] = Some(c.clone());
-    Ok(c)
-}
-
-/// Environment variable choosing the devices the conformance suites run on (`cpu,gpu:0`).
-pub const TEST_DEVICES_ENV: &str = "FERRITE_TEST_DEVICES";
-
-/// The devices a device-parameterised test suite runs on: those listed in
-/// `$FERRITE_TEST_DEVICES` (comma-separated), else `cpu` and every GPU adapter of this machine.
-/// One place decides, so every suite runs on the same devices and can print them.
-pub fn devices_under_test() -> Result<Vec<crate::Device>, MemoryError> {
-    match std::env::var(TEST_DEVICES_ENV) {
-        Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().parse::<crate::Device>()).collect(),
-        _ => Ok(std::iter::once(crate::Device::Cpu)
-            .chain(list_adapters().into_iter().map(|a| crate::Device::Gpu { index: a.index }))
-            .collect()),
-    }
+/// Every GPU adapter this process can use: none in a build without the `gpu` feature
+/// ([`COMPILED`] tells why the list is empty).
+#[cfg(not(feature = "gpu"))]
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    Vec::new()
 }

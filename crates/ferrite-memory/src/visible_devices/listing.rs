@@ -71,6 +71,9 @@ pub fn select_devices(base: &Device, list: Option<&str>) -> Result<Vec<Device>, 
             }
         },
         Device::Gpu { .. } => {
+            if !gpu::COMPILED {
+                return Err(gpu::not_compiled(&base.to_string()));
+            }
             if let Some(l) = list {
                 set_visible_devices(l)?;
             }
@@ -209,5 +212,13 @@ mod tests {
         let listed = list_devices(&ds).unwrap();
         assert!(listed[1].free.unwrap() < listed[2].free.unwrap());
         drop(b);
+    }
+
+    /// The no-GPU build: choosing `gpu` devices is the typed error naming the `gpu` feature.
+    #[cfg(not(feature = "gpu"))]
+    #[test]
+    fn without_the_gpu_feature_gpu_devices_cannot_be_selected() {
+        let e = select_devices(&Device::Gpu { index: 0 }, None).unwrap_err();
+        assert!(matches!(e, MemoryError::GpuNotCompiled { .. }), "{e:?}");
     }
 }

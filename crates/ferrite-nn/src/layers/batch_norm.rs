@@ -17,7 +17,7 @@ use ferrite_tensor::{DType, Device, ExpectedShape, Tensor, TensorError, no_grad}
 
 use crate::error::{NnError, Result, in_layer};
 use crate::init::{ones_, zeros_};
-use crate::module::{Module, new_parameter};
+use crate::module::{Module, new_parameter, present, present_mut};
 
 /// The input ranks a batch norm accepts, and its class name.
 pub trait BatchNormRank: Clone + std::fmt::Debug + Send + Sync + 'static {
@@ -230,39 +230,27 @@ impl<R: BatchNormRank> Module for BatchNorm<R> {
     }
 
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        [("weight", &self.weight), ("bias", &self.bias)]
-            .into_iter()
-            .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t)))
-            .collect()
+        present([("weight", &self.weight), ("bias", &self.bias)])
     }
 
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        [("weight", &mut self.weight), ("bias", &mut self.bias)]
-            .into_iter()
-            .filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t)))
-            .collect()
+        present_mut([("weight", &mut self.weight), ("bias", &mut self.bias)])
     }
 
     fn own_buffers(&self) -> Vec<(String, &Tensor)> {
-        [
+        present([
             ("running_mean", &self.running_mean),
             ("running_var", &self.running_var),
             ("num_batches_tracked", &self.num_batches_tracked),
-        ]
-        .into_iter()
-        .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t)))
-        .collect()
+        ])
     }
 
     fn own_buffers_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        [
+        present_mut([
             ("running_mean", &mut self.running_mean),
             ("running_var", &mut self.running_var),
             ("num_batches_tracked", &mut self.num_batches_tracked),
-        ]
-        .into_iter()
-        .filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t)))
-        .collect()
+        ])
     }
 
     fn is_training(&self) -> bool {

@@ -19,19 +19,20 @@ use ferrite_tensor::{Device, Generator, Tensor, TensorError};
 
 use crate::error::{NnError, Result};
 use crate::init::{FanMode, Nonlinearity, fan_in_and_fan_out, kaiming_uniform_, uniform_};
-use crate::module::{Module, new_parameter, training_flag};
+use crate::module::{Module, new_parameter, training_flag, weight_and_bias, weight_and_bias_mut};
 
 /// Constructor arguments of [`Conv1d`] / [`Conv2d`] with PyTorch's defaults (stride 1, padding 0,
 /// dilation 1, groups 1, bias on): `Conv2dConfig::new(3, 64, 3).padding(1)`.
+///
+/// Stride, padding, dilation and groups are the functional form's [`ConvOptions`], held as
+/// they are and set through its builder, so the layer and `conv1d`/`conv2d` share one
+/// definition of those arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvConfig<const N: usize> {
     pub in_channels: usize,
     pub out_channels: usize,
     pub kernel_size: [usize; N],
-    pub stride: [usize; N],
-    pub padding: Padding<N>,
-    pub dilation: [usize; N],
-    pub groups: usize,
+    pub options: ConvOptions<N>,
     pub bias: bool,
 }
 
@@ -46,29 +47,27 @@ impl<const N: usize> ConvConfig<N> {
             in_channels,
             out_channels,
             kernel_size: kernel_size.per_dim(),
-            stride: [1; N],
-            padding: Padding::default(),
-            dilation: [1; N],
-            groups: 1,
+            options: ConvOptions::default(),
             bias: true,
         }
     }
-    pub fn stride(mut self, s: impl SpatialSize<N>) -> Self {
-        self.stride = s.per_dim();
+    /// The options changed by `f` (one of [`ConvOptions`]' setters).
+    fn with(mut self, f: impl FnOnce(ConvOptions<N>) -> ConvOptions<N>) -> Self {
+        self.options = f(self.options);
         self
+    }
+    pub fn stride(self, s: impl SpatialSize<N>) -> Self {
+        self.with(|o| o.stride(s))
     }
     /// A size, a size per dimension, or [`Padding::Same`] / [`Padding::Valid`].
-    pub fn padding(mut self, p: impl Into<Padding<N>>) -> Self {
-        self.padding = p.into();
-        self
+    pub fn padding(self, p: impl Into<Padding<N>>) -> Self {
+        self.with(|o| o.padding(p))
     }
-    pub fn dilation(mut self, d: impl SpatialSize<N>) -> Self {
-        self.dilation = d.per_dim();
-        self
+    pub fn dilation(self, d: impl SpatialSize<N>) -> Self {
+        self.with(|o| o.dilation(d))
     }
-    pub fn groups(mut self, g: usize) -> Self {
-        self.groups = g;
-        self
+    pub fn groups(self, g: usize) -> Self {
+        self.with(|o| o.groups(g))
     }
     pub fn bias(mut self, bias: bool) -> Self {
         self.bias = bias;
@@ -76,22 +75,19 @@ impl<const N: usize> ConvConfig<N> {
     }
     /// The functional form's options.
     pub fn options(&self) -> ConvOptions<N> {
-        ConvOptions { stride: self.stride, padding: self.padding, dilation: self.dilation, groups: self.groups }
+        self.options
     }
 }
 
 /// Constructor arguments of [`ConvTranspose2d`] with PyTorch's defaults (stride 1, padding 0,
-/// output_padding 0, dilation 1, groups 1, bias on).
+/// output_padding 0, dilation 1, groups 1, bias on); the arguments after the channels and
+/// kernel size are the functional form's [`ConvTranspose2dOptions`], as for [`ConvConfig`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvTranspose2dConfig {
     pub in_channels: usize,
     pub out_channels: usize,
     pub kernel_size: [usize; 2],
-    pub stride: [usize; 2],
-    pub padding: [usize; 2],
-    pub output_padding: [usize; 2],
-    pub dilation: [usize; 2],
-    pub groups: usize,
+    pub options: ConvTranspose2dOptions,
     pub bias: bool,
 }
 
@@ -101,33 +97,29 @@ impl ConvTranspose2dConfig {
             in_channels,
             out_channels,
             kernel_size: kernel_size.per_dim(),
-            stride: [1; 2],
-            padding: [0; 2],
-            output_padding: [0; 2],
-            dilation: [1; 2],
-            groups: 1,
+            options: ConvTranspose2dOptions::default(),
             bias: true,
         }
     }
-    pub fn stride(mut self, s: impl SpatialSize<2>) -> Self {
-        self.stride = s.per_dim();
+    /// The options changed by `f` (one of [`ConvTranspose2dOptions`]' setters).
+    fn with(mut self, f: impl FnOnce(ConvTranspose2dOptions) -> ConvTranspose2dOptions) -> Self {
+        self.options = f(self.options);
         self
     }
-    pub fn padding(mut self, p: impl SpatialSize<2>) -> Self {
-        self.padding = p.per_dim();
-        self
+    pub fn stride(self, s: impl SpatialSize<2>) -> Self {
+        self.with(|o| o.stride(s))
     }
-    pub fn output_padding(mut self, p: impl SpatialSize<2>) -> Self {
-        self.output_padding = p.per_dim();
-        self
+    pub fn padding(self, p: impl SpatialSize<2>) -> Self {
+        self.with(|o| o.padding(p))
     }
-    pub fn dilation(mut self, d: impl SpatialSize<2>) -> Self {
-        self.dilation = d.per_dim();
-        self
+    pub fn output_padding(self, p: impl SpatialSize<2>) -> Self {
+        self.with(|o| o.output_padding(p))
     }
-    pub fn groups(mut self, g: usize) -> Self {
-        self.groups = g;
-        self
+    pub fn dilation(self, d: impl SpatialSize<2>) -> Self {
+        self.with(|o| o.dilation(d))
+    }
+    pub fn groups(self, g: usize) -> Self {
+        self.with(|o| o.groups(g))
     }
     pub fn bias(mut self, bias: bool) -> Self {
         self.bias = bias;
@@ -135,13 +127,7 @@ impl ConvTranspose2dConfig {
     }
     /// The functional form's options.
     pub fn options(&self) -> ConvTranspose2dOptions {
-        ConvTranspose2dOptions {
-            stride: self.stride,
-            padding: self.padding,
-            output_padding: self.output_padding,
-            dilation: self.dilation,
-            groups: self.groups,
-        }
+        self.options
     }
 }
 
@@ -243,17 +229,17 @@ impl<const N: usize> ConvNd<N> {
     pub fn new_with(config: ConvConfig<N>, device: &Device, g: &mut Generator) -> Result<Self> {
         const { assert!(N == 1 || N == 2, "ConvNd has one or two spatial dimensions") };
         let layer = conv_name(N);
-        let c = &config;
-        check_sizes(layer, &c.kernel_size, &c.stride, &c.dilation, c.groups)?;
-        check_divisible(layer, "in_channels", c.in_channels, c.groups)?;
-        check_divisible(layer, "out_channels", c.out_channels, c.groups)?;
-        if c.padding == Padding::Same && c.stride.iter().any(|&s| s != 1) {
+        let (c, o) = (&config, &config.options);
+        check_sizes(layer, &c.kernel_size, &o.stride, &o.dilation, o.groups)?;
+        check_divisible(layer, "in_channels", c.in_channels, o.groups)?;
+        check_divisible(layer, "out_channels", c.out_channels, o.groups)?;
+        if o.padding == Padding::Same && o.stride.iter().any(|&s| s != 1) {
             return Err(NnError::config(
                 layer,
-                format!("padding=\"same\" is not supported for strided convolutions (stride {:?})", c.stride),
+                format!("padding=\"same\" is not supported for strided convolutions (stride {:?})", o.stride),
             ));
         }
-        let mut shape = vec![c.out_channels, c.in_channels / c.groups];
+        let mut shape = vec![c.out_channels, c.in_channels / o.groups];
         shape.extend_from_slice(&c.kernel_size);
         let (weight, bias) = init_parameters(&shape, c.bias.then_some(c.out_channels), device, g)?;
         Ok(ConvNd { config, weight, bias, training: true })
@@ -299,18 +285,10 @@ impl<const N: usize> Module for ConvNd<N> {
         y.map_err(|e| as_layer_error(e, conv_name(N)))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("weight".to_string(), &self.weight)];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias(&self.weight, &self.bias)
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = vec![("weight".to_string(), &mut self.weight)];
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
     training_flag!();
 }
@@ -336,20 +314,20 @@ impl ConvTranspose2d {
     /// PyTorch's initialisation drawn from `g`, allocated directly on `device`.
     pub fn new_with(config: ConvTranspose2dConfig, device: &Device, g: &mut Generator) -> Result<Self> {
         let layer = "ConvTranspose2d";
-        let c = &config;
-        check_sizes(layer, &c.kernel_size, &c.stride, &c.dilation, c.groups)?;
-        check_divisible(layer, "in_channels", c.in_channels, c.groups)?;
-        check_divisible(layer, "out_channels", c.out_channels, c.groups)?;
-        if (0..2).any(|d| c.output_padding[d] >= c.stride[d] && c.output_padding[d] >= c.dilation[d]) {
+        let (c, o) = (&config, &config.options);
+        check_sizes(layer, &c.kernel_size, &o.stride, &o.dilation, o.groups)?;
+        check_divisible(layer, "in_channels", c.in_channels, o.groups)?;
+        check_divisible(layer, "out_channels", c.out_channels, o.groups)?;
+        if (0..2).any(|d| o.output_padding[d] >= o.stride[d] && o.output_padding[d] >= o.dilation[d]) {
             return Err(NnError::config(
                 layer,
                 format!(
                     "output_padding {:?} must be smaller than either the stride {:?} or the dilation {:?} in every dimension",
-                    c.output_padding, c.stride, c.dilation
+                    o.output_padding, o.stride, o.dilation
                 ),
             ));
         }
-        let shape = [c.in_channels, c.out_channels / c.groups, c.kernel_size[0], c.kernel_size[1]];
+        let shape = [c.in_channels, c.out_channels / o.groups, c.kernel_size[0], c.kernel_size[1]];
         let (weight, bias) = init_parameters(&shape, c.bias.then_some(c.out_channels), device, g)?;
         Ok(ConvTranspose2d { config, weight, bias, training: true })
     }
@@ -364,18 +342,10 @@ impl Module for ConvTranspose2d {
             .map_err(|e| as_layer_error(e, "ConvTranspose2d"))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("weight".to_string(), &self.weight)];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias(&self.weight, &self.bias)
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = vec![("weight".to_string(), &mut self.weight)];
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
     training_flag!();
 }

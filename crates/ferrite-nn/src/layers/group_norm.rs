@@ -10,7 +10,7 @@ use ferrite_tensor::{Device, ExpectedShape, Tensor, TensorError};
 
 use crate::error::{NnError, Result, in_layer};
 use crate::init::{ones_, zeros_};
-use crate::module::{Module, new_parameter, training_flag};
+use crate::module::{Module, new_parameter, present, present_mut, training_flag};
 
 /// Group normalisation (see the module docs).
 #[derive(Clone, Debug)]
@@ -88,16 +88,10 @@ impl Module for GroupNorm {
             .map_err(in_layer("GroupNorm"))
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        [("weight", &self.weight), ("bias", &self.bias)]
-            .into_iter()
-            .filter_map(|(n, t)| t.as_ref().map(|t| (n.to_string(), t)))
-            .collect()
+        present([("weight", &self.weight), ("bias", &self.bias)])
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        [("weight", &mut self.weight), ("bias", &mut self.bias)]
-            .into_iter()
-            .filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t)))
-            .collect()
+        present_mut([("weight", &mut self.weight), ("bias", &mut self.bias)])
     }
     training_flag!();
 }

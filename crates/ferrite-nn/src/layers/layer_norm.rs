@@ -5,7 +5,7 @@ use ferrite_tensor::{Device, Tensor};
 
 use crate::error::{NnError, Result};
 use crate::init::{ones_, zeros_};
-use crate::module::{Module, new_parameter, training_flag};
+use crate::module::{Module, new_parameter, present, present_mut, training_flag};
 
 /// Normalises over the last `normalized_shape.len()` dimensions. Parameters `weight` and `bias`
 /// (shape `normalized_shape`) unless built without an affine transform.
@@ -60,24 +60,10 @@ impl Module for LayerNorm {
         )?)
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = Vec::new();
-        if let Some(w) = &self.weight {
-            v.push(("weight".to_string(), w));
-        }
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        present([("weight", &self.weight), ("bias", &self.bias)])
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = Vec::new();
-        if let Some(w) = &mut self.weight {
-            v.push(("weight".to_string(), w));
-        }
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        present_mut([("weight", &mut self.weight), ("bias", &mut self.bias)])
     }
     training_flag!();
 }

@@ -6,7 +6,7 @@ use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
 use crate::error::Result;
 use crate::init::{FanMode, Nonlinearity, kaiming_uniform_, uniform_};
-use crate::module::{Module, new_parameter, training_flag};
+use crate::module::{Module, new_parameter, training_flag, weight_and_bias, weight_and_bias_mut};
 
 /// Fully connected layer. Parameters `weight [out_features, in_features]` and optional
 /// `bias [out_features]`. Under autocast the product runs in the low-precision dtype.
@@ -87,18 +87,10 @@ impl Module for Linear {
         }
     }
     fn own_parameters(&self) -> Vec<(String, &Tensor)> {
-        let mut v = vec![("weight".to_string(), &self.weight)];
-        if let Some(b) = &self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias(&self.weight, &self.bias)
     }
     fn own_parameters_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut v = vec![("weight".to_string(), &mut self.weight)];
-        if let Some(b) = &mut self.bias {
-            v.push(("bias".to_string(), b));
-        }
-        v
+        weight_and_bias_mut(&mut self.weight, &mut self.bias)
     }
     training_flag!();
 }

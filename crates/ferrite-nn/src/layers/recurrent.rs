@@ -17,7 +17,6 @@ use crate::error::{NnError, Result};
 use crate::init::uniform_;
 use crate::module::new_parameter;
 use crate::packed_sequence::PackedSequence;
-use crate::recurrent_error::RecurrentError;
 use crate::rng::RngHandle;
 
 /// The plain RNN's activation (PyTorch's `nonlinearity`).
@@ -212,13 +211,12 @@ impl RecurrentCore {
             if let Some(t) = t
                 && t.shape() != expected.as_slice()
             {
-                return Err(RecurrentError::StateShape {
+                return Err(NnError::StateShape {
                     layer: self.layer,
                     arg,
                     shape: t.shape().to_vec(),
                     expected: expected.clone(),
-                }
-                .into());
+                });
             }
         }
         Ok(())
@@ -238,13 +236,12 @@ impl RecurrentCore {
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let c = &self.config;
         if !(x.rank() == 2 || x.rank() == 3) || x.shape()[x.rank() - 1] != c.input_size {
-            return Err(RecurrentError::InputShape {
+            return Err(NnError::InputShape {
                 layer: self.layer,
                 shape: x.shape().to_vec(),
                 layout: self.layout(),
                 input_size: c.input_size,
-            }
-            .into());
+            });
         }
         let unbatched = x.rank() == 2;
         let tm = if unbatched {
@@ -257,7 +254,7 @@ impl RecurrentCore {
         let (steps, batch) = (tm.shape()[0], tm.shape()[1]);
         if steps == 0 || batch == 0 {
             let what = if steps == 0 { "the input" } else { "the batch" };
-            return Err(RecurrentError::EmptySequence { op: self.layer, what, index: 0 }.into());
+            return Err(NnError::EmptySequence { op: self.layer, what, index: 0 });
         }
         self.check_initial(h0, c0, (!unbatched).then_some(batch))?;
         let batched = |t: Option<&Tensor>| -> Result<Option<Tensor>> {
@@ -294,21 +291,19 @@ impl RecurrentCore {
         if let Some(bf) = x.batch_first()
             && bf != c.batch_first
         {
-            return Err(RecurrentError::PackedLayout {
+            return Err(NnError::PackedLayout {
                 layer: self.layer,
                 packed_batch_first: bf,
                 layer_batch_first: c.batch_first,
-            }
-            .into());
+            });
         }
         let data = x.data();
         if data.rank() != 2 || data.shape()[1] != c.input_size {
-            return Err(RecurrentError::PackedShape {
+            return Err(NnError::PackedShape {
                 layer: self.layer,
                 shape: data.shape().to_vec(),
                 input_size: c.input_size,
-            }
-            .into());
+            });
         }
         self.check_initial(h0, c0, Some(x.batch()))?;
         // The scan runs in packed (sorted) order; states come and go in the caller's.

@@ -6,7 +6,10 @@
 use std::path::PathBuf;
 
 use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
-use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_tensor::{Device, Tensor};
+// Re-exported: not every test binary that includes this module uses them.
+#[allow(unused_imports)]
+pub use ferrite_test_support::{fixtures::get, params::bits};
 
 /// The fixture folder's `train/` subfolder, or `None` after the shared skip-or-fail rule
 /// (`ferrite_test_support::reference_or_skip`).
@@ -22,32 +25,11 @@ pub fn models_schedules() -> Option<serde_json::Value> {
     Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
 }
 
-/// Every tensor of a safetensors file as a ferrite tensor on `device`.
+/// Every tensor of a safetensors file (ferrite-test-support's reader) as a ferrite tensor on
+/// `device`.
 pub fn load_safetensors(path: &std::path::Path, device: &Device) -> Vec<(String, Tensor)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid safetensors file");
-    let mut out = Vec::new();
-    for (name, view) in st.tensors() {
-        let shape = view.shape().to_vec();
-        let data = view.data();
-        let t = match view.dtype() {
-            safetensors::Dtype::F32 => {
-                let v: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                Tensor::from_vec(v, &shape, device).unwrap()
-            }
-            safetensors::Dtype::I64 => {
-                let v: Vec<i64> = data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
-                Tensor::from_vec(v, &shape, device).unwrap()
-            }
-            other => panic!("unexpected dtype {other:?} for {name}"),
-        };
-        out.push((name, t));
-    }
-    out
-}
-
-pub fn get<'a>(ts: &'a [(String, Tensor)], name: &str) -> &'a Tensor {
-    &ts.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("missing tensor {name}")).1
+    let fx = ferrite_test_support::fixtures::load(path);
+    fx.into_iter().map(|(name, t)| (name, t.to_device(device).unwrap())).collect()
 }
 
 /// PyTorch's parameter names of `Linear(8,16) - Tanh - Linear(16,3)`.
@@ -72,9 +54,4 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.shape(), b.shape());
     let (a, b) = (a.to_vec_f64().unwrap(), b.to_vec_f64().unwrap());
     a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
-}
-
-pub fn bits(t: &Tensor) -> Vec<u32> {
-    assert_eq!(t.dtype(), DType::F32);
-    t.to_vec::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
 }

@@ -38,6 +38,7 @@ mod conv_geometry;
 pub(crate) mod cpu;
 mod elementwise_ops;
 mod fused_kernel;
+#[cfg(feature = "gpu")]
 pub(crate) mod gpu;
 pub(crate) mod host_side;
 mod index_dtypes;
@@ -62,8 +63,9 @@ pub(crate) use kernel_backend::check_host_len;
 pub use kernel_backend::{KernelBackend, rows_cols};
 pub use loss_operands::{LossGrad, LossOperands, PointwiseLoss};
 pub use norm_args::{
-    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs,
-    RmsNormArgs, RmsNormBackwardArgs, RunningStats, ncs,
+    BatchNormArgs, BatchNormBackwardArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs,
+    GroupNormBackwardArgs, GroupNormParams, LayerNormArgs, LayerNormParams, NormArgs, NormBackwardArgs, RmsNormArgs,
+    RmsNormBackwardArgs, RunningStats, ncs,
 };
 pub use pool_window::{AvgWindow, Pool2d, PoolKind, adaptive_end, adaptive_start, pool_output_size};
 pub use recurrent_operands::{CellBackward, CellForward, RecurrentCell};
@@ -104,10 +106,17 @@ pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
 }
 
 /// The kernels that compute on `device`'s memory.
+///
+/// In a build without the `gpu` feature no storage can live on a `gpu:N` (`Storage::new` refuses
+/// it with `GpuNotCompiled` before asking for kernels, and the allocator refuses it too); the
+/// arm answers the meta backend, which computes nothing, so that this function stays total.
 pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
     match device {
         Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
         Device::Meta => &meta::MetaBackend,
+        #[cfg(feature = "gpu")]
         Device::Gpu { index } => gpu::backend(*index),
+        #[cfg(not(feature = "gpu"))]
+        Device::Gpu { .. } => &meta::MetaBackend,
     }
 }

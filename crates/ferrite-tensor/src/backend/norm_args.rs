@@ -35,67 +35,84 @@ pub struct RunningStats<'a> {
     pub factor: f64,
 }
 
-/// Operands of [`KernelBackend::batch_norm`](super::KernelBackend::batch_norm):
-/// `y = (x - mean[c])·invstd[c]·weight[c] + bias[c]` over `x [N, C, S]`.
+/// Operands of a normalisation kernel's forward — layer, batch and group norm take the same
+/// tensors and differ only in `params`: normalise the contiguous `x` into `y` (same shape and
+/// dtype), with the statistics `mean` and `rstd = 1/√(var + eps)` (statistics dtype; written, or
+/// read by batch norm in evaluation), scaled by `weight` and shifted by `bias` when present.
+/// See [`LayerNormArgs`], [`BatchNormArgs`], [`GroupNormArgs`].
 #[derive(Clone, Copy)]
-pub struct BatchNormArgs<'a> {
+pub struct NormArgs<'a, P> {
     pub y: &'a Tensor,
     pub x: &'a Tensor,
-    /// `[C]`, statistics dtype (written or read, see [`BatchNormStats`]).
     pub mean: &'a Tensor,
-    pub invstd: &'a Tensor,
+    pub rstd: &'a Tensor,
     pub weight: Option<&'a Tensor>,
     pub bias: Option<&'a Tensor>,
-    pub stats: BatchNormStats<'a>,
+    /// What this kind of norm adds (eps, groups, where the statistics come from).
+    pub params: P,
 }
 
-/// Operands of [`KernelBackend::batch_norm_backward`](super::KernelBackend::batch_norm_backward).
-/// With `batch_stats` (training) the gradient flows through the batch mean and variance:
-/// `dx = (dy - Σdy/n - (x - mean)·invstd²·Σdy(x - mean)/n)·invstd·w`; without it (evaluation)
-/// `dx = dy·invstd·w`. Always `grad_weight = invstd·Σdy(x - mean)`, `grad_bias = Σdy` (sums over
-/// `N·S` per channel).
+/// Operands of a normalisation kernel's backward — batch and group norm take the same tensors
+/// and differ only in `params`: from `grad_output` (`[N, C, S]`, contiguous, the input's
+/// dtype), the saved `x`, `mean`, `rstd` and `weight`, write the gradients that are asked for
+/// (each optional). See [`BatchNormBackwardArgs`], [`GroupNormBackwardArgs`].
 #[derive(Clone, Copy)]
-pub struct BatchNormBackwardArgs<'a> {
+pub struct NormBackwardArgs<'a, P> {
     pub grad_input: Option<&'a Tensor>,
     pub grad_weight: Option<&'a Tensor>,
     pub grad_bias: Option<&'a Tensor>,
-    /// `[N, C, S]`, contiguous, the input's dtype.
     pub grad_output: &'a Tensor,
     pub x: &'a Tensor,
     pub mean: &'a Tensor,
-    pub invstd: &'a Tensor,
+    pub rstd: &'a Tensor,
     pub weight: Option<&'a Tensor>,
+    /// What this kind of norm adds.
+    pub params: P,
+}
+
+impl<'a, P> NormBackwardArgs<'a, P> {
+    /// The same operands with the parameters of one kind of norm (the backward node builds the
+    /// operands once and then calls batch or group norm's kernel).
+    pub fn with_params<Q>(self, params: Q) -> NormBackwardArgs<'a, Q> {
+        let NormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, rstd, weight, params: _ } =
+            self;
+        NormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, rstd, weight, params }
+    }
+}
+
+/// Operands of [`KernelBackend::batch_norm`](super::KernelBackend::batch_norm):
+/// `y = (x - mean[c])·rstd[c]·weight[c] + bias[c]` over `x [N, C, S]`; `mean` and `rstd`
+/// (PyTorch's `invstd`) are `[C]`, written or read as [`BatchNormStats`] says.
+pub type BatchNormArgs<'a> = NormArgs<'a, BatchNormStats<'a>>;
+
+/// Operands of [`KernelBackend::batch_norm_backward`](super::KernelBackend::batch_norm_backward).
+/// With `batch_stats` (training) the gradient flows through the batch mean and variance:
+/// `dx = (dy - Σdy/n - (x - mean)·rstd²·Σdy(x - mean)/n)·rstd·w`; without it (evaluation)
+/// `dx = dy·rstd·w`. Always `grad_weight = rstd·Σdy(x - mean)`, `grad_bias = Σdy` (sums over
+/// `N·S` per channel).
+pub type BatchNormBackwardArgs<'a> = NormBackwardArgs<'a, BatchNormBackwardParams>;
+
+/// What batch norm's backward adds to [`NormBackwardArgs`].
+#[derive(Clone, Copy)]
+pub struct BatchNormBackwardParams {
+    /// The forward normalised with the batch's statistics (training).
     pub batch_stats: bool,
 }
 
 /// Operands of [`KernelBackend::group_norm`](super::KernelBackend::group_norm): the channels of
 /// `x [N, C, S]` split into `groups` consecutive groups; each `(n, g)` is normalised over its
 /// `C/groups · S` values, writing `mean` and `rstd` `[N, groups]`, then scaled per channel.
-#[derive(Clone, Copy)]
-pub struct GroupNormArgs<'a> {
-    pub y: &'a Tensor,
-    pub mean: &'a Tensor,
-    pub rstd: &'a Tensor,
-    pub x: &'a Tensor,
-    pub weight: Option<&'a Tensor>,
-    pub bias: Option<&'a Tensor>,
-    pub groups: usize,
-    pub eps: f64,
-}
+pub type GroupNormArgs<'a> = NormArgs<'a, GroupNormParams>;
 
 /// Operands of [`KernelBackend::group_norm_backward`](super::KernelBackend::group_norm_backward)
-/// (PyTorch's `native_group_norm_backward`).
+/// (PyTorch's `native_group_norm_backward`); `params.eps` is not used.
+pub type GroupNormBackwardArgs<'a> = NormBackwardArgs<'a, GroupNormParams>;
+
+/// What group norm adds to [`NormArgs`] and [`NormBackwardArgs`].
 #[derive(Clone, Copy)]
-pub struct GroupNormBackwardArgs<'a> {
-    pub grad_input: Option<&'a Tensor>,
-    pub grad_weight: Option<&'a Tensor>,
-    pub grad_bias: Option<&'a Tensor>,
-    pub grad_output: &'a Tensor,
-    pub x: &'a Tensor,
-    pub mean: &'a Tensor,
-    pub rstd: &'a Tensor,
-    pub weight: Option<&'a Tensor>,
+pub struct GroupNormParams {
     pub groups: usize,
+    pub eps: f64,
 }
 
 /// Operands of [`KernelBackend::rms_norm`](super::KernelBackend::rms_norm): each row of
@@ -129,17 +146,14 @@ pub fn ncs(t: &Tensor) -> (usize, usize, usize) {
     }
 }
 
-/// The operands of [`KernelBackend::layer_norm`](super::KernelBackend::layer_norm), one value so that every backend's kernel (and
-/// the next normalisation op's) takes them the same way: normalise each row of the contiguous
-/// `x` `[rows, cols]` (see [`rows_cols`](super::rows_cols)) into `y`, writing the f32 statistics `mean` and `rstd`
-/// `[rows]`, scaled by `weight` and shifted by `bias` (`[cols]`, `x`'s dtype) when present.
+/// The operands of [`KernelBackend::layer_norm`](super::KernelBackend::layer_norm): normalise
+/// each row of the contiguous `x` `[rows, cols]` (see [`rows_cols`](super::rows_cols)) into `y`,
+/// writing the f32 statistics `mean` and `rstd` `[rows]`, scaled by `weight` and shifted by
+/// `bias` (`[cols]`, `x`'s dtype) when present.
+pub type LayerNormArgs<'a> = NormArgs<'a, LayerNormParams>;
+
+/// What layer norm adds to [`NormArgs`].
 #[derive(Clone, Copy)]
-pub struct LayerNormArgs<'a> {
-    pub y: &'a Tensor,
-    pub mean: &'a Tensor,
-    pub rstd: &'a Tensor,
-    pub x: &'a Tensor,
-    pub weight: Option<&'a Tensor>,
-    pub bias: Option<&'a Tensor>,
+pub struct LayerNormParams {
     pub eps: f64,
 }

@@ -15,8 +15,8 @@ use std::borrow::Cow;
 
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::backend::{
-    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs,
-    RmsNormArgs, RmsNormBackwardArgs, RunningStats,
+    BatchNormArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs, GroupNormParams, LayerNormArgs,
+    LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
 };
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;
@@ -149,8 +149,15 @@ pub fn layer_norm(
         let w2 = wt.as_ref().map(flat).transpose()?;
         let b2 = bt.as_ref().map(flat).transpose()?;
         let (y2, x2) = (rows_view(&y), rows_view(&xc));
-        let args =
-            LayerNormArgs { y: &y2, mean: &mean, rstd: &rstd, x: &x2, weight: w2.as_ref(), bias: b2.as_ref(), eps };
+        let args = LayerNormArgs {
+            y: &y2,
+            mean: &mean,
+            rstd: &rstd,
+            x: &x2,
+            weight: w2.as_ref(),
+            bias: b2.as_ref(),
+            params: LayerNormParams { eps },
+        };
         y.kernels().layer_norm(&args)?;
     }
     let mut inputs: Vec<&Tensor> = vec![&x];
@@ -239,6 +246,19 @@ fn flat_param(p: &Option<Tensor>, len: usize) -> Result<Option<Tensor>> {
 
 // ---------------------------------------------------------------------- batch norm
 
+/// The channel count `C` of a channel norm's `(N, C, *)` input; a typed shape error below rank 2.
+fn channel_count(op: &'static str, x: &Tensor) -> Result<usize> {
+    if x.rank() < 2 {
+        return Err(TensorError::InvalidShape {
+            op,
+            arg: "input",
+            shape: x.shape().to_vec(),
+            expected: ExpectedShape::MinRank(2),
+        });
+    }
+    Ok(x.shape()[1])
+}
+
 /// Options of [`batch_norm`] (PyTorch's `F.batch_norm` defaults: evaluation, momentum 0.1,
 /// eps 1e-5).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -259,28 +279,83 @@ impl Default for BatchNormOptions {
     }
 }
 
-struct BatchNormBackward {
+/// Which channel normalisation a [`ChannelNormBackward`] node differentiates: the only thing
+/// batch norm's and group norm's backward nodes do differently is the kernel they call.
+enum ChannelNorm {
+    Batch(BatchNormBackwardParams),
+    Group(GroupNormParams),
+}
+
+/// The backward node of [`batch_norm`] and [`group_norm`]: saved `x [N, C, S]`, the statistics
+/// (`mean` and `invstd`/`rstd`), the optional weight; gradients for the input, weight and bias
+/// that need one.
+struct ChannelNormBackward {
+    kind: ChannelNorm,
     x: SavedTensor,
     mean: SavedTensor,
-    invstd: SavedTensor,
+    /// `invstd` (batch norm) or `rstd` (group norm): `1/√(var + eps)` either way.
+    rstd: SavedTensor,
     weight: Option<SavedTensor>,
     has_bias: bool,
-    batch_stats: bool,
     ncs: [usize; 3],
     need: [bool; 3],
 }
 
-impl BackwardFn for BatchNormBackward {
+impl ChannelNormBackward {
+    /// `y`, the output of batch or group norm of `x` (saved as its contiguous `xc`), with this
+    /// node attached when `x`, the weight or the bias needs a gradient; `stats` are the
+    /// forward's `mean` and `invstd`/`rstd`, `ncs` the `[N, C, S]` the kernels saw.
+    fn attach(
+        y: Tensor,
+        x: &Tensor,
+        xc: &Tensor,
+        [wt, bt]: [&Option<Tensor>; 2],
+        kind: ChannelNorm,
+        [mean, rstd]: [&Tensor; 2],
+        ncs: [usize; 3],
+    ) -> Result<Tensor> {
+        let mut inputs: Vec<&Tensor> = vec![x];
+        inputs.extend(wt.iter());
+        inputs.extend(bt.iter());
+        if !Tensor::needs_graph(&inputs) {
+            return Ok(y);
+        }
+        let f = ChannelNormBackward {
+            kind,
+            x: SavedTensor::new(xc),
+            mean: SavedTensor::new(mean),
+            rstd: SavedTensor::new(rstd),
+            weight: wt.as_ref().map(SavedTensor::new),
+            has_bias: bt.is_some(),
+            ncs,
+            need: [
+                x.requires_grad(),
+                wt.as_ref().is_some_and(|w| w.requires_grad()),
+                bt.as_ref().is_some_and(|b| b.requires_grad()),
+            ],
+        };
+        Ok(Tensor::from_op1(y, &inputs, f))
+    }
+
+    fn node_name(&self) -> &'static str {
+        match self.kind {
+            ChannelNorm::Batch(_) => "NativeBatchNormBackward0",
+            ChannelNorm::Group(_) => "NativeGroupNormBackward0",
+        }
+    }
+}
+
+impl BackwardFn for ChannelNormBackward {
     fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("NativeBatchNormBackward0")
+        Cow::Borrowed(self.node_name())
     }
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let n_in = 1 + self.weight.is_some() as usize + self.has_bias as usize;
         let Some(g) = &g[0] else { return Ok(vec![None; n_in]) };
-        let name = "NativeBatchNormBackward0";
+        let name = self.node_name();
         let x = self.x.get(name)?;
         let mean = self.mean.get(name)?;
-        let invstd = self.invstd.get(name)?;
+        let rstd = self.rstd.get(name)?;
         let w = self.weight.as_ref().map(|w| w.get(name).cloned()).transpose()?;
         let [n, c, s] = self.ncs;
         let dtype = x.dtype();
@@ -293,17 +368,21 @@ impl BackwardFn for BatchNormBackward {
         };
         let gb = if self.has_bias && self.need[2] { Some(x.empty_like_shape(&[c], dtype)?) } else { None };
         let wf = w.as_ref().map(|w| contiguous_as(w, dtype)).transpose()?;
-        x.kernels().batch_norm_backward(&BatchNormBackwardArgs {
+        let args = NormBackwardArgs {
             grad_input: gi.as_ref(),
             grad_weight: gw.as_ref(),
             grad_bias: gb.as_ref(),
             grad_output: &gc,
             x: &x3,
             mean,
-            invstd,
+            rstd,
             weight: wf.as_ref(),
-            batch_stats: self.batch_stats,
-        })?;
+            params: (),
+        };
+        match self.kind {
+            ChannelNorm::Batch(p) => x.kernels().batch_norm_backward(&args.with_params(p))?,
+            ChannelNorm::Group(p) => x.kernels().group_norm_backward(&args.with_params(p))?,
+        }
         let mut out = vec![gi.map(|t| t.contiguous_view_as(x.shape()))];
         if let Some(w) = &w {
             out.push(gw.map(|t| t.contiguous_view_as(w.shape())));
@@ -328,15 +407,7 @@ pub fn batch_norm(
     opts: &BatchNormOptions,
 ) -> Result<Tensor> {
     const OP: &str = "batch_norm";
-    if x.rank() < 2 {
-        return Err(TensorError::InvalidShape {
-            op: OP,
-            arg: "input",
-            shape: x.shape().to_vec(),
-            expected: ExpectedShape::MinRank(2),
-        });
-    }
-    let c = x.shape()[1];
+    let c = channel_count(OP, x)?;
     for (arg, p) in [("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)] {
         check_param(OP, arg, p, &[c], x)?;
     }
@@ -397,10 +468,10 @@ pub fn batch_norm(
             y: &y3,
             x: &x3,
             mean: &mean,
-            invstd: &invstd,
+            rstd: &invstd,
             weight: w1.as_ref(),
             bias: b1.as_ref(),
-            stats,
+            params: stats,
         };
         if n * s == 0 {
             // Statistics of nothing: mean 0, variance 0 (gradients of an empty batch are sums
@@ -429,94 +500,19 @@ pub fn batch_norm(
             y: &y3,
             x: &x3,
             mean: &mean,
-            invstd: &invstd,
+            rstd: &invstd,
             weight: w1.as_ref(),
             bias: b1.as_ref(),
-            stats: BatchNormStats::Given,
+            params: BatchNormStats::Given,
         };
         y.kernels().batch_norm(&args)?;
         (mean, invstd)
     };
-    let mut inputs: Vec<&Tensor> = vec![&x];
-    inputs.extend(wt.iter());
-    inputs.extend(bt.iter());
-    if !Tensor::needs_graph(&inputs) {
-        return Ok(y);
-    }
-    let f = BatchNormBackward {
-        x: SavedTensor::new(&xc),
-        mean: SavedTensor::new(&mean),
-        invstd: SavedTensor::new(&invstd),
-        weight: wt.as_ref().map(SavedTensor::new),
-        has_bias: bt.is_some(),
-        batch_stats: opts.training,
-        ncs: [n, c, s],
-        need: [
-            x.requires_grad(),
-            wt.as_ref().is_some_and(|w| w.requires_grad()),
-            bt.as_ref().is_some_and(|b| b.requires_grad()),
-        ],
-    };
-    Ok(Tensor::from_op1(y, &inputs, f))
+    let kind = ChannelNorm::Batch(BatchNormBackwardParams { batch_stats: opts.training });
+    ChannelNormBackward::attach(y, &x, &xc, [&wt, &bt], kind, [&mean, &invstd], [n, c, s])
 }
 
 // ---------------------------------------------------------------------- group norm
-
-struct GroupNormBackward {
-    x: SavedTensor,
-    mean: SavedTensor,
-    rstd: SavedTensor,
-    weight: Option<SavedTensor>,
-    has_bias: bool,
-    groups: usize,
-    ncs: [usize; 3],
-    need: [bool; 3],
-}
-
-impl BackwardFn for GroupNormBackward {
-    fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("NativeGroupNormBackward0")
-    }
-    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let n_in = 1 + self.weight.is_some() as usize + self.has_bias as usize;
-        let Some(g) = &g[0] else { return Ok(vec![None; n_in]) };
-        let name = "NativeGroupNormBackward0";
-        let x = self.x.get(name)?;
-        let mean = self.mean.get(name)?;
-        let rstd = self.rstd.get(name)?;
-        let w = self.weight.as_ref().map(|w| w.get(name).cloned()).transpose()?;
-        let [n, c, s] = self.ncs;
-        let dtype = x.dtype();
-        let gc = contiguous_as(g, dtype)?.contiguous_view_as(&[n, c, s]);
-        let x3 = x.contiguous_view_as(&[n, c, s]);
-        let gi = if self.need[0] { Some(x.empty_like_shape(&[n, c, s], dtype)?) } else { None };
-        let gw = match &w {
-            Some(_) if self.need[1] => Some(x.empty_like_shape(&[c], dtype)?),
-            _ => None,
-        };
-        let gb = if self.has_bias && self.need[2] { Some(x.empty_like_shape(&[c], dtype)?) } else { None };
-        let wf = w.as_ref().map(|w| contiguous_as(w, dtype)).transpose()?;
-        x.kernels().group_norm_backward(&GroupNormBackwardArgs {
-            grad_input: gi.as_ref(),
-            grad_weight: gw.as_ref(),
-            grad_bias: gb.as_ref(),
-            grad_output: &gc,
-            x: &x3,
-            mean,
-            rstd,
-            weight: wf.as_ref(),
-            groups: self.groups,
-        })?;
-        let mut out = vec![gi.map(|t| t.contiguous_view_as(x.shape()))];
-        if let Some(w) = &w {
-            out.push(gw.map(|t| t.contiguous_view_as(w.shape())));
-        }
-        if self.has_bias {
-            out.push(gb);
-        }
-        Ok(out)
-    }
-}
 
 /// Group normalisation of `x` `(N, C, *)` (PyTorch's `F.group_norm`): the `C` channels form
 /// `num_groups` consecutive groups, each sample's group normalised over its channels and every
@@ -529,15 +525,7 @@ pub fn group_norm(
     eps: f64,
 ) -> Result<Tensor> {
     const OP: &str = "group_norm";
-    if x.rank() < 2 {
-        return Err(TensorError::InvalidShape {
-            op: OP,
-            arg: "input",
-            shape: x.shape().to_vec(),
-            expected: ExpectedShape::MinRank(2),
-        });
-    }
-    let c = x.shape()[1];
+    let c = channel_count(OP, x)?;
     if num_groups == 0 {
         return Err(TensorError::invalid(OP, "num_groups must be positive"));
     }
@@ -563,6 +551,7 @@ pub fn group_norm(
     let (w1, b1) = (flat_param(&wt, c)?, flat_param(&bt, c)?);
     let x3 = xc.contiguous_view_as(&[n, c, s]);
     let y3 = y.contiguous_view_as(&[n, c, s]);
+    let params = GroupNormParams { groups: num_groups, eps };
     y.kernels().group_norm(&GroupNormArgs {
         y: &y3,
         mean: &mean,
@@ -570,30 +559,9 @@ pub fn group_norm(
         x: &x3,
         weight: w1.as_ref(),
         bias: b1.as_ref(),
-        groups: num_groups,
-        eps,
+        params,
     })?;
-    let mut inputs: Vec<&Tensor> = vec![&x];
-    inputs.extend(wt.iter());
-    inputs.extend(bt.iter());
-    if !Tensor::needs_graph(&inputs) {
-        return Ok(y);
-    }
-    let f = GroupNormBackward {
-        x: SavedTensor::new(&xc),
-        mean: SavedTensor::new(&mean),
-        rstd: SavedTensor::new(&rstd),
-        weight: wt.as_ref().map(SavedTensor::new),
-        has_bias: bt.is_some(),
-        groups: num_groups,
-        ncs: [n, c, s],
-        need: [
-            x.requires_grad(),
-            wt.as_ref().is_some_and(|w| w.requires_grad()),
-            bt.as_ref().is_some_and(|b| b.requires_grad()),
-        ],
-    };
-    Ok(Tensor::from_op1(y, &inputs, f))
+    ChannelNormBackward::attach(y, &x, &xc, [&wt, &bt], ChannelNorm::Group(params), [&mean, &rstd], [n, c, s])
 }
 
 // ---------------------------------------------------------------------- RMS norm

@@ -732,22 +732,7 @@ mod timing {
     /// With `GEMM_CPU_TIME=1`: the calling thread's CPU time (Linux), to compare single-thread
     /// strategies on a machine shared with other jobs (preemption does not count).
     pub(super) fn thread_cpu_seconds() -> Option<f64> {
-        if std::env::var_os("GEMM_CPU_TIME").is_none() || !cfg!(target_os = "linux") {
-            return None;
-        }
-        #[repr(C)]
-        struct Timespec {
-            sec: i64,
-            nsec: i64,
-        }
-        unsafe extern "C" {
-            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-        }
-        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-        let mut ts = Timespec { sec: 0, nsec: 0 };
-        // SAFETY: glibc's clock_gettime with a valid clock id and a timespec-sized struct.
-        let r = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        (r == 0).then_some(ts.sec as f64 + ts.nsec as f64 * 1e-9)
+        std::env::var_os("GEMM_CPU_TIME").and_then(|_| ferrite_test_support::timing::thread_cpu_seconds())
     }
 
     #[test]

@@ -19,7 +19,14 @@ pub fn checks(adapters: &[AdapterSummary], device_select_quieted: bool, xdg_runt
             format!("{} GPU profiles for simulated devices (`ferrite memory gpus`)", GPU_CATALOGUE.len()),
         ),
     ];
-    if adapters.is_empty() {
+    if adapters.is_empty() && !ferrite_memory::gpu::COMPILED {
+        out.push(Check::warning(
+            SECTION,
+            "gpu",
+            "no GPU support in this build (compiled without the `gpu` cargo feature)",
+            "rebuild with `--features gpu`, the default of `cargo build --release -p ferrite-cli`",
+        ));
+    } else if adapters.is_empty() {
         out.push(Check::warning(
             SECTION,
             "gpu",

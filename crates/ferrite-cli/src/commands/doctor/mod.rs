@@ -83,7 +83,11 @@ fn build_info() -> BuildInfo {
         profile: if cfg!(debug_assertions) { "debug" } else { "release" },
         target: format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
         features: {
-            let mut f = vec!["cpu", "sim", "meta", "gpu (wgpu)", "metrics (Prometheus)"];
+            let mut f = vec!["cpu", "sim", "meta"];
+            if cfg!(feature = "gpu") {
+                f.push("gpu (wgpu)");
+            }
+            f.push("metrics (Prometheus)");
             if cfg!(feature = "mpi") {
                 f.push("mpi");
             }

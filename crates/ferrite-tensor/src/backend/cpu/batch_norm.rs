@@ -8,7 +8,7 @@
 //! forward and backward agree.
 
 use super::channel_vectors::{read, rounded, write};
-use crate::backend::{BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, ncs};
+use crate::backend::{BatchNormArgs, BatchNormBackwardArgs, BatchNormBackwardParams, BatchNormStats, ncs};
 use crate::element::Float;
 use crate::error::Result;
 use crate::kernels::strided::{SendPtr, par_ranges};
@@ -80,7 +80,7 @@ fn write_planes<T: Float>(
 }
 
 fn forward<T: Float>(args: &BatchNormArgs<'_>) -> Result<()> {
-    let BatchNormArgs { y, x, mean, invstd, weight, bias, stats } = *args;
+    let BatchNormArgs { y, x, mean, rstd: invstd, weight, bias, params: stats } = *args;
     let (n, c, s) = ncs(x);
     let planes = n * c;
     if planes == 0 && !matches!(stats, BatchNormStats::Batch { .. }) {
@@ -146,8 +146,17 @@ fn forward<T: Float>(args: &BatchNormArgs<'_>) -> Result<()> {
 }
 
 fn backward<T: Float>(args: &BatchNormBackwardArgs<'_>) -> Result<()> {
-    let BatchNormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, invstd, weight, batch_stats } =
-        *args;
+    let BatchNormBackwardArgs {
+        grad_input,
+        grad_weight,
+        grad_bias,
+        grad_output,
+        x,
+        mean,
+        rstd: invstd,
+        weight,
+        params: BatchNormBackwardParams { batch_stats },
+    } = *args;
     let (n, c, s) = ncs(x);
     let planes = n * c;
     let mu = read(Some(mean))?.unwrap_or_default();

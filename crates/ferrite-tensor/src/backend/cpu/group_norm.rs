@@ -9,7 +9,7 @@
 //! `db[c] = Σ_n db` from the plane sums.
 
 use super::channel_vectors::{read, rounded, write};
-use crate::backend::{GroupNormArgs, GroupNormBackwardArgs, ncs};
+use crate::backend::{GroupNormArgs, GroupNormBackwardArgs, GroupNormParams, ncs};
 use crate::dispatch_float;
 use crate::element::Float;
 use crate::error::Result;
@@ -24,7 +24,7 @@ pub(super) fn group_norm_backward(args: &GroupNormBackwardArgs<'_>) -> Result<()
 }
 
 fn forward<T: Float>(args: &GroupNormArgs<'_>) -> Result<()> {
-    let GroupNormArgs { y, mean, rstd, x, weight, bias, groups, eps } = *args;
+    let GroupNormArgs { y, mean, rstd, x, weight, bias, params: GroupNormParams { groups, eps } } = *args;
     let (n, c, s) = ncs(x);
     let g = groups.max(1);
     let d = c / g;
@@ -80,8 +80,17 @@ fn forward<T: Float>(args: &GroupNormArgs<'_>) -> Result<()> {
 }
 
 fn backward<T: Float>(args: &GroupNormBackwardArgs<'_>) -> Result<()> {
-    let GroupNormBackwardArgs { grad_input, grad_weight, grad_bias, grad_output, x, mean, rstd, weight, groups } =
-        *args;
+    let GroupNormBackwardArgs {
+        grad_input,
+        grad_weight,
+        grad_bias,
+        grad_output,
+        x,
+        mean,
+        rstd,
+        weight,
+        params: GroupNormParams { groups, .. },
+    } = *args;
     let (n, c, s) = ncs(x);
     let g = groups.max(1);
     let d = c / g;

@@ -7,7 +7,7 @@
 
 use num_traits::{Float as _, One, Zero};
 
-use crate::backend::{LayerNormArgs, rows_cols};
+use crate::backend::{LayerNormArgs, LayerNormParams, rows_cols};
 use crate::element::Float;
 use crate::error::Result;
 use crate::kernels::simd::vectorize;
@@ -48,7 +48,7 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
 }
 
 fn k<T: Float>(args: &LayerNormArgs<'_>) -> Result<()> {
-    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, eps } = *args;
+    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, params: LayerNormParams { eps } } = *args;
     let (rows, cols) = rows_cols(x);
     let xp = SendPtr(x.ptr::<T>("layer_norm")?);
     let yp = SendPtr(y.ptr::<T>("layer_norm")?);

@@ -276,7 +276,7 @@ impl KernelBackend for WgpuBackend {
     // ------------------------------------------------------------------ normalisation and pooling (normpool)
 
     fn batch_norm(&self, args: &crate::backend::BatchNormArgs<'_>) -> Result<()> {
-        let running = match args.stats {
+        let running = match args.params {
             crate::backend::BatchNormStats::Batch { running: Some(r), .. } => [Some(r.mean), Some(r.var)],
             _ => [None, None],
         };

@@ -30,16 +30,16 @@ fn shifted_sums(count: &str, index: &str, first: &str, value: impl Fn(&str) -> S
 
 pub(super) fn batch_norm(rt: &Runtime, a: &BatchNormArgs<'_>) -> Result<()> {
     let (n, c, s) = ncs(a.x);
-    let batch = matches!(a.stats, BatchNormStats::Batch { .. });
+    let batch = matches!(a.params, BatchNormStats::Batch { .. });
     let mut k = PlaneKernel::new("batch_norm", "");
     k.operand(write(a.y));
     k.operand(read(a.x));
     let stat = |t| if batch { write(t) } else { read(t) };
     k.operand(stat(a.mean));
-    k.operand(stat(a.invstd));
+    k.operand(stat(a.rstd));
     let wi = k.optional(a.weight.map(read));
     let bi = k.optional(a.bias.map(read));
-    let (eps, running) = match a.stats {
+    let (eps, running) = match a.params {
         BatchNormStats::Batch { eps, running } => (eps, running),
         BatchNormStats::Given => (0.0, None),
     };
@@ -80,11 +80,11 @@ pub(super) fn batch_norm(rt: &Runtime, a: &BatchNormArgs<'_>) -> Result<()> {
 
 pub(super) fn batch_norm_backward(rt: &Runtime, a: &BatchNormBackwardArgs<'_>) -> Result<()> {
     let (n, c, s) = ncs(a.x);
-    let mut k = PlaneKernel::new("batch_norm_backward", format!("{}", a.batch_stats));
+    let mut k = PlaneKernel::new("batch_norm_backward", format!("{}", a.params.batch_stats));
     k.operand(read(a.grad_output));
     k.operand(read(a.x));
     k.operand(read(a.mean));
-    k.operand(read(a.invstd));
+    k.operand(read(a.rstd));
     let wi = k.optional(a.weight.map(read));
     let gi = k.optional(a.grad_input.map(write));
     let gw = k.optional(a.grad_weight.map(write));
@@ -103,7 +103,7 @@ pub(super) fn batch_norm_backward(rt: &Runtime, a: &BatchNormBackwardArgs<'_>) -
     b.push_str("  }\n");
     if let Some(gi) = gi {
         b.push_str(&format!("  let p = inv * {};\n", opt_ld(wi, "ch", "1.0")));
-        let dx = if a.batch_stats {
+        let dx = if a.params.batch_stats {
             b.push_str("  let fc = f32(cnt);\n  let mdy = sdy / fc;\n  let kk = sdx * inv * inv / fc;\n");
             "(ldf0(at(0u, e)) - mdy - (ldf1(at(1u, e)) - mu) * kk) * p"
         } else {
@@ -118,7 +118,7 @@ pub(super) fn batch_norm_backward(rt: &Runtime, a: &BatchNormBackwardArgs<'_>) -
 
 pub(super) fn group_norm(rt: &Runtime, a: &GroupNormArgs<'_>) -> Result<()> {
     let (n, c, s) = ncs(a.x);
-    let g = a.groups.max(1);
+    let g = a.params.groups.max(1);
     let mut k = PlaneKernel::new("group_norm", "");
     k.operand(write(a.y));
     k.operand(write(a.mean));
@@ -126,7 +126,7 @@ pub(super) fn group_norm(rt: &Runtime, a: &GroupNormArgs<'_>) -> Result<()> {
     k.operand(read(a.x));
     let wi = k.optional(a.weight.map(read));
     let bi = k.optional(a.bias.map(read));
-    k.scalars(&[n as u32, c as u32, s as u32, g as u32, (a.eps as f32).to_bits()]);
+    k.scalars(&[n as u32, c as u32, s as u32, g as u32, (a.params.eps as f32).to_bits()]);
     let mut b = String::from(
         "  let c = sc(1u);\n  let s = sc(2u);\n  let groups = sc(3u);\n  let d = c / groups;\n  let len = d * s;\n  let grp = gid;\n  if (grp >= sc(0u) * groups) { return; }\n  let base = grp * len;\n",
     );
@@ -141,7 +141,7 @@ pub(super) fn group_norm(rt: &Runtime, a: &GroupNormArgs<'_>) -> Result<()> {
 
 pub(super) fn group_norm_backward(rt: &Runtime, a: &GroupNormBackwardArgs<'_>) -> Result<()> {
     let (n, c, s) = ncs(a.x);
-    let g = a.groups.max(1);
+    let g = a.params.groups.max(1);
     let scalars = [n as u32, c as u32, s as u32, g as u32];
     let head =
         "  let n = sc(0u);\n  let c = sc(1u);\n  let s = sc(2u);\n  let groups = sc(3u);\n  let d = c / groups;\n";

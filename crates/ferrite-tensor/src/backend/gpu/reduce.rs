@@ -9,7 +9,7 @@ use super::runtime::{Runtime, read, write};
 use super::wgsl;
 use crate::Tensor;
 use crate::backend::Plan;
-use crate::backend::{LayerNormArgs, rows_cols};
+use crate::backend::{LayerNormArgs, LayerNormParams, rows_cols};
 use crate::error::Result;
 
 /// Parameters and index function of a plan: element of input pair (output `o`, reduced `r`) is
@@ -236,7 +236,7 @@ pub(super) fn softmax_backward(rt: &Runtime, out: &Tensor, g: &Tensor, y: &Tenso
 }
 
 pub(super) fn layer_norm(rt: &Runtime, args: &LayerNormArgs<'_>) -> Result<()> {
-    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, eps } = *args;
+    let LayerNormArgs { y, mean, rstd, x, weight: w, bias: b, params: LayerNormParams { eps } } = *args;
     let (rows, cols) = rows_cols(x);
     // Operands: 0 y, 1 mean, 2 rstd, 3 x, then weight and bias (rows of them: row 0 only).
     let mut ts: Vec<&Tensor> = vec![y, mean, rstd, x];

@@ -7,156 +7,26 @@
 //! Haswell–Skylake) — the BLIS and OpenBLAS choice for these cores. Blocking: a `KC × NR` panel
 //! of B (16 KiB) stays in L1 (32 KiB), an `MC × KC` block of A (≈ 0.14 MiB) in L2 (512 KiB);
 //! the values were chosen by measurement (BENCHMARKS.md, "Tensors on AVX2").
+//!
+//! The kernels themselves are the generic ones (`generic.rs`), instantiated for [`Avx2`] by
+//! [`simd_micro_kernel!`], the same body as AVX-512's; only the 8×8 transposition is AVX2's own.
 
 use std::arch::x86_64::*;
 
-use super::generic::{self, with_rows};
+use super::generic::{self, simd_micro_kernel};
 use super::vector::{Avx2, Vector};
-use super::{MatPtr, MicroKernel};
 
-/// Rows of the register tile.
-const MR: usize = 6;
-/// Columns of the register tile (two 8-lane vectors).
-const NR: usize = 16;
-
-/// The AVX2 + FMA instruction set's [`MicroKernel`].
-pub(crate) struct Avx2Gemm;
-
-impl MicroKernel for Avx2Gemm {
-    const MR: usize = MR;
-    const NR: usize = NR;
-    const KC: usize = 256;
-    const MC: usize = MR * 24;
-    const NC: usize = NR * 256;
-    const SMALL_MR: usize = MR;
-    const TRANSPOSE_LINES: usize = 8;
-
-    #[inline]
-    unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
-        // SAFETY: forwarded (the trait's contract includes the CPU check).
-        unsafe { pack_a_panel(a, i0, mr, p0, kc, dst) }
-    }
-
-    #[inline]
-    unsafe fn pack_b(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
-        // SAFETY: forwarded.
-        unsafe { pack_b_panel(b, p0, kc, j0, nr, dst) }
-    }
-
-    #[inline]
-    unsafe fn tile(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool) {
-        // Edge row tiles run with as many accumulator rows as they need (a 2-row remainder
-        // costs a third of a full tile, not a full one).
-        // SAFETY: forwarded; `mr <= M` in every arm.
-        unsafe {
-            match mr {
-                0..=2 => packed::<2>(kc, a, b, c, ldc, mr, nr, acc),
-                3..=4 => packed::<4>(kc, a, b, c, ldc, mr, nr, acc),
-                _ => packed::<MR>(kc, a, b, c, ldc, mr, nr, acc),
-            }
-        }
-    }
-
-    #[inline]
-    unsafe fn small_tile(
-        k: usize,
-        a: MatPtr,
-        b: *const f32,
-        ldb: isize,
-        c: *mut f32,
-        ldc: usize,
-        mr: usize,
-        nr: usize,
-    ) {
-        // SAFETY: forwarded.
-        unsafe {
-            with_rows!(mr, [1, 2, 3, 4, 5, 6], M => if nr <= 8 {
-                small::<M, 1>(k, a, b, ldb, c, ldc, nr)
-            } else {
-                small::<M, 2>(k, a, b, ldb, c, ldc, nr)
-            })
-        }
-    }
-
-    #[inline]
-    unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
-        // SAFETY: forwarded.
-        unsafe { transpose_pack(src, stride, lines, kc, dst, dst_stride) }
-    }
-}
-
-/// [`generic::packed_tile`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// As [`MicroKernel::tile`], with `mr <= M`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn packed<const M: usize>(
-    kc: usize,
-    a: *const f32,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    accumulate: bool,
-) {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { generic::packed_tile::<Avx2, M, MR>(kc, a, b, c, ldc, mr, nr, accumulate) }
-}
-
-/// [`generic::small_tile`] compiled for AVX2 + FMA.
-///
-/// # Safety
-/// As [`MicroKernel::small_tile`] with `mr = M`, `nr <= 8·NV`.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn small<const M: usize, const NV: usize>(
-    k: usize,
-    a: MatPtr,
-    b: *const f32,
-    ldb: isize,
-    c: *mut f32,
-    ldc: usize,
-    nr: usize,
-) {
-    // SAFETY: forwarded; AVX2 and FMA are enabled here.
-    unsafe { generic::small_tile::<Avx2, M, NV>(k, a, b, ldb, c, ldc, nr) }
-}
-
-/// Pack rows `i0..i0+mr` (mr ≤ MR), depth `p0..p0+kc` of A as `[p][i]` with MR values per step
-/// (rows past `mr` are zero). Row-major A (the usual case) is transposed 8 steps at a time in
-/// registers; other layouts take the strided copies.
-///
-/// # Safety
-/// Reads A inside the given block; `dst` holds `kc * MR` values; the CPU has AVX2.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_a_panel(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if a.cs == 1 && a.rs != 1 && mr == MR {
-            let base = a.ptr.offset(i0 as isize * a.rs + p0 as isize);
-            return transpose_pack(base, a.rs, MR, kc, dst, MR);
-        }
-        generic::pack_a_strided::<MR>(a, i0, mr, p0, kc, dst)
-    }
-}
-
-/// Pack depth `p0..p0+kc`, columns `j0..j0+nr` (nr ≤ NR) of B as `[p][j]` with NR values per
-/// step (columns past `nr` are zero). Row-major B is copied row by row; B = Wᵀ of a row-major
-/// W (`x @ W.T`) is transposed 8 columns at a time in registers.
-///
-/// # Safety
-/// Reads B inside the given block; `dst` holds `kc * NR` values; the CPU has AVX2.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn pack_b_panel(b: MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if b.rs == 1 && b.cs != 1 && nr == NR {
-            let base = b.ptr.offset(p0 as isize + j0 as isize * b.cs);
-            transpose_pack(base, b.cs, 8, kc, dst, NR);
-            transpose_pack(base.offset(8 * b.cs), b.cs, 8, kc, dst.add(8), NR);
-            return;
-        }
-        generic::pack_b_strided::<NR>(b, p0, kc, j0, nr, dst)
+simd_micro_kernel! {
+    /// The AVX2 + FMA instruction set's [`MicroKernel`](super::MicroKernel).
+    Avx2Gemm {
+        vector: Avx2,
+        features: "avx2,fma",
+        mr: 6,
+        mc: MR * 24,
+        nc: NR * 256,
+        edge_rows: [2, 4],
+        small_rows: [1, 2, 3, 4, 5, 6],
+        transpose: transpose_pack,
     }
 }
 

@@ -31,10 +31,18 @@ pub(super) unsafe fn packed_tile<V: Vector, const M: usize, const MR: usize>(
     // prefetches never fault, and wrapping_add keeps their address arithmetic defined.
     unsafe {
         // The C tile is read or written only after the depth loop; its rows sit a row stride
-        // apart and may each miss the cache. Prefetching them now overlaps those misses with it.
+        // apart and may each miss the cache. Prefetching them now overlaps those misses with it:
+        // one prefetch per 64-byte step of a row's `2·LANES` values and one at its last value,
+        // so every cache line the row touches is fetched however it is aligned (AVX2: offsets
+        // 0 and 15; AVX-512: 0, 16 and 31; a constant trip count, unrolled).
         for i in 0..mr {
-            V::prefetch(c.wrapping_add(i * ldc));
-            V::prefetch(c.wrapping_add(i * ldc + 2 * l - 1));
+            let row = i * ldc;
+            let mut off = 0;
+            while off < 2 * l - 1 {
+                V::prefetch(c.wrapping_add(row + off));
+                off += 16;
+            }
+            V::prefetch(c.wrapping_add(row + 2 * l - 1));
         }
         let mut acc = [[V::zero(); 2]; M];
         let (mut ap, mut bp) = (a, b);
@@ -261,6 +269,68 @@ pub(super) unsafe fn pack_b_strided<const NR: usize>(
     }
 }
 
+/// An instruction set's in-register transposition (`MicroKernel::transpose`), which the panel
+/// packings below take as a parameter: `dst[p*dst_stride + l] = src[l*stride + p]`.
+pub(super) type Transpose = unsafe fn(*const f32, isize, usize, usize, *mut f32, usize);
+
+/// Pack rows `i0..i0+mr` (mr ≤ MR), depth `p0..p0+kc` of A as `[p][i]` with `MR` values per
+/// step (rows past `mr` are zero). Row-major A (the usual case) goes through `transpose`, a
+/// block of `MR` rows at a time; other layouts take [`pack_a_strided`].
+///
+/// # Safety
+/// Reads A inside the given block; `dst` holds `kc * MR` values; `transpose` takes `MR` lines
+/// and the CPU supports its instruction set.
+#[inline(always)]
+pub(super) unsafe fn pack_a_panel<const MR: usize>(
+    a: MatPtr,
+    i0: usize,
+    mr: usize,
+    p0: usize,
+    kc: usize,
+    dst: *mut f32,
+    transpose: Transpose,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if a.cs == 1 && a.rs != 1 && mr == MR {
+            let base = a.ptr.offset(i0 as isize * a.rs + p0 as isize);
+            return transpose(base, a.rs, MR, kc, dst, MR);
+        }
+        pack_a_strided::<MR>(a, i0, mr, p0, kc, dst)
+    }
+}
+
+/// Pack depth `p0..p0+kc`, columns `j0..j0+nr` (nr ≤ NR) of B as `[p][j]` with `NR` values per
+/// step (columns past `nr` are zero). B = Wᵀ of a row-major W (`x @ W.T`) goes through
+/// `transpose`, half a panel (one vector of columns) at a time; other layouts take
+/// [`pack_b_strided`].
+///
+/// # Safety
+/// Reads B inside the given block; `dst` holds `kc * NR` values; `transpose` takes `NR / 2`
+/// lines and the CPU supports its instruction set.
+#[inline(always)]
+pub(super) unsafe fn pack_b_panel<const NR: usize>(
+    b: MatPtr,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nr: usize,
+    dst: *mut f32,
+    transpose: Transpose,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if b.rs == 1 && b.cs != 1 && nr == NR {
+            let half = NR / 2;
+            let base = b.ptr.offset(p0 as isize + j0 as isize * b.cs);
+            transpose(base, b.cs, half, kc, dst, NR);
+            transpose(base.offset(half as isize * b.cs), b.cs, half, kc, dst.add(half), NR);
+            return;
+        }
+        pack_b_strided::<NR>(b, p0, kc, j0, nr, dst)
+    }
+}
+
 /// `dst[p*dst_stride + l] = src[l*stride + p]` for `l < lines`, `p < kc`: the scalar
 /// transposition (the instruction sets replace it with in-register block transposes).
 ///
@@ -299,3 +369,181 @@ macro_rules! with_rows {
     };
 }
 pub(super) use with_rows;
+
+/// Defines the [`MicroKernel`](super::MicroKernel) of one SIMD instruction set: one body for
+/// AVX2 and AVX-512, with what differs as parameters — the vector type `$V` (its lanes set the
+/// tile width, two vectors), the `#[target_feature]` list, the register-tile rows `MR` and the
+/// blocking, the smaller row counts edge tiles are compiled for, the row counts of the unpacked
+/// small-product tile, and the instruction set's in-register transposition.
+///
+/// Every kernel it defines is a generic function of this file instantiated inside a
+/// `#[target_feature(enable = $features)]` function (`packed`, `small`, `pack_a_panel`,
+/// `pack_b_panel` in the calling module), where the [`Vector`] methods inline to single
+/// instructions; the trait methods only forward to them. It also defines the calling module's
+/// `MR` and `NR` constants, which its transposition may use.
+macro_rules! simd_micro_kernel {
+    (
+        $(#[$attr:meta])*
+        $name:ident {
+            vector: $V:ty,
+            features: $features:literal,
+            mr: $mr:literal,
+            mc: $mc:expr,
+            nc: $nc:expr,
+            edge_rows: [$($edge:literal),*],
+            small_rows: [$($small:literal),+],
+            transpose: $transpose:path $(,)?
+        }
+    ) => {
+        /// Rows of the register tile.
+        const MR: usize = $mr;
+        /// Columns of the register tile (two vectors).
+        const NR: usize = 2 * <$V as super::vector::Vector>::LANES;
+        // A's packing transposes the tile's MR rows in one call of the LANES-line transposition.
+        const _: () = assert!(MR <= <$V as super::vector::Vector>::LANES, "MR rows must fit one transposition");
+
+        $(#[$attr])*
+        pub(crate) struct $name;
+
+        impl super::MicroKernel for $name {
+            const MR: usize = MR;
+            const NR: usize = NR;
+            const KC: usize = 256;
+            const MC: usize = $mc;
+            const NC: usize = $nc;
+            const SMALL_MR: usize = [$($small),+][[$($small),+].len() - 1];
+            const TRANSPOSE_LINES: usize = <$V as super::vector::Vector>::LANES;
+
+            #[inline]
+            unsafe fn pack_a(a: super::MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
+                // SAFETY: forwarded (the trait's contract includes the CPU check).
+                unsafe { pack_a_panel(a, i0, mr, p0, kc, dst) }
+            }
+
+            #[inline]
+            unsafe fn pack_b(b: super::MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
+                // SAFETY: forwarded.
+                unsafe { pack_b_panel(b, p0, kc, j0, nr, dst) }
+            }
+
+            #[inline]
+            unsafe fn tile(
+                kc: usize,
+                a: *const f32,
+                b: *const f32,
+                c: *mut f32,
+                ldc: usize,
+                mr: usize,
+                nr: usize,
+                acc: bool,
+            ) {
+                // Edge row tiles run with as few accumulator rows as they need (on AVX2 a
+                // 2-row remainder costs a third of a full 6-row tile, not a full one).
+                // SAFETY: forwarded; `mr <= M` for the `M` each call is compiled for.
+                unsafe {
+                    $(
+                        if mr <= $edge {
+                            return packed::<$edge>(kc, a, b, c, ldc, mr, nr, acc);
+                        }
+                    )*
+                    packed::<MR>(kc, a, b, c, ldc, mr, nr, acc)
+                }
+            }
+
+            #[inline]
+            unsafe fn small_tile(
+                k: usize,
+                a: super::MatPtr,
+                b: *const f32,
+                ldb: isize,
+                c: *mut f32,
+                ldc: usize,
+                mr: usize,
+                nr: usize,
+            ) {
+                // SAFETY: forwarded.
+                unsafe {
+                    super::generic::with_rows!(mr, [$($small),+], M => if nr <= <$V as super::vector::Vector>::LANES {
+                        small::<M, 1>(k, a, b, ldb, c, ldc, nr)
+                    } else {
+                        small::<M, 2>(k, a, b, ldb, c, ldc, nr)
+                    })
+                }
+            }
+
+            #[inline]
+            unsafe fn transpose(
+                src: *const f32,
+                stride: isize,
+                lines: usize,
+                kc: usize,
+                dst: *mut f32,
+                dst_stride: usize,
+            ) {
+                // SAFETY: forwarded.
+                unsafe { $transpose(src, stride, lines, kc, dst, dst_stride) }
+            }
+        }
+
+        /// [`generic::packed_tile`](super::generic::packed_tile) compiled for this instruction set.
+        ///
+        /// # Safety
+        /// As [`MicroKernel::tile`](super::MicroKernel::tile), with `mr <= M`.
+        #[target_feature(enable = $features)]
+        unsafe fn packed<const M: usize>(
+            kc: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            ldc: usize,
+            mr: usize,
+            nr: usize,
+            accumulate: bool,
+        ) {
+            // SAFETY: forwarded; the instruction set is enabled here.
+            unsafe { super::generic::packed_tile::<$V, M, MR>(kc, a, b, c, ldc, mr, nr, accumulate) }
+        }
+
+        /// [`generic::small_tile`](super::generic::small_tile) compiled for this instruction set.
+        ///
+        /// # Safety
+        /// As [`MicroKernel::small_tile`](super::MicroKernel::small_tile) with `mr = M`,
+        /// `nr <= NV·LANES`.
+        #[target_feature(enable = $features)]
+        unsafe fn small<const M: usize, const NV: usize>(
+            k: usize,
+            a: super::MatPtr,
+            b: *const f32,
+            ldb: isize,
+            c: *mut f32,
+            ldc: usize,
+            nr: usize,
+        ) {
+            // SAFETY: forwarded; the instruction set is enabled here.
+            unsafe { super::generic::small_tile::<$V, M, NV>(k, a, b, ldb, c, ldc, nr) }
+        }
+
+        /// [`generic::pack_a_panel`](super::generic::pack_a_panel) compiled for this
+        /// instruction set (the copies move whole vectors), with its transposition.
+        ///
+        /// # Safety
+        /// As [`MicroKernel::pack_a`](super::MicroKernel::pack_a).
+        #[target_feature(enable = $features)]
+        unsafe fn pack_a_panel(a: super::MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
+            // SAFETY: forwarded; `$transpose` takes LANES >= MR lines (asserted above).
+            unsafe { super::generic::pack_a_panel::<MR>(a, i0, mr, p0, kc, dst, $transpose) }
+        }
+
+        /// [`generic::pack_b_panel`](super::generic::pack_b_panel) compiled for this
+        /// instruction set, with its transposition.
+        ///
+        /// # Safety
+        /// As [`MicroKernel::pack_b`](super::MicroKernel::pack_b).
+        #[target_feature(enable = $features)]
+        unsafe fn pack_b_panel(b: super::MatPtr, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
+            // SAFETY: forwarded; `$transpose` takes LANES = NR / 2 lines.
+            unsafe { super::generic::pack_b_panel::<NR>(b, p0, kc, j0, nr, dst, $transpose) }
+        }
+    };
+}
+pub(super) use simd_micro_kernel;
