@@ -282,8 +282,9 @@ impl<M: Module + Clone + 'static> DataParallel<M> {
     }
 
     /// Every tensor `optimizer` updates is one of the owners' tensors (the same storage, place
-    /// and shape).
-    fn check_optimizer(&self, optimizer: &dyn Optimizer) -> Result<()> {
+    /// and shape): [`ParallelError::OptimizerNotOnOwners`] names the first that is not.
+    /// [`step`](Self::step) checks this; call it to refuse such an optimizer before training.
+    pub fn check_optimizer(&self, optimizer: &dyn Optimizer) -> Result<()> {
         let key = |t: &Tensor| (std::sync::Arc::as_ptr(t.storage()) as usize, t.storage_offset(), t.shape().to_vec());
         let owned: std::collections::HashSet<_> = self.targets.iter().map(key).collect();
         match optimizer.params().iter().find(|p| !owned.contains(&key(p))) {

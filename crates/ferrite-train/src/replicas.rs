@@ -26,6 +26,8 @@ pub(crate) trait Replicated<M>: Send {
     fn into_module(self: Box<Self>) -> M;
     /// The tensors the optimizer must hold: each parameter (or piece) on its owner replica.
     fn parameters(&self) -> Vec<Tensor>;
+    /// `optimizer` holds exactly [`parameters`](Self::parameters)' tensors.
+    fn check_optimizer(&self, optimizer: &dyn Optimizer) -> Result<(), ParallelError>;
     fn devices(&self) -> &[Device];
     /// Forward and loss on every replica (its shard of `batch`), backward, gradients on the owners.
     fn forward_backward(
@@ -62,6 +64,9 @@ impl<M: Module + Clone + 'static> Replicated<M> for DataParallel<M> {
     }
     fn parameters(&self) -> Vec<Tensor> {
         DataParallel::parameters(self)
+    }
+    fn check_optimizer(&self, optimizer: &dyn Optimizer) -> Result<(), ParallelError> {
+        DataParallel::check_optimizer(self, optimizer)
     }
     fn devices(&self) -> &[Device] {
         DataParallel::devices(self)
@@ -139,14 +144,6 @@ pub(crate) fn rebuild_batch<B: 'static>(tensors: &[Tensor]) -> Option<B> {
         _ => return None,
     };
     boxed.downcast::<B>().ok().map(|b| *b)
-}
-
-/// Whether `optimizer` holds exactly the replicas' owner tensors (the same storage, offset and
-/// shape as `owners`); the shape and device of the first tensor that is not one, otherwise.
-pub(crate) fn foreign_parameter(optimizer: &dyn Optimizer, owners: &[Tensor]) -> Option<(Vec<usize>, String)> {
-    let key = |t: &Tensor| (std::sync::Arc::as_ptr(t.storage()) as usize, t.storage_offset(), t.shape().to_vec());
-    let owned: std::collections::HashSet<_> = owners.iter().map(key).collect();
-    optimizer.params().iter().find(|p| !owned.contains(&key(p))).map(|p| (p.shape().to_vec(), p.device().to_string()))
 }
 
 #[cfg(test)]

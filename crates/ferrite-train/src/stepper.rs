@@ -51,7 +51,7 @@ impl Stepper {
     /// Backward of one micro-batch's loss (scaled for accumulation and f16), and the optimizer
     /// step when the accumulation group is complete.
     pub fn backward(&mut self, loss: &Tensor, device: &Device, run: &RunObserver) -> Result<(), TrainError> {
-        let scaled = self.scaler.scale(&self.acc.scale_loss(loss)?)?;
+        let scaled = self.loss_scale().apply(loss)?;
         match &self.sync {
             Some(sync) => sync.backward(&scaled, self.acc.pending() + 1 == self.acc.steps())?,
             None => scaled.backward().during("backward pass", device)?,
@@ -60,7 +60,8 @@ impl Stepper {
     }
 
     /// What [`backward`](Self::backward) multiplies a micro-batch's loss by before its backward
-    /// pass, for a caller that runs the backward pass itself (DataParallel's replicas, each on its
+    /// pass (1 / accumulation steps, then the GradScaler's scale), also for a caller that runs the
+    /// backward pass itself (DataParallel's replicas, each on its
     /// own thread); call [`micro_batch_done`](Self::micro_batch_done) after it.
     pub fn loss_scale(&mut self) -> LossScale {
         LossScale { accum: self.acc.steps(), scale: self.scaler.is_enabled().then(|| self.scaler.scale_factor()) }
@@ -225,7 +226,9 @@ pub struct LossScale {
 }
 
 impl LossScale {
-    /// `loss` scaled as [`Stepper::backward`] scales it (the same operations, so the same bits).
+    /// `loss` scaled for its backward pass: divided by the accumulation steps (as
+    /// `Accumulator::scale_loss`), then multiplied by the GradScaler's scale (as
+    /// `GradScaler::scale`) — what [`Stepper::backward`] uses, so every path scales alike.
     pub fn apply(&self, loss: &Tensor) -> Result<Tensor, TrainError> {
         let averaged = if self.accum == 1 { loss.clone() } else { loss.div_scalar(self.accum as f64)? };
         Ok(match self.scale {

@@ -497,7 +497,7 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
         };
         let optimizer = match self.optimizer {
             OptimizerSource::Given(opt) => opt,
-            OptimizerSource::Make(make) => make(trainable.clone())?,
+            OptimizerSource::Make(make) => make(trainable)?,
         };
         if let Held::Replicas(r) = &model {
             if self.sync.is_some() {
@@ -507,7 +507,10 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
                     "DataParallel (devices of one process) and DDP (MPI ranks) are separate settings: choose one",
                 );
             }
-            if let Some((shape, device)) = replicas::foreign_parameter(&*optimizer, &trainable) {
+            // The trainer's own wording (it names `builder_with`) for DataParallel's check.
+            if let Err(ferrite_parallel::ParallelError::OptimizerNotOnOwners { shape, device }) =
+                r.check_optimizer(&*optimizer)
+            {
                 return Err(TrainError::OptimizerNotOnReplicas { shape, device, devices: r.devices().len() });
             }
         }
@@ -883,13 +886,7 @@ impl<'a, M: Module> Trainer<'a, M> {
             let (mean_loss, mut memory_line, _) = meter.finish();
             let replica_memory = self.model.replicas().map(|r| r.memory_report());
             if let Some(m) = &replica_memory {
-                let peaks: Vec<String> =
-                    m.devices.iter().map(|d| ferrite_memory::format_size(d.peak_allocated)).collect();
-                memory_line.push_str(&format!(
-                    "; peak per device {} (spread {:.1} %)",
-                    peaks.join(" / "),
-                    100.0 * m.peak_imbalance()
-                ));
+                memory_line.push_str(&format!("; {}", m.peaks_line()));
             }
             // Reserved memory the evaluation added (blocks the caching allocator keeps for the next
             // epoch) is named on the epoch's line, so it is not mistaken for the training pass's.

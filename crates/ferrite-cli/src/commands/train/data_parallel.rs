@@ -122,25 +122,13 @@ fn run<M: Module + Clone + 'static>(
         .run_observer(run)
         .evaluate(|m| Ok(Metrics::new().with("accuracy", evaluate(m, test_loader, &primary)?)))
         .on_epoch(|e| {
-            let (peaks, spread) = match &e.replica_memory {
-                Some(m) => (
-                    m.devices
-                        .iter()
-                        .map(|d| ferrite_memory::format_size(d.peak_allocated))
-                        .collect::<Vec<_>>()
-                        .join(" / "),
-                    100.0 * m.peak_imbalance(),
-                ),
-                None => (String::new(), f64::NAN),
-            };
             println!(
-                "epoch {:>3}/{}  loss {:.4}  test acc {:5.2}%  | peak per device {} (spread {:.1} %) | {:.1}s",
+                "epoch {:>3}/{}  loss {:.4}  test acc {:5.2}%  | {} | {:.1}s",
                 e.epoch,
                 e.epochs,
                 e.mean_loss,
                 100.0 * e.eval.get("accuracy").unwrap_or(f64::NAN),
-                peaks,
-                spread,
+                e.replica_memory.as_ref().map_or_else(String::new, |m| m.peaks_line()),
                 e.elapsed.as_secs_f64()
             );
         })
