@@ -175,6 +175,20 @@ pub enum DataError {
     /// A folder given as a text corpus without any `.txt` file.
     #[error("{path} holds no .txt files; give a text file, or a folder of .txt files")]
     NoTextFiles { path: PathBuf },
+    /// A `tokenizer.json` the `tokenizers` library cannot read.
+    #[error(
+        "{path} is not a tokenizer file `tokenizers` can read: {reason}; give the model folder's tokenizer.json as written by `save_pretrained`"
+    )]
+    BadTokenizer { path: PathBuf, reason: String },
+    /// Text the tokenizer failed on (encoding or decoding).
+    #[error("the tokenizer failed on {what}: {reason}")]
+    Tokenize { what: String, reason: String },
+    /// A JSON Lines file with a line that is not a JSON object with the expected text field.
+    #[error("{path}, line {line}: {reason}")]
+    BadJsonl { path: PathBuf, line: usize, reason: String },
+    /// Tokenized text shorter than one block.
+    #[error("{what} has {tokens} tokens, fewer than one block of {needed}; use a smaller --seq or more text")]
+    TooFewTokens { what: String, tokens: usize, needed: usize },
     /// An unknown built-in dataset name.
     #[error("unknown dataset `{0}`; available: digits, fashion-mnist")]
     UnknownDataset(String),

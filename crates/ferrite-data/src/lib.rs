@@ -26,7 +26,9 @@
 //! `image` crate), [`csv_table`] (a CSV file as a [`tabular`] classification table),
 //! [`text_files`] (a text file or a folder of `.txt` files), the [`stratified_split`] both
 //! classification sources hold out validation with, and [`augment`] (random crop and flip,
-//! drawn from the sample's generator).
+//! drawn from the sample's generator); for Hugging Face models, [`tokenizer`] (`tokenizer.json`
+//! through the `tokenizers` library), [`documents`] (text, JSON Lines, folders) and
+//! [`token_blocks`] (ids cut into blocks of N, as transformers' `group_texts`).
 
 pub mod augment;
 pub mod batch_collate;
@@ -37,6 +39,7 @@ pub mod csv_table;
 pub mod dataset;
 pub mod digits;
 pub mod distributed_sampler;
+pub mod documents;
 pub mod error;
 pub mod examples;
 pub mod fashion_mnist;
@@ -56,6 +59,8 @@ pub mod tabular;
 pub mod tensor_collate;
 pub mod text_files;
 pub mod text_streams;
+pub mod token_blocks;
+pub mod tokenizer;
 mod worker_pool;
 
 pub use augment::Augment;
@@ -66,6 +71,7 @@ pub use collate::{Collate, VecCollate, collate_fn};
 pub use csv_table::{CsvOptions, CsvTable, load_csv};
 pub use dataset::{Dataset, InMemory, IterableDataset, Mapped, Subset, WorkerInfo, worker_info};
 pub use distributed_sampler::DistributedSampler;
+pub use documents::{read_documents, tokenize_documents};
 pub use error::{BoxError, DataError, Origin};
 pub use examples::{ImageBatch, ImageExample, TextBatch, TextExample};
 pub use image_classification::{ImageClassification, ImageParts, Normalization, Split};
@@ -83,6 +89,8 @@ pub use tabular::{Standardization, TabularClassification};
 pub use tensor_collate::{IntoTensors, StackCollate, Stackable, Tensors};
 pub use text_files::read_text_source;
 pub use text_streams::TextStreams;
+pub use token_blocks::TokenBlocks;
+pub use tokenizer::HfTokenizer;
 
 /// The generator type datasets receive, and the tensor type batches are made of (re-exported
 /// from `ferrite-tensor`).

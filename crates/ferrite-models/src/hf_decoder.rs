@@ -571,18 +571,19 @@ impl Rope {
         }
     }
 
-    /// cos and sin of the rotary angles, `[s, d]` (HF's `cat(freqs, freqs)` layout).
-    fn tables(&self, s: usize, device: &Device) -> ferrite_tensor::Result<(Tensor, Tensor)> {
+    /// cos and sin of the rotary angles of positions `start..start + s`, `[s, d]` (HF's
+    /// `cat(freqs, freqs)` layout); `dynamic` scaling sees a sequence of `start + s` positions.
+    fn tables(&self, start: usize, s: usize, device: &Device) -> ferrite_tensor::Result<(Tensor, Tensor)> {
         let d = self.head_dim;
         if matches!(device, Device::Meta) {
             let z = Tensor::zeros(&[s, d], DType::F32, device)?;
             return Ok((z.clone(), z));
         }
-        let inv = self.inv_freq(s);
+        let inv = self.inv_freq(start + s);
         let half = d / 2;
         let mut cos = Vec::with_capacity(s * d);
         let mut sin = Vec::with_capacity(s * d);
-        for p in 0..s {
+        for p in start..start + s {
             for j in 0..d {
                 // As HF: the angle in f32 (inv_freq f32 times the position), then cos/sin.
                 let a = (inv[j % half] as f32) * (p as f32);
@@ -624,19 +625,21 @@ fn repeat_kv(x: &Tensor, rep: usize) -> ferrite_tensor::Result<Tensor> {
     ])
 }
 
-/// The boolean attend-mask `[s, s]` of a causal sliding window: query `i` sees key `j` when
-/// `0 ≤ i − j < window` (HF's `sliding_window_causal_mask`).
-fn sliding_window_mask(s: usize, window: usize, device: &Device) -> ferrite_tensor::Result<Tensor> {
+/// The boolean attend-mask `[s, offset + s]` of `s` queries at positions `offset..offset + s`
+/// over every key before them: query `i` sees key `j` when `j ≤ offset + i` and, with a sliding
+/// `window`, `offset + i − j < window` (HF's causal and `sliding_window_causal_mask`s).
+fn causal_mask(s: usize, offset: usize, window: Option<usize>, device: &Device) -> ferrite_tensor::Result<Tensor> {
+    let t = offset + s;
     if matches!(device, Device::Meta) {
-        return Tensor::zeros(&[s, s], DType::Bool, device);
+        return Tensor::zeros(&[s, t], DType::Bool, device);
     }
-    let mut m = Vec::with_capacity(s * s);
-    for i in 0..s {
-        for j in 0..s {
-            m.push(j <= i && i - j < window);
+    let mut m = Vec::with_capacity(s * t);
+    for i in offset..t {
+        for j in 0..t {
+            m.push(j <= i && window.is_none_or(|w| i - j < w));
         }
     }
-    Tensor::from_vec(m, &[s, s], device)
+    Tensor::from_vec(m, &[s, t], device)
 }
 
 /// What every block of one model shares: the shape of its attention and its positions.
@@ -681,28 +684,70 @@ pub struct Block {
     training: bool,
 }
 
+/// The keys and values one block has seen, `[batch, kv_heads, positions, head_dim]` each.
+pub(crate) type LayerKv = Option<(Tensor, Tensor)>;
+
 impl Block {
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> ferrite_nn::Result<Tensor> {
+    /// Attention of `q`, `k`, `v` (`[b, s, heads·d]`, keys and values not yet repeated); with a
+    /// cache, the new keys and values are appended to it and the queries (at the positions after
+    /// the cached ones) attend to all of them.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, cache: Option<&mut LayerKv>) -> ferrite_nn::Result<Tensor> {
         let sp = &self.spec;
         let (b, s) = (q.shape()[0], q.shape()[1]);
+        let offset = cache.as_ref().and_then(|c| c.as_ref()).map_or(0, |(k, _)| k.shape()[2]);
         let mut q = split_heads(q, sp.heads, sp.head_dim)?;
         let mut k = split_heads(k, sp.kv_heads, sp.head_dim)?;
-        let v = split_heads(v, sp.kv_heads, sp.head_dim)?;
+        let mut v = split_heads(v, sp.kv_heads, sp.head_dim)?;
         if let Some(rope) = &sp.rope {
-            let (cos, sin) = rope.tables(s, q.device())?;
+            let (cos, sin) = rope.tables(offset, s, q.device())?;
             q = apply_rotary(&q, &cos, &sin)?;
             k = apply_rotary(&k, &cos, &sin)?;
         }
+        if let Some(slot) = cache {
+            if let Some((pk, pv)) = slot.take() {
+                k = Tensor::cat(&[&pk, &k], 2)?;
+                v = Tensor::cat(&[&pv, &v], 2)?;
+            }
+            *slot = Some((k.clone(), v.clone()));
+        }
+        let t = offset + s;
         let rep = sp.heads / sp.kv_heads;
         let (k, v) = (repeat_kv(&k, rep)?, repeat_kv(&v, rep)?);
-        let a = match sp.sliding_window {
-            Some(w) if w < s => {
-                let mask = sliding_window_mask(s, w, q.device())?;
-                attention(&q, &k, &v, Some(&mask), false, AttentionBackend::Auto)?
-            }
-            _ => attention(&q, &k, &v, None, true, AttentionBackend::Auto)?,
+        let window = sp.sliding_window.filter(|&w| w < t);
+        let a = if offset == 0 && window.is_none() {
+            attention(&q, &k, &v, None, true, AttentionBackend::Auto)?
+        } else if s == 1 && window.is_none() {
+            // One new query sees every key.
+            attention(&q, &k, &v, None, false, AttentionBackend::Auto)?
+        } else {
+            let mask = causal_mask(s, offset, window, q.device())?;
+            attention(&q, &k, &v, Some(&mask), false, AttentionBackend::Auto)?
         };
         Ok(a.transpose(1, 2)?.reshape(&[b as i64, s as i64, (sp.heads * sp.head_dim) as i64])?)
+    }
+
+    /// The block on `x`, appending its keys and values to `cache` when given.
+    fn run(&self, x: &Tensor, cache: Option<&mut LayerKv>) -> ferrite_nn::Result<Tensor> {
+        let act = self.spec.activation;
+        match &self.layers {
+            BlockLayers::Gpt2 { ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj } => {
+                let qkv = c_attn.forward(&ln_1.forward(x)?)?;
+                let w = self.spec.heads * self.spec.head_dim;
+                let a =
+                    self.attend(&qkv.narrow(-1, 0, w)?, &qkv.narrow(-1, w, w)?, &qkv.narrow(-1, 2 * w, w)?, cache)?;
+                let x = x.add(&attn_proj.forward(&a)?)?;
+                let m = mlp_proj.forward(&act.apply(&c_fc.forward(&ln_2.forward(&x)?)?)?)?;
+                Ok(x.add(&m)?)
+            }
+            BlockLayers::Llama { q, k, v, o, gate, up, down, input_layernorm, post_attention_layernorm } => {
+                let h = input_layernorm.forward(x)?;
+                let a = self.attend(&q.forward(&h)?, &k.forward(&h)?, &v.forward(&h)?, cache)?;
+                let x = x.add(&o.forward(&a)?)?;
+                let h = post_attention_layernorm.forward(&x)?;
+                let m = down.forward(&act.apply(&gate.forward(&h)?)?.mul(&up.forward(&h)?)?)?;
+                Ok(x.add(&m)?)
+            }
+        }
     }
 }
 
@@ -715,25 +760,7 @@ impl Module for Block {
     }
 
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
-        let act = self.spec.activation;
-        match &self.layers {
-            BlockLayers::Gpt2 { ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj } => {
-                let qkv = c_attn.forward(&ln_1.forward(x)?)?;
-                let w = self.spec.heads * self.spec.head_dim;
-                let a = self.attend(&qkv.narrow(-1, 0, w)?, &qkv.narrow(-1, w, w)?, &qkv.narrow(-1, 2 * w, w)?)?;
-                let x = x.add(&attn_proj.forward(&a)?)?;
-                let m = mlp_proj.forward(&act.apply(&c_fc.forward(&ln_2.forward(&x)?)?)?)?;
-                Ok(x.add(&m)?)
-            }
-            BlockLayers::Llama { q, k, v, o, gate, up, down, input_layernorm, post_attention_layernorm } => {
-                let h = input_layernorm.forward(x)?;
-                let a = self.attend(&q.forward(&h)?, &k.forward(&h)?, &v.forward(&h)?)?;
-                let x = x.add(&o.forward(&a)?)?;
-                let h = post_attention_layernorm.forward(&x)?;
-                let m = down.forward(&act.apply(&gate.forward(&h)?)?.mul(&up.forward(&h)?)?)?;
-                Ok(x.add(&m)?)
-            }
-        }
+        self.run(x, None)
     }
 
     /// HF's module names, in HF's registration order.
@@ -811,6 +838,31 @@ impl FinalNorm {
             FinalNorm::Layer(n) => n,
             FinalNorm::Rms(n) => n,
         }
+    }
+}
+
+/// The keys and values every block of a [`Decoder`] has computed so far (HF's `DynamicCache`):
+/// decoding token `t + 1` reads them instead of recomputing positions `0..=t`. Rotary positions
+/// are applied before a key is cached, as in transformers.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<LayerKv>,
+    len: usize,
+}
+
+impl KvCache {
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes held by the cached keys and values.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().flatten().map(|(k, v)| k.nbytes() + v.nbytes()).sum()
     }
 }
 
@@ -905,6 +957,78 @@ impl Decoder {
         })
     }
 
+    /// Logits of `ids` (`[batch, s]`) read after the positions `cache` holds, whose keys and
+    /// values are appended to it: generation without recomputing the prefix. With `last_only`,
+    /// only the last position's logits (`[batch, 1, vocab]`), which is all a decoding step needs.
+    /// The cache must have been made by [`Decoder::new_cache`] of this model and used with the
+    /// same batch.
+    pub fn forward_with_cache(&self, ids: &Tensor, cache: &mut KvCache, last_only: bool) -> ferrite_nn::Result<Tensor> {
+        if cache.layers.len() != self.blocks.len() {
+            return Err(ferrite_nn::NnError::InvalidConfig {
+                layer: self.type_name(),
+                detail: format!(
+                    "a key/value cache of {} layers given to a model of {}; make it with this model's `new_cache()`",
+                    cache.layers.len(),
+                    self.blocks.len()
+                ),
+            });
+        }
+        let logits = self.run(ids, Some(cache), last_only)?;
+        cache.len += ids.shape().get(1).copied().unwrap_or(0);
+        Ok(logits)
+    }
+
+    /// An empty key/value cache for [`Decoder::forward_with_cache`].
+    pub fn new_cache(&self) -> KvCache {
+        KvCache { layers: vec![None; self.blocks.len()], len: 0 }
+    }
+
+    /// The forward pass, from the positions after `cache` (none without one).
+    fn run(&self, ids: &Tensor, mut cache: Option<&mut KvCache>, last_only: bool) -> ferrite_nn::Result<Tensor> {
+        let (embed_name, blocks_name, norm_name) = self.names();
+        let s = ids.shape().get(1).copied().unwrap_or(0);
+        let offset = cache.as_ref().map_or(0, |c| c.len);
+        if let Some(pos) = &self.positions
+            && offset + s > pos.num_embeddings
+        {
+            return Err(ferrite_nn::NnError::InvalidConfig {
+                layer: "GPT2LMHeadModel",
+                detail: format!(
+                    "a sequence of {} tokens is longer than the model's {} learned positions (`n_positions`)",
+                    offset + s,
+                    pos.num_embeddings
+                ),
+            });
+        }
+        mark_layer(&embed_name);
+        let mut h = self.embed.forward(ids)?;
+        if let Some(pos) = &self.positions {
+            let positions = Tensor::arange(offset as f64, (offset + s) as f64, 1.0, DType::I64, ids.device())?;
+            h = h.add(&pos.forward(&positions)?)?;
+        }
+        for (i, block) in self.blocks.iter().enumerate() {
+            mark_layer(&format!("{blocks_name}.{i}"));
+            h = match cache.as_deref_mut() {
+                Some(c) => block.run(&h, c.layers.get_mut(i))?,
+                None if self.checkpoint_activations && is_grad_enabled() => {
+                    let b = block.clone();
+                    checkpoint(move |xs| b.forward(&xs[0]), &[&h])?
+                }
+                None => block.forward(&h)?,
+            };
+        }
+        if last_only && s > 1 {
+            h = h.narrow(1, s - 1, 1)?;
+        }
+        mark_layer(&norm_name);
+        let h = self.norm.module().forward(&h)?;
+        mark_layer("lm_head");
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => Ok(h.matmul(&self.embed.weight.t()?)?),
+        }
+    }
+
     /// The configuration the model was built from.
     pub fn config(&self) -> &HfConfig {
         &self.config
@@ -943,41 +1067,7 @@ impl Module for Decoder {
 
     /// Token ids `[batch, seq]` to logits `[batch, seq, vocab]`.
     fn forward(&self, ids: &Tensor) -> ferrite_nn::Result<Tensor> {
-        let (embed_name, blocks_name, norm_name) = self.names();
-        let s = ids.shape().get(1).copied().unwrap_or(0);
-        if let Some(pos) = &self.positions
-            && s > pos.num_embeddings
-        {
-            return Err(ferrite_nn::NnError::InvalidConfig {
-                layer: "GPT2LMHeadModel",
-                detail: format!(
-                    "a sequence of {s} tokens is longer than the model's {} learned positions (`n_positions`)",
-                    pos.num_embeddings
-                ),
-            });
-        }
-        mark_layer(&embed_name);
-        let mut h = self.embed.forward(ids)?;
-        if let Some(pos) = &self.positions {
-            let positions = Tensor::arange(0.0, s as f64, 1.0, DType::I64, ids.device())?;
-            h = h.add(&pos.forward(&positions)?)?;
-        }
-        for (i, block) in self.blocks.iter().enumerate() {
-            mark_layer(&format!("{blocks_name}.{i}"));
-            h = if self.checkpoint_activations && is_grad_enabled() {
-                let b = block.clone();
-                checkpoint(move |xs| b.forward(&xs[0]), &[&h])?
-            } else {
-                block.forward(&h)?
-            };
-        }
-        mark_layer(&norm_name);
-        let h = self.norm.module().forward(&h)?;
-        mark_layer("lm_head");
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => Ok(h.matmul(&self.embed.weight.t()?)?),
-        }
+        self.run(ids, None, false)
     }
 
     fn children(&self) -> Vec<(String, &dyn Module)> {

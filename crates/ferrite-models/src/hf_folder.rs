@@ -116,6 +116,35 @@ impl HfFolder {
         self.dir.join("config.json").display().to_string()
     }
 
+    /// The folder's `tokenizer.json`, when it has one.
+    pub fn tokenizer_file(&self) -> Option<PathBuf> {
+        Some(self.dir.join("tokenizer.json")).filter(|p| p.is_file())
+    }
+
+    /// The ids that end a generated text: `eos_token_id` of `generation_config.json` when the
+    /// folder has one (transformers' `generate` reads it there first), else of `config.json`; a
+    /// number or a list. Empty when neither says.
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        let ids = |v: &Value| -> Vec<u32> {
+            match v.get("eos_token_id") {
+                Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).into_iter().collect(),
+                Some(Value::Array(a)) => {
+                    a.iter().filter_map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok())).collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        let generation = std::fs::read_to_string(self.dir.join("generation_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .map(|v| ids(&v))
+            .unwrap_or_default();
+        if !generation.is_empty() {
+            return generation;
+        }
+        serde_json::from_str::<Value>(&self.config_text).map(|v| ids(&v)).unwrap_or_default()
+    }
+
     /// Whether `config.json` describes a T5-style encoder-decoder.
     pub fn is_t5(&self) -> bool {
         serde_json::from_str::<Value>(&self.config_text)
@@ -252,18 +281,141 @@ pub fn decoder_keys(sd: StateDict, config: &HfConfig) -> StateDict {
     out
 }
 
+/// How [`save_decoder_with`] writes a folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HfSaveOptions {
+    /// Weights above this many bytes are split into `model-0000N-of-0000M.safetensors` shards with
+    /// a `model.safetensors.index.json` (transformers' `max_shard_size`, default 5 GB = 5·10⁹
+    /// bytes). A tensor larger than the limit gets a shard of its own.
+    pub max_shard_size: u64,
+    /// Files copied from the source folder when present (`tokenizer.json`,
+    /// `generation_config.json`, …; see [`HfSaveOptions::default`]).
+    pub copy_from: Option<PathBuf>,
+}
+
+/// The files besides config and weights that make a folder usable as it was: the tokenizer and
+/// the generation defaults.
+pub const COMPANION_FILES: [&str; 6] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+];
+
+impl Default for HfSaveOptions {
+    fn default() -> Self {
+        HfSaveOptions { max_shard_size: 5_000_000_000, copy_from: None }
+    }
+}
+
+/// `--max-shard-size`: a byte count with an optional unit, as transformers writes them (`5GB`,
+/// `500MB`, `2GiB`, `1000`; GB/MB/KB are powers of 10, GiB/MiB/KiB of 2).
+pub fn parse_shard_size(text: &str) -> Result<u64, ModelError> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        _ => 0,
+    };
+    let value: f64 = num.parse().unwrap_or(f64::NAN);
+    let bytes = value * scale as f64;
+    if scale == 0 || !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(ModelError::InvalidSetting {
+            what: format!("max-shard-size `{text}`"),
+            reason: "expected a positive size such as 5GB, 500MB, 2GiB or a byte count".into(),
+        });
+    }
+    Ok(bytes as u64)
+}
+
 /// Write `model` as a Hugging Face folder in `dir` (created if needed): `config_text` as
 /// `config.json`, the weights as one `model.safetensors` (`format: pt` metadata, a tied head
 /// stored once, as `save_pretrained` does), each file atomically.
 pub fn save_decoder(model: &Decoder, config_text: &str, dir: impl AsRef<Path>) -> Result<(), ModelError> {
+    save_decoder_with(model, config_text, dir, &HfSaveOptions::default())
+}
+
+/// [`save_decoder`] with shards above `options.max_shard_size` and the source folder's
+/// companion files ([`COMPANION_FILES`]) copied. A weight file of the other layout left in `dir`
+/// by an earlier save is removed, so `from_pretrained` cannot read stale weights.
+pub fn save_decoder_with(
+    model: &Decoder,
+    config_text: &str,
+    dir: impl AsRef<Path>,
+    options: &HfSaveOptions,
+) -> Result<(), ModelError> {
     let dir = dir.as_ref();
     std::fs::create_dir_all(dir).map_err(|e| folder_err(dir, format!("cannot create it ({e})")))?;
     let sd = model.state_dict();
-    let weights = dir.join("model.safetensors");
-    ferrite_io::save_state_dict(&weights, sd.iter())
-        .map_err(|source| ModelError::WeightFile { path: weights.display().to_string(), source: Box::new(source) })?;
+    let write_err =
+        |path: &Path, source| ModelError::WeightFile { path: path.display().to_string(), source: Box::new(source) };
+    // Shards in key order, each up to the limit (a tensor alone when it is larger).
+    let mut shards: Vec<Vec<(&str, &ferrite_tensor::Tensor)>> = vec![Vec::new()];
+    let mut size = 0u64;
+    let mut total = 0u64;
+    for (k, t) in sd.iter() {
+        let bytes = t.nbytes() as u64;
+        total += bytes;
+        if size > 0 && size + bytes > options.max_shard_size {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        size += bytes;
+        if let Some(last) = shards.last_mut() {
+            last.push((k, t));
+        }
+    }
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    let remove_stale = |p: &Path| -> Result<(), ModelError> {
+        match std::fs::remove_file(p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(folder_err(p, format!("cannot remove the stale file ({e})")))
+            }
+            _ => Ok(()),
+        }
+    };
+    if shards.len() == 1 {
+        ferrite_io::save_state_dict(&single, sd.iter()).map_err(|e| write_err(&single, e))?;
+        remove_stale(&index)?;
+    } else {
+        let n = shards.len();
+        let mut weight_map = serde_json::Map::new();
+        for (i, shard) in shards.iter().enumerate() {
+            let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+            let path = dir.join(&name);
+            ferrite_io::save_state_dict(&path, shard.iter().copied()).map_err(|e| write_err(&path, e))?;
+            for (k, _) in shard {
+                weight_map.insert(k.to_string(), Value::String(name.clone()));
+            }
+        }
+        let json = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        let text = serde_json::to_string_pretty(&json).map_err(|e| folder_err(&index, e.to_string()))?;
+        ferrite_io::write_atomically(&index, |f| std::io::Write::write_all(f, text.as_bytes()))
+            .map_err(|e| write_err(&index, e))?;
+        remove_stale(&single)?;
+    }
     let config = dir.join("config.json");
     ferrite_io::write_atomically(&config, |f| std::io::Write::write_all(f, config_text.as_bytes()))
-        .map_err(|source| ModelError::WeightFile { path: config.display().to_string(), source: Box::new(source) })?;
+        .map_err(|e| write_err(&config, e))?;
+    if let Some(src) = &options.copy_from {
+        for name in COMPANION_FILES {
+            let (from, to) = (src.join(name), dir.join(name));
+            if from.is_file() && from != to {
+                let bytes = std::fs::read(&from).map_err(|e| folder_err(&from, format!("cannot read it ({e})")))?;
+                ferrite_io::write_atomically(&to, |f| std::io::Write::write_all(f, &bytes))
+                    .map_err(|e| write_err(&to, e))?;
+            }
+        }
+    }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! | [`TransformerLm`] | `transformer_lm.rs` | a minimal GPT (`tok_emb.weight`, `blocks.0.self_attn.in_proj_weight`, …) |
 //! | [`Decoder`] | `hf_decoder.rs` | Hugging Face's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn.weight`, …), `LlamaForCausalLM`, Mistral, Qwen2 (`model.layers.0.self_attn.q_proj.weight`, …) from `config.json` |
 //! | [`T5Model`] | `t5.rs` | Hugging Face's `T5ForConditionalGeneration` |
+//! | [`generate`] | `generate.rs` | greedy and sampled continuation with a [`KvCache`] |
 //! | [`HfFolder`] | `hf_folder.rs` | a `save_pretrained` folder: `config.json`, safetensors (sharded or not) or `pytorch_model.bin` |
 //!
 //! Sizes read from a `config.json` are checked against [`limits`] before anything is built.
@@ -19,9 +20,11 @@
 //! Models announce the layer their forward pass enters with `ferrite_nn::mark_layer`, which the
 //! planner listens to for its activations-by-layer breakdown (a no-op otherwise).
 
+mod causal_lm;
 mod cnn;
 mod conv1d;
 mod error;
+mod generate;
 mod hf_decoder;
 mod hf_folder;
 pub mod limits;
@@ -30,11 +33,16 @@ mod mlp;
 mod t5;
 mod transformer_lm;
 
+pub use causal_lm::causal_lm_loss;
 pub use cnn::{Cnn, CnnSpec, build_cnn};
 pub use conv1d::Conv1D;
 pub use error::ModelError;
-pub use hf_decoder::{Block, Decoder, HfActivation, HfConfig, HfStyle, RopeScaling};
-pub use hf_folder::{HfFolder, HfLoadOptions, WeightFiles, decoder_keys, save_decoder};
+pub use generate::{Decoding, GenerateOptions, Generated, generate};
+pub use hf_decoder::{Block, Decoder, HfActivation, HfConfig, HfStyle, KvCache, RopeScaling};
+pub use hf_folder::{
+    COMPANION_FILES, HfFolder, HfLoadOptions, HfSaveOptions, WeightFiles, decoder_keys, parse_shard_size, save_decoder,
+    save_decoder_with,
+};
 pub use lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 pub use mlp::{Mlp, MlpSpec, build_mlp};
 pub use t5::{T5Attention, T5Block, T5Config, T5DenseFf, T5FeedForward, T5Model, T5Stack, relative_position_bucket};

@@ -12,17 +12,31 @@ one weight format and the options ferrite reads from config.json:
   qwen2/    model.safetensors in bf16 (ferrite converts to f32), q/k/v biases, tied head, dynamic rope
             past max_position_embeddings
 
+Every folder also gets `tokenizer.json`: a byte-level BPE (GPT-2's scheme, `<pad>`, `<s>`, `</s>`
+as ids 0, 1, 2) trained with the `tokenizers` package on `text.txt`, a small generated corpus kept
+next to the folders. `expected.safetensors` holds, besides the fixed batch's logits and loss:
+
+  eval_loss        `ferrite eval` on text.txt with blocks of EVAL_SEQ: the whole file tokenized
+                   without special tokens, cut into blocks, mean of model(block, labels=block).loss
+  prompt_ids       PROMPT tokenized; greedy_ids: generate(do_sample=False, max_new_tokens=GREEDY_NEW)'s
+                   new tokens (stopping at eos 2 if drawn)
+  grad.<name>      every parameter's gradient after one backward of the fixed batch's loss
+  adamw_losses     the fixed batch's loss before each of ADAMW_STEPS torch.optim.AdamW steps
+                   (lr ADAMW_LR, weight decay ADAMW_WD, other settings default), and adamw_lr /
+                   adamw_wd themselves
+
 Weights are redrawn larger than the models' 0.02 init so logits are far from uniform and a wrong
 operation shows. Rerun with another seed and output folder to make a twin set: the tests read
 every expected number from the files and must pass unchanged on it.
 
-    pip install torch transformers safetensors
+    pip install torch transformers safetensors tokenizers
     python make_hf_fixtures.py [--seed 0] [--out DIR]   # DIR defaults to ./hf next to this file
 
 Made with torch 2.15.0, transformers 5.24.0, safetensors 0.8.0 (CPU).
 """
 
 import argparse
+import copy
 import os
 import shutil
 
@@ -39,7 +53,40 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-VOCAB, BATCH, SEQ = 64, 2, 12
+VOCAB, BATCH, SEQ = 320, 2, 12
+EVAL_SEQ, PROMPT, GREEDY_NEW = 16, "the allocator keeps", 10
+ADAMW_STEPS, ADAMW_LR, ADAMW_WD = 5, 1e-2, 0.01
+WORDS = (
+    "the memory of a device is reserved by the caching allocator which keeps freed blocks for the next "
+    "tensor so a training step asks the driver only once and fragmentation shows as reserved bytes that "
+    "no tensor holds while the planner predicts the peak of every step before the run"
+).split()
+
+
+def corpus(gen, path):
+    """A few hundred pseudo-sentences over WORDS, one per line."""
+    lines = []
+    for _ in range(160):
+        n = int(torch.randint(5, 14, (1,), generator=gen))
+        idx = torch.randint(0, len(WORDS), (n,), generator=gen).tolist()
+        lines.append(" ".join(WORDS[i] for i in idx) + ".")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def train_tokenizer(text_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train([text_path], trainer)
+    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
+    return tok
 
 
 def redraw(model, gen):
@@ -55,19 +102,54 @@ def redraw(model, gen):
                 p.copy_(0.15 * noise)
 
 
-def expected(model, gen, folder):
-    model.eval()
+def expected(model, gen, folder, tok, text):
+    # Each figure from an untouched copy: a dynamic rope keeps the longest length it has seen
+    # (`max_seq_len_cached`), so one forward pass would change the next one's positions.
+    pristine = copy.deepcopy(model).eval()
+
+    def untouched():
+        return copy.deepcopy(pristine)
+
+    tok.save(os.path.join(folder, "tokenizer.json"))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    out_tensors = {"input_ids": ids.to(torch.int64).contiguous()}
     with torch.no_grad():
-        out = model(input_ids=ids, labels=ids)
-    save_file(
-        {
-            "input_ids": ids.to(torch.int64).contiguous(),
-            "logits": out.logits.to(torch.float32).contiguous(),
-            "loss": out.loss.reshape(1).to(torch.float32).contiguous(),
-        },
-        os.path.join(folder, "expected.safetensors"),
-    )
+        out = untouched()(input_ids=ids, labels=ids)
+        out_tensors["logits"] = out.logits.to(torch.float32).contiguous()
+        out_tensors["loss"] = out.loss.reshape(1).to(torch.float32).contiguous()
+        # eval: the whole text, no special tokens, blocks of EVAL_SEQ, the remainder dropped.
+        text_ids = tok.encode(text, add_special_tokens=False).ids
+        blocks = torch.tensor(text_ids[: len(text_ids) // EVAL_SEQ * EVAL_SEQ]).reshape(-1, EVAL_SEQ)
+        evaluated = untouched()
+        losses = [evaluated(input_ids=b[None], labels=b[None]).loss for b in blocks]
+        out_tensors["eval_loss"] = torch.stack(losses).mean().reshape(1).to(torch.float32)
+        out_tensors["eval_tokens"] = torch.tensor([len(text_ids)], dtype=torch.int64)
+        prompt = torch.tensor([tok.encode(PROMPT, add_special_tokens=False).ids])
+        greedy = untouched().generate(
+            input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+            max_new_tokens=GREEDY_NEW, eos_token_id=2, pad_token_id=0,
+        )
+        out_tensors["prompt_ids"] = prompt[0].to(torch.int64).contiguous()
+        out_tensors["greedy_ids"] = greedy[0, prompt.shape[1]:].to(torch.int64).contiguous()
+    # One backward of the fixed batch, in training mode (every dropout is 0).
+    trained = untouched().train()
+    trained(input_ids=ids, labels=ids).loss.backward()
+    for name, p in trained.named_parameters():
+        out_tensors["grad." + name] = p.grad.detach().to(torch.float32).contiguous()
+    # ADAMW_STEPS AdamW steps on the same batch.
+    trained = untouched().train()
+    opt = torch.optim.AdamW(trained.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WD)
+    losses = []
+    for _ in range(ADAMW_STEPS):
+        opt.zero_grad()
+        loss = trained(input_ids=ids, labels=ids).loss
+        losses.append(loss.detach())
+        loss.backward()
+        opt.step()
+    out_tensors["adamw_losses"] = torch.stack(losses).to(torch.float32).contiguous()
+    out_tensors["adamw_lr"] = torch.tensor([ADAMW_LR], dtype=torch.float64)
+    out_tensors["adamw_wd"] = torch.tensor([ADAMW_WD], dtype=torch.float64)
+    save_file(out_tensors, os.path.join(folder, "expected.safetensors"))
 
 
 def fresh(path):
@@ -84,6 +166,12 @@ def main():
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2)
+    os.makedirs(args.out, exist_ok=True)
+    text_path = os.path.join(args.out, "text.txt")
+    corpus(gen, text_path)
+    tok = train_tokenizer(text_path)
+    with open(text_path) as f:
+        text = f.read()
 
     # GPT-2: one safetensors file, tied head.
     cfg = GPT2Config(
@@ -95,7 +183,7 @@ def main():
     m.tie_weights()
     d = fresh(os.path.join(args.out, "gpt2"))
     m.save_pretrained(d)
-    expected(m, gen, d)
+    expected(m, gen, d, tok, text)
 
     # Llama: GQA, llama3 rope scaling (one frequency kept, one ramped, two divided), sharded.
     cfg = LlamaConfig(
@@ -111,7 +199,7 @@ def main():
     redraw(m, gen)
     d = fresh(os.path.join(args.out, "llama"))
     m.save_pretrained(d, max_shard_size="40KB")
-    expected(m, gen, d)
+    expected(m, gen, d, tok, text)
 
     # Mistral: one kv head, a sliding window shorter than the sequence, linear rope; pytorch_model.bin.
     cfg = MistralConfig(
@@ -125,7 +213,7 @@ def main():
     d = fresh(os.path.join(args.out, "mistral"))
     m.config.save_pretrained(d)
     torch.save(m.state_dict(), os.path.join(d, "pytorch_model.bin"))
-    expected(m, gen, d)
+    expected(m, gen, d, tok, text)
 
     # Qwen2: q/k/v biases, tied head, dynamic rope past max_position_embeddings (8 < 12); bf16 file.
     cfg = Qwen2Config(
@@ -141,7 +229,7 @@ def main():
     d = fresh(os.path.join(args.out, "qwen2"))
     m.save_pretrained(d)
     # The expected outputs of exactly the bf16 weights, computed in f32 (what ferrite loads).
-    expected(m.to(torch.float32), gen, d)
+    expected(m.to(torch.float32), gen, d, tok, text)
 
 
 if __name__ == "__main__":
