@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     /// Train a model (default: an MLP on the built-in digits dataset).
     Train(commands::train::TrainArgs),
+    /// A Hugging Face model's loss and perplexity on a text file (`--hf-model DIR --data FILE --seq N`).
+    Eval(commands::eval::EvalArgs),
+    /// Continue a prompt with a Hugging Face model (greedy or sampled, with a key/value cache).
+    Generate(commands::generate::GenerateArgs),
     /// Predict a training step's memory on a named GPU without it: fits, peak, breakdown, the
     /// largest batch, ranked plans.
     Plan(commands::plan::PlanArgs),
@@ -45,6 +49,8 @@ fn main() -> ExitCode {
         None => commands::train::run(commands::train::TrainArgs::default_demo()),
         Some(Command::Train(a)) => commands::train::run(a),
         Some(Command::Plan(a)) => commands::plan::run(a),
+        Some(Command::Eval(a)) => commands::eval::run(a),
+        Some(Command::Generate(a)) => commands::generate::run(a),
         Some(Command::Memory(a)) => commands::memory::run(a),
         Some(Command::Inspect(a)) => commands::inspect::run(a),
         Some(Command::Convert(a)) => commands::convert::run(a),

@@ -8,6 +8,7 @@
 //! it for a batch size and for remedies) and below the command line (nn/io ← models ← plan ←
 //! train ← cli).
 
+pub mod causal_lm;
 pub mod distributed;
 mod epoch_meter;
 mod error;
@@ -20,6 +21,7 @@ mod start_observer;
 mod stepper;
 mod trainer;
 
+pub use causal_lm::{CausalLmStep, LmEvaluation, evaluate_causal_lm};
 pub use distributed::{Distributed, EvalShare, StepSync, StreamShare, ValidationShare};
 pub use epoch_meter::{EpochMeter, seconds};
 pub use error::{During, Hint, TrainError};

@@ -309,6 +309,11 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
         self.scheduler = Some(Box::new(scheduler));
         self
     }
+    /// [`TrainerBuilder::scheduler`] for a schedule already boxed (chosen at run time).
+    pub fn scheduler_boxed(mut self, scheduler: Box<dyn LrScheduler>) -> Self {
+        self.scheduler = Some(scheduler);
+        self
+    }
     /// Show a progress bar (only when stderr is a terminal). Default off.
     pub fn progress(mut self, show: bool) -> Self {
         self.progress = show;

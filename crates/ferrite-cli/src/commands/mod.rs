@@ -3,6 +3,9 @@
 pub mod convert;
 pub mod devices;
 pub mod doctor;
+pub mod eval;
+pub mod generate;
+pub mod hf_model;
 pub mod inspect;
 pub mod memory;
 pub mod model_args;

@@ -27,6 +27,7 @@
 //!   `--resume PATH` continues from one bit-identically — same weights as an uninterrupted run.
 
 mod data_parallel;
+mod hf;
 mod image;
 mod image_data;
 mod language;
@@ -50,6 +51,26 @@ pub struct TrainArgs {
     /// character-level language models.
     #[arg(long, value_enum, default_value = "mlp")]
     pub model: ModelKind,
+    /// Fine-tune a Hugging Face model folder instead (`config.json`, weights, `tokenizer.json`;
+    /// GPT-2, Llama, Mistral, Qwen2) on --data (text, JSON Lines with a `text` field, or a folder
+    /// of them), in blocks of --seq tokens; --out is the folder written back.
+    #[arg(long, conflicts_with = "dataset")]
+    pub hf_model: Option<PathBuf>,
+    /// Stop after this many optimizer steps (with --hf-model; the epochs needed are derived when
+    /// --epochs is not given).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Learning-rate schedule of --hf-model training: `constant`, or `cosine` decay to 0 after
+    /// --warmup-steps of linear warm-up.
+    #[arg(long, value_enum, default_value = "constant")]
+    pub lr_schedule: LrSchedule,
+    /// Linear warm-up steps before the cosine schedule.
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: usize,
+    /// With --hf-model: weights above this size are written as shards with an index, as
+    /// transformers' `save_pretrained(max_shard_size=...)` (5GB, 500MB, 2GiB, or bytes).
+    #[arg(long, default_value = "5GB")]
+    pub max_shard_size: String,
     /// Dataset: `digits` (embedded, 1,442 train / 355 test 8×8 images) or `fashion-mnist`
     /// (60k/10k from Debian's dataset-fashion-mnist package) for the image models; `jargon` (the
     /// Jargon File, Debian's jargon-text package) or the path of any UTF-8 text file (gzipped or
@@ -167,6 +188,13 @@ pub struct TrainArgs {
     pub data_parallel: bool,
 }
 
+/// `--lr-schedule`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LrSchedule {
+    Constant,
+    Cosine,
+}
+
 /// `--batch-size auto` is held as this value until the planner resolves it.
 pub const BATCH_SIZE_AUTO: usize = usize::MAX;
 
@@ -183,7 +211,7 @@ fn parse_batch_size(s: &str) -> Result<usize, String> {
 
 /// `--device`: parsed once, here, into the device every part of the run uses (an unknown device
 /// is the parser's error, with the device's own message saying what exists).
-fn parse_device(s: &str) -> Result<Device, String> {
+pub(crate) fn parse_device(s: &str) -> Result<Device, String> {
     Device::parse(s).map_err(|e| e.to_string())
 }
 
@@ -192,6 +220,11 @@ impl TrainArgs {
     pub fn default_demo() -> Self {
         TrainArgs {
             model: ModelKind::Mlp,
+            hf_model: None,
+            steps: None,
+            lr_schedule: LrSchedule::Constant,
+            warmup_steps: 0,
+            max_shard_size: "5GB".into(),
             dataset: None,
             data: None,
             target: None,

@@ -18,15 +18,20 @@ pub const AUTO_BATCH_LIMIT: usize = 4096;
 const TEXT_VOCAB: usize = 128;
 
 impl TrainArgs {
-    /// The run as the planner sees it: the built-in model these flags build, the step settings,
+    /// The run as the planner sees it: the model these flags build (built-in, or the
+    /// `--hf-model` folder's), the step settings,
     /// the device and allocator settings.
     pub fn plan_context(&self) -> Result<PlanContext, PlanError> {
         let dataset = match self.dataset.as_deref() {
             Some("fashion-mnist") => "fashion-mnist",
             _ => "digits",
         };
+        let workload: Box<dyn ferrite_plan::Workload> = match &self.hf_model {
+            Some(dir) => ferrite_plan::hf_workload(&dir.join("config.json"), self.shape.seq)?,
+            None => Box::new(self.shape.builtin(self.model, dataset, TEXT_VOCAB)?),
+        };
         Ok(PlanContext {
-            workload: Box::new(self.shape.builtin(self.model, dataset, TEXT_VOCAB)?),
+            workload,
             step: StepConfig {
                 batch: self.batch_size.max(1),
                 accum_steps: self.accum_steps,

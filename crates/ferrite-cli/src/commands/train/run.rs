@@ -8,7 +8,7 @@ use ferrite_memory::allocator;
 use ferrite_tensor::Device;
 use ferrite_train::distributed;
 
-use super::{BATCH_SIZE_AUTO, TrainArgs, TrainError, data_parallel, image, language, plan_context};
+use super::{BATCH_SIZE_AUTO, TrainArgs, TrainError, data_parallel, hf, image, language, plan_context};
 use crate::commands::CliResult;
 
 /// More hidden layers than any MLP worth training; bounds the work done before the first
@@ -44,7 +44,7 @@ const OWN_IMAGES_UNPLANNED: &str = "it trains on --data, whose sample shape the 
 
 /// Whether an image model trains on the user's own data (`--data`).
 fn own_images(args: &TrainArgs) -> bool {
-    args.data.is_some() && !args.model.is_language_model()
+    args.hf_model.is_none() && args.data.is_some() && !args.model.is_language_model()
 }
 
 /// The `--data` flags that cannot work together with the rest, refused before anything runs.
@@ -57,6 +57,34 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
     )?;
     if let Some(n) = args.image_size {
         check("image-size", n >= 1, n, "must be at least 1")?;
+    }
+    if args.hf_model.is_some() {
+        let unsupported = [
+            ("target", args.target.is_some(), "an image model's CSV data; --hf-model reads text"),
+            ("image-size", args.image_size.is_some(), "an image model's data; --hf-model reads text"),
+            ("augment", args.augment, "image models; --hf-model reads text"),
+            ("skip-bad-files", args.skip_bad_files, "image folders; --hf-model reads text"),
+            (
+                "distributed",
+                args.distributed,
+                "the built-in models for now; --hf-model trains on one device (the planner's ZeRO rows say what several would need)",
+            ),
+            ("devices", data_parallel::requested(args), "the built-in models for now; --hf-model trains on one device"),
+        ];
+        if let Some((flag, _, expected)) = unsupported.into_iter().find(|(_, given, _)| *given) {
+            return Err(TrainError::InvalidArgument { flag, value: "given with --hf-model".into(), expected });
+        }
+        if let Some(s) = args.steps {
+            check("steps", s >= 1, s, "must be at least 1")?;
+        }
+        return Ok(());
+    }
+    if args.steps.is_some() || args.warmup_steps > 0 || args.lr_schedule != super::LrSchedule::Constant {
+        return Err(TrainError::InvalidArgument {
+            flag: "steps",
+            value: "--steps/--lr-schedule/--warmup-steps".into(),
+            expected: "--hf-model training; the built-in models train for --epochs at a constant rate",
+        });
     }
     if args.model.is_language_model() {
         let image_only = [
@@ -175,6 +203,10 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
             return Err(ferrite_io::IoError::NotAFile { path: path.clone(), found: "directory" }.into());
         }
         alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
+    }
+    if args.hf_model.is_some() {
+        let result = hf::train(args, &device);
+        return write_snapshot(args, &device, result);
     }
     if args.distributed {
         return train_distributed(args, &device);

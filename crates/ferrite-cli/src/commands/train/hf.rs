@@ -1,0 +1,224 @@
+//! `ferrite train --hf-model DIR --data FILE|DIR --seq N`: causal-LM fine-tuning of a Hugging
+//! Face decoder (GPT-2, Llama, Mistral, Qwen2) on the user's text, written back as a folder
+//! `transformers` loads (`--out DIR`).
+//!
+//! Data: a text file is one document, a JSON Lines file one document per line (its `text`
+//! field), a folder one document per `.txt` file and per `.jsonl` line; documents are tokenized
+//! with the folder's `tokenizer.json` (no special tokens), joined with the model's EOS id, and cut
+//! into blocks of `--seq` tokens (transformers' `group_texts`); the last 10 % of the blocks (at
+//! least one, when there are two) are the validation set. The loss is transformers' causal-LM
+//! loss; the trainer library runs the loop, so accumulation, AMP, clipping, checkpointing of
+//! activations, resumable checkpoints, the memory line and the OOM report work as for every model.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ferrite_data::{Dataset, TokenBlocks, read_documents, tokenize_documents};
+use ferrite_memory::{allocator, format_size};
+use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
+use ferrite_nn::Module;
+use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, Optimizer, warmup_cosine};
+use ferrite_tensor::Device;
+use ferrite_train::{CausalLmStep, Metrics, evaluate_causal_lm, seconds, start_observer};
+
+use super::settings::{configure, describe_settings};
+use super::{LrSchedule, TrainArgs, TrainError};
+use crate::commands::hf_model;
+
+/// Share of the blocks used for training; the rest is the validation set.
+const TRAIN_FRACTION: f64 = 0.9;
+
+fn invalid(flag: &'static str, value: impl ToString, expected: &'static str) -> TrainError {
+    TrainError::InvalidArgument { flag, value: value.to_string(), expected }
+}
+
+/// Fine-tunes the `--hf-model` folder on `--data` (see the module docs).
+pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
+    let Some(model_dir) = &args.hf_model else {
+        return Err(invalid("hf-model", "", "a Hugging Face model folder"));
+    };
+    let Some(data) = &args.data else {
+        return Err(invalid(
+            "data",
+            "",
+            "your text with --hf-model: a .txt file, a .jsonl file with a `text` field per line, or a folder of them",
+        ));
+    };
+    let max_shard_size = parse_shard_size(&args.max_shard_size)?;
+    let dir = hf_model::open(model_dir, "train")?;
+    let seq = args.shape.seq;
+    dir.check_seq(seq)?;
+    let config = dir.folder.decoder_config()?;
+    let eos = dir.folder.eos_token_ids().first().copied();
+
+    // ---- data
+    let docs = read_documents(data, "text")?;
+    let ids = tokenize_documents(&dir.tokenizer, &docs, eos)?;
+    let tokens = ids.len();
+    let all = TokenBlocks::new(ids, seq, &data.display().to_string())?;
+    let (train_blocks, val_blocks) = all.split(TRAIN_FRACTION);
+    let train_blocks = match args.train_subset {
+        Some(n) if n < train_blocks.len() => train_blocks.split(n as f64 / train_blocks.len() as f64).0,
+        _ => train_blocks,
+    };
+    let n_train = train_blocks.len();
+    let n_val = val_blocks.as_ref().map_or(0, Dataset::len);
+    let micro_batches = n_train.div_ceil(args.batch_size);
+    let steps_per_epoch = micro_batches.div_ceil(args.accum_steps) as u64;
+    let epochs = match (args.epochs, args.steps) {
+        (Some(e), _) => e,
+        (None, Some(s)) => s.div_ceil(steps_per_epoch.max(1)) as usize,
+        (None, None) => 1,
+    };
+    let total_steps = args.steps.unwrap_or(steps_per_epoch * epochs as u64).min(steps_per_epoch * epochs as u64);
+
+    let mut seeds = ferrite_tensor::Generator::new(args.seed);
+    let loader_seed = seeds.next_u64();
+    let mut train_loader = {
+        let b = train_blocks.tensor_loader().batch_size(args.batch_size).shuffle(true).seed(loader_seed);
+        let b = b.num_workers(args.workers);
+        if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
+    };
+    let mut val_loader = match val_blocks {
+        Some(v) => {
+            let b = v.tensor_loader().batch_size(args.batch_size).num_workers(args.workers);
+            Some(if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? })
+        }
+        None => None,
+    };
+
+    // ---- model
+    let model = dir.load(device)?;
+    let parameters: usize = model.parameters().iter().map(|p| p.numel()).sum();
+    let name = format!(
+        "{} ({} layers x {}, vocabulary {})",
+        model.type_name(),
+        config.num_layers,
+        config.hidden_size,
+        config.vocab_size
+    );
+    println!(
+        "ferrite train: {} on {} ({} documents, {tokens} tokens: {n_train} training / {n_val} validation blocks of {seq}), {name} on {device}",
+        model_dir.display(),
+        data.display(),
+        docs.len(),
+    );
+    println!(
+        "  {parameters} parameters: weights {}, with gradients and AdamW moments {} before activations",
+        format_size(parameters as u64 * 4),
+        format_size(parameters as u64 * 16)
+    );
+    println!(
+        "  {steps_per_epoch} optimizer steps per epoch, {total_steps} in all, {}; {}",
+        match args.lr_schedule {
+            LrSchedule::Constant => "constant lr".to_string(),
+            LrSchedule::Cosine => format!("cosine lr after {} warm-up steps", args.warmup_steps),
+        },
+        describe_settings(args)
+    );
+    if let Some(note) = dropout_note(&dir.folder.config_text) {
+        println!("  note: {note}");
+    }
+    let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let scheduler: Option<Box<dyn ferrite_optim::LrScheduler>> = match args.lr_schedule {
+        LrSchedule::Constant => None,
+        LrSchedule::Cosine if args.warmup_steps == 0 => {
+            Some(Box::new(CosineAnnealingLr::new(&mut opt as &mut dyn Optimizer, total_steps.max(1) as i64, 0.0)?))
+        }
+        LrSchedule::Cosine => {
+            if args.warmup_steps as u64 >= total_steps {
+                return Err(invalid(
+                    "warmup-steps",
+                    args.warmup_steps,
+                    "fewer than the run's optimizer steps (see the line above); lower it or train longer",
+                ));
+            }
+            let start = 1.0 / args.warmup_steps as f64;
+            Some(Box::new(warmup_cosine(&mut opt, args.warmup_steps as i64, total_steps as i64, start, 0.0)?))
+        }
+    };
+    let settings: Vec<(String, String)> = vec![
+        ("hf-model".into(), model_dir.display().to_string()),
+        ("data".into(), data.display().to_string()),
+        ("seq".into(), seq.to_string()),
+        ("batch-size".into(), args.batch_size.to_string()),
+        ("accum-steps".into(), args.accum_steps.to_string()),
+        ("amp".into(), args.amp.map_or("none", super::Amp::name).into()),
+        ("seed".into(), args.seed.to_string()),
+        ("lr".into(), args.lr.to_string()),
+        ("weight-decay".into(), args.weight_decay.to_string()),
+        ("lr-schedule".into(), format!("{:?} warmup {}", args.lr_schedule, args.warmup_steps)),
+        ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
+    ];
+    let run = start_observer(&args.observe.settings(), name.clone(), &data.display().to_string(), device)?;
+    let mut builder =
+        configure(args, ferrite_train::Trainer::builder_boxed(model, Box::new(opt)), device, epochs, settings)
+            .checkpoint_activations(args.checkpoint_activations)
+            .run_observer(run)
+            .on_epoch(|e| {
+                let val = e.eval.get("loss");
+                println!(
+                    "epoch {:>3}/{}  loss {:.4}  {}  | {}  | {}",
+                    e.epoch,
+                    e.epochs,
+                    e.mean_loss,
+                    val.map_or("no validation blocks".to_string(), |v| format!(
+                        "validation loss {v:.4} (perplexity {:.2})",
+                        v.exp()
+                    )),
+                    e.memory_line,
+                    seconds(e.elapsed.as_secs_f64()),
+                )
+            });
+    if let Some(s) = scheduler {
+        builder = builder.scheduler_boxed(s);
+    }
+    if let Some(s) = args.steps {
+        builder = builder.max_steps(s);
+    }
+    if let Some(v) = val_loader.as_mut() {
+        builder = builder.evaluate(move |m| Ok(Metrics::new().with("loss", evaluate_causal_lm(m, &mut *v)?.loss)));
+    }
+    let mut trainer = builder.build()?;
+
+    // ---- training
+    let start = Instant::now();
+    let report = trainer.fit(&mut train_loader, CausalLmStep)?;
+    let run = trainer.take_run_observer();
+    let model = trainer.into_model();
+    let out = args.out.clone().unwrap_or_else(|| {
+        let stem = model_dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+        PathBuf::from(format!("ferrite-{stem}-finetuned"))
+    });
+    let options = HfSaveOptions { max_shard_size, copy_from: Some(dir.folder.dir.clone()) };
+    save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+    let last = report.epochs.last();
+    println!(
+        "trained {} optimizer steps in {:.1}s{}; wrote {} (transformers: AutoModelForCausalLM.from_pretrained(\"{}\"))",
+        last.map_or(0, |e| e.steps),
+        start.elapsed().as_secs_f64(),
+        last.and_then(|e| e.eval.get("loss")).map_or(String::new(), |v| format!(", validation loss {v:.4}")),
+        out.display(),
+        out.display()
+    );
+    println!("{}", allocator(device).memory_summary(true));
+    if let Some(run) = run {
+        run.finish();
+    }
+    Ok(())
+}
+
+/// A note when the config asks for dropout, which ferrite's decoders do not apply yet.
+fn dropout_note(config_text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(config_text).ok()?;
+    let keys = ["attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout"];
+    let set: Vec<String> = keys
+        .iter()
+        .filter_map(|k| v.get(*k).and_then(serde_json::Value::as_f64).filter(|p| *p > 0.0).map(|p| format!("{k} {p}")))
+        .collect();
+    (!set.is_empty()).then(|| {
+        format!(
+            "config.json asks for dropout ({}); ferrite's Hugging Face decoders train without dropout for now",
+            set.join(", ")
+        )
+    })
+}
