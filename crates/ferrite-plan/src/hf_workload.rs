@@ -66,10 +66,15 @@ impl Workload for HfDecoder {
         Ok((Tensor::zeros(&shape, DType::I64, device)?, Tensor::zeros(&shape, DType::I64, device)?))
     }
 
+    /// transformers' causal-LM loss, shifted (`ferrite_models::causal_lm_loss`): the step
+    /// `ferrite train --hf-model` runs, so the plan is that run's.
     fn loss(&self, model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<(Tensor, Vec<Tensor>), PlanError> {
         let logits = model.forward(x)?;
-        let v = self.config.vocab_size as i64;
-        Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()))
+        if self.seq < 2 {
+            let v = self.config.vocab_size as i64;
+            return Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()));
+        }
+        Ok((ferrite_models::causal_lm_loss(&logits, y)?, Vec::new()))
     }
 }
 

@@ -787,6 +787,22 @@ impl<'a, M: Module> Trainer<'a, M> {
             )?
         };
         let first_epoch = resumed.as_ref().map_or(0, |r| r.epoch);
+        if resumed.is_some()
+            && let Some(s) = &mut self.scheduler
+        {
+            // The schedule is not in the checkpoint, but it is a function of the steps taken:
+            // step it as often as the checkpointed run did. The optimizer's rates came back with
+            // its state and are already the ones that run had; they are put back afterwards, so
+            // a chainable schedule's next step starts from them, as it would have.
+            let opt = &mut *self.stepper.opt;
+            let rates = opt.lrs();
+            for _ in 0..self.stepper.steps {
+                s.step(opt)?;
+            }
+            for (g, lr) in rates.into_iter().enumerate() {
+                opt.set_lr(g, lr)?;
+            }
+        }
         if let Some(r) = &resumed {
             for f in &mut self.on_resume {
                 f(r);

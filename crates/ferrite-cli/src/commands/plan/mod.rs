@@ -4,7 +4,8 @@
 //! One command for the questions asked before a run: the plan of one step (text or `--json`),
 //! `--measure` (the same step run on the `sim` device, side by side), `--find-batch-size`,
 //! `--sweep-batch`, `--target-batch`, `--jobs`; the model is a built-in trainer's (`--model`,
-//! with `ferrite train`'s flags) or a Hugging Face decoder (`--hf-config config.json`).
+//! with `ferrite train`'s flags) or a Hugging Face decoder (`--hf-config config.json`, or
+//! `--hf-model DIR`: the model `ferrite train --hf-model DIR` trains).
 
 mod render;
 
@@ -35,8 +36,12 @@ pub struct PlanArgs {
     pub model: ModelKind,
     /// A Hugging Face `config.json` of a decoder-only model (GPT-2, Llama, Mistral styles) or a
     /// T5-style encoder-decoder (`model_type: t5`; --seq tokens into each side) instead of --model.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hf_model")]
     pub hf_config: Option<PathBuf>,
+    /// A Hugging Face model folder: the plan of exactly the model `ferrite train --hf-model DIR`
+    /// builds (its config.json), with the same flags (--seq, --batch-size, --amp, …).
+    #[arg(long)]
+    pub hf_model: Option<PathBuf>,
     /// DeepSpeed ZeRO's model-state estimate of this model (`--zero 2|3`).
     #[command(flatten)]
     pub zero: ZeroArgs,
@@ -204,6 +209,9 @@ impl PlanArgs {
     pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
         if let Some(path) = &self.hf_config {
             return ferrite_plan::hf_workload(path, self.shape.seq);
+        }
+        if let Some(dir) = &self.hf_model {
+            return ferrite_plan::hf_workload(&dir.join("config.json"), self.shape.seq);
         }
         Ok(Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?))
     }

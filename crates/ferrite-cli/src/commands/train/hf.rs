@@ -69,7 +69,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         (None, Some(s)) => s.div_ceil(steps_per_epoch.max(1)) as usize,
         (None, None) => 1,
     };
-    let total_steps = args.steps.unwrap_or(steps_per_epoch * epochs as u64).min(steps_per_epoch * epochs as u64);
+    // The schedule's length: --steps when given (also when --epochs stops the run earlier, so an
+    // interrupted run and its resumption share one schedule), else every step of the epochs.
+    let total_steps = args.steps.unwrap_or(steps_per_epoch * epochs as u64);
 
     let mut seeds = ferrite_tensor::Generator::new(args.seed);
     let loader_seed = seeds.next_u64();

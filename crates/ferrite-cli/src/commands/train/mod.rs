@@ -56,7 +56,8 @@ pub struct TrainArgs {
     /// of them), in blocks of --seq tokens; --out is the folder written back.
     #[arg(long, conflicts_with = "dataset")]
     pub hf_model: Option<PathBuf>,
-    /// Stop after this many optimizer steps (with --hf-model; the epochs needed are derived when
+    /// With --hf-model: stop after this many optimizer steps, and the length of the learning-rate
+    /// schedule (also when --epochs stops the run earlier; the epochs needed are derived when
     /// --epochs is not given).
     #[arg(long)]
     pub steps: Option<u64>,
