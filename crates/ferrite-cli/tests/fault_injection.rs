@@ -84,7 +84,8 @@ fn launch(dir: &Path, args: &[String], env: &[(&str, &str)]) -> Run {
         let _ = std::fs::remove_file(dir.join(format!("rank{r}.exit")));
         let _ = std::fs::remove_file(dir.join(format!("rank{r}.err")));
     }
-    let script = r#"r=${OMPI_COMM_WORLD_RANK:-0}; "$0" "$@" 2>"rank$r.err"; c=$?; echo "$c $(date +%s.%N)" >"rank$r.exit""#;
+    let script =
+        r#"r=${OMPI_COMM_WORLD_RANK:-0}; "$0" "$@" 2>"rank$r.err"; c=$?; echo "$c $(date +%s.%N)" >"rank$r.exit""#;
     let mut cmd = Command::new("mpirun");
     cmd.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &RANKS.to_string()]);
     cmd.env("FERRITE_DDP_TIMEOUT_S", TIMEOUT_S.to_string()).args(["-x", "FERRITE_DDP_TIMEOUT_S"]);
@@ -182,6 +183,7 @@ struct Tally {
     checkpoints_intact: usize,
     resumes: usize,
     resumes_identical: usize,
+    leftovers: usize,
 }
 
 #[test]
@@ -222,6 +224,7 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
 
         // Every survivor: non-zero, the typed error naming the victim, in time.
         let named = format!("rank {} died during ", fault.victim);
+        let mut report = format!("{}: rank {} killed ({said})", fault.name, fault.victim);
         for r in (0..RANKS).filter(|r| *r != fault.victim) {
             tally.survivors += 1;
             let Some(x) = run.exits[r] else {
@@ -231,7 +234,13 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
             let after = x.at - killed_at;
             tally.slowest_s = tally.slowest_s.max(after);
             let err = &run.errs[r];
-            let typed = err.lines().any(|l| l.starts_with("error: ") && l.contains(&named));
+            let line = err.lines().find(|l| l.starts_with("error: ") && l.contains(&named));
+            let typed = line.is_some();
+            report.push_str(&format!(
+                "\n  rank {r}: exit {} after {after:.2} s: {}",
+                x.code,
+                line.unwrap_or("(no such error)")
+            ));
             if x.code == 0 || x.code > 128 {
                 fail(format!("survivor rank {r} exited with {} (want a plain failure)", x.code));
             } else if !typed {
@@ -246,6 +255,16 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
         // Every checkpoint on disk reads back (a hidden temporary file of a save that was cut
         // short is not a checkpoint: no loader picks it up).
         let ck = dir.path().join("ck.ft");
+        let leftovers: Vec<String> = std::fs::read_dir(dir.path())
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        let leftovers: Vec<&String> = leftovers.iter().filter(|n| n.starts_with(".ck.ft.tmp-")).collect();
+        report.push_str(&format!(
+            "\n  ck.ft: {}; temporary files of a save cut short: {leftovers:?}",
+            if ck.exists() { "present" } else { "none yet" }
+        ));
+        tally.leftovers += leftovers.len();
+        println!("{report}");
         if ck.exists() {
             tally.checkpoints += 1;
             match ferrite_io::Checkpoint::load(&ck) {
@@ -260,7 +279,11 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
                 continue;
             }
             let epochs = epoch_lines(&resumed.stdout);
-            let first = EPOCHS - epochs.len();
+            let first = EPOCHS.saturating_sub(epochs.len());
+            println!(
+                "  resumed: {}",
+                resumed.stdout.lines().find(|l| l.contains("resumed from")).unwrap_or("?").trim()
+            );
             let same_epochs = !epochs.is_empty() && epochs[..] == reference_epochs[first..];
             let same_weights = weights(&dir.path().join("resumed.safetensors")) == reference_weights;
             if same_epochs && same_weights {
@@ -275,7 +298,7 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
         }
     }
     println!(
-        "fault injection, {} ranks, FERRITE_DDP_TIMEOUT_S={TIMEOUT_S}: faults injected {}/{}; survivors that stopped with the error naming the dead rank within {} s: {}/{} (slowest {:.2} s after the kill); checkpoints intact {}/{}; resumes bit-identical to the uninterrupted run {}/{}",
+        "fault injection, {} ranks, FERRITE_DDP_TIMEOUT_S={TIMEOUT_S}: faults injected {}/{}; survivors that stopped with the error naming the dead rank within {} s: {}/{} (slowest {:.2} s after the kill); checkpoints intact {}/{}; resumes bit-identical to the uninterrupted run {}/{}; hidden temporary files left by killed saves {}",
         RANKS,
         tally.injected,
         FAULTS.len(),
@@ -286,7 +309,8 @@ fn a_rank_killed_anywhere_is_named_by_every_survivor_in_time_and_the_run_resumes
         tally.checkpoints_intact,
         tally.checkpoints,
         tally.resumes_identical,
-        tally.resumes
+        tally.resumes,
+        tally.leftovers
     );
     assert!(failures.is_empty(), "{}", failures.join("\n-----\n"));
     assert_eq!(tally.injected, FAULTS.len());

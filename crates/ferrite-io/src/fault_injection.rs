@@ -76,9 +76,10 @@ impl FaultPlan {
                 "rank" => rank = Some(value.parse().map_err(|_| format!("rank `{value}` is not a rank number"))?),
                 "after" => after = value.parse().map_err(|_| format!("after `{value}` is not a count"))?,
                 "at" => {
-                    at = Some(FaultPoint::ALL.into_iter().find(|p| p.name() == value).ok_or_else(|| {
-                        format!("unknown point `{value}` (one of broadcast, allreduce, save, eval)")
-                    })?)
+                    at =
+                        Some(FaultPoint::ALL.into_iter().find(|p| p.name() == value).ok_or_else(|| {
+                            format!("unknown point `{value}` (one of broadcast, allreduce, save, eval)")
+                        })?)
                 }
                 other => return Err(format!("unknown key `{other}` (rank, at, after)")),
             }

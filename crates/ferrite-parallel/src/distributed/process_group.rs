@@ -13,9 +13,9 @@
 //! skipped, as it would wait for the dead peer too).
 
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -109,10 +109,11 @@ impl ProcessGroup {
         let group = ProcessGroup { comm, thread: Some(thread), stopped, universe: ManuallyDrop::new(universe) };
         // Every rank's liveness listener, so that a rank that later waits in vain can name a dead
         // peer. The first collective: a rank that cannot join it fails here, by the deadline.
-        let mine = liveness::listen().encode();
+        let listener = liveness::listen();
+        let mine = listener.endpoint.encode();
         debug_assert_eq!(mine.len(), ENDPOINT_BYTES);
         let all = group.comm.queue("start-up exchange", |reply| Job::AllGatherBytes { data: mine, reply })?.wait()?;
-        let _ = group.comm.liveness.set(Liveness::new(rank, &all));
+        let _ = group.comm.liveness.set(Liveness::new(rank, &listener, &all));
         Ok(group)
     }
 
@@ -334,11 +335,20 @@ impl Comm {
 
     /// A collective `op` missed the deadline: the group is broken from now on, and the error names
     /// the peers whose process is gone ([`DistributedError::PeerDied`]), found by probing every
-    /// peer's liveness listener (at most half a second), else says that no one answered in time.
+    /// peer's liveness listener, else says that no one answered in time. The peers still alive are
+    /// told that this rank leaves. At most 0.65 s in all (see [`super::liveness`]).
     fn lost(&self, op: &'static str) -> DistributedError {
         self.broken.store(true, Ordering::SeqCst);
         let waited_s = self.timeout.as_secs();
-        let dead = self.liveness.get().map(|l| liveness::dead_ranks(&l.probe())).unwrap_or_default();
+        let dead = match self.liveness.get() {
+            Some(l) => {
+                let states = l.probe();
+                // This rank stops now: say so, so that a slower survivor does not name it.
+                l.announce_departure(&states);
+                liveness::dead_ranks(&states)
+            }
+            None => Vec::new(),
+        };
         if dead.is_empty() {
             DistributedError::Timeout { rank: self.rank, op, waited_s }
         } else {
