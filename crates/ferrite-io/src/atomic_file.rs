@@ -61,6 +61,9 @@ impl AtomicFile {
             return Ok(());
         };
         let file = writer.into_inner().map_err(|e| IoError::os("write", &self.temp, e.into_error()))?;
+        // Testing hook (`FERRITE_FAULT_INJECT=at:save`): die here, the new contents written to the
+        // temporary file and the target not yet replaced, to show the old file survives.
+        crate::fault_injection::fault_point(crate::fault_injection::FaultPoint::Save);
         file.sync_all().map_err(|e| IoError::os("fsync", &self.temp, e))?;
         drop(file);
         if let Err(e) = std::fs::rename(&self.temp, &self.target) {

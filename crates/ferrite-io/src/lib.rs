@@ -18,6 +18,7 @@
 mod atomic_file;
 mod checkpoint_format;
 mod error;
+mod fault_injection;
 mod format;
 mod load_options;
 mod map_location;
@@ -39,6 +40,7 @@ mod value;
 pub use atomic_file::{AtomicFile, write_atomically};
 pub use checkpoint_format::{CHECKPOINT_TREE_KEY, CHECKPOINT_VERSION_KEY, save_checkpoint, write_checkpoint_to};
 pub use error::{IoError, Result};
+pub use fault_injection::{FAULT_INJECT_ENV, FaultPlan, FaultPoint, fault_injection_armed, fault_point};
 pub use format::{FileFormat, detect_format};
 pub use load_options::LoadOptions;
 pub use map_location::MapLocation;

@@ -63,6 +63,13 @@ pub enum ParallelError {
         "rank {rank}: no answer from the other ranks within {waited_s} s during {op}: a rank probably died or hangs (mpirun's output names it); if a step legitimately takes longer, raise FERRITE_DDP_TIMEOUT_S"
     )]
     Timeout { rank: usize, op: &'static str, waited_s: u64 },
+    /// A collective missed its deadline and the peers' liveness probe found rank(s) `dead` gone
+    /// (their process no longer exists: killed, crashed, out of memory).
+    #[error(
+        "rank {rank}: {} died during {op} (no answer within {waited_s} s, and its process is gone); this rank stops too: restart the job, with --resume from the last checkpoint",
+        rank_list(dead)
+    )]
+    PeerDied { rank: usize, dead: Vec<usize>, op: &'static str, waited_s: u64 },
     #[error("rank {rank}: the MPI communication thread is gone ({detail}); the process group cannot be used any more")]
     CommunicationStopped { rank: usize, detail: String },
     #[error("rank {rank}: this DistributedDataParallel already stopped after an error and cannot run more steps")]
@@ -85,6 +92,19 @@ pub enum ParallelError {
 }
 
 impl ParallelError {
+    /// Whether this rank stops because of another rank (one that failed, died or hangs, or a
+    /// collective that can no longer finish), not because of its own work: it then has nothing
+    /// to tell the others and no reason to linger before exiting.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(
+            self,
+            ParallelError::PeerFailed { .. }
+                | ParallelError::PeerDied { .. }
+                | ParallelError::Timeout { .. }
+                | ParallelError::CommunicationStopped { .. }
+        )
+    }
+
     /// The allocator's out-of-memory report, if this error is an OOM on some replica.
     pub fn oom_report(&self) -> Option<&ferrite_memory::OutOfMemoryReport> {
         match self {
@@ -96,5 +116,27 @@ impl ParallelError {
     }
 }
 
+/// `rank 1` or `ranks 1, 2`.
+fn rank_list(ranks: &[usize]) -> String {
+    let list: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+    match ranks.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = ParallelError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::ParallelError;
+
+    #[test]
+    fn a_dead_peer_is_named() {
+        let one = ParallelError::PeerDied { rank: 0, dead: vec![1], op: "all-reduce", waited_s: 3 }.to_string();
+        assert!(one.starts_with("rank 0: rank 1 died during all-reduce (no answer within 3 s"), "{one}");
+        let two = ParallelError::PeerDied { rank: 2, dead: vec![0, 1], op: "broadcast", waited_s: 30 }.to_string();
+        assert!(two.starts_with("rank 2: ranks 0, 1 died during broadcast"), "{two}");
+    }
+}

@@ -91,6 +91,16 @@ impl TrainError {
         TrainError::CorruptCheckpoint { entry: entry.into(), reason: reason.into() }
     }
 
+    /// Whether training stopped because of another MPI rank (it failed, died or hangs), not
+    /// because of this rank's own work ([`ferrite_parallel::ParallelError::is_peer_failure`]).
+    pub fn is_peer_failure(&self) -> bool {
+        match self {
+            TrainError::During { source, .. } => source.is_peer_failure(),
+            TrainError::Parallel(e) => e.is_peer_failure(),
+            _ => false,
+        }
+    }
+
     /// Whether this is a device running out of memory (whatever layer reported it).
     pub fn is_out_of_memory(&self) -> bool {
         self.oom_report().is_some()

@@ -74,8 +74,10 @@ impl DdpOptions {
 /// Faults: before every synchronizing backward the ranks exchange a status word; a rank whose
 /// step fails still completes the step's collectives (with zeros), then reports its error in that
 /// exchange, so every other rank stops with [`DistributedError::PeerFailed`] naming it. A rank
-/// that dies outright is detected by the collective deadline ([`DistributedError::Timeout`]) or by
-/// `mpirun`, which ends the job when a rank exits.
+/// that dies outright (SIGKILL, a crash) is caught by `mpirun`, which ends the job when a rank
+/// dies, or else by the collective deadline (`FERRITE_DDP_TIMEOUT_S`): the survivors then probe
+/// their peers and stop with [`DistributedError::PeerDied`] naming the dead rank
+/// ([`DistributedError::Timeout`] when every peer is alive but one hangs).
 pub struct DistributedDataParallel<M: Module> {
     module: M,
     sync: GradientSync,

@@ -15,6 +15,8 @@ mod bucket;
 mod ddp;
 mod error;
 #[cfg(feature = "mpi")]
+mod liveness;
+#[cfg(feature = "mpi")]
 mod process_group;
 #[cfg(feature = "mpi")]
 mod reducer;

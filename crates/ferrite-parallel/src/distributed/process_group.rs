@@ -7,17 +7,19 @@
 //! MPI on the training thread ([`Comm::start_all_reduce`]) while the communication thread is idle
 //! (no hand-off, but it overlaps less: `MPI_Iallreduce` advances only inside MPI calls). The training thread
 //! queues jobs and waits for their replies with a deadline ([`Comm::timeout`]): a peer that died
-//! or hangs becomes a [`DistributedError::Timeout`] instead of a hang, and the blocked thread is
-//! left behind (the process must then exit; MPI_Finalize is skipped, as it would wait for the
-//! dead peer too).
+//! becomes a [`DistributedError::PeerDied`] naming it (the liveness probe of [`super::liveness`]
+//! tells a dead peer from a hung one), one that hangs a [`DistributedError::Timeout`], instead of
+//! a hang; the blocked thread is left behind (the process must then exit; MPI_Finalize is
+//! skipped, as it would wait for the dead peer too).
 
 use std::mem::ManuallyDrop;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferrite_io::{FaultPoint, fault_point};
 use mpi::Threading;
 use mpi::collective::SystemOperation;
 use mpi::datatype::Equivalence;
@@ -29,6 +31,7 @@ use mpi::traits::{CommunicatorCollectives, Root};
 
 use super::bucket::BucketBuffers;
 use super::error::{DistributedError, Result};
+use super::liveness::{self, ENDPOINT_BYTES, Liveness};
 
 /// Bytes of one rank's status message in [`Comm::all_gather_status`].
 const STATUS_BYTES: usize = 512;
@@ -55,6 +58,8 @@ pub struct Comm {
     jobs: Sender<Job>,
     timeout: Duration,
     broken: Arc<AtomicBool>,
+    /// Every rank's liveness listener, exchanged when the group starts.
+    liveness: Arc<OnceLock<Liveness>>,
 }
 
 enum Job {
@@ -93,8 +98,23 @@ impl ProcessGroup {
                 let _ = stopped_tx.send(());
             })
             .map_err(|e| DistributedError::CommunicationStopped { rank, detail: format!("cannot start it: {e}") })?;
-        let comm = Comm { rank, size, jobs, timeout: Duration::from_secs(timeout_s), broken: Arc::default() };
-        Ok(ProcessGroup { comm, thread: Some(thread), stopped, universe: ManuallyDrop::new(universe) })
+        let comm = Comm {
+            rank,
+            size,
+            jobs,
+            timeout: Duration::from_secs(timeout_s),
+            broken: Arc::default(),
+            liveness: Arc::default(),
+        };
+        let group = ProcessGroup { comm, thread: Some(thread), stopped, universe: ManuallyDrop::new(universe) };
+        // Every rank's liveness listener, so that a rank that later waits in vain can name a dead
+        // peer. The first collective: a rank that cannot join it fails here, by the deadline.
+        let listener = liveness::listen();
+        let mine = listener.endpoint.encode();
+        debug_assert_eq!(mine.len(), ENDPOINT_BYTES);
+        let all = group.comm.queue("start-up exchange", |reply| Job::AllGatherBytes { data: mine, reply })?.wait()?;
+        let _ = group.comm.liveness.set(Liveness::new(rank, &listener, &all));
+        Ok(group)
     }
 
     pub fn rank(&self) -> usize {
@@ -152,6 +172,9 @@ fn comm_thread(rx: Receiver<Job>) {
                 // send side are only read, by MPI, while the bucket is in flight).
                 let (send, recv) =
                     unsafe { (std::slice::from_raw_parts(send, n), std::slice::from_raw_parts_mut(recv, n)) };
+                // Testing hook (FERRITE_FAULT_INJECT=at:allreduce): die as the bucket goes out,
+                // the peers already inside the all-reduce.
+                fault_point(FaultPoint::AllReduce);
                 world.all_reduce_into(send, recv, SystemOperation::sum());
                 buffers.finished = Some(Instant::now());
                 let _ = reply.send(Ok(buffers));
@@ -167,6 +190,8 @@ fn comm_thread(rx: Receiver<Job>) {
                 let _ = reply.send(out);
             }
             Job::BroadcastF64 { mut data, reply } => {
+                // Testing hook (FERRITE_FAULT_INJECT=at:broadcast).
+                fault_point(FaultPoint::Broadcast);
                 let mut len = data.len() as u64;
                 root.broadcast_into(&mut len);
                 data.resize(len as usize, 0.0);
@@ -174,6 +199,8 @@ fn comm_thread(rx: Receiver<Job>) {
                 let _ = reply.send(data);
             }
             Job::BroadcastBytes { mut data, reply } => {
+                // Testing hook (FERRITE_FAULT_INJECT=at:broadcast).
+                fault_point(FaultPoint::Broadcast);
                 let mut len = data.len() as u64;
                 root.broadcast_into(&mut len);
                 data.resize(len as usize, 0);
@@ -201,14 +228,7 @@ impl<T> Pending<T> {
     pub fn wait(self) -> Result<T> {
         match self.rx.recv_timeout(self.comm.timeout) {
             Ok(v) => Ok(v),
-            Err(RecvTimeoutError::Timeout) => {
-                self.comm.broken.store(true, Ordering::SeqCst);
-                Err(DistributedError::Timeout {
-                    rank: self.comm.rank,
-                    op: self.op,
-                    waited_s: self.comm.timeout.as_secs(),
-                })
-            }
+            Err(RecvTimeoutError::Timeout) => Err(self.comm.lost(self.op)),
             Err(RecvTimeoutError::Disconnected) => {
                 self.comm.broken.store(true, Ordering::SeqCst);
                 Err(DistributedError::CommunicationStopped {
@@ -271,12 +291,7 @@ impl InFlight {
         while !self.test() {
             let waited = start.elapsed();
             if waited > self.comm.timeout {
-                self.comm.broken.store(true, Ordering::SeqCst);
-                return Err(DistributedError::Timeout {
-                    rank: self.comm.rank,
-                    op: "all-reduce",
-                    waited_s: self.comm.timeout.as_secs(),
-                });
+                return Err(self.comm.lost("all-reduce"));
             }
             if waited > SPIN_BEFORE_SLEEP {
                 std::thread::sleep(Duration::from_micros(100));
@@ -316,6 +331,29 @@ impl Comm {
     /// How long one collective may take before the peers are declared lost.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// A collective `op` missed the deadline: the group is broken from now on, and the error names
+    /// the peers whose process is gone ([`DistributedError::PeerDied`]), found by probing every
+    /// peer's liveness listener, else says that no one answered in time. The peers still alive are
+    /// told that this rank leaves. At most 0.65 s in all (see [`super::liveness`]).
+    fn lost(&self, op: &'static str) -> DistributedError {
+        self.broken.store(true, Ordering::SeqCst);
+        let waited_s = self.timeout.as_secs();
+        let dead = match self.liveness.get() {
+            Some(l) => {
+                let states = l.probe();
+                // This rank stops now: say so, so that a slower survivor does not name it.
+                l.announce_departure(&states);
+                liveness::dead_ranks(&states)
+            }
+            None => Vec::new(),
+        };
+        if dead.is_empty() {
+            DistributedError::Timeout { rank: self.rank, op, waited_s }
+        } else {
+            DistributedError::PeerDied { rank: self.rank, dead, op, waited_s }
+        }
     }
 
     /// Whether a collective timed out or the thread stopped (no further collective is safe).
@@ -385,6 +423,8 @@ impl Comm {
                 &mut request,
             )
         };
+        // Testing hook (FERRITE_FAULT_INJECT=at:allreduce): die with the all-reduce started.
+        fault_point(FaultPoint::AllReduce);
         Ok(InFlight { request, buffers: Some(buffers), comm: self.clone() })
     }
 

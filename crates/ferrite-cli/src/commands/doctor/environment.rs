@@ -27,6 +27,7 @@ pub const KNOWN: &[(&str, &str)] = &[
     ("FERRITE_PYTORCH_REFERENCE", "PyTorch reference fixtures for the tests"),
     ("FERRITE_REQUIRE_SYSTEM_DEPS", "tests fail instead of skipping without system packages"),
     ("FERRITE_IO_CRASH_CHILD_PATH", "internal to ferrite-io's crash-safety test"),
+    ("FERRITE_FAULT_INJECT", "testing hook: the process kills itself at a named point (fault-injection tests)"),
 ];
 
 /// Check `vars` (name, value; `None` for a value that is not UTF-8). `threads` is what the
@@ -138,6 +139,25 @@ fn check_one(name: &str, value: &str, ferrite_alloc_conf: Option<&str>, threads:
                 name,
                 format!("{shown} is not a positive whole number of seconds"),
                 "it is ignored and the default deadline applies; set a number of seconds, or unset it",
+            ),
+        },
+        "FERRITE_FAULT_INJECT" => match ferrite_io::FaultPlan::parse(value) {
+            Ok(plan) => Check::warning(
+                SECTION,
+                name,
+                format!(
+                    "{shown}: {} kills itself with SIGKILL at `{}` after {} pass(es)",
+                    plan.rank.map_or("every process".to_string(), |r| format!("rank {r}")),
+                    plan.at.name(),
+                    plan.after
+                ),
+                "a testing hook of the fault-injection tests: unset it unless you are testing faults",
+            ),
+            Err(why) => Check::warning(
+                SECTION,
+                name,
+                format!("{shown}: {why}"),
+                "it is ignored (and is only a testing hook): unset it",
             ),
         },
         "FERRITE_NO_SIMD" => Check::warning(
@@ -256,5 +276,15 @@ mod tests {
         let c = run(&[("FERRITE_DDP_TIMEOUT_S", "soon")]);
         assert_eq!(c[0].verdict, Verdict::Warning, "{c:?}");
         assert!(c[0].fix.as_ref().unwrap().contains("ignored"), "{c:?}");
+    }
+
+    #[test]
+    fn an_armed_fault_injection_hook_is_a_warning_that_says_what_will_happen() {
+        let c = run(&[("FERRITE_FAULT_INJECT", "rank:1,at:allreduce,after:3")]);
+        assert_eq!(c[0].verdict, Verdict::Warning, "{c:?}");
+        assert!(c[0].found.contains("rank 1 kills itself with SIGKILL at `allreduce` after 3"), "{c:?}");
+        let c = run(&[("FERRITE_FAULT_INJECT", "at:nowhere")]);
+        assert_eq!(c[0].verdict, Verdict::Warning, "{c:?}");
+        assert!(c[0].found.contains("unknown point `nowhere`"), "{c:?}");
     }
 }

@@ -266,6 +266,8 @@ fn count_test(model: &mut dyn Module, loader: &mut ImageLoader) -> Result<(usize
         let logits = inference(model, |m| m.forward(&x))?;
         correct += count_correct(&logits, &y)?;
         seen += y.numel();
+        // Testing hook (FERRITE_FAULT_INJECT=at:eval): die mid-evaluation.
+        ferrite_io::fault_point(ferrite_io::FaultPoint::Eval);
     }
     Ok((correct, seen))
 }

@@ -467,6 +467,8 @@ fn evaluate(
             let chars = y.numel();
             sum += loss_fn.forward(&logits.reshape(&[-1, vocab as i64])?, &y.reshape(&[-1])?)?.item()? * chars as f64;
             n += chars;
+            // Testing hook (FERRITE_FAULT_INJECT=at:eval): die mid-evaluation.
+            ferrite_io::fault_point(ferrite_io::FaultPoint::Eval);
         }
         Ok((sum, n as f64))
     })();

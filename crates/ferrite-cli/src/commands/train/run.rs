@@ -154,8 +154,10 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
         allocator(device).record_memory_history(None);
         result
     };
-    if result.is_err() {
-        // Let the other ranks print their report before mpirun ends the job on this exit.
+    if result.as_ref().is_err_and(|e| !e.is_peer_failure()) {
+        // This rank's own failure, announced to the others: let them print their report before
+        // mpirun ends the job on this exit. Not when another rank failed or died: the others
+        // learn that by themselves, and a survivor must stop within FERRITE_DDP_TIMEOUT_S + 1 s.
         std::thread::sleep(std::time::Duration::from_secs(2));
     }
     result
