@@ -199,3 +199,46 @@ fn two_ranks_train_digits_and_the_checkpoint_resumes_without_mpi() {
     assert!(resumed.contains("resumed from ck.ft after epoch 2"), "{resumed}");
     assert!(common::final_accuracy(&resumed) > 50.0, "{resumed}");
 }
+
+/// `--distributed --hf-model`: 2 ranks × 4 blocks per step end with the weights and validation
+/// loss of 1 rank × 8 blocks (the ranks split one seeded permutation of the blocks, so each step
+/// averages the same 8 blocks' gradients), and rank 0 writes a folder that loads.
+#[test]
+fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
+    let test = "distributed_hf_model_matches_one_rank_with_the_ranks_batches";
+    if !mpi_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf");
+    let (model, text) = (hf.join("llama").display().to_string(), hf.join("text.txt").display().to_string());
+    let run = |np: &str, batch: &str, out: &str| {
+        let o = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", np, env!("CARGO_BIN_EXE_ferrite")])
+            .args(["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16", "--lr", "3e-3"])
+            .args(["--batch-size", batch, "--steps", "6", "--no-progress", "--out", out])
+            .current_dir(dir.path())
+            .output()
+            .expect("mpirun starts");
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+        stdout
+    };
+    let two = run("2", "4", "two");
+    let one = run("1", "8", "one");
+    assert_eq!(two.matches("ferrite train:").count(), 1, "rank 0 alone prints:\n{two}");
+    assert!(two.contains(", 2 ranks"), "{two}");
+    let val = |out: &str| -> f64 {
+        let line = out.lines().find(|l| l.starts_with("trained ")).unwrap_or_else(|| panic!("{out}"));
+        let at = line.find("validation loss ").unwrap() + "validation loss ".len();
+        line[at..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
+    };
+    assert!((val(&two) - val(&one)).abs() < 1e-4, "validation loss 2 ranks {} vs 1 rank {}", val(&two), val(&one));
+    let (a, b) =
+        (weights(&dir.path().join("two/model.safetensors")), weights(&dir.path().join("one/model.safetensors")));
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: 2 ranks and 1 rank differ by {worst}");
+    }
+}

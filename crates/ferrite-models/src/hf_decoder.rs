@@ -28,7 +28,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ferrite_nn::{AttentionBackend, attention, mark_layer};
-use ferrite_nn::{Embedding, LayerNorm, Linear, Module, RMSNorm, checkpoint};
+use ferrite_nn::{Embedding, LayerNorm, Linear, Module, RMSNorm, RngHandle, checkpoint};
 use ferrite_tensor::{DType, Device, Generator, Tensor, is_grad_enabled};
 use serde_json::{Map, Value};
 
@@ -122,6 +122,14 @@ pub struct HfConfig {
     pub rope_scaling: Option<RopeScaling>,
     /// Each query attends to at most this many keys, itself included (Mistral's `sliding_window`).
     pub sliding_window: Option<usize>,
+    /// Dropout on the attention probabilities in training (GPT-2's `attn_pdrop`, default 0.1;
+    /// the Llama style's `attention_dropout`, default 0).
+    pub attention_dropout: f64,
+    /// Dropout on each block's attention and MLP outputs before the residual add (GPT-2's
+    /// `resid_pdrop`, default 0.1; none in the Llama style).
+    pub residual_dropout: f64,
+    /// Dropout on the embeddings (GPT-2's `embd_pdrop`, default 0.1; none in the Llama style).
+    pub embedding_dropout: f64,
 }
 
 impl HfConfig {
@@ -251,6 +259,14 @@ impl HfConfig {
                 (window, r.rope()?)
             }
         };
+        let (attention_dropout, residual_dropout, embedding_dropout) = match style {
+            HfStyle::Gpt2 => (
+                r.probability("attn_pdrop", 0.1)?,
+                r.probability("resid_pdrop", 0.1)?,
+                r.probability("embd_pdrop", 0.1)?,
+            ),
+            HfStyle::Llama => (r.probability("attention_dropout", 0.0)?, 0.0, 0.0),
+        };
         let c = HfConfig {
             model_type,
             style,
@@ -271,6 +287,9 @@ impl HfConfig {
             rope_theta,
             rope_scaling,
             sliding_window,
+            attention_dropout,
+            residual_dropout,
+            embedding_dropout,
         };
         c.check(origin)?;
         Ok(c)
@@ -402,6 +421,17 @@ impl Reader<'_> {
                 .as_f64()
                 .filter(|f| f.is_finite() && *f > 0.0)
                 .ok_or_else(|| self.err(format!("key `{key}` must be a positive number, found {x}"))),
+        }
+    }
+
+    /// A dropout probability in `[0, 1)`.
+    fn probability(&self, key: &str, default: f64) -> Result<f64, ModelError> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .filter(|p| (0.0..1.0).contains(p))
+                .ok_or_else(|| self.err(format!("key `{key}` must be a dropout probability in [0, 1), found {x}"))),
         }
     }
 
@@ -605,6 +635,15 @@ fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> ferrite_tensor::Resul
     x.mul(cos)?.add(&rot.mul(sin)?)
 }
 
+/// `x` with each element zeroed with probability `p` and the rest scaled by `1/(1−p)`, drawn from
+/// `rng` (identity when `p` is 0).
+fn dropout(x: &Tensor, p: f64, rng: &RngHandle) -> ferrite_tensor::Result<Tensor> {
+    if p == 0.0 {
+        return Ok(x.clone());
+    }
+    rng.with(|g| ferrite_tensor::functional::dropout(x, p, true, g))
+}
+
 /// `[b, s, n·d]` → `[b, n, s, d]`.
 fn split_heads(x: &Tensor, n: usize, d: usize) -> ferrite_tensor::Result<Tensor> {
     let (b, s) = (x.shape()[0] as i64, x.shape()[1] as i64);
@@ -651,6 +690,8 @@ struct BlockSpec {
     activation: HfActivation,
     rope: Option<Rope>,
     sliding_window: Option<usize>,
+    attention_dropout: f64,
+    residual_dropout: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -681,6 +722,8 @@ enum BlockLayers {
 pub struct Block {
     layers: BlockLayers,
     spec: Arc<BlockSpec>,
+    /// The generator the block's dropouts draw from (the decoder's, shared).
+    rng: RngHandle,
     training: bool,
 }
 
@@ -714,7 +757,15 @@ impl Block {
         let rep = sp.heads / sp.kv_heads;
         let (k, v) = (repeat_kv(&k, rep)?, repeat_kv(&v, rep)?);
         let window = sp.sliding_window.filter(|&w| w < t);
-        let a = if offset == 0 && window.is_none() {
+        let a = if self.training && sp.attention_dropout > 0.0 {
+            // Dropout on the probabilities needs them: the explicit path (HF's eager attention).
+            let scale = 1.0 / (sp.head_dim as f64).sqrt();
+            let scores = q.matmul(&k.transpose(-2, -1)?)?.mul_scalar(scale)?;
+            let mask = causal_mask(s, offset, window, q.device())?;
+            let p = scores.masked_fill(&mask.logical_not()?, f64::NEG_INFINITY)?.softmax(-1)?;
+            let p = dropout(&p, sp.attention_dropout, &self.rng)?;
+            p.to_dtype(v.dtype())?.matmul(&v)?
+        } else if offset == 0 && window.is_none() {
             attention(&q, &k, &v, None, true, AttentionBackend::Auto)?
         } else if s == 1 && window.is_none() {
             // One new query sees every key.
@@ -735,9 +786,10 @@ impl Block {
                 let w = self.spec.heads * self.spec.head_dim;
                 let a =
                     self.attend(&qkv.narrow(-1, 0, w)?, &qkv.narrow(-1, w, w)?, &qkv.narrow(-1, 2 * w, w)?, cache)?;
-                let x = x.add(&attn_proj.forward(&a)?)?;
+                let p = if self.training { self.spec.residual_dropout } else { 0.0 };
+                let x = x.add(&dropout(&attn_proj.forward(&a)?, p, &self.rng)?)?;
                 let m = mlp_proj.forward(&act.apply(&c_fc.forward(&ln_2.forward(&x)?)?)?)?;
-                Ok(x.add(&m)?)
+                Ok(x.add(&dropout(&m, p, &self.rng)?)?)
             }
             BlockLayers::Llama { q, k, v, o, gate, up, down, input_layernorm, post_attention_layernorm } => {
                 let h = input_layernorm.forward(x)?;
@@ -880,6 +932,8 @@ pub struct Decoder {
     /// `None` when tied: the logits come from the embedding's weight.
     lm_head: Option<Linear>,
     checkpoint_activations: bool,
+    /// The generator every dropout of the model draws from.
+    rng: RngHandle,
     training: bool,
 }
 
@@ -902,7 +956,10 @@ impl Decoder {
                 max_positions: c.max_positions,
             }),
             sliding_window: c.sliding_window,
+            attention_dropout: c.attention_dropout,
+            residual_dropout: c.residual_dropout,
         });
+        let rng = RngHandle::new(0);
         let ln = |device: &Device| LayerNorm::new_with(&[h], c.norm_eps, true, true, device);
         let rms = |device: &Device| RMSNorm::with_config(&[h], Some(c.norm_eps), true, device);
         let mut blocks = Vec::new();
@@ -933,7 +990,7 @@ impl Decoder {
                     post_attention_layernorm: rms(device)?,
                 },
             };
-            blocks.push(Block { layers, spec: spec.clone(), training: true });
+            blocks.push(Block { layers, spec: spec.clone(), rng: rng.clone(), training: true });
         }
         let positions = match c.style {
             HfStyle::Gpt2 => Some(Embedding::new_with(c.max_positions, h, None, device, &mut g)?),
@@ -953,6 +1010,7 @@ impl Decoder {
             norm,
             lm_head,
             checkpoint_activations,
+            rng,
             training: true,
         })
     }
@@ -976,6 +1034,15 @@ impl Decoder {
         let logits = self.run(ids, Some(cache), last_only)?;
         cache.len += ids.shape().get(1).copied().unwrap_or(0);
         Ok(logits)
+    }
+
+    /// Every dropout of the model draws from `rng` from now on (a trainer's dropout generator,
+    /// which its checkpoints save and restore). The default is a generator seeded with 0.
+    pub fn set_dropout_rng(&mut self, rng: RngHandle) {
+        for b in &mut self.blocks {
+            b.rng = rng.clone();
+        }
+        self.rng = rng;
     }
 
     /// An empty key/value cache for [`Decoder::forward_with_cache`].
@@ -1005,6 +1072,9 @@ impl Decoder {
         if let Some(pos) = &self.positions {
             let positions = Tensor::arange(offset as f64, (offset + s) as f64, 1.0, DType::I64, ids.device())?;
             h = h.add(&pos.forward(&positions)?)?;
+        }
+        if self.training {
+            h = dropout(&h, self.config.embedding_dropout, &self.rng)?;
         }
         for (i, block) in self.blocks.iter().enumerate() {
             mark_layer(&format!("{blocks_name}.{i}"));
@@ -1185,6 +1255,49 @@ mod tests {
         assert_eq!(m.sliding_window, Some(4));
         let h = HfConfig::from_json(&llama("llama", r#", "head_dim": 4"#), "c").unwrap();
         assert_eq!((h.head_dim, h.num_heads * h.head_dim), (4, 16));
+    }
+
+    #[test]
+    fn dropout_follows_the_config_in_training_only() {
+        let c = HfConfig::from_json(&gpt2(""), "c").unwrap();
+        assert_eq!((c.attention_dropout, c.residual_dropout, c.embedding_dropout), (0.1, 0.1, 0.1));
+        let l = HfConfig::from_json(&llama("llama", ""), "c").unwrap();
+        assert_eq!((l.attention_dropout, l.residual_dropout, l.embedding_dropout), (0.0, 0.0, 0.0));
+        let e = HfConfig::from_json(&gpt2(r#", "attn_pdrop": 1.5"#), "c.json").unwrap_err().to_string();
+        assert!(e.contains("attn_pdrop") && e.contains("[0, 1)"), "{e}");
+        let ids = Tensor::from_vec((0..16).map(|i| i % 10).collect::<Vec<i64>>(), &[2, 8], &Device::Cpu).unwrap();
+        let mut m = Decoder::new(&c, &Device::Cpu, false).unwrap();
+        m.set_dropout_rng(RngHandle::new(5));
+        let a = m.forward(&ids).unwrap().to_vec::<f32>().unwrap();
+        let b = m.forward(&ids).unwrap().to_vec::<f32>().unwrap();
+        assert_ne!(a, b, "training draws new masks");
+        m.set_dropout_rng(RngHandle::new(5));
+        assert_eq!(m.forward(&ids).unwrap().to_vec::<f32>().unwrap(), a, "the same generator, the same masks");
+        m.eval();
+        assert_eq!(
+            m.forward(&ids).unwrap().to_vec::<f32>().unwrap(),
+            m.forward(&ids).unwrap().to_vec::<f32>().unwrap()
+        );
+    }
+
+    /// The explicit attention path (taken for attention dropout) is the same function as the
+    /// fused one: with a probability too small to drop anything, training equals evaluation —
+    /// causal, and within a sliding window.
+    #[test]
+    fn the_explicit_attention_path_equals_the_fused_one() {
+        for json in [
+            gpt2(r#", "attn_pdrop": 1e-12, "resid_pdrop": 0.0, "embd_pdrop": 0.0"#),
+            llama("mistral", r#", "attention_dropout": 1e-12, "sliding_window": 3"#),
+        ] {
+            let c = HfConfig::from_json(&json, "c").unwrap();
+            let mut m = Decoder::new(&c, &Device::Cpu, false).unwrap();
+            let ids =
+                Tensor::from_vec((0..16).map(|i| (i * 7) % 10).collect::<Vec<i64>>(), &[2, 8], &Device::Cpu).unwrap();
+            let train = m.forward(&ids).unwrap();
+            m.eval();
+            let eval = m.forward(&ids).unwrap();
+            ferrite_test_support::assert_close("explicit vs fused attention", &train, &eval, 1e-5, 1e-6);
+        }
     }
 
     #[test]

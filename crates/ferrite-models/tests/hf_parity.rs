@@ -265,3 +265,42 @@ fn five_adamw_steps_match_transformers() {
         }
     }
 }
+
+/// T5 v1.0 (relu, tied and scaled head) and v1.1 (gated-gelu, untied, `pytorch_model.bin`):
+/// logits on encoder ids and transformers' shifted-right decoder input, the loss against the
+/// labels, and every parameter's gradient after one backward.
+#[test]
+fn t5_logits_loss_and_gradients_match_transformers() {
+    for name in ["t5", "t5v11"] {
+        let folder = HfFolder::open(fixtures().join(name)).unwrap();
+        assert!(folder.is_t5());
+        let (mut model, keys) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        assert!(keys.missing_keys.is_empty() && keys.unexpected_keys.is_empty(), "{name}: {keys:?}");
+        let e = expected(name);
+        let (enc, dec, labels) = (e.get("input_ids"), e.get("decoder_input_ids"), e.get("labels"));
+        // ferrite's T5 reads [batch, 2, seq]: the encoder's tokens and the decoder's.
+        let ids = Tensor::stack(&[&enc, &dec], 1).unwrap();
+        model.eval();
+        let logits = model.forward(&ids).unwrap();
+        assert_close(name, &logits, &e.logits);
+        let v = logits.shape()[2] as i64;
+        let ce = |logits: &Tensor| {
+            ferrite_nn::CrossEntropyLoss::new()
+                .forward(&logits.reshape(&[-1, v]).unwrap(), &labels.reshape(&[-1]).unwrap())
+                .unwrap()
+        };
+        let loss = ce(&logits).item().unwrap();
+        assert!((loss - e.loss).abs() <= 1e-4 * e.loss.abs(), "{name}: loss {loss} vs {}", e.loss);
+        model.train(true);
+        ce(&model.forward(&ids).unwrap()).backward().unwrap();
+        let params = model.named_parameters();
+        let want: Vec<&(String, Tensor)> = e.all.iter().filter(|(k, _)| k.starts_with("grad.")).collect();
+        assert_eq!(want.len(), params.len(), "{name}: one gradient per parameter");
+        for (k, g) in want {
+            let pname = &k["grad.".len()..];
+            let p = params.iter().find(|(n, _)| n == pname).unwrap_or_else(|| panic!("{name}: no parameter {pname}"));
+            let got = p.1.grad().unwrap_or_else(|| panic!("{name}: {pname} has no gradient"));
+            ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, 1e-6);
+        }
+    }
+}

@@ -11,6 +11,11 @@ one weight format and the options ferrite reads from config.json:
   mistral/  pytorch_model.bin (torch.save of the state dict), one kv head, sliding_window 4 < seq, linear rope
   qwen2/    model.safetensors in bf16 (ferrite converts to f32), q/k/v biases, tied head, dynamic rope
             past max_position_embeddings
+  t5/       T5 v1.0: relu feed-forward, head tied to `shared` and scaled by d_model^-0.5
+  t5v11/    T5 v1.1 / Flan: gated-gelu feed-forward, untied head; pytorch_model.bin
+
+The T5 folders' `expected.safetensors` hold encoder ids, labels, the decoder input transformers
+makes from them (`_shift_right`), the logits, the loss and every parameter's gradient.
 
 Every folder also gets `tokenizer.json`: a byte-level BPE (GPT-2's scheme, `<pad>`, `<s>`, `</s>`
 as ids 0, 1, 2) trained with the `tokenizers` package on `text.txt`, a small generated corpus kept
@@ -51,6 +56,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
 VOCAB, BATCH, SEQ = 320, 2, 12
@@ -230,6 +237,49 @@ def main():
     m.save_pretrained(d)
     # The expected outputs of exactly the bf16 weights, computed in f32 (what ferrite loads).
     expected(m.to(torch.float32), gen, d, tok, text)
+
+    t5_models(args, gen)
+
+
+def expected_t5(model, gen, folder):
+    model.eval()
+    enc = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    dec = model._shift_right(labels)
+    out = {"input_ids": enc, "labels": labels, "decoder_input_ids": dec}
+    with torch.no_grad():
+        o = model(input_ids=enc, labels=labels)
+        out["logits"] = o.logits.to(torch.float32).contiguous()
+        out["loss"] = o.loss.reshape(1).to(torch.float32)
+    model.train()
+    model.zero_grad()
+    model(input_ids=enc, labels=labels).loss.backward()
+    for name, p in model.named_parameters():
+        out["grad." + name] = p.grad.detach().to(torch.float32).contiguous()
+    out = {k: v.contiguous() for k, v in out.items()}
+    save_file(out, os.path.join(folder, "expected.safetensors"))
+
+
+def t5_models(args, gen):
+    common = dict(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+    )
+    # v1.0: relu, tied and scaled head; one safetensors file.
+    m = T5ForConditionalGeneration(T5Config(feed_forward_proj="relu", tie_word_embeddings=True, **common))
+    redraw(m, gen)
+    m.tie_weights()
+    d = fresh(os.path.join(args.out, "t5"))
+    m.save_pretrained(d)
+    expected_t5(m, gen, d)
+    # v1.1: gated-gelu, untied head; pytorch_model.bin.
+    m = T5ForConditionalGeneration(T5Config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
+    redraw(m, gen)
+    d = fresh(os.path.join(args.out, "t5v11"))
+    m.config.save_pretrained(d)
+    torch.save(m.state_dict(), os.path.join(d, "pytorch_model.bin"))
+    expected_t5(m, gen, d)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_data::{Dataset, TokenBlocks, read_documents, tokenize_documents};
+use ferrite_data::{Dataset, DistributedSampler, TokenBlocks, read_documents, tokenize_documents};
 use ferrite_memory::{allocator, format_size};
 use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
 use ferrite_nn::Module;
 use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, Optimizer, warmup_cosine};
 use ferrite_tensor::Device;
+use ferrite_train::distributed::{Distributed, EvalShare};
 use ferrite_train::{CausalLmStep, Metrics, evaluate_causal_lm, seconds, start_observer};
 
 use super::settings::{configure, describe_settings};
@@ -31,8 +32,11 @@ fn invalid(flag: &'static str, value: impl ToString, expected: &'static str) -> 
     TrainError::InvalidArgument { flag, value: value.to_string(), expected }
 }
 
-/// Fine-tunes the `--hf-model` folder on `--data` (see the module docs).
-pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
+/// Fine-tunes the `--hf-model` folder on `--data` (see the module docs); with `dist`, as one rank
+/// of a DistributedDataParallel job: each rank reads its share of the blocks (the same
+/// permutation on every rank), gradients are averaged, the validation blocks are shared and the
+/// losses summed, rank 0 prints and writes.
+pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> Result<(), TrainError> {
     let Some(model_dir) = &args.hf_model else {
         return Err(invalid("hf-model", "", "a Hugging Face model folder"));
     };
@@ -62,7 +66,8 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
     };
     let n_train = train_blocks.len();
     let n_val = val_blocks.as_ref().map_or(0, Dataset::len);
-    let micro_batches = n_train.div_ceil(args.batch_size);
+    let ranks = dist.map_or(1, Distributed::world_size);
+    let micro_batches = n_train.div_ceil(ranks).div_ceil(args.batch_size);
     let steps_per_epoch = micro_batches.div_ceil(args.accum_steps) as u64;
     let epochs = match (args.epochs, args.steps) {
         (Some(e), _) => e,
@@ -75,22 +80,39 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
 
     let mut seeds = ferrite_tensor::Generator::new(args.seed);
     let loader_seed = seeds.next_u64();
+    let sampler = match dist {
+        Some(d) => Some(DistributedSampler::new(d.world_size(), d.rank())?.seed(loader_seed)),
+        None => None,
+    };
     let mut train_loader = {
-        let b = train_blocks.tensor_loader().batch_size(args.batch_size).shuffle(true).seed(loader_seed);
+        let b = train_blocks.tensor_loader().batch_size(args.batch_size).seed(loader_seed);
+        let b = match &sampler {
+            Some(s) => b.sampler(s.clone()),
+            None => b.shuffle(true),
+        };
         let b = b.num_workers(args.workers);
         if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut val_loader = match val_blocks {
         Some(v) => {
             let b = v.tensor_loader().batch_size(args.batch_size).num_workers(args.workers);
+            let b = match dist {
+                Some(d) => b.sampler(EvalShare::new(d.world_size(), d.rank())),
+                None => b,
+            };
             Some(if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? })
         }
         None => None,
     };
 
     // ---- model
-    let model = dir.load(device)?;
+    let mut model = dir.load(device)?;
+    // The config's dropouts draw from the trainer's generator, which checkpoints save.
+    let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
+    model.set_dropout_rng(dropout_rng.clone());
     let parameters: usize = model.parameters().iter().map(|p| p.numel()).sum();
+    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
+    let sync = dist.map(|d| d.sync_for(&model)).transpose()?;
     let name = format!(
         "{} ({} layers x {}, vocabulary {})",
         model.type_name(),
@@ -99,10 +121,11 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         config.vocab_size
     );
     println!(
-        "ferrite train: {} on {} ({} documents, {tokens} tokens: {n_train} training / {n_val} validation blocks of {seq}), {name} on {device}",
+        "ferrite train: {} on {} ({} documents, {tokens} tokens: {n_train} training / {n_val} validation blocks of {seq}), {name} on {device}{}",
         model_dir.display(),
         data.display(),
         docs.len(),
+        dist.map_or(String::new(), |d| format!(", {} ranks", d.world_size())),
     );
     println!(
         "  {parameters} parameters: weights {}, with gradients and AdamW moments {} before activations",
@@ -117,8 +140,11 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         },
         describe_settings(args)
     );
-    if let Some(note) = dropout_note(&dir.folder.config_text) {
-        println!("  note: {note}");
+    if config.attention_dropout + config.residual_dropout + config.embedding_dropout > 0.0 {
+        println!(
+            "  dropout from config.json: attention {}, residual {}, embeddings {}",
+            config.attention_dropout, config.residual_dropout, config.embedding_dropout
+        );
     }
     let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
     let scheduler: Option<Box<dyn ferrite_optim::LrScheduler>> = match args.lr_schedule {
@@ -178,13 +204,26 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         builder = builder.max_steps(s);
     }
     if let Some(v) = val_loader.as_mut() {
-        builder = builder.evaluate(move |m| Ok(Metrics::new().with("loss", evaluate_causal_lm(m, &mut *v)?.loss)));
+        builder = builder.evaluate(move |m| {
+            // (loss summed over predicted positions, positions) of this rank's blocks, summed
+            // over the ranks.
+            let local = evaluate_causal_lm(m, &mut *v).map(|e| (e.loss * e.predicted as f64, e.predicted as f64));
+            let (sum, n) = match dist {
+                Some(d) => d.sum_pairs(local)?,
+                None => local?,
+            };
+            Ok(Metrics::new().with("loss", sum / n.max(1.0)))
+        });
+    }
+    if let Some(sync) = sync {
+        builder = builder.gradient_sync(sync);
     }
     let mut trainer = builder.build()?;
 
     // ---- training
     let start = Instant::now();
     let report = trainer.fit(&mut train_loader, CausalLmStep)?;
+    let sync = trainer.take_gradient_sync();
     let run = trainer.take_run_observer();
     let model = trainer.into_model();
     let out = args.out.clone().unwrap_or_else(|| {
@@ -192,7 +231,9 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         PathBuf::from(format!("ferrite-{stem}-finetuned"))
     });
     let options = HfSaveOptions { max_shard_size, copy_from: Some(dir.folder.dir.clone()) };
-    save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+    if dist.is_none_or(|d| d.rank() == 0) {
+        save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+    }
     let last = report.epochs.last();
     println!(
         "trained {} optimizer steps in {:.1}s{}; wrote {} (transformers: AutoModelForCausalLM.from_pretrained(\"{}\"))",
@@ -203,24 +244,11 @@ pub fn train(args: &TrainArgs, device: &Device) -> Result<(), TrainError> {
         out.display()
     );
     println!("{}", allocator(device).memory_summary(true));
+    if let Some(d) = dist {
+        d.finish_and_report(sync, device)?;
+    }
     if let Some(run) = run {
         run.finish();
     }
     Ok(())
-}
-
-/// A note when the config asks for dropout, which ferrite's decoders do not apply yet.
-fn dropout_note(config_text: &str) -> Option<String> {
-    let v: serde_json::Value = serde_json::from_str(config_text).ok()?;
-    let keys = ["attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout"];
-    let set: Vec<String> = keys
-        .iter()
-        .filter_map(|k| v.get(*k).and_then(serde_json::Value::as_f64).filter(|p| *p > 0.0).map(|p| format!("{k} {p}")))
-        .collect();
-    (!set.is_empty()).then(|| {
-        format!(
-            "config.json asks for dropout ({}); ferrite's Hugging Face decoders train without dropout for now",
-            set.join(", ")
-        )
-    })
 }

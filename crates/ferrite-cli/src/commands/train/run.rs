@@ -65,11 +65,10 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
             ("augment", args.augment, "image models; --hf-model reads text"),
             ("skip-bad-files", args.skip_bad_files, "image folders; --hf-model reads text"),
             (
-                "distributed",
-                args.distributed,
-                "the built-in models for now; --hf-model trains on one device (the planner's ZeRO rows say what several would need)",
+                "devices",
+                data_parallel::requested(args),
+                "the built-in models for now; --hf-model trains on one device, or on several with --distributed (one MPI rank per device)",
             ),
-            ("devices", data_parallel::requested(args), "the built-in models for now; --hf-model trains on one device"),
         ];
         if let Some((flag, _, expected)) = unsupported.into_iter().find(|(_, given, _)| *given) {
             return Err(TrainError::InvalidArgument { flag, value: "given with --hf-model".into(), expected });
@@ -142,7 +141,9 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
         quiet = TrainArgs { no_progress: true, ..args.clone() };
         &quiet
     };
-    let result = if args.model.is_language_model() {
+    let result = if args.hf_model.is_some() {
+        hf::train(args, device, Some(&dist))
+    } else if args.model.is_language_model() {
         language::train(args, device, Some(&dist))
     } else {
         image::train(args, device, Some(&dist))
@@ -206,17 +207,15 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
         }
         alloc.record_memory_history(Some(SNAPSHOT_MAX_ENTRIES));
     }
-    if args.hf_model.is_some() {
-        let result = hf::train(args, &device);
-        return write_snapshot(args, &device, result);
-    }
     if args.distributed {
         return train_distributed(args, &device);
     }
     if data_parallel::requested(args) {
         return data_parallel::train(args, &device);
     }
-    let result = if args.model.is_language_model() {
+    let result = if args.hf_model.is_some() {
+        hf::train(args, &device, None)
+    } else if args.model.is_language_model() {
         language::train(args, &device, None)
     } else {
         image::train(args, &device, None)
