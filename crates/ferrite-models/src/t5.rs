@@ -74,6 +74,10 @@ pub struct T5Config {
     pub relative_attention_max_distance: usize,
     pub feed_forward: T5FeedForward,
     pub tie_word_embeddings: bool,
+    /// The decoder's output is scaled by `d_model^-0.5` before the head: transformers ≥ 5's
+    /// `scale_decoder_outputs`; older configs mean it by `tie_word_embeddings` (T5 v1.0's tied,
+    /// scaled head, v1.1's untied, unscaled one), which is the default when the key is absent.
+    pub scale_decoder_outputs: bool,
     pub layer_norm_epsilon: f64,
 }
 
@@ -131,6 +135,11 @@ impl T5Config {
             Some(Value::Bool(b)) => *b,
             Some(x) => return Err(err(format!("key `tie_word_embeddings` must be true or false, found {x}"))),
         };
+        let scale_decoder_outputs = match obj.get("scale_decoder_outputs") {
+            None | Some(Value::Null) => tie_word_embeddings,
+            Some(Value::Bool(b)) => *b,
+            Some(x) => return Err(err(format!("key `scale_decoder_outputs` must be true or false, found {x}"))),
+        };
         let layer_norm_epsilon = match obj.get("layer_norm_epsilon") {
             None | Some(Value::Null) => 1e-6,
             Some(x) => x
@@ -151,6 +160,7 @@ impl T5Config {
             relative_attention_max_distance: int("relative_attention_max_distance", Some(128))?,
             feed_forward,
             tie_word_embeddings,
+            scale_decoder_outputs,
             layer_norm_epsilon,
         };
         c.check(origin)?;
@@ -297,7 +307,7 @@ impl T5Model {
         let decoder = stack(c.num_decoder_layers, true, &mut g)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(Linear::new_with(d, c.vocab_size, false, device, &mut g)?) };
-        Ok(T5Model { shared, encoder, decoder, lm_head, d_model: d, training: true })
+        Ok(T5Model { shared, encoder, decoder, lm_head, d_model: d, scale: c.scale_decoder_outputs, training: true })
     }
 }
 
@@ -623,9 +633,11 @@ pub struct T5Model {
     shared: Embedding,
     encoder: T5Stack,
     decoder: T5Stack,
-    /// `None`: tied to `shared` (T5 v1.0), the decoder's output scaled by `d_model^-0.5`.
+    /// `None`: tied to `shared`.
     lm_head: Option<Linear>,
     d_model: usize,
+    /// Scale the decoder's output by `d_model^-0.5` ([`T5Config::scale_decoder_outputs`]).
+    scale: bool,
     training: bool,
 }
 
@@ -650,9 +662,10 @@ impl Module for T5Model {
         let encoded = self.encoder.run(self.shared.forward(&enc_ids)?, None)?;
         let h = self.decoder.run(self.shared.forward(&dec_ids)?, Some(&encoded))?;
         mark_layer("lm_head");
+        let h = if self.scale { h.mul_scalar((self.d_model as f64).powf(-0.5))? } else { h };
         match &self.lm_head {
             Some(head) => head.forward(&h),
-            None => Ok(h.mul_scalar((self.d_model as f64).powf(-0.5))?.matmul(&self.shared.weight.t()?)?),
+            None => Ok(h.matmul(&self.shared.weight.t()?)?),
         }
     }
 

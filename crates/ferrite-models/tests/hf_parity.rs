@@ -268,7 +268,8 @@ fn five_adamw_steps_match_transformers() {
 
 /// T5 v1.0 (relu, tied and scaled head) and v1.1 (gated-gelu, untied, `pytorch_model.bin`):
 /// logits on encoder ids and transformers' shifted-right decoder input, the loss against the
-/// labels, and every parameter's gradient after one backward.
+/// labels, and every parameter's gradient after one backward. `scale_decoder_outputs` (transformers
+/// ≥ 5) decides the head's scaling: the v1.1 fixture is tied and unscaled.
 #[test]
 fn t5_logits_loss_and_gradients_match_transformers() {
     for name in ["t5", "t5v11"] {
@@ -300,7 +301,10 @@ fn t5_logits_loss_and_gradients_match_transformers() {
             let pname = &k["grad.".len()..];
             let p = params.iter().find(|(n, _)| n == pname).unwrap_or_else(|| panic!("{name}: no parameter {pname}"));
             let got = p.1.grad().unwrap_or_else(|| panic!("{name}: {pname} has no gradient"));
-            ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, 1e-6);
+            // T5's attention is unscaled, so its scores (and f32 rounding) run larger than the
+            // decoders': the absolute term is 1e-4 of the tensor's largest expected gradient.
+            let largest = g.to_vec_f64().unwrap().iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, 1e-4 * largest);
         }
     }
 }

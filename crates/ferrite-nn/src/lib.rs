@@ -59,7 +59,7 @@ pub use loss::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, KlDivReduction, MSELoss, NLLLoss, Reduction,
     SmoothL1Loss,
 };
-pub use module::Module;
+pub use module::{Module, skip_init};
 pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};

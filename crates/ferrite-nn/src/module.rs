@@ -365,8 +365,29 @@ pub(crate) fn new_parameter(
     init: impl FnOnce(&Tensor) -> Result<()>,
 ) -> Result<Tensor> {
     let t = Tensor::zeros(shape, DType::F32, device)?;
-    init(&t)?;
+    if !SKIP_INIT.with(std::cell::Cell::get) {
+        init(&t)?;
+    }
     Ok(t.requires_grad_(true)?)
+}
+
+thread_local! {
+    static SKIP_INIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `build` with parameter initialisation skipped on this thread: the layers it creates get
+/// zero parameters instead of their random initialisation (PyTorch's `skip_init`, transformers'
+/// `no_init_weights`). For a model whose every parameter is loaded right after — drawing a 7B
+/// model's random weights only to overwrite them takes minutes.
+pub fn skip_init<R>(build: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SKIP_INIT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(SKIP_INIT.with(|c| c.replace(true)));
+    build()
 }
 
 /// Implements the train/eval flag pair for a struct with a `training: bool` field.
@@ -470,5 +491,19 @@ impl Module for Box<dyn Module> {
     }
     fn to_dtype(&mut self, dtype: DType) -> Result<()> {
         (**self).to_dtype(dtype)
+    }
+}
+
+#[cfg(test)]
+mod skip_init_tests {
+    use super::*;
+
+    #[test]
+    fn skip_init_leaves_zeros_and_restores_itself() {
+        let mut g = ferrite_tensor::Generator::new(0);
+        let zero = skip_init(|| crate::Linear::new_with(4, 3, true, &Device::Cpu, &mut g)).unwrap();
+        assert!(zero.weight.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        let drawn = crate::Linear::new_with(4, 3, true, &Device::Cpu, &mut g).unwrap();
+        assert!(drawn.weight.to_vec::<f32>().unwrap().iter().any(|&v| v != 0.0), "initialisation is back");
     }
 }

@@ -16,6 +16,8 @@
 //!   the blocking bookkeeping cost more than they save; the small path runs register tiles
 //!   straight from A and B (B copied once into a row-major scratch only when its rows are not
 //!   contiguous), on the calling thread or split over the team by tiles.
+//! - **One row** (`m = 1`, `gemm/gemv.rs`): a decoding step's linears; B is read once in place,
+//!   not packed (the product is bound by memory bandwidth).
 //! - Batches of small products (attention's `[B·H, S, d] × [B·H, d, S]`) are spread over the
 //!   team one product per task (`backend/cpu/matmul.rs`), each product on one thread.
 //!
@@ -37,6 +39,7 @@ use crate::kernels::team;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod gemv;
 mod generic;
 mod micro_kernel;
 mod scalar;
@@ -223,6 +226,13 @@ pub(crate) unsafe fn sgemm_with(
             unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
         }
         return;
+    }
+    if m == 1 && gemv::applies(&b) {
+        let threads = match strategy {
+            Strategy::Small { threads } | Strategy::Packed { threads } => threads,
+        };
+        // SAFETY: row 0 of A, B and C as the caller's contract describes them (m = 1).
+        return unsafe { gemv::sgemv(n, k, a, b, c, threads) };
     }
     // SAFETY: forwarded; the instruction set is supported (caller's contract).
     unsafe {
