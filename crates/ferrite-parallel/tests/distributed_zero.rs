@@ -157,6 +157,12 @@ fn equality(ranks: usize) {
             let facts = run.text(&format!("{name}.facts.rank{rank}"));
             // Every rank holds ⌈291 / ranks⌉ values of optimizer state.
             assert!(facts.contains(&format!("partition {}", 291usize.div_ceil(ranks))), "{name}: {facts}");
+            if name.starts_with("adamw") {
+                // AdamW's two moments for this rank's range only (DDP: 2 × 291 on every rank).
+                let per = 291usize.div_ceil(ranks);
+                let mine = per.min(291 - rank * per);
+                assert!(facts.contains(&format!("state values {}\n", 2 * mine)), "{name} rank {rank}: {facts}");
+            }
             if *stage == 2 {
                 assert!(facts.contains("full gradients after step: none"), "{name} rank {rank}: {facts}");
             }
@@ -414,8 +420,18 @@ mod worker {
             }
             zero.zero_grad(opt.as_mut())?;
         }
+        let state_values: usize = opt
+            .state_dict()?
+            .state
+            .iter()
+            .flat_map(|(_, entries)| entries.iter())
+            .map(|(key, v)| match v {
+                ferrite_optim::state_dict::StateValue::Tensor(t) if key != "step" => t.numel(),
+                _ => 0,
+            })
+            .sum();
         let facts = format!(
-            "partition {}\nfull gradients after step: {full_grads_after_step}\nstepped {stepped:?}\nscale {}\n",
+            "partition {}\nstate values {state_values}\nfull gradients after step: {full_grads_after_step}\nstepped {stepped:?}\nscale {}\n",
             zero.partition_numel(),
             sc.as_ref().map(|s| s.get_scale()).unwrap_or(0.0)
         );
