@@ -73,6 +73,8 @@ fn require_mpi(test: &str) -> Option<()> {
 struct Run {
     out: tempfile::TempDir,
     log: String,
+    success: bool,
+    elapsed: Duration,
 }
 
 impl Run {
@@ -121,11 +123,10 @@ fn launch(ranks: usize, case: &str, deadline: Duration) -> Run {
         std::thread::sleep(Duration::from_millis(50));
     };
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-    match status {
-        None => panic!("mpirun -np {ranks} ({case}) did not end within {deadline:?}; killed. Output:\n{log}"),
-        Some(s) => assert!(s.success(), "mpirun -np {ranks} ({case}) failed ({s}):\n{log}"),
-    }
-    Run { out, log }
+    let Some(status) = status else {
+        panic!("mpirun -np {ranks} ({case}) did not end within {deadline:?}; killed. Output:\n{log}")
+    };
+    Run { out, log, success: status.success(), elapsed: start.elapsed() }
 }
 
 fn equality(ranks: usize) {
@@ -134,6 +135,7 @@ fn equality(ranks: usize) {
         return;
     }
     let run = launch(ranks, "equality", Duration::from_secs(240));
+    assert!(run.success, "{test}: mpirun failed:\n{}", run.log);
     let start: Vec<f32> = model(100).parameters().iter().flat_map(|p| p.to_vec::<f32>().unwrap()).collect();
     for (name, _, stage, _, _, scaler) in CASES {
         let ddp = run.floats(&format!("{name}.ddp.rank0"));
@@ -191,12 +193,31 @@ fn an_optimizer_over_foreign_tensors_is_a_typed_error_on_every_rank() {
         return;
     }
     let run = launch(2, "foreign", Duration::from_secs(120));
+    assert!(run.success, "mpirun failed:\n{}", run.log);
     for rank in 0..2 {
         let e = run.text(&format!("foreign.error.rank{rank}"));
         assert!(
             e.contains(&format!("rank {rank}")) && e.contains("[3, 3]") && e.contains("not a trainable parameter"),
             "{e}"
         );
+    }
+}
+
+/// A rank that fails between backward and step (it announces its error, as a trainer does) stops
+/// the others inside their next step, with an error naming it, well within the deadline.
+#[test]
+fn a_failing_rank_stops_every_other_rank_naming_it_at_both_stages() {
+    if require_mpi("zero_failing_rank").is_none() {
+        return;
+    }
+    for stage in ["1", "2"] {
+        let run = launch(3, &format!("raise{stage}"), Duration::from_secs(120));
+        assert!(!run.success, "stage {stage}: the failing rank exits non-zero:\n{}", run.log);
+        for rank in [0, 2] {
+            let e = run.text(&format!("raise.error.rank{rank}"));
+            assert!(e.contains("rank 1 failed") && e.contains("injected failure"), "stage {stage}, rank {rank}: {e}");
+        }
+        assert!(run.elapsed < Duration::from_secs(60), "stage {stage} took {:?}", run.elapsed);
     }
 }
 
@@ -236,6 +257,13 @@ mod worker {
             zero.finish().unwrap();
             return;
         }
+        if let Some(stage) = case.strip_prefix("raise") {
+            let stage = ZeroStage::from_number(stage.parse().unwrap()).unwrap();
+            if let Err(e) = raise(&group, stage) {
+                std::fs::write(out.join(format!("raise.error.rank{rank}")), e.to_string()).unwrap();
+            }
+            return;
+        }
         for &(name, kind, stage, clip, accumulation, scaler) in CASES {
             let ddp = train_ddp(&group, kind, clip, accumulation, scaler).unwrap();
             write(out, &format!("{name}.ddp.rank{rank}"), &ddp);
@@ -243,6 +271,27 @@ mod worker {
             write(out, &format!("{name}.zero.rank{rank}"), &zero);
             std::fs::write(out.join(format!("{name}.facts.rank{rank}")), facts).unwrap();
         }
+    }
+
+    /// Rank 1 fails after the backward of step 2; the others are then inside `step`.
+    fn raise(group: &ProcessGroup, stage: ZeroStage) -> R<()> {
+        let (rank, world) = (group.rank(), group.world_size());
+        let m = model(100);
+        let zero = ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?;
+        let mut opt = shard(&zero, &Optim::<SgdRule>::new(m.parameters(), SgdConfig::new(0.1)).unwrap());
+        for s in 0..STEPS {
+            let (xb, yb) = batch(s, 0, 1, rank, world);
+            zero.backward(&mse(&m.forward(&xb)?, &yb)?)?;
+            if s == 2 && rank == 1 {
+                zero.announce_failure("injected failure");
+                // Give the others time to report before mpirun ends the job on this exit.
+                std::thread::sleep(Duration::from_secs(2));
+                std::process::exit(1);
+            }
+            zero.step(opt.as_mut(), None, None)?;
+            zero.zero_grad(opt.as_mut())?;
+        }
+        zero.finish()
     }
 
     fn write(out: &Path, name: &str, v: &[f32]) {
