@@ -327,6 +327,28 @@ impl GradScaler {
         Some(s.found_inf_per_device.iter().any(|(_, f)| *f))
     }
 
+    /// Replace the inf/NaN verdict of `opt`'s unscale with `found` (what PyTorch's
+    /// `ShardedGradScaler` does after all-reducing `found_inf`): when each process holds only a
+    /// shard of the gradients, an inf in another process's shard must skip the step here too.
+    /// Call it between [`unscale_`](Self::unscale_) and [`step`](Self::step); an error at any
+    /// other stage. Does nothing when disabled.
+    pub fn set_found_inf(&mut self, opt: &dyn Optimizer, found: bool) -> Result<()> {
+        if !self.enabled {
+            return Ok(());
+        }
+        let Some(st) = self.per_optimizer.get_mut(&opt.id()).filter(|s| s.stage == OptState::Unscaled) else {
+            return Err(OptimError::GradScaler(
+                "set_found_inf() needs unscale_() first, and must come before step() and update().".into(),
+            ));
+        };
+        if st.found_inf_per_device.is_empty() {
+            // No gradient on this process (an empty shard): the verdict is still recorded.
+            st.found_inf_per_device.push((Device::Cpu, found));
+        }
+        st.found_inf_per_device.iter_mut().for_each(|(_, f)| *f = found);
+        Ok(())
+    }
+
     /// Checkpoint state (`None` when disabled, PyTorch's empty dict). Take it after `update()`.
     pub fn state_dict(&self) -> Option<GradScalerState> {
         self.enabled.then(|| GradScalerState {
@@ -398,6 +420,22 @@ mod tests {
         assert_eq!(update_scale(8.0, 3, false, 2.0, 0.5, 4), (16.0, 0));
         // Growth that would overflow keeps the scale (and resets the tracker).
         assert_eq!(update_scale(f32::MAX, 3, false, 2.0, 0.5, 4), (f32::MAX, 0));
+    }
+
+    #[test]
+    fn a_verdict_from_elsewhere_skips_the_step_and_backs_off() {
+        let (w, mut opt, mut sc) = setup();
+        assert!(sc.set_found_inf(&opt, true).is_err(), "before unscale_ there is no verdict to replace");
+        sc.scale(&w.square().unwrap().sum().unwrap()).unwrap().backward().unwrap();
+        sc.unscale_(&mut opt).unwrap();
+        assert_eq!(sc.found_inf(&opt), Some(false));
+        // Another process saw an inf in its shard: this one skips too.
+        sc.set_found_inf(&opt, true).unwrap();
+        assert!(!sc.step(&mut opt).unwrap());
+        assert_eq!(w.to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+        assert!(sc.set_found_inf(&opt, false).is_err(), "after step() it is too late");
+        sc.update().unwrap();
+        assert_eq!(sc.get_scale(), 512.0);
     }
 
     #[test]

@@ -72,6 +72,12 @@ pub enum ParallelError {
     PeerDied { rank: usize, dead: Vec<usize>, op: &'static str, waited_s: u64 },
     #[error("rank {rank}: the MPI communication thread is gone ({detail}); the process group cannot be used any more")]
     CommunicationStopped { rank: usize, detail: String },
+    /// `ZeroRedundancy::shard_optimizer` was given an optimizer over a tensor that is not a
+    /// trainable parameter of the model ZeRO wraps: it would never receive a gradient there.
+    #[error(
+        "rank {rank}: parameter {index} of the optimizer's group {group} (shape {shape:?}) is not a trainable parameter of the model wrapped by ZeRO; build the optimizer from that model's parameters()"
+    )]
+    ZeroUnknownParameter { rank: usize, group: usize, index: usize, shape: Vec<usize> },
     #[error("rank {rank}: this DistributedDataParallel already stopped after an error and cannot run more steps")]
     AlreadyFailed { rank: usize },
     /// A layer, loss or tensor op failed on a replica.

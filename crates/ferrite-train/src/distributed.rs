@@ -18,12 +18,13 @@
 use ferrite_data::{DistributedSampler, Sampler};
 use ferrite_memory::{Device, allocator, format_size};
 use ferrite_nn::Module;
+use ferrite_optim::{GradScaler, Optim, Optimizer, UpdateRule};
 use ferrite_tensor::{Generator, Tensor};
 
 use crate::error::TrainError;
 
 #[cfg(feature = "mpi")]
-use ferrite_parallel::distributed::{DdpOptions, GradientSync, ProcessGroup};
+use ferrite_parallel::distributed::{DdpOptions, GradientSync, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage};
 
 /// This process's rank in a `--distributed` run.
 pub struct Distributed {
@@ -33,9 +34,19 @@ pub struct Distributed {
     world_size: usize,
 }
 
-/// Gradient averaging for the trainer's step (see `Stepper`).
+/// Gradient averaging for the trainer's step (see `Stepper`): DDP's all-reduce, or ZeRO-1/2
+/// (optimizer state, and at stage 2 gradients, sharded over the ranks; the step itself then goes
+/// through [`ZeroRedundancy::step`]: global-norm clipping, the inf verdict of every rank, the
+/// all-gather of the updated parameters).
 #[cfg(feature = "mpi")]
-pub struct StepSync(GradientSync);
+pub struct StepSync(SyncKind);
+
+#[cfg(feature = "mpi")]
+enum SyncKind {
+    Ddp(GradientSync),
+    // Boxed: ZeroRedundancy is several times GradientSync's size.
+    Zero(Box<ZeroRedundancy>),
+}
 
 /// Never built without MPI.
 #[cfg(not(feature = "mpi"))]
@@ -69,7 +80,30 @@ impl Distributed {
     pub fn sync_for(&self, model: &dyn Module) -> Result<StepSync, TrainError> {
         #[cfg(feature = "mpi")]
         {
-            Ok(StepSync(GradientSync::new(model, self.group.comm(), DdpOptions::default())?))
+            Ok(StepSync(SyncKind::Ddp(GradientSync::new(model, self.group.comm(), DdpOptions::default())?)))
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = model;
+            Err(ferrite_parallel::distributed::DistributedError::NotBuiltWithMpi.into())
+        }
+    }
+
+    /// As [`sync_for`](Self::sync_for), with ZeRO stage `stage` (1 or 2; anything else is a
+    /// typed error naming `--zero`): build the optimizer through [`StepSync::optimizer`].
+    pub fn zero_for(&self, model: &dyn Module, stage: u32) -> Result<StepSync, TrainError> {
+        if !(1..=2).contains(&stage) {
+            return Err(TrainError::InvalidArgument {
+                flag: "zero",
+                value: stage.to_string(),
+                expected: "1 (optimizer state sharded) or 2 (and gradients); ZeRO-3 is not implemented yet",
+            });
+        }
+        #[cfg(feature = "mpi")]
+        {
+            let stage = ZeroStage::from_number(stage).unwrap_or(ZeroStage::One);
+            let zero = ZeroRedundancy::new(model, self.group.comm(), ZeroOptions::new(stage))?;
+            Ok(StepSync(SyncKind::Zero(Box::new(zero))))
         }
         #[cfg(not(feature = "mpi"))]
         {
@@ -256,16 +290,74 @@ impl Sampler for StreamShare {
 }
 
 impl StepSync {
+    /// The optimizer the trainer steps, from `opt` built over the model's parameters: `opt`
+    /// itself for DDP; for ZeRO the same optimizer over this rank's shards.
+    pub fn optimizer<R: UpdateRule>(&self, opt: Optim<R>) -> Result<Box<dyn Optimizer>, TrainError> {
+        #[cfg(feature = "mpi")]
+        match &self.0 {
+            SyncKind::Ddp(_) => Ok(Box::new(opt)),
+            SyncKind::Zero(z) => Ok(Box::new(z.shard_optimizer(&opt)?)),
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = opt;
+            match *self {}
+        }
+    }
+
+    /// The ZeRO stage (`None` for DDP).
+    pub fn zero_stage(&self) -> Option<u32> {
+        #[cfg(feature = "mpi")]
+        match &self.0 {
+            SyncKind::Ddp(_) => None,
+            SyncKind::Zero(z) => Some(z.stage().number()),
+        }
+        #[cfg(not(feature = "mpi"))]
+        match *self {}
+    }
+
+    /// Under ZeRO, the whole optimizer step of the trainer (unscale, global inf verdict, clipping
+    /// by the global norm, the step, the scaler's update, the all-gather, clearing gradients):
+    /// `Some(applied)`. `None` for DDP, whose step is the optimizer's own.
+    pub(crate) fn zero_step(
+        &self,
+        opt: &mut dyn Optimizer,
+        clip: Option<f64>,
+        scaler: &mut GradScaler,
+    ) -> Result<Option<bool>, TrainError> {
+        #[cfg(feature = "mpi")]
+        match &self.0 {
+            SyncKind::Ddp(_) => Ok(None),
+            SyncKind::Zero(z) => {
+                let out = z.step(opt, clip, Some(&mut *scaler))?;
+                scaler.update()?;
+                z.zero_grad(opt)?;
+                Ok(Some(out.stepped))
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            let _ = (opt, clip, scaler);
+            match *self {}
+        }
+    }
+
     /// Backward of one micro-batch; gradients are averaged over ranks when `last_micro_step`
     /// (the accumulation group is complete), else only accumulated locally (`no_sync`).
     pub fn backward(&self, loss: &Tensor, last_micro_step: bool) -> Result<(), TrainError> {
         #[cfg(feature = "mpi")]
         {
-            if last_micro_step {
-                self.0.backward(loss)?;
-            } else {
-                let _local = self.0.no_sync();
-                self.0.backward(loss)?;
+            match &self.0 {
+                SyncKind::Ddp(d) if last_micro_step => d.backward(loss)?,
+                SyncKind::Ddp(d) => {
+                    let _local = d.no_sync();
+                    d.backward(loss)?;
+                }
+                SyncKind::Zero(z) if last_micro_step => z.backward(loss)?,
+                SyncKind::Zero(z) => {
+                    let _local = z.no_sync();
+                    z.backward(loss)?;
+                }
             }
             Ok(())
         }
@@ -280,7 +372,11 @@ impl StepSync {
     pub fn synchronize(&self) -> Result<(), TrainError> {
         #[cfg(feature = "mpi")]
         {
-            Ok(self.0.synchronize()?)
+            match &self.0 {
+                SyncKind::Ddp(d) => d.synchronize()?,
+                SyncKind::Zero(z) => z.synchronize()?,
+            }
+            Ok(())
         }
         #[cfg(not(feature = "mpi"))]
         match *self {}
@@ -290,7 +386,11 @@ impl StepSync {
     pub fn finish(self) -> Result<(), TrainError> {
         #[cfg(feature = "mpi")]
         {
-            Ok(self.0.finish()?)
+            match self.0 {
+                SyncKind::Ddp(d) => d.finish()?,
+                SyncKind::Zero(z) => z.finish()?,
+            }
+            Ok(())
         }
         #[cfg(not(feature = "mpi"))]
         match self {}

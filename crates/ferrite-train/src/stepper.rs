@@ -102,6 +102,11 @@ impl Stepper {
 
     /// One optimizer step; false when the GradScaler skipped it (inf/NaN gradients).
     fn optimizer_step(&mut self) -> Result<bool, TrainError> {
+        if let Some(sync) = &self.sync
+            && let Some(applied) = sync.zero_step(&mut *self.opt, self.clip, &mut self.scaler)?
+        {
+            return Ok(applied);
+        }
         if let Some(max_norm) = self.clip {
             self.scaler.unscale_(&mut *self.opt)?;
             clip_grad_norm_(&self.opt.params(), max_norm)?;

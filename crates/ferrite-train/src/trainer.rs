@@ -519,6 +519,15 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
                 return Err(TrainError::OptimizerNotOnReplicas { shape, device, devices: r.devices().len() });
             }
         }
+        if let Some(stage) = self.sync.as_ref().and_then(StepSync::zero_stage)
+            && (self.save_checkpoint.is_some() || self.resume.is_some())
+        {
+            return invalid(
+                "zero",
+                stage.to_string(),
+                "no checkpoint flags for now: under ZeRO each rank holds only its shard of the optimizer state, and sharded checkpoints are not implemented yet; drop --save-checkpoint/--resume, or train without --zero",
+            );
+        }
         let mut stepper = crate::stepper::Stepper::new(optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
         stepper.sync = self.sync;
         let mut settings = self.settings;

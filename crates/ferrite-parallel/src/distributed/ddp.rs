@@ -98,8 +98,8 @@ pub struct GradientSync {
 /// Returned by [`DistributedDataParallel::no_sync`]: until it drops, backward only accumulates
 /// local gradients (PyTorch's `no_sync()` context manager).
 pub struct NoSync<'a> {
-    flag: &'a AtomicBool,
-    previous: bool,
+    pub(crate) flag: &'a AtomicBool,
+    pub(crate) previous: bool,
 }
 
 impl Drop for NoSync<'_> {
@@ -194,34 +194,7 @@ impl GradientSync {
     /// the first difference), copy rank 0's parameters and buffers to every rank, and install
     /// the grad-ready hooks.
     pub fn new(module: &dyn Module, comm: Comm, options: DdpOptions) -> Result<Self> {
-        let params = module.named_parameters();
-        let buffers = if options.broadcast_buffers { module.named_buffers() } else { Vec::new() };
-        let signature = |items: &[(String, Tensor)], kind: &str| -> String {
-            items.iter().map(|(n, t)| format!("{kind} {n} {:?}\n", t.shape())).collect()
-        };
-        let mine = signature(&params, "parameter") + &signature(&buffers, "buffer");
-        let root = String::from_utf8_lossy(&comm.broadcast_bytes(mine.clone().into_bytes())?).into_owned();
-        let mismatch = describe_mismatch(&root, &mine);
-        let statuses = comm.all_gather_status(mismatch.as_deref())?;
-        if let Some((rank, detail)) = statuses.iter().enumerate().find_map(|(r, s)| s.clone().map(|d| (r, d))) {
-            return Err(DistributedError::ParameterMismatch { rank, detail });
-        }
-        {
-            let _g = no_grad();
-            let all: Vec<&Tensor> = params.iter().chain(buffers.iter()).map(|(_, t)| t).collect();
-            let mut flat = Vec::new();
-            for t in &all {
-                flat.extend(t.to_vec_f64()?);
-            }
-            let flat = comm.broadcast_f64(flat)?;
-            let mut off = 0;
-            for t in &all {
-                let n = t.numel();
-                let src = Tensor::from_vec(flat[off..off + n].to_vec(), t.shape(), t.device())?;
-                t.copy_(&src)?;
-                off += n;
-            }
-        }
+        let params = replicate_from_rank0(module, &comm, options.broadcast_buffers)?;
         let trainable: Vec<(String, Tensor)> = params.into_iter().filter(|(_, t)| t.requires_grad()).collect();
         let reducer =
             Arc::new(Reducer::new(comm.clone(), trainable, options.first_bucket_bytes, options.bucket_cap_bytes)?);
@@ -311,6 +284,12 @@ impl GradientSync {
         e
     }
 
+    /// Record that the ranks already agreed this run stops (every rank learnt it in the same
+    /// collective), so that nothing is announced any more.
+    pub(crate) fn mark_failed(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+    }
+
     /// Tell the other ranks that this rank stops because of `message` (they get
     /// [`DistributedError::PeerFailed`] at their next step). Call it when your own code fails
     /// between steps (data loading, a checkpoint write, ...); [`backward`](Self::backward) calls
@@ -344,6 +323,45 @@ impl Drop for GradientSync {
             );
         }
     }
+}
+
+/// Check that every rank's `module` has the same parameter names and shapes (the error names the
+/// first difference), then copy rank 0's parameters (and buffers, if asked) to every rank.
+/// Returns the module's named parameters. Shared by DDP and ZeRO.
+pub(crate) fn replicate_from_rank0(
+    module: &dyn Module,
+    comm: &Comm,
+    broadcast_buffers: bool,
+) -> Result<Vec<(String, Tensor)>> {
+    let params = module.named_parameters();
+    let buffers = if broadcast_buffers { module.named_buffers() } else { Vec::new() };
+    let signature = |items: &[(String, Tensor)], kind: &str| -> String {
+        items.iter().map(|(n, t)| format!("{kind} {n} {:?}\n", t.shape())).collect()
+    };
+    let mine = signature(&params, "parameter") + &signature(&buffers, "buffer");
+    let root = String::from_utf8_lossy(&comm.broadcast_bytes(mine.clone().into_bytes())?).into_owned();
+    let mismatch = describe_mismatch(&root, &mine);
+    let statuses = comm.all_gather_status(mismatch.as_deref())?;
+    if let Some((rank, detail)) = statuses.iter().enumerate().find_map(|(r, s)| s.clone().map(|d| (r, d))) {
+        return Err(DistributedError::ParameterMismatch { rank, detail });
+    }
+    {
+        let _g = no_grad();
+        let all: Vec<&Tensor> = params.iter().chain(buffers.iter()).map(|(_, t)| t).collect();
+        let mut flat = Vec::new();
+        for t in &all {
+            flat.extend(t.to_vec_f64()?);
+        }
+        let flat = comm.broadcast_f64(flat)?;
+        let mut off = 0;
+        for t in &all {
+            let n = t.numel();
+            let src = Tensor::from_vec(flat[off..off + n].to_vec(), t.shape(), t.device())?;
+            t.copy_(&src)?;
+            off += n;
+        }
+    }
+    Ok(params)
 }
 
 /// The first line where this rank's parameter list differs from rank 0's.

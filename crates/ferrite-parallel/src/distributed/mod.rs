@@ -7,7 +7,8 @@
 //! Launch the same program once per rank with `mpirun -np 2 prog` (one machine) or
 //! `mpirun -H host1,host2 -np 2 prog` (several): [`ProcessGroup::init`] finds its rank and world
 //! size; [`DistributedDataParallel`] keeps the replicas identical; each rank reads its share of
-//! the data through `ferrite_data::DistributedSampler`.
+//! the data through `ferrite_data::DistributedSampler`. [`ZeroRedundancy`] shards the optimizer
+//! state (ZeRO-1) and the gradients too (ZeRO-2) over the same ranks.
 
 #[cfg(feature = "mpi")]
 mod bucket;
@@ -15,11 +16,17 @@ mod bucket;
 mod ddp;
 mod error;
 #[cfg(feature = "mpi")]
+mod grad_reduce_scatter;
+#[cfg(feature = "mpi")]
 mod liveness;
+#[cfg(feature = "mpi")]
+mod partition;
 #[cfg(feature = "mpi")]
 mod process_group;
 #[cfg(feature = "mpi")]
 mod reducer;
+#[cfg(feature = "mpi")]
+mod zero;
 
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
@@ -28,6 +35,8 @@ pub use error::{DistributedError, Result};
 pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus};
 #[cfg(feature = "mpi")]
 pub use reducer::StepTimings;
+#[cfg(feature = "mpi")]
+pub use zero::{ZeroOptions, ZeroRedundancy, ZeroStage, ZeroStepOutcome};
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");

@@ -66,6 +66,8 @@ enum Job {
     AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
     AllReduceBucket { buffers: BucketBuffers, reply: Sender<Result<BucketBuffers>> },
     AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
+    AllGatherF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
+    ReduceScatterF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
     AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
     BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
     BroadcastBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
@@ -182,6 +184,17 @@ fn comm_thread(rx: Receiver<Job>) {
             Job::AllGatherF64 { data, reply } => {
                 let mut out = vec![0f64; data.len() * world.size() as usize];
                 world.all_gather_into(&data[..], &mut out[..]);
+                let _ = reply.send(out);
+            }
+            Job::AllGatherF32 { data, reply } => {
+                let mut out = vec![0f32; data.len() * world.size() as usize];
+                world.all_gather_into(&data[..], &mut out[..]);
+                let _ = reply.send(out);
+            }
+            Job::ReduceScatterF32 { data, reply } => {
+                // `Comm::reduce_scatter_sum_f32` checked that the length divides by the world size.
+                let mut out = vec![0f32; data.len() / world.size() as usize];
+                world.reduce_scatter_block_into(&data[..], &mut out[..], SystemOperation::sum());
                 let _ = reply.send(out);
             }
             Job::AllGatherBytes { data, reply } => {
@@ -431,6 +444,28 @@ impl Comm {
     /// Every rank's `data` (same length on every rank), concatenated in rank order.
     pub fn all_gather_f64(&self, data: Vec<f64>) -> Result<Vec<f64>> {
         self.queue("all-gather", |reply| Job::AllGatherF64 { data, reply })?.wait()
+    }
+
+    /// Every rank's `data` (same length on every rank), concatenated in rank order.
+    pub fn all_gather_f32(&self, data: Vec<f32>) -> Result<Vec<f32>> {
+        self.queue("all-gather", |reply| Job::AllGatherF32 { data, reply })?.wait()
+    }
+
+    /// `MPI_Reduce_scatter_block` with a sum: `data` is `world_size` equal blocks; rank `r`
+    /// receives the element-wise sum over ranks of every rank's block `r`. Started now, finished
+    /// by [`Pending::wait`] (several queued back to back run in order on the communication thread).
+    pub fn reduce_scatter_sum_f32(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
+        if !data.len().is_multiple_of(self.size) {
+            return Err(DistributedError::CommunicationStopped {
+                rank: self.rank,
+                detail: format!(
+                    "a reduce-scatter of {} values does not divide into {} equal blocks (a bug in the caller)",
+                    data.len(),
+                    self.size
+                ),
+            });
+        }
+        self.queue("reduce-scatter", |reply| Job::ReduceScatterF32 { data, reply })
     }
 
     /// Rank 0's `data` on every rank (other ranks' input is ignored).

@@ -142,11 +142,19 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let model = built.during_hint("building the model", device, too_big)?;
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
-    let sync = dist.map(|d| d.sync_for(&*model)).transpose()?;
+    // With --zero: AdamW over this rank's shards only, and gradients sharded at stage 2.
+    let sync = match args.zero {
+        Some(stage) => dist.map(|d| d.zero_for(&*model, stage)).transpose()?,
+        None => dist.map(|d| d.sync_for(&*model)).transpose()?,
+    };
     let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let opt: Box<dyn ferrite_optim::Optimizer> = match &sync {
+        Some(s) => s.optimizer(opt)?,
+        None => Box::new(opt),
+    };
     let mut specific = vec![("hidden".to_string(), hidden.to_string()), ("layers".to_string(), layers.to_string())];
     specific.extend(data.settings);
-    let mut trainer = trainer_for(args, model, Box::new(opt), device, epochs, run_settings(args, &name, specific))
+    let mut trainer = trainer_for(args, model, opt, device, epochs, run_settings(args, &name, specific))
         .dropout_rng(dropout_rng)
         .run_observer(run)
         .rank0(dist.is_none_or(|d| d.rank() == 0))

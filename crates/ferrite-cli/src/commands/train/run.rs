@@ -126,6 +126,29 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// `--zero` shards what DDP replicates across MPI ranks: it needs `--distributed`, a stage this
+/// build has (1 or 2), and no checkpoint flags yet (each rank holds only its shard of the
+/// optimizer state, and sharded checkpoints are not implemented).
+fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
+    let Some(stage) = args.zero else { return Ok(()) };
+    let refuse =
+        |expected: &'static str| Err(TrainError::InvalidArgument { flag: "zero", value: stage.to_string(), expected });
+    if !args.distributed {
+        return refuse(
+            "--distributed as well: ZeRO shards training state over the ranks of an MPI job (mpirun -np N ferrite train --distributed --zero 1)",
+        );
+    }
+    if !(1..=2).contains(&stage) {
+        return refuse("1 (optimizer state sharded) or 2 (and gradients); ZeRO-3 is not implemented yet");
+    }
+    if args.save_checkpoint.is_some() || args.resume.is_some() {
+        return refuse(
+            "no --save-checkpoint/--resume for now: each rank holds only its shard of the optimizer state and sharded checkpoints are not implemented yet",
+        );
+    }
+    Ok(())
+}
+
 fn check(flag: &'static str, ok: bool, value: impl ToString, expected: &'static str) -> Result<(), TrainError> {
     if ok { Ok(()) } else { Err(TrainError::InvalidArgument { flag, value: value.to_string(), expected }) }
 }
@@ -167,6 +190,7 @@ fn train_distributed(args: &TrainArgs, device: &Device) -> Result<(), TrainError
 /// Runs training as configured; prints progress to stdout/stderr.
 pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     check_own_data(args)?;
+    check_zero(args)?;
     let device = args.device.clone();
     if matches!(device, Device::Meta) {
         return Err(TrainError::MetaDevice);

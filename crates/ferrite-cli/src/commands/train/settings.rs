@@ -54,7 +54,7 @@ pub fn configure<'a, M: Module>(
 /// The settings line every trainer prints under its model line.
 pub fn describe_settings(args: &TrainArgs) -> String {
     format!(
-        "batch {} x {} accumulation = {} per step, {}, {}, AdamW lr {} wd {}, seed {}, {} workers",
+        "batch {} x {} accumulation = {} per step, {}, {}, AdamW lr {} wd {}{}, seed {}, {} workers",
         args.batch_size,
         args.accum_steps,
         args.batch_size.saturating_mul(args.accum_steps),
@@ -62,6 +62,7 @@ pub fn describe_settings(args: &TrainArgs) -> String {
         if args.checkpoint_activations { "activation checkpointing" } else { "activations kept" },
         args.lr,
         args.weight_decay,
+        args.zero.map_or(String::new(), |z| format!(" (ZeRO-{z}: sharded over the ranks)")),
         args.seed,
         args.workers,
     )

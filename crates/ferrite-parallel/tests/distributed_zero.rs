@@ -1,0 +1,490 @@
+//! ZeRO-1 and ZeRO-2 under a real `mpirun -np 2` and `-np 3`: in one MPI job each rank trains the
+//! same model twice from the same start, once with `DistributedDataParallel` (the unsharded
+//! reference) and once with `ZeroRedundancy`, over the same batches, for several configurations;
+//! the test then checks that the two agree to 1e-6 relative and that every rank holds the same
+//! parameters. The model's 291 trainable values do not divide by 2 or 3, and its first weight
+//! (208 values) is larger than a partition at 3 ranks (97). Without MPI (or the `mpi` feature)
+//! the tests skip loudly, unless FERRITE_REQUIRE_SYSTEM_DEPS=1, where they fail. Every mpirun
+//! is killed after a deadline: a hang fails the test, it never hangs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrite_nn::{Linear, Module, Sequential, Tanh};
+use ferrite_tensor::{DType, Device, Generator, Tensor};
+
+const FEATURES: usize = 16;
+const LOCAL_BATCH: usize = 8;
+const STEPS: usize = 5;
+
+/// `(name, optimizer, stage, clip, accumulation, scaler with an inf on the last rank at step 2)`.
+const CASES: &[(&str, &str, u32, bool, usize, bool)] = &[
+    ("adamw-groups-z1", "adamw", 1, false, 1, false),
+    ("adamw-groups-z2", "adamw", 2, false, 1, false),
+    ("sgd-clip-z1", "sgd", 1, true, 1, false),
+    ("sgd-clip-z2", "sgd", 2, true, 1, false),
+    ("rmsprop-accum-z1", "rmsprop", 1, false, 3, false),
+    ("rmsprop-accum-z2", "rmsprop", 2, false, 3, false),
+    ("adagrad-clip-accum-z2", "adagrad", 2, true, 2, false),
+    ("adamw-clip-scaler-inf-z1", "adamw", 1, true, 1, true),
+    ("adamw-clip-scaler-inf-z2", "adamw", 2, true, 2, true),
+];
+
+fn model(seed: u64) -> Sequential {
+    let mut g = Generator::new(seed);
+    let cpu = Device::Cpu;
+    Sequential::new()
+        .append(Linear::new_with(FEATURES, 13, true, &cpu, &mut g).unwrap())
+        .append(Tanh::new())
+        .append(Linear::new_with(13, 5, true, &cpu, &mut g).unwrap())
+}
+
+fn data(rows: usize) -> (Tensor, Tensor) {
+    let mut g = Generator::new(7);
+    let x = Tensor::randn_with(&[rows, FEATURES], DType::F32, &Device::Cpu, &mut g).unwrap();
+    let y = Tensor::randn_with(&[rows, 5], DType::F32, &Device::Cpu, &mut g).unwrap();
+    (x, y)
+}
+
+fn mse(out: &Tensor, y: &Tensor) -> ferrite_tensor::Result<Tensor> {
+    let d = out.sub(y)?;
+    d.mul(&d)?.mean()
+}
+
+fn mpi_available() -> bool {
+    Command::new("mpirun").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+fn require_mpi(test: &str) -> Option<()> {
+    let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
+    let why = if !cfg!(feature = "mpi") {
+        "ferrite-parallel was built without the `mpi` feature (cargo test --features ferrite-parallel/mpi)"
+    } else if !mpi_available() {
+        "`mpirun` is not installed (apt-get install openmpi-bin libopenmpi-dev libclang-dev)"
+    } else {
+        return Some(());
+    };
+    assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but {why}");
+    eprintln!("SKIPPED {test}: {why}");
+    None
+}
+
+struct Run {
+    out: tempfile::TempDir,
+    log: String,
+    success: bool,
+    elapsed: Duration,
+}
+
+impl Run {
+    fn file(&self, name: &str) -> PathBuf {
+        self.out.path().join(name)
+    }
+    fn floats(&self, name: &str) -> Vec<f32> {
+        let bytes =
+            std::fs::read(self.file(name)).unwrap_or_else(|e| panic!("no {name} ({e}); mpirun output:\n{}", self.log));
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+    fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.file(name))
+            .unwrap_or_else(|e| panic!("no {name} ({e}); mpirun output:\n{}", self.log))
+    }
+}
+
+/// `mpirun -np ranks` on this binary's `zero_worker` with `case`, killed after `deadline`.
+fn launch(ranks: usize, case: &str, deadline: Duration) -> Run {
+    let out = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let log_path = out.path().join("mpirun.log");
+    let log_file = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", &ranks.to_string()])
+        .args(["-x", "FERRITE_ZERO_CASE", "-x", "FERRITE_ZERO_OUT", "-x", "FERRITE_DDP_TIMEOUT_S"])
+        .arg(&exe)
+        .args(["--exact", "zero_worker", "--nocapture", "--test-threads=1"])
+        .env("FERRITE_ZERO_CASE", case)
+        .env("FERRITE_ZERO_OUT", out.path())
+        .env("FERRITE_DDP_TIMEOUT_S", "20")
+        .stdout(Stdio::from(log_file.try_clone().unwrap()))
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .expect("mpirun starts");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let Some(status) = status else {
+        panic!("mpirun -np {ranks} ({case}) did not end within {deadline:?}; killed. Output:\n{log}")
+    };
+    Run { out, log, success: status.success(), elapsed: start.elapsed() }
+}
+
+fn equality(ranks: usize) {
+    let test = format!("zero_equals_ddp_on_{ranks}_ranks");
+    if require_mpi(&test).is_none() {
+        return;
+    }
+    let run = launch(ranks, "equality", Duration::from_secs(240));
+    assert!(run.success, "{test}: mpirun failed:\n{}", run.log);
+    let start: Vec<f32> = model(100).parameters().iter().flat_map(|p| p.to_vec::<f32>().unwrap()).collect();
+    for (name, _, stage, _, _, scaler) in CASES {
+        let ddp = run.floats(&format!("{name}.ddp.rank0"));
+        assert_ne!(ddp, start, "{name}: training moved the parameters");
+        for rank in 0..ranks {
+            let zero = run.floats(&format!("{name}.zero.rank{rank}"));
+            assert_eq!(
+                zero,
+                run.floats(&format!("{name}.zero.rank0")),
+                "{name}: rank {rank}'s parameters differ from rank 0's"
+            );
+            ferrite_test_support::assert_slices_close(&format!("{test} {name} rank {rank}"), &zero, &ddp, 1e-6, 1e-7);
+            if rank == 0 {
+                let worst = zero.iter().zip(&ddp).map(|(a, b)| (a - b).abs() / b.abs().max(1e-7)).fold(0f32, f32::max);
+                let moved = ddp.iter().zip(&start).filter(|(a, b)| a != b).count();
+                println!(
+                    "{test} {name}: {moved}/{} values moved by training; ZeRO vs DDP largest relative difference {worst:e}",
+                    ddp.len()
+                );
+            }
+            let facts = run.text(&format!("{name}.facts.rank{rank}"));
+            // Every rank holds ⌈291 / ranks⌉ values of optimizer state.
+            assert!(facts.contains(&format!("partition {}", 291usize.div_ceil(ranks))), "{name}: {facts}");
+            if name.starts_with("adamw") {
+                // AdamW's two moments for this rank's range only (DDP: 2 × 291 on every rank).
+                let per = 291usize.div_ceil(ranks);
+                let mine = per.min(291 - rank * per);
+                assert!(facts.contains(&format!("state values {}\n", 2 * mine)), "{name} rank {rank}: {facts}");
+            }
+            if *stage == 2 {
+                assert!(facts.contains("full gradients after step: none"), "{name} rank {rank}: {facts}");
+            }
+            if *scaler {
+                // The inf was only in the last rank's shard: every rank skipped step 2.
+                assert!(facts.contains("stepped [true, true, false, true, true]"), "{name} rank {rank}: {facts}");
+                assert!(facts.contains("scale 32768"), "{name} rank {rank}: {facts}");
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_1_and_2_equal_ddp_on_2_ranks() {
+    equality(2);
+}
+
+#[test]
+fn zero_1_and_2_equal_ddp_on_3_ranks() {
+    equality(3);
+}
+
+#[test]
+fn an_optimizer_over_foreign_tensors_is_a_typed_error_on_every_rank() {
+    if require_mpi("foreign_optimizer").is_none() {
+        return;
+    }
+    let run = launch(2, "foreign", Duration::from_secs(120));
+    assert!(run.success, "mpirun failed:\n{}", run.log);
+    for rank in 0..2 {
+        let e = run.text(&format!("foreign.error.rank{rank}"));
+        assert!(
+            e.contains(&format!("rank {rank}")) && e.contains("[3, 3]") && e.contains("not a trainable parameter"),
+            "{e}"
+        );
+    }
+}
+
+/// A rank that fails between backward and step (it announces its error, as a trainer does) stops
+/// the others inside their next step, with an error naming it, well within the deadline.
+#[test]
+fn a_failing_rank_stops_every_other_rank_naming_it_at_both_stages() {
+    if require_mpi("zero_failing_rank").is_none() {
+        return;
+    }
+    for stage in ["1", "2"] {
+        let run = launch(3, &format!("raise{stage}"), Duration::from_secs(120));
+        assert!(!run.success, "stage {stage}: the failing rank exits non-zero:\n{}", run.log);
+        for rank in [0, 2] {
+            let e = run.text(&format!("raise.error.rank{rank}"));
+            assert!(e.contains("rank 1 failed") && e.contains("injected failure"), "stage {stage}, rank {rank}: {e}");
+        }
+        assert!(run.elapsed < Duration::from_secs(60), "stage {stage} took {:?}", run.elapsed);
+    }
+}
+
+/// The body of each rank (runs only under `launch`, which sets FERRITE_ZERO_CASE).
+#[test]
+fn zero_worker() {
+    let Ok(case) = std::env::var("FERRITE_ZERO_CASE") else { return };
+    #[cfg(feature = "mpi")]
+    worker::run(&case, Path::new(&std::env::var("FERRITE_ZERO_OUT").unwrap()));
+    #[cfg(not(feature = "mpi"))]
+    panic!("zero_worker {case}: built without the mpi feature {:?}", Path::new("."));
+}
+
+#[cfg(feature = "mpi")]
+mod worker {
+    use super::*;
+    use ferrite_optim::{
+        AdagradConfig, AdagradRule, AdamConfig, AdamRule, GradScaler, GradScalerConfig, Optim, Optimizer, ParamGroup,
+        RmspropConfig, RmspropRule, SgdConfig, SgdRule, UpdateRule, clip_grad_norm_,
+    };
+    use ferrite_parallel::distributed::{
+        DdpOptions, DistributedDataParallel, DistributedError, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage,
+    };
+
+    type R<T> = Result<T, DistributedError>;
+
+    pub(super) fn run(case: &str, out: &Path) {
+        let group = ProcessGroup::init().unwrap();
+        let rank = group.rank();
+        if case == "foreign" {
+            let m = model(100);
+            let zero = ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(ZeroStage::One)).unwrap();
+            let stranger = Tensor::zeros(&[3, 3], DType::F32, &Device::Cpu).unwrap().requires_grad_(true).unwrap();
+            let full = Optim::<SgdRule>::new(vec![m.parameters()[0].clone(), stranger], SgdConfig::new(0.1)).unwrap();
+            let e = zero.shard_optimizer(&full).expect_err("an error");
+            std::fs::write(out.join(format!("foreign.error.rank{rank}")), e.to_string()).unwrap();
+            zero.finish().unwrap();
+            return;
+        }
+        if let Some(stage) = case.strip_prefix("raise") {
+            let stage = ZeroStage::from_number(stage.parse().unwrap()).unwrap();
+            if let Err(e) = raise(&group, stage) {
+                std::fs::write(out.join(format!("raise.error.rank{rank}")), e.to_string()).unwrap();
+            }
+            return;
+        }
+        for &(name, kind, stage, clip, accumulation, scaler) in CASES {
+            let ddp = train_ddp(&group, kind, clip, accumulation, scaler).unwrap();
+            write(out, &format!("{name}.ddp.rank{rank}"), &ddp);
+            let (zero, facts) = train_zero(&group, kind, stage, clip, accumulation, scaler).unwrap();
+            write(out, &format!("{name}.zero.rank{rank}"), &zero);
+            std::fs::write(out.join(format!("{name}.facts.rank{rank}")), facts).unwrap();
+        }
+    }
+
+    /// Rank 1 fails after the backward of step 2; the others are then inside `step`.
+    fn raise(group: &ProcessGroup, stage: ZeroStage) -> R<()> {
+        let (rank, world) = (group.rank(), group.world_size());
+        let m = model(100);
+        let zero = ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?;
+        let mut opt = shard(&zero, &Optim::<SgdRule>::new(m.parameters(), SgdConfig::new(0.1)).unwrap());
+        for s in 0..STEPS {
+            let (xb, yb) = batch(s, 0, 1, rank, world);
+            zero.backward(&mse(&m.forward(&xb)?, &yb)?)?;
+            if s == 2 && rank == 1 {
+                zero.announce_failure("injected failure");
+                // Give the others time to report before mpirun ends the job on this exit.
+                std::thread::sleep(Duration::from_secs(2));
+                std::process::exit(1);
+            }
+            zero.step(opt.as_mut(), None, None)?;
+            zero.zero_grad(opt.as_mut())?;
+        }
+        zero.finish()
+    }
+
+    fn write(out: &Path, name: &str, v: &[f32]) {
+        std::fs::write(out.join(name), v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    }
+
+    fn flat(m: &dyn Module) -> Vec<f32> {
+        m.parameters().iter().flat_map(|p| p.to_vec::<f32>().unwrap()).collect()
+    }
+
+    /// Weights and biases in two groups (biases without weight decay).
+    fn groups<C: Clone>(m: &dyn Module, config: C, no_decay: C) -> Vec<ParamGroup<C>> {
+        let (w, b): (Vec<_>, Vec<_>) = m.named_parameters().into_iter().partition(|(n, _)| n.ends_with("weight"));
+        vec![ParamGroup::named(w, config), ParamGroup::named(b, no_decay)]
+    }
+
+    enum Opt {
+        Adam(Optim<AdamRule>),
+        Sgd(Optim<SgdRule>),
+        Rms(Optim<RmspropRule>),
+        Ada(Optim<AdagradRule>),
+    }
+
+    fn optimizer(kind: &str, m: &dyn Module) -> Opt {
+        match kind {
+            "adamw" => Opt::Adam(
+                Optim::with_groups(groups(
+                    m,
+                    AdamConfig::adamw(1e-2).weight_decay(0.1),
+                    AdamConfig::adamw(1e-2).weight_decay(0.0),
+                ))
+                .unwrap(),
+            ),
+            "sgd" => {
+                Opt::Sgd(Optim::new(m.parameters(), SgdConfig::new(0.1).momentum(0.9).weight_decay(0.01)).unwrap())
+            }
+            "rmsprop" => {
+                Opt::Rms(Optim::new(m.parameters(), RmspropConfig::new(0.01).momentum(0.5).centered(true)).unwrap())
+            }
+            _ => Opt::Ada(Optim::new(m.parameters(), AdagradConfig::new(0.1)).unwrap()),
+        }
+    }
+
+    fn shard<X: UpdateRule>(zero: &ZeroRedundancy, o: &Optim<X>) -> Box<dyn Optimizer> {
+        Box::new(zero.shard_optimizer(o).unwrap())
+    }
+
+    fn into_dyn(o: Opt) -> Box<dyn Optimizer> {
+        match o {
+            Opt::Adam(o) => Box::new(o),
+            Opt::Sgd(o) => Box::new(o),
+            Opt::Rms(o) => Box::new(o),
+            Opt::Ada(o) => Box::new(o),
+        }
+    }
+
+    fn batch(step: usize, micro: usize, accumulation: usize, rank: usize, world: usize) -> (Tensor, Tensor) {
+        let global = world * LOCAL_BATCH * accumulation;
+        let (x, y) = data(STEPS * global);
+        let start = step * global + micro * world * LOCAL_BATCH + rank * LOCAL_BATCH;
+        (x.narrow(0, start, LOCAL_BATCH).unwrap(), y.narrow(0, start, LOCAL_BATCH).unwrap())
+    }
+
+    const INF_STEP: usize = 2;
+
+    fn scaler_for(on: bool) -> Option<GradScaler> {
+        on.then(|| GradScaler::new(GradScalerConfig::default()).unwrap())
+    }
+
+    /// The reference: DDP, clipping with the local (= global, replicated) norm; with a scaler,
+    /// an inf in the last parameter's gradient on every rank at INF_STEP.
+    fn train_ddp(group: &ProcessGroup, kind: &str, clip: bool, accumulation: usize, scaler: bool) -> R<Vec<f32>> {
+        let (rank, world) = (group.rank(), group.world_size());
+        let ddp =
+            DistributedDataParallel::new(model(100 + rank as u64), group, DdpOptions::default().bucket_cap_mb(0.0005))?;
+        let mut opt = into_dyn(optimizer(kind, ddp.module()));
+        let mut sc = scaler_for(scaler);
+        for s in 0..STEPS {
+            for k in 0..accumulation {
+                let (xb, yb) = batch(s, k, accumulation, rank, world);
+                let mut loss = mse(&ddp.forward(&xb)?, &yb)?.div_scalar(accumulation as f64)?;
+                if let Some(sc) = sc.as_mut() {
+                    loss = sc.scale(&loss)?;
+                }
+                if k + 1 < accumulation {
+                    let _q = ddp.no_sync();
+                    ddp.backward(&loss)?;
+                } else {
+                    ddp.backward(&loss)?;
+                }
+            }
+            match sc.as_mut() {
+                Some(sc) => {
+                    if s == INF_STEP {
+                        poison(&ddp.module().parameters().last().unwrap().grad().unwrap());
+                    }
+                    sc.unscale_(opt.as_mut())?;
+                    if clip {
+                        clip_grad_norm_(&opt.params(), 0.05)?;
+                    }
+                    sc.step(opt.as_mut())?;
+                    sc.update()?;
+                }
+                None => {
+                    if clip {
+                        clip_grad_norm_(&opt.params(), 0.05)?;
+                    }
+                    opt.step()?;
+                }
+            }
+            opt.zero_grad()?;
+        }
+        let m = ddp.finish()?;
+        Ok(flat(&m))
+    }
+
+    fn poison(g: &Tensor) {
+        let mut v = g.to_vec::<f32>().unwrap();
+        let last = v.len() - 1;
+        v[last] = f32::INFINITY;
+        g.copy_from_slice(&v).unwrap();
+    }
+
+    fn train_zero(
+        group: &ProcessGroup,
+        kind: &str,
+        stage: u32,
+        clip: bool,
+        accumulation: usize,
+        scaler: bool,
+    ) -> R<(Vec<f32>, String)> {
+        let (rank, world) = (group.rank(), group.world_size());
+        let m = model(100 + rank as u64);
+        let stage = ZeroStage::from_number(stage).unwrap();
+        // Small buckets: several all-reduces / reduce-scatters per step.
+        let options = ZeroOptions::new(stage).ddp(DdpOptions::default().bucket_cap_mb(0.0005));
+        let zero = ZeroRedundancy::new(&m, group.comm(), options)?;
+        let mut opt = match optimizer(kind, &m) {
+            Opt::Adam(o) => shard(&zero, &o),
+            Opt::Sgd(o) => shard(&zero, &o),
+            Opt::Rms(o) => shard(&zero, &o),
+            Opt::Ada(o) => shard(&zero, &o),
+        };
+        let mut sc = scaler_for(scaler);
+        let mut stepped = Vec::new();
+        let mut full_grads_after_step = "none";
+        for s in 0..STEPS {
+            for k in 0..accumulation {
+                let (xb, yb) = batch(s, k, accumulation, rank, world);
+                let mut loss = mse(&m.forward(&xb)?, &yb)?.div_scalar(accumulation as f64)?;
+                if let Some(sc) = sc.as_mut() {
+                    loss = sc.scale(&loss)?;
+                }
+                if k + 1 < accumulation {
+                    let _q = zero.no_sync();
+                    zero.backward(&loss)?;
+                } else {
+                    zero.backward(&loss)?;
+                }
+            }
+            if sc.is_some() && s == INF_STEP && rank == world - 1 {
+                // Only the last rank sees it: it owns the last parameter's last value.
+                match stage {
+                    ZeroStage::One => poison(&m.parameters().last().unwrap().grad().unwrap()),
+                    ZeroStage::Two => poison(&zero.shards().last().unwrap().grad().unwrap()),
+                }
+            }
+            let outcome = zero.step(opt.as_mut(), clip.then_some(0.05), sc.as_mut())?;
+            if let Some(sc) = sc.as_mut() {
+                sc.update()?;
+            }
+            stepped.push(outcome.stepped);
+            if stage == ZeroStage::Two && m.parameters().iter().any(|p| p.grad().is_some()) {
+                full_grads_after_step = "some";
+            }
+            zero.zero_grad(opt.as_mut())?;
+        }
+        let state_values: usize = opt
+            .state_dict()?
+            .state
+            .iter()
+            .flat_map(|(_, entries)| entries.iter())
+            .map(|(key, v)| match v {
+                ferrite_optim::state_dict::StateValue::Tensor(t) if key != "step" => t.numel(),
+                _ => 0,
+            })
+            .sum();
+        let facts = format!(
+            "partition {}\nstate values {state_values}\nfull gradients after step: {full_grads_after_step}\nstepped {stepped:?}\nscale {}\n",
+            zero.partition_numel(),
+            sc.as_ref().map(|s| s.get_scale()).unwrap_or(0.0)
+        );
+        zero.finish()?;
+        Ok((flat(&m), facts))
+    }
+}
