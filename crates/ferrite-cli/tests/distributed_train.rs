@@ -202,7 +202,8 @@ fn two_ranks_train_digits_and_the_checkpoint_resumes_without_mpi() {
 
 /// `--distributed --hf-model`: 2 ranks × 4 blocks per step end with the weights and validation
 /// loss of 1 rank × 8 blocks (the ranks split one seeded permutation of the blocks, so each step
-/// averages the same 8 blocks' gradients), and rank 0 writes a folder that loads.
+/// averages the same 8 blocks' gradients), `--zero 2` ends where DDP does, and rank 0 writes a
+/// folder that loads.
 #[test]
 fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
     let test = "distributed_hf_model_matches_one_rank_with_the_ranks_batches";
@@ -212,11 +213,12 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
     let dir = tempfile::tempdir().unwrap();
     let hf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf");
     let (model, text) = (hf.join("llama").display().to_string(), hf.join("text.txt").display().to_string());
-    let run = |np: &str, batch: &str, out: &str| {
+    let run = |np: &str, batch: &str, out: &str, extra: &[&str]| {
         let o = Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np", np, env!("CARGO_BIN_EXE_ferrite")])
             .args(["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16", "--lr", "3e-3"])
             .args(["--batch-size", batch, "--steps", "6", "--no-progress", "--out", out])
+            .args(extra)
             .current_dir(dir.path())
             .output()
             .expect("mpirun starts");
@@ -224,15 +226,18 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
         assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
         stdout
     };
-    let two = run("2", "4", "two");
-    let one = run("1", "8", "one");
-    assert_eq!(two.matches("ferrite train:").count(), 1, "rank 0 alone prints:\n{two}");
-    assert!(two.contains(", 2 ranks"), "{two}");
     let val = |out: &str| -> f64 {
         let line = out.lines().find(|l| l.starts_with("trained ")).unwrap_or_else(|| panic!("{out}"));
         let at = line.find("validation loss ").unwrap() + "validation loss ".len();
         line[at..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
     };
+    let two = run("2", "4", "two", &[]);
+    let one = run("1", "8", "one", &[]);
+    // ZeRO-2 over the same 2 ranks: the optimizer state and gradients sharded, the same run.
+    let zero = run("2", "4", "zero", &["--zero", "2"]);
+    assert!((val(&zero) - val(&two)).abs() < 1e-5, "ZeRO-2 {} vs DDP {}", val(&zero), val(&two));
+    assert_eq!(two.matches("ferrite train:").count(), 1, "rank 0 alone prints:\n{two}");
+    assert!(two.contains(", 2 ranks"), "{two}");
     assert!((val(&two) - val(&one)).abs() < 1e-4, "validation loss 2 ranks {} vs 1 rank {}", val(&two), val(&one));
     let (a, b) =
         (weights(&dir.path().join("two/model.safetensors")), weights(&dir.path().join("one/model.safetensors")));

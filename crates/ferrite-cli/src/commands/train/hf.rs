@@ -111,8 +111,12 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
     let parameters: usize = model.parameters().iter().map(|p| p.numel()).sum();
-    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
-    let sync = dist.map(|d| d.sync_for(&model)).transpose()?;
+    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
+    // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
+    let sync = match args.zero {
+        Some(stage) => dist.map(|d| d.zero_for(&model, stage)).transpose()?,
+        None => dist.map(|d| d.sync_for(&model)).transpose()?,
+    };
     let name = format!(
         "{} ({} layers x {}, vocabulary {})",
         model.type_name(),
@@ -146,11 +150,15 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             config.attention_dropout, config.residual_dropout, config.embedding_dropout
         );
     }
-    let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let adamw = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let mut opt: Box<dyn Optimizer> = match &sync {
+        Some(s) => s.optimizer(adamw)?,
+        None => Box::new(adamw),
+    };
     let scheduler: Option<Box<dyn ferrite_optim::LrScheduler>> = match args.lr_schedule {
         LrSchedule::Constant => None,
         LrSchedule::Cosine if args.warmup_steps == 0 => {
-            Some(Box::new(CosineAnnealingLr::new(&mut opt as &mut dyn Optimizer, total_steps.max(1) as i64, 0.0)?))
+            Some(Box::new(CosineAnnealingLr::new(&mut *opt, total_steps.max(1) as i64, 0.0)?))
         }
         LrSchedule::Cosine => {
             if args.warmup_steps as u64 >= total_steps {
@@ -161,7 +169,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
                 ));
             }
             let start = 1.0 / args.warmup_steps as f64;
-            Some(Box::new(warmup_cosine(&mut opt, args.warmup_steps as i64, total_steps as i64, start, 0.0)?))
+            Some(Box::new(warmup_cosine(&mut *opt, args.warmup_steps as i64, total_steps as i64, start, 0.0)?))
         }
     };
     let settings: Vec<(String, String)> = vec![
@@ -178,25 +186,24 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
     ];
     let run = start_observer(&args.observe.settings(), name.clone(), &data.display().to_string(), device)?;
-    let mut builder =
-        configure(args, ferrite_train::Trainer::builder_boxed(model, Box::new(opt)), device, epochs, settings)
-            .checkpoint_activations(args.checkpoint_activations)
-            .run_observer(run)
-            .on_epoch(|e| {
-                let val = e.eval.get("loss");
-                println!(
-                    "epoch {:>3}/{}  loss {:.4}  {}  | {}  | {}",
-                    e.epoch,
-                    e.epochs,
-                    e.mean_loss,
-                    val.map_or("no validation blocks".to_string(), |v| format!(
-                        "validation loss {v:.4} (perplexity {:.2})",
-                        v.exp()
-                    )),
-                    e.memory_line,
-                    seconds(e.elapsed.as_secs_f64()),
-                )
-            });
+    let mut builder = configure(args, ferrite_train::Trainer::builder_boxed(model, opt), device, epochs, settings)
+        .checkpoint_activations(args.checkpoint_activations)
+        .run_observer(run)
+        .on_epoch(|e| {
+            let val = e.eval.get("loss");
+            println!(
+                "epoch {:>3}/{}  loss {:.4}  {}  | {}  | {}",
+                e.epoch,
+                e.epochs,
+                e.mean_loss,
+                val.map_or("no validation blocks".to_string(), |v| format!(
+                    "validation loss {v:.4} (perplexity {:.2})",
+                    v.exp()
+                )),
+                e.memory_line,
+                seconds(e.elapsed.as_secs_f64()),
+            )
+        });
     if let Some(s) = scheduler {
         builder = builder.scheduler_boxed(s);
     }
