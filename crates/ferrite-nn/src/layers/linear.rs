@@ -94,3 +94,18 @@ impl Module for Linear {
     }
     training_flag!();
 }
+
+#[cfg(test)]
+mod skip_init_tests {
+    use super::*;
+    use crate::module::skip_init;
+
+    #[test]
+    fn skip_init_leaves_zeros_and_restores_itself() {
+        let mut g = ferrite_tensor::Generator::new(0);
+        let zero = skip_init(|| Linear::new_with(4, 3, true, &Device::Cpu, &mut g)).unwrap();
+        assert!(zero.weight.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        let drawn = Linear::new_with(4, 3, true, &Device::Cpu, &mut g).unwrap();
+        assert!(drawn.weight.to_vec::<f32>().unwrap().iter().any(|&v| v != 0.0), "initialisation is back");
+    }
+}

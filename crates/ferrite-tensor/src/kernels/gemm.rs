@@ -458,14 +458,7 @@ unsafe fn packed<K: MicroKernel>(
     }
 }
 
-/// Run `f` over `0..units` split into at most `threads` equal contiguous ranges on the team.
-pub(crate) fn split(units: usize, threads: usize, f: &(dyn Fn(usize, usize) + Sync)) {
-    let parts = threads.min(units).max(1);
-    if parts == 1 {
-        return f(0, units);
-    }
-    team::run(parts, &|t| f(t * units / parts, (t + 1) * units / parts));
-}
+pub(crate) use team::split;
 
 /// Run `f` with this thread's packing buffer of at least `len` values (a fresh one if the
 /// thread's buffer is already in use further up the stack).

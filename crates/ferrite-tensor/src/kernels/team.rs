@@ -41,6 +41,15 @@ pub(crate) fn threads() -> usize {
     team().map_or(1, |t| t.helpers + 1)
 }
 
+/// Run `f` over `0..units` split into at most `threads` equal contiguous ranges on the team.
+pub(crate) fn split(units: usize, threads: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    let parts = threads.min(units).max(1);
+    if parts == 1 {
+        return f(0, units);
+    }
+    run(parts, &|t| f(t * units / parts, (t + 1) * units / parts));
+}
+
 /// Call `f(i)` for every `i` in `0..tasks` on the team, returning when all calls returned.
 pub(crate) fn run(tasks: usize, f: &(dyn Fn(usize) + Sync)) {
     let team = match team() {

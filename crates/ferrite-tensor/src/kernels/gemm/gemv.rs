@@ -14,9 +14,9 @@
 //! thread in a fixed order, so the result does not depend on the thread count (the library's
 //! determinism rule). The loops keep 16 independent accumulators so the compiler vectorises them;
 //! they are compiled inside AVX2 (+FMA off) functions where the CPU has AVX2.
-use super::MatPtr;
-use super::split;
+use super::micro_kernel::MatPtr;
 use crate::kernels::strided::SendPtr;
+use crate::kernels::team::split;
 
 /// Below this many multiply-adds the product stays on the calling thread.
 const PAR_FLOPS: usize = 1 << 16;
