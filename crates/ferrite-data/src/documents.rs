@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::DataError;
 use crate::file_bytes::read_maybe_gz;
+use crate::text_files::files_named;
 use crate::tokenizer::HfTokenizer;
 
 /// The documents at `path` (see the module docs); `.jsonl` lines are read from `field`.
@@ -73,22 +74,11 @@ fn jsonl_field(path: &Path, text: &str, field: &str) -> Result<Vec<String>, Data
 
 /// The `.txt` and `.jsonl` files (gzipped or not) directly in `dir`, not hidden, sorted.
 fn corpus_files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
-    let io = |source| DataError::Io { path: dir.to_path_buf(), source };
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io)? {
-        let path = entry.map_err(io)?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
+    files_named(dir, |name| {
+        let name = name.to_ascii_lowercase();
         let stem = name.strip_suffix(".gz").unwrap_or(&name);
-        let wanted = stem.ends_with(".txt") || stem.ends_with(".jsonl");
-        if wanted && !name.starts_with('.') && path.is_file() {
-            files.push(path);
-        }
-    }
-    if files.is_empty() {
-        return Err(DataError::NoTextFiles { path: dir.to_path_buf() });
-    }
-    files.sort();
-    Ok(files)
+        stem.ends_with(".txt") || stem.ends_with(".jsonl")
+    })
 }
 
 #[cfg(test)]

@@ -31,13 +31,19 @@ pub fn read_text_source(path: &Path) -> Result<(String, Vec<PathBuf>), DataError
 
 /// The `.txt` files directly in `dir` (not hidden), sorted.
 fn txt_files(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+    files_named(dir, |name| name.rsplit_once('.').is_some_and(|(_, ext)| ext.eq_ignore_ascii_case("txt")))
+}
+
+/// The files directly in `dir` whose name `wanted` accepts, hidden ones left out, sorted by name;
+/// none is [`DataError::NoTextFiles`] (the corpus readers' folders: `.txt` here, `.txt` and
+/// `.jsonl` in `documents.rs`).
+pub(crate) fn files_named(dir: &Path, wanted: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>, DataError> {
     let io = |source| DataError::Io { path: dir.to_path_buf(), source };
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let path = entry.map_err(io)?.path();
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let is_txt = name.rsplit_once('.').is_some_and(|(_, ext)| ext.eq_ignore_ascii_case("txt"));
-        if is_txt && !name.starts_with('.') && path.is_file() {
+        if wanted(&name) && !name.starts_with('.') && path.is_file() {
             files.push(path);
         }
     }
