@@ -232,15 +232,7 @@ fn gradients_match_transformers() {
         let (model, _) = folder.load_decoder(&Device::Cpu, &HfLoadOptions::default()).unwrap();
         let e = expected(name);
         ferrite_models::causal_lm_loss(&model.forward(&e.ids).unwrap(), &e.ids).unwrap().backward().unwrap();
-        let params = model.named_parameters();
-        let want: Vec<&(String, Tensor)> = e.all.iter().filter(|(k, _)| k.starts_with("grad.")).collect();
-        assert_eq!(want.len(), params.len(), "{name}: one gradient per parameter");
-        for (k, g) in want {
-            let pname = &k["grad.".len()..];
-            let p = params.iter().find(|(n, _)| n == pname).unwrap_or_else(|| panic!("{name}: no parameter {pname}"));
-            let got = p.1.grad().unwrap_or_else(|| panic!("{name}: {pname} has no gradient"));
-            ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, 1e-6);
-        }
+        check_gradients(name, &model, &e, |_| 1e-6);
     }
 }
 
@@ -294,17 +286,24 @@ fn t5_logits_loss_and_gradients_match_transformers() {
         assert!((loss - e.loss).abs() <= 1e-4 * e.loss.abs(), "{name}: loss {loss} vs {}", e.loss);
         model.train(true);
         ce(&model.forward(&ids).unwrap()).backward().unwrap();
-        let params = model.named_parameters();
-        let want: Vec<&(String, Tensor)> = e.all.iter().filter(|(k, _)| k.starts_with("grad.")).collect();
-        assert_eq!(want.len(), params.len(), "{name}: one gradient per parameter");
-        for (k, g) in want {
-            let pname = &k["grad.".len()..];
-            let p = params.iter().find(|(n, _)| n == pname).unwrap_or_else(|| panic!("{name}: no parameter {pname}"));
-            let got = p.1.grad().unwrap_or_else(|| panic!("{name}: {pname} has no gradient"));
-            // T5's attention is unscaled, so its scores (and f32 rounding) run larger than the
-            // decoders': the absolute term is 1e-4 of the tensor's largest expected gradient.
-            let largest = g.to_vec_f64().unwrap().iter().fold(0.0f64, |m, v| m.max(v.abs()));
-            ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, 1e-4 * largest);
-        }
+        // T5's attention is unscaled, so its scores (and f32 rounding) run larger than the
+        // decoders': the absolute term is 1e-4 of the tensor's largest expected gradient.
+        check_gradients(name, &model, &e, |g| {
+            1e-4 * g.to_vec_f64().unwrap().iter().fold(0.0f64, |m, v| m.max(v.abs()))
+        });
+    }
+}
+
+/// Every parameter's gradient of `model` against the fixture's `grad.<name>` (one per parameter),
+/// within 1e-4 relative plus `atol(expected)`.
+fn check_gradients(name: &str, model: &dyn Module, e: &Expected, atol: impl Fn(&Tensor) -> f64) {
+    let params = model.named_parameters();
+    let want: Vec<&(String, Tensor)> = e.all.iter().filter(|(k, _)| k.starts_with("grad.")).collect();
+    assert_eq!(want.len(), params.len(), "{name}: one gradient per parameter");
+    for (k, g) in want {
+        let pname = &k["grad.".len()..];
+        let p = params.iter().find(|(n, _)| n == pname).unwrap_or_else(|| panic!("{name}: no parameter {pname}"));
+        let got = p.1.grad().unwrap_or_else(|| panic!("{name}: {pname} has no gradient"));
+        ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, atol(g));
     }
 }
