@@ -1,4 +1,5 @@
 //! The one error type of the planner.
+use ferrite_memory::format_size;
 use thiserror::Error;
 
 /// Every failure the planner can report; each says what to change.
@@ -17,12 +18,16 @@ pub enum PlanError {
     HfConfig { path: String, problem: String },
     /// A batch-size search where not even one sample per step fits.
     #[error(
-        "even --batch 1 does not fit on {device}: it needs {needed} bytes of the {usable} the allocator may use ({details}). Use a larger GPU, --amp bf16, --checkpoint-activations, or a smaller model"
+        "even --batch 1 does not fit on {device}: it needs {} of the {} the allocator may use ({details}). Use a larger GPU, --amp bf16, --checkpoint-activations, or a smaller model (`ferrite plan` without --find-batch-size lists every way ferrite can make it fit)",
+        format_size(*needed),
+        format_size(*usable)
     )]
     NothingFits { device: String, needed: u64, usable: u64, details: String },
     /// `--measure` on a model too large to run on this machine's memory.
     #[error(
-        "--measure would run the step for real on the simulated GPU: it needs about {needed} bytes of host memory and this machine allows {allowed}; plan without --measure, or measure a smaller batch"
+        "--measure would run the step for real on the simulated GPU: it needs about {} of host memory and this machine allows {}; plan without --measure, or measure a smaller batch",
+        format_size(*needed),
+        format_size(*allowed)
     )]
     TooLargeToMeasure { needed: u64, allowed: u64 },
     /// A model that cannot be configured or built (its own error names the key or layer).

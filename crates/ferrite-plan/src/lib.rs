@@ -27,6 +27,7 @@ mod search;
 mod step;
 mod t5_workload;
 mod trace;
+mod way_forward;
 mod workload;
 mod zero;
 
@@ -39,11 +40,12 @@ pub use hf_workload::{HfDecoder, hf_workload};
 pub use measure::{Measured, measure};
 pub use search::{
     BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,
-    plan, plan_jobs, relative_cost, remedies, sweep_batch, target_batch,
+    plan, plan_jobs, remedies, sweep_batch, target_batch, target_batch_with,
 };
 pub use step::{Phase, STEPS};
 pub use t5_workload::T5Workload;
 pub use trace::{AllocInfo, Category, Event, StepTrace, plan_lock, record};
+pub use way_forward::{Route, Variant, WayForward, relative_cost, way_forward};
 pub use workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 pub use zero::{
     DEEPSPEED_BUFFER_FACTOR, Difference, FerriteModelStates, ModelSizes, Offload, ZeroEstimate, ZeroReport, ZeroSetup,

@@ -3,11 +3,13 @@
 //! card, and the remedies for an out-of-memory step.
 //!
 //! Every answer is a set of [`crate::record`] + [`crate::evaluate`] runs: no formula.
+use ferrite_memory::format_size;
 use serde::Serialize;
 
 use crate::PlanError;
 use crate::evaluate::{MemoryPlan, Target, evaluate};
 use crate::trace::record;
+use crate::way_forward::{ALLOC_OPTIONS, Route, Variant, WayForward, way_forward};
 use crate::workload::{AmpMode, StepConfig, Workload};
 
 /// Largest batch any search tries (a model whose batch of a million still fits is not what
@@ -86,8 +88,10 @@ pub fn find_batch_size_up_to(
             needed: p.peak_reserved_bytes,
             usable: p.usable_bytes,
             details: format!(
-                "model states alone: parameters {} + gradients {} + optimizer state {} bytes",
-                p.breakdown.parameters, p.breakdown.gradients, p.breakdown.optimizer_state
+                "model states alone: parameters {} + gradients {} + optimizer state {}",
+                format_size(p.breakdown.parameters),
+                format_size(p.breakdown.gradients),
+                format_size(p.breakdown.optimizer_state)
             ),
         });
     }
@@ -177,44 +181,36 @@ pub fn plan_jobs(
     })
 }
 
-/// One way to reach an effective batch.
-#[derive(Debug, Clone, Serialize)]
-pub struct Candidate {
-    pub micro_batch: usize,
-    pub accum_steps: usize,
-    pub amp: Option<&'static str>,
-    pub checkpoint_activations: bool,
-    pub alloc_conf: String,
-    pub fits: bool,
-    pub peak_reserved_bytes: u64,
-    pub peak_allocated_bytes: u64,
-    /// Compute per effective batch relative to one plain step of the whole batch: 4/3 with
-    /// checkpointing (one more forward in backward), plus 2 % per extra micro-step (smaller
-    /// kernels, launch overhead). The optimizer steps once per effective batch in every row.
-    pub relative_cost: f64,
-}
+/// One way to reach an effective batch (a [`Route`] of [`way_forward`]).
+pub type Candidate = Route;
 
-/// `--target-batch`: every combination of micro-batch (divisors of N), AMP, checkpointing and
-/// allocator setting, with for each (AMP, checkpointing, allocator) the largest micro-batch that
-/// fits; ranked cheapest first (then fewest changes, then lowest peak).
+/// `--target-batch`: every way to reach an effective batch of N on the card — micro-batch
+/// (divisors of N) with accumulation, AMP, checkpointing, allocator settings and the caller's
+/// variants — ranked as [`way_forward`] ranks them.
 #[derive(Debug, Clone, Serialize)]
 pub struct TargetBatchPlan {
     pub target_batch: usize,
     pub fitting: Vec<Candidate>,
-    /// When nothing fits: the smallest change that would.
+    /// When nothing fits: the closest plan, by how much it misses, and the smallest card it fits on.
     pub advice: Option<String>,
+    /// The whole answer (closest route and larger card included).
+    pub way_forward: WayForward,
 }
 
-/// Relative compute of one effective batch; see [`Candidate::relative_cost`].
-pub fn relative_cost(accum_steps: usize, checkpoint: bool) -> f64 {
-    (if checkpoint { 4.0 / 3.0 } else { 1.0 }) + 0.02 * (accum_steps.saturating_sub(1)) as f64
-}
-
-/// The allocator settings `--target-batch` tries besides the run's own.
-const ALLOC_OPTIONS: [&str; 2] = ["expandable_segments:True", "max_split_size_mb:128"];
-
+/// [`target_batch_with`] without variants.
 pub fn target_batch(
     workload: &dyn Workload,
+    config: &StepConfig,
+    target: &Target,
+    effective: usize,
+) -> Result<TargetBatchPlan, PlanError> {
+    target_batch_with(workload, &[], config, target, effective)
+}
+
+/// `--target-batch N` with the caller's variants (LoRA, sharding) searched too.
+pub fn target_batch_with(
+    workload: &dyn Workload,
+    variants: &[Variant],
     config: &StepConfig,
     target: &Target,
     effective: usize,
@@ -222,119 +218,8 @@ pub fn target_batch(
     if effective == 0 {
         return Err(PlanError::setting("--target-batch 0", "the effective batch must hold at least one sample"));
     }
-    let mut micro: Vec<usize> = (1..=effective).filter(|m| effective.is_multiple_of(*m)).collect();
-    micro.reverse();
-    micro.truncate(16);
-    let mut targets = vec![target.clone()];
-    for opt in ALLOC_OPTIONS {
-        let mut cfg = target.config.clone();
-        cfg.apply(opt)?;
-        targets.push(Target { config: cfg, ..target.clone() });
-    }
-    let mut fitting = Vec::new();
-    let mut best_effort: Option<MemoryPlan> = None;
-    for amp in [config.amp, Some(AmpMode::Bf16), Some(AmpMode::F16)].into_iter().enumerate().filter_map(|(i, a)| {
-        // The run's own precision first, then the others once each.
-        if i > 0 && a == config.amp { None } else { Some(a) }
-    }) {
-        for ckpt in [false, true] {
-            // For each allocator setting, the largest fitting micro-batch.
-            let mut found = vec![false; targets.len()];
-            for &m in &micro {
-                if found.iter().all(|f| *f) {
-                    break;
-                }
-                let cfg = StepConfig {
-                    batch: m,
-                    accum_steps: (effective / m).min(2),
-                    amp,
-                    checkpoint_activations: ckpt,
-                    ..config.clone()
-                };
-                let trace = record(workload, &cfg)?;
-                for (t, tgt) in targets.iter().enumerate() {
-                    if found[t] {
-                        continue;
-                    }
-                    let p = evaluate(&trace, tgt)?;
-                    if p.fits {
-                        found[t] = true;
-                        let k = effective / m;
-                        fitting.push(Candidate {
-                            micro_batch: m,
-                            accum_steps: k,
-                            amp: amp.map(|a| a.name()),
-                            checkpoint_activations: ckpt,
-                            alloc_conf: p.alloc_conf.clone(),
-                            fits: true,
-                            peak_reserved_bytes: p.peak_reserved_bytes,
-                            peak_allocated_bytes: p.peak_allocated_bytes,
-                            relative_cost: relative_cost(k, ckpt),
-                        });
-                    } else if best_effort.as_ref().is_none_or(|b| p.peak_reserved_bytes < b.peak_reserved_bytes) {
-                        best_effort = Some(p);
-                    }
-                }
-            }
-        }
-    }
-    let changes = |c: &Candidate| {
-        usize::from(c.amp != config.amp.map(|a| a.name()))
-            + usize::from(c.checkpoint_activations != config.checkpoint_activations)
-            + usize::from(c.alloc_conf != target.config.to_string())
-    };
-    fitting.sort_by(|a, b| {
-        a.relative_cost
-            .total_cmp(&b.relative_cost)
-            .then(changes(a).cmp(&changes(b)))
-            .then(a.peak_reserved_bytes.cmp(&b.peak_reserved_bytes))
-    });
-    let advice = if fitting.is_empty() {
-        Some(nothing_fits_advice(workload, config, target, best_effort.as_ref())?)
-    } else {
-        None
-    };
-    Ok(TargetBatchPlan { target_batch: effective, fitting, advice })
-}
-
-/// The smallest change that makes the leanest plan (micro-batch 1, bf16, checkpointing) fit: a
-/// larger card from the catalogue, or a smaller model when none is large enough.
-fn nothing_fits_advice(
-    workload: &dyn Workload,
-    config: &StepConfig,
-    target: &Target,
-    leanest: Option<&MemoryPlan>,
-) -> Result<String, PlanError> {
-    let lean = StepConfig {
-        batch: 1,
-        accum_steps: 1,
-        amp: Some(AmpMode::Bf16),
-        checkpoint_activations: true,
-        ..config.clone()
-    };
-    let trace = record(workload, &lean)?;
-    let mut cards: Vec<_> = ferrite_memory::GpuProfile::catalogue()
-        .into_iter()
-        .filter(|p| p.total_bytes > target.profile.total_bytes)
-        .collect();
-    cards.sort_by_key(|p| p.total_bytes);
-    for card in cards {
-        let t = Target { profile: card.clone(), ..target.clone() };
-        if evaluate(&trace, &t)?.fits {
-            return Ok(format!(
-                "nothing fits on {}; the smallest change: micro-batch 1 with --amp bf16 and --checkpoint-activations on sim:{} ({})",
-                target.device_name(),
-                card.key,
-                card.name
-            ));
-        }
-    }
-    let need = leanest.map_or(0, |p| p.peak_reserved_bytes);
-    Ok(format!(
-        "nothing fits on {} nor on any card of the catalogue: the leanest plan still needs {} bytes; the model states (parameters, gradients, optimizer state) must shrink: a smaller model, or an optimizer with less state (--optimizer sgd)",
-        target.device_name(),
-        need
-    ))
+    let w = way_forward(workload, variants, config, target, Some(effective))?;
+    Ok(TargetBatchPlan { target_batch: effective, fitting: w.routes.clone(), advice: w.nothing_fits(), way_forward: w })
 }
 
 /// One remedy for a step that does not fit: the change and what it saves for this model.
@@ -401,16 +286,4 @@ pub fn remedies(workload: &dyn Workload, config: &StepConfig, target: &Target) -
         b.fits.cmp(&a.fits).then(b.saves_bytes.cmp(&a.saves_bytes)).then(a.raises_bytes.cmp(&b.raises_bytes))
     });
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recompute_and_micro_steps_cost_more() {
-        assert_eq!(relative_cost(1, false), 1.0);
-        assert!((relative_cost(1, true) - 4.0 / 3.0).abs() < 1e-12);
-        assert!(relative_cost(4, false) > relative_cost(2, false));
-    }
 }

@@ -42,6 +42,17 @@ impl Phase {
             Phase::OptimizerStep => "optimizer step",
         }
     }
+
+    /// Where in the run a point of this phase is, as the end of a sentence: "while building the
+    /// model", "in the backward pass of step 2".
+    pub fn during(self, step: usize) -> String {
+        match self {
+            Phase::Build => "while building the model (its parameters and buffers)".into(),
+            Phase::Forward => format!("in the forward pass of step {step}"),
+            Phase::Backward => format!("in the backward pass of step {step}"),
+            Phase::OptimizerStep => format!("in the optimizer step of step {step}"),
+        }
+    }
 }
 
 /// A point in the recorded history.

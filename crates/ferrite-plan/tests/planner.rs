@@ -150,6 +150,57 @@ fn when_nothing_fits_the_advice_names_the_smallest_card_that_would() {
     let tb = target_batch(&w, &StepConfig::new(1), &target("sim:512MiB"), 1).unwrap();
     assert!(tb.fitting.is_empty());
     let advice = tb.advice.unwrap();
-    assert!(advice.contains("nothing fits") && advice.contains("sim:a100-40gb-mig-1g.5gb"), "{advice}");
+    assert!(advice.contains("nothing ferrite can run fits") && advice.contains("sim:a100-40gb-mig-1g.5gb"), "{advice}");
+    assert!(!advice.contains(" bytes"), "sizes are human-readable: {advice}");
     assert!(evaluate(&record(&w, &StepConfig::new(1)).unwrap(), &target("sim:t4-16gb")).unwrap().fits);
+}
+
+#[test]
+fn way_forward_routes_fit_and_a_variant_ranks_by_what_it_trains() {
+    use ferrite_plan::{Variant, way_forward};
+    use std::sync::Arc;
+    let t = target("sim:64MiB");
+    let config = StepConfig::new(256);
+    assert!(!plan(&tiny(), &config, &t).unwrap().fits, "the premise: batch 256 does not fit in 64 MiB");
+    // A stand-in for adapters: the same family at seq 8, trained "adapters only".
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-llama-gqa.json");
+    let short = HfDecoder::new(HfConfig::from_file(&path).unwrap(), 8).unwrap();
+    let variant = Variant {
+        label: "shorter sequences".into(),
+        flags: vec!["--seq".into(), "8".into()],
+        workload: Arc::new(short),
+        gpus: 1,
+        adapters_only: true,
+        compute: 0.5,
+    };
+    let w = way_forward(&tiny(), std::slice::from_ref(&variant), &config, &t, None).unwrap();
+    assert!(w.nothing_fits().is_none());
+    assert!(!w.routes.is_empty());
+    let first_variant = w.routes.iter().position(|r| r.variant.is_some()).expect("the variant fits too");
+    assert!(w.routes[..first_variant].iter().all(|r| !r.adapters_only && r.variant.is_none()));
+    assert!(w.routes[first_variant..].iter().all(|r| r.adapters_only), "{:?}", w.routes);
+    for r in &w.routes {
+        assert!(r.fits && r.peak_reserved_bytes <= t.usable_bytes());
+        assert_eq!(r.micro_batch * r.accum_steps, 256);
+        assert!(r.flags.windows(2).any(|f| f[0] == "--batch-size" && f[1] == r.micro_batch.to_string()));
+        if r.variant.is_some() {
+            assert!(r.flags.ends_with(&variant.flags), "{:?}", r.flags);
+        }
+    }
+    // The cheapest route of the model itself, planned again from its own settings, has its peak.
+    let r = &w.routes[0];
+    let again = StepConfig {
+        batch: r.micro_batch,
+        accum_steps: r.accum_steps,
+        amp: r.amp.map(|a| if a == "bf16" { AmpMode::Bf16 } else { AmpMode::F16 }),
+        checkpoint_activations: r.checkpoint_activations,
+        ..config.clone()
+    };
+    let mut cfg = AllocatorConfig::default();
+    if !r.alloc_conf.is_empty() {
+        cfg.apply(&r.alloc_conf).unwrap();
+    }
+    let p = plan(&tiny(), &again, &Target { config: cfg, ..t.clone() }).unwrap();
+    assert!(p.fits);
+    assert_eq!(p.peak_reserved_bytes, r.peak_reserved_bytes);
 }

@@ -180,6 +180,15 @@ fn offload_name(o: OffloadArg) -> &'static str {
     }
 }
 
+/// `word` as one shell word (quoted when it holds anything but plain path characters).
+fn shell_word(word: &str) -> String {
+    if !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@".contains(c)) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// Largest model `--measure` runs for real: its predicted peak reserved, against host memory.
 const MEASURE_LIMIT: u64 = 6 << 30;
 
@@ -203,6 +212,52 @@ impl PlanArgs {
     /// The target GPU with the allocator settings and fraction of the flags.
     pub fn target(&self) -> Result<Target, PlanError> {
         ferrite_train::planned::target(&self.device, self.alloc_conf.as_deref(), self.memory_fraction)
+    }
+
+    /// The changes the planner cannot build by itself that the way forward also tries (LoRA
+    /// adapters on a Hugging Face model).
+    pub fn variants(&self) -> Result<Vec<ferrite_plan::Variant>, PlanError> {
+        Ok(Vec::new())
+    }
+
+    /// `ferrite train` with this plan's model and device, to which a route's step flags are added.
+    pub fn train_command(&self) -> String {
+        let mut c = vec!["ferrite train".to_string()];
+        let hf = self.hf_model.is_some() || self.hf_config.is_some();
+        if let Some(dir) = &self.hf_model {
+            c.push(format!("--hf-model {}", shell_word(&dir.display().to_string())));
+        } else if self.hf_config.is_some() {
+            // The planner read a config.json; training needs the folder with it and the weights.
+            c.push("--hf-model <folder of this config.json and its weights>".into());
+        } else {
+            c.push(format!("--model {}", self.model.name()));
+            let d = ModelArgs::default();
+            if let Some(h) = self.shape.hidden {
+                c.push(format!("--hidden {h}"));
+            }
+            if let Some(l) = self.shape.layers {
+                c.push(format!("--layers {l}"));
+            }
+            if self.model == ModelKind::Transformer {
+                if self.shape.d_model != d.d_model {
+                    c.push(format!("--d-model {}", self.shape.d_model));
+                }
+                if self.shape.heads != d.heads {
+                    c.push(format!("--heads {}", self.shape.heads));
+                }
+            }
+            if self.shape.dropout != d.dropout {
+                c.push(format!("--dropout {}", self.shape.dropout));
+            }
+            if !self.model.is_language_model() && self.dataset != "digits" {
+                c.push(format!("--dataset {}", self.dataset));
+            }
+        }
+        if (hf || self.model.is_language_model()) && self.shape.seq != ModelArgs::default().seq {
+            c.push(format!("--seq {}", self.shape.seq));
+        }
+        c.push(format!("--device {}", shell_word(&self.device)));
+        c.join(" ")
     }
 
     /// The model to plan.
@@ -266,8 +321,8 @@ pub fn run(args: PlanArgs) -> CliResult {
         return Ok(());
     }
     if let Some(n) = args.target_batch {
-        let t = ferrite_plan::target_batch(w, &config, &target, n)?;
-        render::target_batch(&t, &target, args.json);
+        let t = ferrite_plan::target_batch_with(w, &args.variants()?, &config, &target, n)?;
+        render::target_batch(&t, &args.train_command(), args.json);
         return Ok(());
     }
     if let Some(n) = args.jobs {
@@ -295,13 +350,17 @@ pub fn run(args: PlanArgs) -> CliResult {
             Err(e) => return Err(e.into()),
         }
     }
+    // A step that does not fit gets every way ferrite can run it that does.
+    let forward =
+        if plan.fits { None } else { Some(ferrite_plan::way_forward(w, &args.variants()?, &config, &target, None)?) };
+    let command = args.train_command();
     match &zero {
         Some(setup) => {
             let sizes = ferrite_plan::ModelSizes::of_workload(w, &config)?;
             let report = ferrite_plan::zero_report(&sizes, &trace, setup);
-            render::plan_with_zero(&plan, &report, args.json);
+            render::plan_with_zero(&plan, &report, forward.as_ref(), &command, args.json);
         }
-        None => render::plan(&plan, args.json),
+        None => render::plan(&plan, forward.as_ref(), &command, args.json),
     }
     if let (Some(path), Some(format)) = (&args.plot, plot_format) {
         write_plot(path, format, &trace, &plan, &target)?;

@@ -1,6 +1,9 @@
 //! Text and JSON output of `ferrite plan`.
+use ferrite_memory::OomDiagnosis;
 use ferrite_memory::format_size;
-use ferrite_plan::{BatchSearch, JobsPlan, MemoryPlan, Target, TargetBatchPlan, ZeroReport, ZeroStage};
+use ferrite_plan::{
+    BatchSearch, JobsPlan, LayerBytes, MemoryPlan, Route, Target, TargetBatchPlan, WayForward, ZeroReport, ZeroStage,
+};
 
 fn json(v: &impl serde::Serialize) {
     match serde_json::to_string_pretty(v) {
@@ -37,11 +40,39 @@ fn pct(pred: u64, meas: u64) -> String {
     format!("{:+.2}%", (pred as f64 - meas as f64) / meas as f64 * 100.0)
 }
 
-/// One plan, as text or JSON.
-pub fn plan(p: &MemoryPlan, as_json: bool) {
-    if as_json {
-        return json(p);
+/// The plan's JSON object, with the way forward under `way_forward` when it does not fit.
+fn plan_value(p: &MemoryPlan, forward: Option<&WayForward>) -> Option<serde_json::Value> {
+    let mut v = match serde_json::to_value(p) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: cannot write JSON: {e}");
+            return None;
+        }
+    };
+    if let (Some(obj), Some(f)) = (v.as_object_mut(), forward)
+        && let Ok(fv) = serde_json::to_value(f)
+    {
+        obj.insert("way_forward".into(), fv);
     }
+    Some(v)
+}
+
+/// One plan, as text or JSON; `forward` (when it does not fit) with `command`, the `ferrite
+/// train` command its routes' flags complete.
+pub fn plan(p: &MemoryPlan, forward: Option<&WayForward>, command: &str, as_json: bool) {
+    if as_json {
+        if let Some(v) = plan_value(p, forward) {
+            json(&v);
+        }
+        return;
+    }
+    plan_text(p);
+    if let Some(f) = forward {
+        way_forward(f, command);
+    }
+}
+
+fn plan_text(p: &MemoryPlan) {
     println!("ferrite plan: {} — {} parameters", p.model, p.parameters);
     println!(
         "  on {} ({}, {} total, {} CUDA context): {}",
@@ -68,12 +99,14 @@ pub fn plan(p: &MemoryPlan, as_json: bool) {
             signed(-p.headroom_bytes)
         );
         if let Some(o) = &p.oom {
+            let why = match o.diagnosis {
+                OomDiagnosis::Exhausted => "the live tensors and this request need more than the card has",
+                OomDiagnosis::Fragmented => "enough memory is free in total, but not in one piece",
+            };
             println!(
-                "  it runs out of memory in the {} of step {} asking for {} ({})",
-                o.phase.name(),
-                o.step,
+                "  it runs out of memory {}, asking for {}: {why}",
+                o.phase.during(o.step),
                 format_size(o.requested_bytes),
-                o.diagnosis
             );
         }
     }
@@ -83,19 +116,19 @@ pub fn plan(p: &MemoryPlan, as_json: bool) {
     }
     println!("    {:<32} {:>12}", "device total", format_size(p.peak_reserved_bytes + p.breakdown.context_overhead));
     if let Some(s) = &p.peak_at {
-        let layer = s.layer.as_deref().map(|l| format!(", {l}")).unwrap_or_default();
+        let layer = s.layer.as_deref().map(|l| format!(", in {l}")).unwrap_or_default();
         println!(
-            "  peak at: {} of step {}{layer}, op {} allocating {}",
-            s.phase.name(),
-            s.step,
+            "  the peak is {}{layer}, op {} allocating {}",
+            s.phase.during(s.step),
             if s.op.is_empty() { "?" } else { &s.op },
             format_size(s.bytes)
         );
     }
     if p.activations_by_layer.len() > 1 {
         println!("  activations saved for backward, by layer:");
-        for l in &p.activations_by_layer {
-            println!("    {:<32} {:>12}", l.layer, format_size(l.bytes));
+        for (name, bytes, count) in collapse_layers(&p.activations_by_layer) {
+            let each = if count > 1 { " each" } else { "" };
+            println!("    {name:<32} {:>12}{each}", format_size(bytes));
         }
     }
     if let (Some(a), Some(r)) = (p.measured_peak_allocated_bytes, p.measured_peak_reserved_bytes) {
@@ -209,35 +242,85 @@ pub fn batch_search(s: &BatchSearch, as_json: bool) {
     }
 }
 
-pub fn target_batch(t: &TargetBatchPlan, target: &Target, as_json: bool) {
+pub fn target_batch(t: &TargetBatchPlan, command: &str, as_json: bool) {
     if as_json {
         return json(t);
     }
-    println!("ferrite plan --target-batch {} on {}:", t.target_batch, target.device_name());
-    if let Some(a) = &t.advice {
-        println!("  {a}");
+    println!("ferrite plan --target-batch {} on {}:", t.target_batch, t.way_forward.device);
+    way_forward(&t.way_forward, command);
+}
+
+/// Routes shown in text (the JSON carries all of them).
+const ROUTES_SHOWN: usize = 8;
+
+/// The ranked ways to make a step fit, each with its peak and the command that runs it; or, when
+/// nothing ferrite can run fits, the closest plan and by how much it misses.
+pub fn way_forward(w: &WayForward, command: &str) {
+    if let Some(nothing) = w.nothing_fits() {
+        println!("  {nothing}");
+        if let Some(c) = &w.closest {
+            println!("    closest: {} {}", command, c.flags.join(" "));
+        }
         return;
     }
     println!(
-        "  {:>4}  {:>6} x {:<5}  {:<5}  {:<5}  {:<26}  {:>12}  {:>5}",
-        "rank", "micro", "accum", "amp", "ckpt", "alloc-conf", "peak resv", "cost"
+        "  ways to make it fit, effective batch {}, each planned on {} ({} usable), best first:",
+        w.effective_batch,
+        w.device,
+        format_size(w.usable_bytes)
     );
-    for (i, c) in t.fitting.iter().enumerate() {
+    for (i, r) in w.routes.iter().take(ROUTES_SHOWN).enumerate() {
+        println!("  {:>3}. {}", i + 1, route_summary(r));
         println!(
-            "  {:>4}  {:>6} x {:<5}  {:<5}  {:<5}  {:<26}  {:>12}  {:>5.2}",
-            i + 1,
-            c.micro_batch,
-            c.accum_steps,
-            c.amp.unwrap_or("off"),
-            if c.checkpoint_activations { "on" } else { "off" },
-            if c.alloc_conf.is_empty() { "(default)" } else { &c.alloc_conf },
-            format_size(c.peak_reserved_bytes),
-            c.relative_cost
+            "       peak reserved {} (headroom {}), compute {:.2}x{}",
+            format_size(r.peak_reserved_bytes),
+            signed(r.headroom_bytes),
+            r.relative_cost,
+            if r.gpus > 1 { format!(" over {} GPUs", r.gpus) } else { String::new() }
         );
+        println!("       {} {}", command, r.flags.join(" "));
+    }
+    if w.routes.len() > ROUTES_SHOWN {
+        println!("  ... and {} more (--json lists every route)", w.routes.len() - ROUTES_SHOWN);
     }
     println!(
-        "  cost: compute per effective batch relative to one plain step (recompute +1/3, +2% per extra micro-step)"
+        "  ranked: the same training on one GPU first, then on more GPUs, then adapters only; then by compute per effective batch (recompute +1/3, +2% per extra micro-step)"
     );
+}
+
+fn route_summary(r: &Route) -> String {
+    if r.changes.is_empty() { "as asked".into() } else { r.changes.join(", ") }
+}
+
+/// Activation lines with runs of numbered layers of equal size collapsed:
+/// `model.layers.0–31  821.27 MiB each`.
+pub fn collapse_layers(layers: &[LayerBytes]) -> Vec<(String, u64, usize)> {
+    fn numbered(name: &str) -> Option<(&str, usize)> {
+        let (prefix, index) = name.rsplit_once('.')?;
+        Some((prefix, index.parse().ok()?))
+    }
+    let mut out: Vec<(String, u64, usize)> = Vec::new();
+    let mut i = 0;
+    while i < layers.len() {
+        let l = &layers[i];
+        let mut j = i + 1;
+        if let Some((prefix, first)) = numbered(&l.layer) {
+            while j < layers.len()
+                && layers[j].bytes == l.bytes
+                && numbered(&layers[j].layer) == Some((prefix, first + (j - i)))
+            {
+                j += 1;
+            }
+            if j - i > 1 {
+                out.push((format!("{prefix}.{first}\u{2013}{}", first + (j - i) - 1), l.bytes, j - i));
+                i = j;
+                continue;
+            }
+        }
+        out.push((l.layer.clone(), l.bytes, 1));
+        i += 1;
+    }
+    out
 }
 
 pub fn jobs(j: &JobsPlan, target: &Target, as_json: bool) {
@@ -267,19 +350,19 @@ pub fn jobs(j: &JobsPlan, target: &Target, as_json: bool) {
 
 /// A plan with `--zero`: the plan, then DeepSpeed's ZeRO model-state estimate of its model beside
 /// ferrite's own model states (JSON: the plan's object with a `zero` key).
-pub fn plan_with_zero(p: &MemoryPlan, z: &ZeroReport, as_json: bool) {
+pub fn plan_with_zero(p: &MemoryPlan, z: &ZeroReport, forward: Option<&WayForward>, command: &str, as_json: bool) {
     if as_json {
-        let mut v = match serde_json::to_value(p) {
-            Ok(v) => v,
-            Err(e) => return eprintln!("error: cannot write JSON: {e}"),
-        };
+        let Some(mut v) = plan_value(p, forward) else { return };
         if let (Some(obj), Ok(zv)) = (v.as_object_mut(), serde_json::to_value(z)) {
             obj.insert("zero".into(), zv);
         }
         return json(&v);
     }
-    plan(p, false);
+    plan_text(p);
     zero(z);
+    if let Some(f) = forward {
+        way_forward(f, command);
+    }
 }
 
 fn zero(z: &ZeroReport) {
@@ -326,6 +409,37 @@ fn zero(z: &ZeroReport) {
             format_size(d.deepspeed_bytes),
             format_size(d.ferrite_bytes),
             d.reason
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, bytes: u64) -> LayerBytes {
+        LayerBytes { layer: name.into(), bytes }
+    }
+
+    #[test]
+    fn equal_numbered_layers_collapse_into_one_line() {
+        let layers = [
+            layer("embed", 10),
+            layer("layers.0", 5),
+            layer("layers.1", 5),
+            layer("layers.2", 5),
+            layer("layers.3", 6),
+            layer("head", 10),
+        ];
+        let lines = collapse_layers(&layers);
+        assert_eq!(
+            lines,
+            vec![
+                ("embed".to_string(), 10, 1),
+                ("layers.0\u{2013}2".to_string(), 5, 3),
+                ("layers.3".to_string(), 6, 1),
+                ("head".to_string(), 10, 1),
+            ]
         );
     }
 }

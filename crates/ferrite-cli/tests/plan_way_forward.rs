@@ -1,0 +1,96 @@
+//! `ferrite plan` on a step that does not fit: the ranked ways to make it fit, each a command
+//! whose flags, planned again, fit with the peak the route promised; and when nothing ferrite can
+//! run fits, the closest plan in human-readable sizes.
+use std::process::Command;
+
+fn ferrite(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).output().expect("run ferrite");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn data(name: &str) -> String {
+    format!("{}/../ferrite-plan/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// GPT-2 small at seq 1024, batch 16, on a T4: 52 GiB of activations, so it does not fit as asked.
+fn gpt2_on_t4() -> Vec<String> {
+    ["plan", "--hf-config", &data("gpt2.json"), "--seq", "1024", "--device", "sim:t4-16gb"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn run_json(args: &[String]) -> serde_json::Value {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out, err) = ferrite(&refs);
+    assert!(ok, "ferrite {}: {err}", args.join(" "));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn every_route_replanned_with_its_own_flags_fits_with_the_promised_peak() {
+    let mut args = gpt2_on_t4();
+    args.extend(["--batch", "16", "--json"].map(String::from));
+    let j = run_json(&args);
+    assert_eq!(j["fits"], false, "the premise: batch 16 does not fit");
+    let routes = j["way_forward"]["routes"].as_array().expect("routes");
+    assert!(!routes.is_empty(), "{}", j["way_forward"]);
+    let costs: Vec<f64> = routes.iter().map(|r| r["relative_cost"].as_f64().unwrap()).collect();
+    assert!(costs.windows(2).all(|w| w[0] <= w[1]), "ranked by cost: {costs:?}");
+    for r in routes {
+        assert_eq!(r["fits"], true);
+        assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accum_steps"].as_u64().unwrap(), 16, "{r}");
+        // The route's flags are `ferrite train` flags that `ferrite plan` accepts too.
+        let mut again = gpt2_on_t4();
+        again.extend(r["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()));
+        again.push("--json".into());
+        let p = run_json(&again);
+        assert_eq!(p["fits"], true, "{again:?}");
+        // Accumulation's memory is that of two micro-steps for any count from 2 on, so the route
+        // (planned with two) promises the peak of the full count.
+        assert_eq!(p["peak_reserved_bytes"], r["peak_reserved_bytes"], "{again:?}");
+    }
+}
+
+#[test]
+fn text_lists_the_ways_with_their_commands_and_collapses_equal_layers() {
+    let mut args = gpt2_on_t4();
+    args.extend(["--batch", "16"].map(String::from));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out, err) = ferrite(&refs);
+    assert!(ok, "{err}");
+    assert!(out.contains("DOES NOT FIT") && out.contains("ways to make it fit"), "{out}");
+    assert!(out.contains("ferrite train --hf-model"), "{out}");
+    assert!(out.contains("--batch-size"), "{out}");
+    // Twelve equal blocks are one line.
+    assert!(out.contains("transformer.h.0\u{2013}11") && out.contains(" each"), "{out}");
+    assert!(!out.contains("transformer.h.5 "), "{out}");
+    // Where it runs out reads as a sentence.
+    assert!(out.contains("it runs out of memory in the forward pass of step 1"), "{out}");
+}
+
+#[test]
+fn when_nothing_fits_it_says_by_how_much_in_readable_sizes() {
+    let (ok, out, err) = ferrite(&[
+        "plan",
+        "--hf-config",
+        &data("mistral-7b.json"),
+        "--seq",
+        "2048",
+        "--batch",
+        "1",
+        "--device",
+        "sim:rtx4090-24gb",
+        "--target-batch",
+        "2",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("nothing ferrite can run fits on sim:rtx4090-24gb"), "{out}");
+    assert!(out.contains("GiB more than the"), "{out}");
+    assert!(!out.contains(" bytes"), "sizes must be human-readable: {out}");
+    assert!(out.contains("closest: ferrite train"), "{out}");
+}
