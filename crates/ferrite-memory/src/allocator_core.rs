@@ -7,14 +7,17 @@
 //! `max_split_size`, the OOM recovery ladder (garbage collection, release oversize blocks, release
 //! everything cached and retry) and the statistics updates in the same places.
 //!
-//! Two parts live in modules of their own, as `impl AllocatorCore` blocks over the same fields:
+//! Three parts live in modules of their own, as `impl AllocatorCore` blocks over the same fields:
 //! [`expandable_segments`] (PyTorch's `expandable_segments:True` path: address space reserved
-//! once, pages mapped and unmapped on demand) and [`inspection`] (the memory snapshot and the
-//! consistency check that recomputes every statistic from the blocks).
+//! once, pages mapped and unmapped on demand), [`stream_uses`] (`record_stream`: a block used on
+//! other streams waits for their events before it is reused) and [`inspection`] (the memory
+//! snapshot and the consistency check that recomputes every statistic from the blocks).
 
 mod expandable_segments;
 mod inspection;
+mod stream_uses;
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::Location;
 use std::ptr::NonNull;
 
@@ -85,6 +88,16 @@ pub(crate) struct AllocatorCore {
     /// Open memory-scope watermarks: (id, peak allocated, peak reserved).
     watermarks: Vec<(u64, u64, u64)>,
     next_watermark: u64,
+    /// Streams other than its own that a live block was used on (`record_stream`), by block.
+    stream_uses: HashMap<u32, Vec<u32>>,
+    /// Events recorded when blocks used on other streams were freed, per stream in recording
+    /// order, with the block each one holds back (PyTorch's `cuda_events`).
+    pending_events: BTreeMap<u32, VecDeque<(u64, u32)>>,
+    /// Events outstanding per freed block that still waits (PyTorch's `event_count`).
+    event_count: HashMap<u32, u32>,
+    /// Freed blocks whose events could not be recorded or waited for (a lost device): never
+    /// reused.
+    unrecoverable_pending: Vec<u32>,
 }
 
 impl AllocatorCore {
@@ -109,6 +122,10 @@ impl AllocatorCore {
             expandable_live: 0,
             watermarks: Vec::new(),
             next_watermark: 0,
+            stream_uses: HashMap::new(),
+            pending_events: BTreeMap::new(),
+            event_count: HashMap::new(),
+            unrecoverable_pending: Vec::new(),
         }
     }
 
@@ -263,6 +280,7 @@ impl AllocatorCore {
         }
         let size = round_size(orig, &self.config.roundup_power2_divisions);
         let small = is_small(size);
+        self.process_events();
 
         let mut found = self.get_free_block(small, stream, size);
         let alloc_size = allocation_size(size);
@@ -521,7 +539,12 @@ impl AllocatorCore {
         if oversize {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.free_block(idx);
+        let uses = self.take_stream_uses(idx);
+        if !uses.is_empty() && self.raw.asynchronous_streams() {
+            self.insert_events(idx, uses);
+        } else {
+            self.free_block(idx);
+        }
     }
 
     /// Return a block to its pool, merging it with free neighbours.
@@ -581,7 +604,7 @@ impl AllocatorCore {
             return 0;
         }
         let s = &self.arena[src];
-        if s.allocated || s.mapped != self.arena[dst].mapped {
+        if s.allocated || s.mapped != self.arena[dst].mapped || self.is_pending_free(src) {
             return 0;
         }
         let key = FreeKey::of(src, s);
@@ -662,6 +685,7 @@ impl AllocatorCore {
 
     /// `empty_cache` and the last rung of the OOM ladder.
     pub fn release_cached_blocks(&mut self) {
+        self.synchronize_and_free_events();
         self.stats.num_sync_all_streams += 1;
         self.release_blocks(false);
         self.release_blocks(true);
@@ -820,6 +844,8 @@ impl AllocatorCore {
 
 impl Drop for AllocatorCore {
     fn drop(&mut self) {
+        // Other streams may still use blocks freed on this allocator: wait before returning memory.
+        self.synchronize_and_free_events();
         self.release_everything();
     }
 }

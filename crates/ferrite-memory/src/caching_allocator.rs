@@ -352,6 +352,26 @@ impl std::fmt::Debug for Block {
     }
 }
 
+impl Block {
+    /// Mark this block as used by work queued on `stream` too (PyTorch's
+    /// `Tensor.record_stream`): when it is freed, the allocator records an event on `stream`
+    /// and hands the memory out again only after that event has completed. Needed when a tensor
+    /// allocated on one stream is read or written by kernels on another, e.g. a copy stream.
+    /// Devices whose streams are synchronous (host, `sim`, `meta`) reuse it at once.
+    pub fn record_stream(&self, stream: u32) {
+        if self.idx != NIL {
+            self.shared.core.lock().record_stream(self.idx, stream);
+        }
+    }
+}
+
+impl CachingAllocator {
+    /// Blocks freed by their callers that still wait for events on other streams.
+    pub fn pending_free_blocks(&self) -> usize {
+        self.shared.core.lock().pending_free_blocks()
+    }
+}
+
 impl Drop for Block {
     #[inline]
     fn drop(&mut self) {

@@ -30,6 +30,7 @@ mod block_pool;
 mod caching_allocator;
 mod capacity;
 mod config;
+pub mod cuda;
 mod device;
 mod device_kind;
 mod error;

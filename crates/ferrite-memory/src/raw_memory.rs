@@ -96,6 +96,26 @@ pub trait RawMemory: Send {
     fn supports_expandable_segments(&self) -> bool {
         true
     }
+    /// Whether work queued on a stream may still run after the call that queued it returns
+    /// (CUDA). Only then does a block used on other streams (`record_stream`) wait for events
+    /// before it is reused; on host-backed devices every op has finished when it returns.
+    fn asynchronous_streams(&self) -> bool {
+        false
+    }
+    /// Record an event after the work queued so far on `stream` (`cuEventRecord`); its id.
+    fn record_event(&mut self, _stream: u32) -> Result<u64, RawAllocError> {
+        Err(RawAllocError::Unsupported)
+    }
+    /// Whether the event's work has finished, without waiting (`cuEventQuery`).
+    fn event_done(&mut self, _event: u64) -> Result<bool, RawAllocError> {
+        Ok(true)
+    }
+    /// Wait until the event's work has finished (`cuEventSynchronize`).
+    fn event_wait(&mut self, _event: u64) -> Result<(), RawAllocError> {
+        Ok(())
+    }
+    /// Give the event back (the backend may pool it, as PyTorch does).
+    fn destroy_event(&mut self, _event: u64) {}
 }
 
 /// Host address space reserved without backing (`mmap` with `PROT_NONE`); pages become usable

@@ -26,19 +26,29 @@ impl AllocatorCore {
                 }
                 let address = self.arena[i].addr;
                 let mut blocks = Vec::new();
-                let (mut total, mut allocated, mut requested) = (0, 0, 0);
+                let (mut total, mut allocated, mut requested, mut pending_bytes) = (0, 0, 0, 0);
                 while i != NIL && self.arena[i].mapped {
                     let b = &self.arena[i];
                     total += b.size;
+                    let pending = self.is_pending_free(i);
                     if b.allocated {
                         allocated += b.size;
                         requested += b.requested;
+                    }
+                    if pending {
+                        pending_bytes += b.size;
                     }
                     blocks.push(BlockSnapshot {
                         address: b.addr,
                         size: b.size,
                         requested_size: b.requested,
-                        state: if b.allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
+                        state: if b.allocated {
+                            BlockState::ActiveAllocated
+                        } else if pending {
+                            BlockState::ActivePendingFree
+                        } else {
+                            BlockState::Inactive
+                        },
                         frames: b.location.map(Frame::from_location).into_iter().collect(),
                     });
                     i = b.next;
@@ -48,7 +58,7 @@ impl AllocatorCore {
                     address,
                     total_size: total,
                     allocated_size: allocated,
-                    active_size: allocated,
+                    active_size: allocated + pending_bytes,
                     requested_size: requested,
                     stream: seg.stream,
                     segment_type: if seg.small { "small" } else { "large" }.to_string(),
@@ -112,7 +122,14 @@ impl AllocatorCore {
                 {
                     return Err(format!("segment {si}: broken block chain at block {i}"));
                 }
-                if prev != NIL && !b.allocated && !self.arena[prev].allocated && b.mapped == self.arena[prev].mapped {
+                let pending = self.is_pending_free(i);
+                if prev != NIL
+                    && !b.allocated
+                    && !pending
+                    && !self.arena[prev].allocated
+                    && !self.is_pending_free(prev)
+                    && b.mapped == self.arena[prev].mapped
+                {
                     return Err(format!("segment {si}: two adjacent free blocks were not merged"));
                 }
                 if seg.expandable && b.mapped {
@@ -126,6 +143,15 @@ impl AllocatorCore {
                     exp.requested_bytes.increase(b.small, b.requested);
                     if b.oversize {
                         exp.oversize_allocations.increase(1);
+                    }
+                } else if pending {
+                    // Freed by its caller, waiting for other streams: active, in no pool.
+                    exp.active.increase(b.small, 1);
+                    exp.active_bytes.increase(b.small, b.size);
+                    exp.requested_bytes.increase(b.small, b.requested);
+                    let pool = if b.small { &self.small } else { &self.large };
+                    if pool.set.contains(&FreeKey::of(i, b)) {
+                        return Err(format!("segment {si}: block {i} waits for events but is in its pool"));
                     }
                 } else if !b.mapped {
                     unmapped += 1;
