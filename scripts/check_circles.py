@@ -45,6 +45,7 @@ import tempfile
 LEVELS = {
     "ferrite-memory": 0,
     "ferrite-tensor": 1,
+    "ferrite-cuda": 1,
     "ferrite-nn": 2,
     "ferrite-optim": 3,
     "ferrite-data": 3,

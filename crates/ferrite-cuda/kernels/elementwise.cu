@@ -1,0 +1,86 @@
+// Elementwise kernels (f32): binary ops with broadcasting over up to 6 dimensions through strides
+// (a stride of 0 broadcasts), and unary ops on contiguous buffers. One thread per output element,
+// grid-stride loop so any launch size covers any length.
+
+#define FERRITE_MAX_DIMS 6
+
+// Shape of the output and the element strides of both inputs (0 where an input broadcasts).
+struct Broadcast {
+    int ndim;
+    long long shape[FERRITE_MAX_DIMS];
+    long long a_stride[FERRITE_MAX_DIMS];
+    long long b_stride[FERRITE_MAX_DIMS];
+};
+
+__device__ __forceinline__ void offsets(const Broadcast& g, long long i, long long* a, long long* b) {
+    long long oa = 0, ob = 0;
+    for (int d = g.ndim - 1; d >= 0; --d) {
+        long long idx = i % g.shape[d];
+        i /= g.shape[d];
+        oa += idx * g.a_stride[d];
+        ob += idx * g.b_stride[d];
+    }
+    *a = oa;
+    *b = ob;
+}
+
+#define FERRITE_BINARY(name, expr)                                                               \
+    extern "C" __global__ void name(long long n, Broadcast g, const float* __restrict__ a,        \
+                                    const float* __restrict__ b, float* __restrict__ out) {       \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long ia, ib;                                                                     \
+            offsets(g, i, &ia, &ib);                                                              \
+            float x = a[ia];                                                                      \
+            float y = b[ib];                                                                      \
+            out[i] = (expr);                                                                      \
+        }                                                                                         \
+    }
+
+FERRITE_BINARY(add_f32, x + y)
+FERRITE_BINARY(sub_f32, x - y)
+FERRITE_BINARY(mul_f32, x * y)
+FERRITE_BINARY(div_f32, x / y)
+FERRITE_BINARY(maximum_f32, fmaxf(x, y))
+FERRITE_BINARY(minimum_f32, fminf(x, y))
+FERRITE_BINARY(pow_f32, powf(x, y))
+
+#define FERRITE_UNARY(name, expr)                                                                \
+    extern "C" __global__ void name(long long n, const float* __restrict__ a,                     \
+                                    float* __restrict__ out) {                                    \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            float x = a[i];                                                                       \
+            out[i] = (expr);                                                                      \
+        }                                                                                         \
+    }
+
+FERRITE_UNARY(neg_f32, -x)
+FERRITE_UNARY(exp_f32, expf(x))
+FERRITE_UNARY(log_f32, logf(x))
+FERRITE_UNARY(sqrt_f32, sqrtf(x))
+FERRITE_UNARY(rsqrt_f32, rsqrtf(x))
+FERRITE_UNARY(relu_f32, x > 0.0f ? x : 0.0f)
+FERRITE_UNARY(sigmoid_f32, 1.0f / (1.0f + expf(-x)))
+FERRITE_UNARY(tanh_f32, tanhf(x))
+FERRITE_UNARY(silu_f32, x / (1.0f + expf(-x)))
+// PyTorch's gelu(approximate='none') and 'tanh' (GPT-2's gelu_new).
+FERRITE_UNARY(gelu_f32, 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)))
+FERRITE_UNARY(gelu_tanh_f32,
+              0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))))
+
+// out = a * alpha + b * beta (axpby), the building block of fused updates.
+extern "C" __global__ void axpby_f32(long long n, float alpha, const float* __restrict__ a, float beta,
+                                     const float* __restrict__ b, float* __restrict__ out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = a[i] * alpha + b[i] * beta;
+    }
+}
+
+extern "C" __global__ void fill_f32(long long n, float value, float* __restrict__ out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        out[i] = value;
+    }
+}

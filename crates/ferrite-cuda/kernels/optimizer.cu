@@ -1,0 +1,55 @@
+// Fused optimizer and loss-scaling kernels (f32), one thread per parameter element.
+
+// GradScaler: grads *= inv_scale, and *found_inf = 1 if any result is inf or NaN (PyTorch's
+// _amp_foreach_non_finite_check_and_unscale_).
+extern "C" __global__ void unscale_and_check_f32(long long n, float* __restrict__ grad, float inv_scale,
+                                                 float* __restrict__ found_inf) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float g = grad[i] * inv_scale;
+        grad[i] = g;
+        if (!isfinite(g)) *found_inf = 1.0f;
+    }
+}
+
+// AdamW (PyTorch's torch.optim.AdamW, amsgrad=False): decoupled weight decay, then the moments,
+// bias-corrected step. bias_correction1 = 1 - beta1^step, bias_correction2_sqrt = sqrt(1 - beta2^step),
+// computed on the host in double as PyTorch does. Skipped entirely when *found_inf != 0.
+extern "C" __global__ void adamw_step_f32(long long n, float* __restrict__ param, const float* __restrict__ grad,
+                                          float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, float lr,
+                                          float beta1, float beta2, float eps, float weight_decay,
+                                          float bias_correction1, float bias_correction2_sqrt,
+                                          const float* __restrict__ found_inf) {
+    if (found_inf && *found_inf != 0.0f) return;
+    float step_size = lr / bias_correction1;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float p = param[i] * (1.0f - lr * weight_decay);
+        float g = grad[i];
+        float m = exp_avg[i] + (g - exp_avg[i]) * (1.0f - beta1);
+        float v = exp_avg_sq[i] * beta2 + g * g * (1.0f - beta2);
+        exp_avg[i] = m;
+        exp_avg_sq[i] = v;
+        float denom = sqrtf(v) / bias_correction2_sqrt + eps;
+        param[i] = p - step_size * m / denom;
+    }
+}
+
+// SGD with momentum and dampening (PyTorch's torch.optim.SGD, nesterov optional). The first step
+// copies the gradient into the buffer (first_step != 0), as PyTorch does.
+extern "C" __global__ void sgd_step_f32(long long n, float* __restrict__ param, const float* __restrict__ grad,
+                                        float* __restrict__ momentum_buf, float lr, float momentum,
+                                        float dampening, float weight_decay, int nesterov, int first_step,
+                                        const float* __restrict__ found_inf) {
+    if (found_inf && *found_inf != 0.0f) return;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float g = grad[i] + weight_decay * param[i];
+        if (momentum != 0.0f) {
+            float b = first_step ? g : momentum_buf[i] * momentum + (1.0f - dampening) * g;
+            momentum_buf[i] = b;
+            g = nesterov ? g + momentum * b : b;
+        }
+        param[i] -= lr * g;
+    }
+}

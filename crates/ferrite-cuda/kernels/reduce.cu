@@ -1,0 +1,116 @@
+// Row reductions (f32) over the last dimension of a [rows, cols] buffer: one block per row,
+// FERRITE_BLOCK threads, each summing a strided slice of the row, then a fixed tree in shared
+// memory. The order of additions depends only on cols and the block size, never on timing: the
+// result is the same on every run (the CPU backend's reductions are deterministic too).
+
+#define FERRITE_BLOCK 256
+// -inf without <math.h> (NVRTC has no standard headers).
+#define FERRITE_NEG_INF (__int_as_float(0xff800000))
+
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+        __syncthreads();
+    }
+    float r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float block_max(float v, float* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = shared[0];
+    __syncthreads();
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+sum_rows_f32(long long rows, long long cols, const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* row = in + r * cols;
+        float acc = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) acc += row[c];
+        float total = block_sum(acc, shared);
+        if (threadIdx.x == 0) out[r] = total;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+max_rows_f32(long long rows, long long cols, const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* row = in + r * cols;
+        float acc = FERRITE_NEG_INF;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) acc = fmaxf(acc, row[c]);
+        float m = block_max(acc, shared);
+        if (threadIdx.x == 0) out[r] = m;
+    }
+}
+
+// Softmax over each row: max, then sum of exp(x - max), then the quotient (PyTorch's order).
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+softmax_rows_f32(long long rows, long long cols, const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = in + r * cols;
+        float* y = out + r * cols;
+        float m = FERRITE_NEG_INF;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
+        m = block_max(m, shared);
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
+        s = block_sum(s, shared);
+        float inv = 1.0f / s;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) y[c] = expf(x[c] - m) * inv;
+    }
+}
+
+// Backward of softmax: dx = y * (dy - sum(dy * y)).
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+softmax_rows_backward_f32(long long rows, long long cols, const float* __restrict__ y,
+                          const float* __restrict__ dy, float* __restrict__ dx) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* yr = y + r * cols;
+        const float* gr = dy + r * cols;
+        float dot = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) dot += yr[c] * gr[c];
+        dot = block_sum(dot, shared);
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) dx[r * cols + c] = yr[c] * (gr[c] - dot);
+    }
+}
+
+// Cross entropy of logits [rows, cols] against class indices (PyTorch's ignore_index skips a
+// row: loss 0, excluded from the count): loss[r] = logsumexp(x) - x[target]. A target outside
+// [0, cols) that is not ignore_index is a device-side error: the first such row + 1 is written to
+// *bad_row, which the host reads at the next synchronisation and reports with the op.
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+cross_entropy_rows_f32(long long rows, long long cols, const float* __restrict__ logits,
+                       const long long* __restrict__ target, long long ignore_index,
+                       float* __restrict__ loss, unsigned long long* __restrict__ bad_row) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = logits + r * cols;
+        long long t = target[r];
+        float m = FERRITE_NEG_INF;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
+        m = block_max(m, shared);
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
+        s = block_sum(s, shared);
+        if (threadIdx.x == 0) {
+            bool ignored = t == ignore_index;
+            bool valid = t >= 0 && t < cols;
+            if (!ignored && !valid) atomicCAS(bad_row, 0ull, (unsigned long long)(r + 1));
+            loss[r] = (ignored || !valid) ? 0.0f : logf(s) + m - x[t];
+        }
+    }
+}

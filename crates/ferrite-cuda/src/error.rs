@@ -1,0 +1,22 @@
+//! The one error type of the CUDA crate.
+use thiserror::Error;
+
+/// Every failure of the CUDA backend; each says what to do.
+#[derive(Debug, Error)]
+pub enum CudaError {
+    /// NVRTC (the run-time CUDA C compiler) is not installed where ferrite looks.
+    #[error(
+        "NVRTC (libnvrtc) was not found; looked in: {searched}. Install it with `python3 -m pip install nvidia-cuda-nvrtc` or a CUDA toolkit, or set {env} to the path of libnvrtc.so"
+    )]
+    NvrtcNotFound { searched: String, env: &'static str },
+    /// A library file was found but could not be loaded.
+    #[error("cannot load {path}: {reason}")]
+    NvrtcUnloadable { path: String, reason: String },
+    /// A kernel source did not compile (or compiled with warnings, which ferrite treats as
+    /// errors); the log is NVRTC's.
+    #[error("kernel source {source_name} does not compile for {arch}:\n{log}")]
+    CompileFailed { source_name: String, arch: String, log: String },
+    /// An NVRTC call failed outside compilation.
+    #[error("{call} failed: {reason}")]
+    Nvrtc { call: &'static str, reason: String },
+}

@@ -1,0 +1,68 @@
+//! The CUDA C sources of the kernels, one file per family under `kernels/`, embedded in the
+//! binary so that a machine with only the `ferrite` executable can compile them for its GPU.
+
+/// One kernel source file.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// The file name under `kernels/`, e.g. `elementwise.cu`.
+    pub name: &'static str,
+    pub code: &'static str,
+    /// The `extern "C"` kernels it defines (what the backend looks up after loading it).
+    pub kernels: &'static [&'static str],
+}
+
+/// Every kernel source of the CUDA backend.
+pub const KERNEL_SOURCES: &[KernelSource] = &[
+    KernelSource {
+        name: "elementwise.cu",
+        code: include_str!("../kernels/elementwise.cu"),
+        kernels: &[
+            "add_f32",
+            "sub_f32",
+            "mul_f32",
+            "div_f32",
+            "maximum_f32",
+            "minimum_f32",
+            "pow_f32",
+            "neg_f32",
+            "exp_f32",
+            "log_f32",
+            "sqrt_f32",
+            "rsqrt_f32",
+            "relu_f32",
+            "sigmoid_f32",
+            "tanh_f32",
+            "silu_f32",
+            "gelu_f32",
+            "gelu_tanh_f32",
+            "axpby_f32",
+            "fill_f32",
+        ],
+    },
+    KernelSource {
+        name: "reduce.cu",
+        code: include_str!("../kernels/reduce.cu"),
+        kernels: &[
+            "sum_rows_f32",
+            "max_rows_f32",
+            "softmax_rows_f32",
+            "softmax_rows_backward_f32",
+            "cross_entropy_rows_f32",
+        ],
+    },
+    KernelSource {
+        name: "layer_norm.cu",
+        code: include_str!("../kernels/layer_norm.cu"),
+        kernels: &["layer_norm_f32", "layer_norm_backward_input_f32", "layer_norm_backward_affine_f32", "rms_norm_f32"],
+    },
+    KernelSource {
+        name: "optimizer.cu",
+        code: include_str!("../kernels/optimizer.cu"),
+        kernels: &["unscale_and_check_f32", "adamw_step_f32", "sgd_step_f32"],
+    },
+    KernelSource {
+        name: "embedding.cu",
+        code: include_str!("../kernels/embedding.cu"),
+        kernels: &["embedding_f32", "embedding_backward_f32"],
+    },
+];

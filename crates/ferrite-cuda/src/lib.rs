@@ -1,0 +1,20 @@
+//! NVIDIA GPUs for ferrite: the CUDA C kernels of the CUDA backend and their compilation at run
+//! time through NVRTC.
+//!
+//! Why run-time compilation: the project must build on a machine with no CUDA toolkit and no
+//! driver (the main command included), and a kernel compiled for the architecture of the GPU at
+//! hand is what PyTorch's JIT paths and cuBLAS give a user. The kernel sources live in
+//! `kernels/*.cu` ([`KERNEL_SOURCES`]); NVRTC is loaded at run time ([`Nvrtc::load`]) from a CUDA
+//! installation or from the `nvidia-cuda-nvrtc` Python wheel, so CI — with no GPU and no driver —
+//! compiles every kernel for `sm_80` and `sm_90` on every submission and fails on any error or
+//! warning (`tests/nvrtc_compile.rs`).
+//!
+//! The memory side of CUDA (the caching allocator on the driver API) is
+//! `ferrite_memory::cuda`. The `cuda:N` device that launches these kernels is not in ferrite yet.
+mod error;
+mod kernel_sources;
+mod nvrtc;
+
+pub use error::CudaError;
+pub use kernel_sources::{KERNEL_SOURCES, KernelSource};
+pub use nvrtc::{Compiled, NVRTC_ENV, Nvrtc};
