@@ -1,7 +1,8 @@
 """PyTorch side of `cargo bench -p ferrite-nn --bench conv_step`: the same Conv2d(3, 64, 3,
 padding=1) training step (forward, y.square().mean(), backward, zero_grad) on a [32, 3, 32, 32]
 input, same thread count. `python crates/ferrite-nn/benches/conv_step.py [STEPS] [THREADS]
-[input-grad]` with the torch venv. Benchmark only; never used by tests."""
+[input-grad]` with the torch venv (`FERRITE_BENCH_CONV=CIN,COUT,HW` for another shape). Benchmark only; never used by tests."""
+import os
 import sys
 import time
 
@@ -12,7 +13,8 @@ threads = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 input_grad = "input-grad" in sys.argv[3:]
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-B, CIN, COUT, HW, K = 32, 3, 64, 32, 3
+B, K = 32, 3
+CIN, COUT, HW = (int(v) for v in os.environ.get("FERRITE_BENCH_CONV", "3,64,32").split(","))
 conv = torch.nn.Conv2d(CIN, COUT, K, padding=1)
 x = torch.randn(B, CIN, HW, HW).requires_grad_(input_grad)
 

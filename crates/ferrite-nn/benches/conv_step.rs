@@ -3,6 +3,7 @@
 //! `benches/conv_step.py` is the PyTorch twin (same shapes, loss and thread count);
 //! `bench/conv_vs_pytorch.py` runs both side by side and prints the ratio.
 //!
+//! `FERRITE_BENCH_CONV=CIN,COUT,HW` plans another shape (e.g. `1,32,28`, `64,64,56`).
 //! `cargo bench -p ferrite-nn --bench conv_step [-- STEPS [input-grad]]` prints the median and
 //! minimum step time and the median forward time (no graph). With `input-grad` the input also
 //! requires grad, so backward computes the input gradient (a layer inside a network) as well as
@@ -18,6 +19,18 @@ fn median(mut v: Vec<f64>) -> (f64, f64) {
     (v[v.len() / 2], v[0])
 }
 
+fn conv_shape() -> ferrite_nn::Result<(usize, usize, usize)> {
+    let Ok(spec) = std::env::var("FERRITE_BENCH_CONV") else { return Ok((3, 64, 32)) };
+    let v: Vec<usize> = spec.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    match v[..] {
+        [cin, cout, hw] if cin > 0 && cout > 0 && hw > 0 => Ok((cin, cout, hw)),
+        _ => Err(ferrite_nn::NnError::InvalidConfig {
+            layer: "conv_step bench",
+            detail: format!("FERRITE_BENCH_CONV={spec}: expected CIN,COUT,HW"),
+        }),
+    }
+}
+
 fn main() -> ferrite_nn::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let steps: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(30);
@@ -26,7 +39,9 @@ fn main() -> ferrite_nn::Result<()> {
         Ok(s) => s.parse::<Device>()?,
         Err(_) => Device::Cpu,
     };
-    let (b, cin, cout, hw, k) = (32, 3, 64, 32, 3);
+    // `FERRITE_BENCH_CONV=CIN,COUT,HW` changes the shape (batch 32, kernel 3, padding 1 stay).
+    let (cin, cout, hw) = conv_shape()?;
+    let (b, k) = (32, 3);
     let mut g = Generator::new(0);
     let conv = Conv2d::new_with(Conv2dConfig::new(cin, cout, k).padding(1), &dev, &mut g)?;
     let x = Tensor::randn_with(&[b, cin, hw, hw], DType::F32, &dev, &mut g)?.requires_grad_(input_grad)?;

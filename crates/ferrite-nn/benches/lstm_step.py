@@ -3,6 +3,7 @@ input 256 -> hidden 512) over SEQ time steps, `y.square().mean()`, backward into
 the parameters, zero_grad — same shapes, loss and thread count. Run with the torch venv:
 `python crates/ferrite-nn/benches/lstm_step.py [STEPS] [SEQ] [THREADS]`. Prints whether
 PyTorch's CPU LSTM ran through oneDNN (mkldnn), its fast path. Benchmark only; never used by tests."""
+import os
 import sys
 import time
 
@@ -13,7 +14,8 @@ seq = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 threads = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-B, I, H = 32, 256, 512
+B, I = 32, 256
+H = int(os.environ.get("FERRITE_BENCH_LSTM_HIDDEN", "512"))
 lstm = torch.nn.LSTM(I, H, 1)
 x = torch.randn(seq, B, I, requires_grad=True)
 

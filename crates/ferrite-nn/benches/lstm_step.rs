@@ -17,7 +17,9 @@ fn main() -> ferrite_nn::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let steps: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(20);
     let seq: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(16);
-    let (b, i, h) = (32, 256, 512);
+    // `FERRITE_BENCH_LSTM_HIDDEN=H` changes the hidden width (input 256 and batch 32 stay).
+    let h: usize = std::env::var("FERRITE_BENCH_LSTM_HIDDEN").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+    let (b, i) = (32, 256);
     let dev: Device = match std::env::var("FERRITE_BENCH_DEVICE") {
         Ok(s) => s.parse::<Device>()?,
         Err(_) => Device::Cpu,

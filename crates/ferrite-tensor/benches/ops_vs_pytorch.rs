@@ -7,7 +7,8 @@
 //! key view and `[B·H, S, S] × [B·H, S, 64]`, B·H = 128), `chain <elements> <ms>`,
 //! `softmax|layer_norm|sum_rows <rows> <ms>` (the transformer's row kernels over `[rows, 256]`:
 //! softmax over the last dim, layer norm with weight and bias, a sum over the rows as in a bias
-//! gradient), `tiny_add <ns per op>`.
+//! gradient), `tiny_add <ns per op>`. `FERRITE_BENCH_SEQ=S` and `FERRITE_BENCH_ROWS=RxC` change the
+//! attention and row shapes (`bench/all_vs_pytorch.py` reports several).
 
 use std::time::Instant;
 
@@ -47,17 +48,21 @@ fn main() {
     }
     if want("bmm") {
         // Attention's products at batch 32 × 4 heads, head width 64, sequence 128.
-        let (bh, s, dh) = (128usize, 128usize, 64usize);
+        // `FERRITE_BENCH_SEQ=S` changes the sequence length (B·H and the head width stay).
+        let s: usize = std::env::var("FERRITE_BENCH_SEQ").ok().and_then(|v| v.parse().ok()).unwrap_or(128);
+        let (bh, dh) = (128usize, 64usize);
         let q = Tensor::randn_with(&[bh, s, dh], DType::F32, &d, &mut g).unwrap();
         let k = Tensor::randn_with(&[bh, s, dh], DType::F32, &d, &mut g).unwrap();
         let p = Tensor::randn_with(&[bh, s, s], DType::F32, &d, &mut g).unwrap();
         let kt = k.transpose(-2, -1).unwrap();
         let flops = 2.0 * (bh * s * s * dh) as f64;
-        let t = best_of(5, 20, || {
+        // About the work of 20 products at S = 128, whatever S.
+        let iters = (20 * 128 * 128 / (s * s)).clamp(2, 80);
+        let t = best_of(5, iters, || {
             std::hint::black_box(q.matmul(&kt).unwrap());
         });
         println!("bmm_qk {s} {:.1}", flops / t / 1e9);
-        let t = best_of(5, 20, || {
+        let t = best_of(5, iters, || {
             std::hint::black_box(p.matmul(&k).unwrap());
         });
         println!("bmm_pv {s} {:.1}", flops / t / 1e9);
@@ -76,7 +81,14 @@ fn main() {
         }
     }
     if want("rows") {
-        let (rows, cols) = (4096usize, 256usize);
+        // `FERRITE_BENCH_ROWS=ROWSxCOLS` changes the shape (default 4096x256).
+        let (rows, cols) = std::env::var("FERRITE_BENCH_ROWS")
+            .ok()
+            .and_then(|v| {
+                let (r, c) = v.split_once('x')?;
+                Some((r.parse::<usize>().ok()?, c.parse::<usize>().ok()?))
+            })
+            .unwrap_or((4096, 256));
         let x = Tensor::randn_with(&[rows, cols], DType::F32, &d, &mut g).unwrap();
         let w = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
         let b = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
