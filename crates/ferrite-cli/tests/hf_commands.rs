@@ -228,11 +228,9 @@ fn bad_hf_input_gets_errors_that_say_what_to_do() {
     // A prompt with no tokens.
     let e = err_of(&["generate", "--hf-model", &model("llama"), "--prompt", ""], dir.path());
     assert!(e.contains("no tokens"), "{e}");
-    // --hf-model without --data; with DataParallel.
+    // --hf-model without --data.
     let e = err_of(&["train", "--hf-model", &model("llama")], dir.path());
     assert!(e.contains("--data") || e.contains("data"), "{e}");
-    let e = err_of(&["train", "--hf-model", &model("llama"), "--data", &text(), "--devices", "0,1"], dir.path());
-    assert!(e.contains("devices") && e.contains("one device"), "{e}");
     // A JSON Lines file without the text field names the line.
     let jsonl = dir.path().join("d.jsonl");
     std::fs::write(&jsonl, "{\"text\": \"the memory\"}\n{\"body\": 1}\n").unwrap();
@@ -242,4 +240,241 @@ fn bad_hf_input_gets_errors_that_say_what_to_do() {
     // A folder that is not a model.
     let e = err_of(&["eval", "--hf-model", dir.path().to_str().unwrap(), "--data", &text(), "--seq", "8"], dir.path());
     assert!(e.contains("config.json"), "{e}");
+}
+
+fn pairs() -> String {
+    fixtures().join("seq2seq.jsonl").display().to_string()
+}
+
+/// T5 on the command line: `eval` (the sequence-to-sequence loss transformers computes on the
+/// padded, cut pairs), greedy `generate` (transformers' ids), `train` writing a folder that loads
+/// with every key matched and evaluates lower than before.
+#[test]
+fn t5_eval_generate_and_train_on_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["t5", "t5v11"] {
+        let v =
+            json(&ok(&["eval", "--hf-model", &model(name), "--data", &pairs(), "--seq", "16", "--json"], dir.path()));
+        let want = expected(name, "seq2seq_loss").to_vec_f64().unwrap()[0];
+        let loss = v["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() <= 1e-4 * want, "{name}: {loss} vs transformers {want}");
+        let tokens = expected(name, "seq2seq_target_tokens").to_vec::<i64>().unwrap()[0] as u64;
+        assert_eq!(v["target_tokens"].as_u64(), Some(tokens));
+
+        let want: Vec<i64> = expected(name, "greedy_ids").to_vec().unwrap();
+        let n = want.len().to_string();
+        let args = ["generate", "--hf-model", &model(name), "--prompt", "the allocator keeps", "--max-new-tokens", &n];
+        let v = json(&ok(&[&args[..], &["--json"]].concat(), dir.path()));
+        let ids: Vec<i64> = v["ids"].as_array().unwrap().iter().map(|i| i.as_i64().unwrap()).collect();
+        assert_eq!(ids, want, "{name}");
+    }
+    let out_dir = dir.path().join("tuned").display().to_string();
+    let train = [
+        "train",
+        "--hf-model",
+        &model("t5v11"),
+        "--data",
+        &pairs(),
+        "--seq",
+        "16",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--lr",
+        "3e-3",
+        "--no-progress",
+        "--out",
+        &out_dir,
+    ];
+    let out = ok(&train, dir.path());
+    assert!(out.contains("epoch   3/3") && out.contains("validation loss") && out.contains("texts cut"), "{out}");
+    assert!(out.contains("AutoModelForSeq2SeqLM"), "{out}");
+    let folder = HfFolder::open(&out_dir).unwrap();
+    assert!(folder.is_t5() && folder.tokenizer_file().is_some());
+    let (_, keys) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+    assert!(keys.missing_keys.is_empty() && keys.unexpected_keys.is_empty(), "{keys:?}");
+    let v = json(&ok(&["eval", "--hf-model", &out_dir, "--data", &pairs(), "--seq", "16", "--json"], dir.path()));
+    let before = expected("t5v11", "seq2seq_loss").to_vec_f64().unwrap()[0];
+    assert!(v["loss"].as_f64().unwrap() < before, "training lowered the loss: {v} vs {before}");
+}
+
+/// `ferrite plan --hf-model T5DIR` predicts the peak reserved memory that `ferrite train
+/// --hf-model T5DIR` measures on the same simulated GPU, within 2 %.
+#[test]
+fn plan_t5_predicts_what_train_measures() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, extra) in [("t5", None), ("t5v11", Some("--checkpoint-activations"))] {
+        let mut shape = vec!["--seq", "16", "--batch-size", "16", "--device", "sim:t4-16gb"];
+        shape.extend(extra);
+        let m = model(name);
+        let mut plan = vec!["plan", "--hf-model", &m];
+        plan.extend(&shape);
+        plan.push("--json");
+        let predicted = json(&ok(&plan, dir.path()))["peak_reserved_bytes"].as_f64().unwrap();
+        let out_dir = dir.path().join(name).display().to_string();
+        let p = pairs();
+        let mut train =
+            vec!["train", "--hf-model", &m, "--data", &p, "--steps", "2", "--no-progress", "--out", &out_dir];
+        train.extend(&shape);
+        let out = ok(&train, dir.path());
+        let line = out.lines().find(|l| l.starts_with("| GPU reserved memory")).unwrap();
+        let measured = size(line.split('|').nth(3).unwrap());
+        let err = (predicted - measured) / measured;
+        assert!(err.abs() <= 0.02, "{name} {extra:?}: predicted {predicted} measured {measured}\n{out}");
+    }
+}
+
+/// Bad T5 input: a line without the input field, an empty target, a config with an option
+/// ferrite does not build — each a typed error naming the file, line, field or key.
+#[test]
+fn bad_t5_input_gets_errors_that_say_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("pairs.jsonl");
+    let run = |lines: &str| {
+        std::fs::write(&data, lines).unwrap();
+        err_of(&["train", "--hf-model", &model("t5"), "--data", data.to_str().unwrap(), "--seq", "16"], dir.path())
+    };
+    let e = run("{\"input\": \"a b\", \"target\": \"c\"}\n{\"source\": \"a\", \"target\": \"c\"}\n");
+    assert!(e.contains("pairs.jsonl, line 2") && e.contains("no field `input`") && e.contains("--input-field"), "{e}");
+    let e = run("{\"input\": \"a b\", \"target\": \"\"}\n");
+    assert!(e.contains("line 1") && e.contains("`target` is empty"), "{e}");
+    // Other field names are accepted with the flags.
+    std::fs::write(&data, "{\"src\": \"the memory\", \"tgt\": \"memory the\"}\n".repeat(4)).unwrap();
+    let out_dir = dir.path().join("o").display().to_string();
+    ok(
+        &[
+            "train",
+            "--hf-model",
+            &model("t5"),
+            "--data",
+            data.to_str().unwrap(),
+            "--seq",
+            "8",
+            "--input-field",
+            "src",
+            "--target-field",
+            "tgt",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--no-progress",
+            "--out",
+            &out_dir,
+        ],
+        dir.path(),
+    );
+    // A config whose option ferrite does not build: UMT5's per-layer position bias, an unknown
+    // feed-forward.
+    let bad = dir.path().join("umt5");
+    std::fs::create_dir(&bad).unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixtures().join("t5").join(f), bad.join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string(fixtures().join("t5/config.json")).unwrap();
+    std::fs::write(bad.join("config.json"), config.replace("\"model_type\": \"t5\"", "\"model_type\": \"umt5\""))
+        .unwrap();
+    let e = err_of(&["eval", "--hf-model", bad.to_str().unwrap(), "--data", &pairs(), "--seq", "16"], dir.path());
+    assert!(e.contains("umt5") && e.contains("model_type"), "{e}");
+    std::fs::write(
+        bad.join("config.json"),
+        config.replace("\"feed_forward_proj\": \"relu\"", "\"feed_forward_proj\": \"swish\""),
+    )
+    .unwrap();
+    let e = err_of(&["generate", "--hf-model", bad.to_str().unwrap(), "--prompt", "x"], dir.path());
+    assert!(e.contains("feed_forward_proj") && e.contains("swish"), "{e}");
+    std::fs::write(bad.join("config.json"), config.replace("\"dropout_rate\": 0.0", "\"dropout_rate\": 1.5")).unwrap();
+    let e = err_of(&["train", "--hf-model", bad.to_str().unwrap(), "--data", &pairs(), "--seq", "16"], dir.path());
+    assert!(e.contains("dropout_rate") && e.contains("1.5"), "{e}");
+}
+
+/// `train --hf-model --devices 0,1` (DataParallel over two simulated GPUs, each replica half of
+/// every batch) ends with the weights and validation loss one device reaches on the same global
+/// batches, with the same cosine schedule (made over the replicas' optimizer): equal up to the
+/// rounding of summing the two halves' gradients.
+#[test]
+fn hf_data_parallel_equals_one_device() {
+    let dir = tempfile::tempdir().unwrap();
+    // Llama and T5: no parameter whose gradient is only rounding noise (GPT-2's key biases
+    // cannot change the output; AdamW turns their noise into full-size steps, different on
+    // each side).
+    // T5's loss is a mean over target tokens, and DataParallel (as PyTorch's) averages the
+    // replicas' means: equal to one device's when every target has the same length, as here.
+    let same_length = dir.path().join("same_length.jsonl");
+    let lines: Vec<String> = std::fs::read_to_string(pairs())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"input": v["input"], "target": "the memory of a device"}).to_string()
+        })
+        .collect();
+    std::fs::write(&same_length, lines.join("\n")).unwrap();
+    for name in ["t5", "llama"] {
+        let data = if name == "t5" { same_length.display().to_string() } else { text() };
+        let out = |tag: &str| dir.path().join(format!("{name}-{tag}")).display().to_string();
+        let m = model(name);
+        let run = |tag: &str, devices: &[&str]| {
+            let o = out(tag);
+            let mut args = vec![
+                "train",
+                "--hf-model",
+                &m,
+                "--data",
+                &data,
+                "--seq",
+                "16",
+                "--batch-size",
+                "8",
+                "--steps",
+                "4",
+                "--lr",
+                "3e-3",
+                "--lr-schedule",
+                "cosine",
+                "--warmup-steps",
+                "1",
+                "--device",
+                "sim:a100-40gb",
+                "--no-progress",
+                "--out",
+                &o,
+            ];
+            args.extend(devices);
+            ok(&args, dir.path())
+        };
+        let one = run("one", &[]);
+        let two = run("two", &["--devices", "0,1"]);
+        assert!(two.contains("DataParallel over sim:a100-40gb"), "{two}");
+        assert!(!one.contains("DataParallel"), "{one}");
+        use ferrite_nn::Module;
+        let load = |tag: &str| {
+            let f = HfFolder::open(out(tag)).unwrap();
+            if name == "t5" {
+                f.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap().0.state_dict()
+            } else {
+                f.load_decoder(&Device::Cpu, &HfLoadOptions::default()).unwrap().0.state_dict()
+            }
+        };
+        let validation = |out: &str| {
+            let line = out.lines().rfind(|l| l.starts_with("trained ")).unwrap_or_else(|| panic!("{out}"));
+            line.split("validation loss ").nth(1).unwrap().split(';').next().unwrap().to_string()
+        };
+        assert_eq!(validation(&one), validation(&two), "{name}: validation loss\n{one}\n{two}");
+        let (a, b) = (load("one"), load("two"));
+        let original = HfFolder::open(&m).unwrap().read_state_dict(ferrite_tensor::DType::F32).unwrap();
+        let mut moved = false;
+        for (k, t) in a.iter() {
+            let (x, y): (Vec<f32>, Vec<f32>) = (t.to_vec().unwrap(), b.get(k).unwrap().to_vec().unwrap());
+            let scale = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+                assert!((p - q).abs() <= 1e-5 * scale + 1e-7, "{name}: {k}[{i}]: one device {p}, two {q}");
+            }
+            if let Some(o) = original.get(k) {
+                moved |= o.to_vec::<f32>().unwrap() != x;
+            }
+        }
+        assert!(moved, "{name}: training changed the weights");
+    }
 }

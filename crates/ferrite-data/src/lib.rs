@@ -28,7 +28,8 @@
 //! classification sources hold out validation with, and [`augment`] (random crop and flip,
 //! drawn from the sample's generator); for Hugging Face models, [`tokenizer`] (`tokenizer.json`
 //! through the `tokenizers` library), [`documents`] (text, JSON Lines, folders) and
-//! [`token_blocks`] (ids cut into blocks of N, as transformers' `group_texts`).
+//! [`token_blocks`] (ids cut into blocks of N, as transformers' `group_texts`), and [`seq2seq`]
+//! (input/target pairs from JSON Lines, padded with −100 labels, for T5).
 
 pub mod augment;
 pub mod batch_collate;
@@ -53,6 +54,7 @@ pub mod loader;
 pub mod loader_builder;
 pub mod sampler;
 pub mod seeding;
+pub mod seq2seq;
 pub mod staging;
 pub mod stratified_split;
 pub mod tabular;
@@ -83,6 +85,7 @@ pub use sampler::{
     BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };
 pub use seeding::{EpochSeed, Stream};
+pub use seq2seq::{IGNORED_LABEL, Seq2SeqExamples, Seq2SeqPair, Seq2SeqTokens, read_seq2seq_pairs, shift_right};
 pub use staging::ToDevice;
 pub use stratified_split::{SplitIndices, stratified_split};
 pub use tabular::{Standardization, TabularClassification};

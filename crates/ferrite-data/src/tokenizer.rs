@@ -49,6 +49,40 @@ impl HfTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The ids of `text` with the special tokens, at most `max_len` of them: the text cut so
+    /// that it and the post-processor's tokens fit, as `tokenizer(text, truncation=True,
+    /// max_length=max_len)`. `max_len` must leave room for one token of text besides the special
+    /// ones ([`HfTokenizer::special_tokens_added`]); returns the ids and whether text was cut.
+    pub fn encode_truncated(&self, text: &str, max_len: usize) -> Result<(Vec<u32>, bool), DataError> {
+        let added = self.special_tokens_added();
+        if max_len <= added {
+            return Err(DataError::InvalidConfig(format!(
+                "a length of {max_len} tokens leaves no room for text: {} adds {added} special token(s) to every sequence; use a larger --seq",
+                self.path.display()
+            )));
+        }
+        let full = self.encode(text, true)?;
+        if full.len() <= max_len {
+            return Ok((full, false));
+        }
+        let mut cut = self.inner.clone();
+        let params = tokenizers::TruncationParams { max_length: max_len, ..Default::default() };
+        cut.with_truncation(Some(params)).map_err(|e| DataError::Tokenize {
+            what: format!("truncation to {max_len} tokens"),
+            reason: e.to_string(),
+        })?;
+        let enc = cut.encode(text, true).map_err(|e| DataError::Tokenize {
+            what: format!("a text of {} bytes", text.len()),
+            reason: e.to_string(),
+        })?;
+        Ok((enc.get_ids().to_vec(), true))
+    }
+
+    /// Special tokens the post-processor adds to one sequence (T5's `</s>`: 1; GPT-2's: 0).
+    pub fn special_tokens_added(&self) -> usize {
+        self.inner.get_post_processor().map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false))
+    }
+
     /// The text of `ids` (transformers' `decode(ids, skip_special_tokens=...)`).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, DataError> {
         self.inner

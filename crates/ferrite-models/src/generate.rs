@@ -47,9 +47,9 @@ pub struct Generated {
     pub cache_bytes: usize,
 }
 
-/// Continues `prompt` (token ids, at least one) with `model` on the model's device (see the
-/// module docs). The model is used as it is: put it in eval mode first if it has dropout.
-pub fn generate(model: &Decoder, prompt: &[u32], options: &GenerateOptions) -> Result<Generated, ModelError> {
+/// A prompt with at least one token and decoding settings that can work, or the typed error
+/// naming the setting.
+pub(crate) fn check_options(prompt: &[u32], options: &GenerateOptions) -> Result<(), ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::InvalidSetting {
             what: "prompt".into(),
@@ -70,6 +70,13 @@ pub fn generate(model: &Decoder, prompt: &[u32], options: &GenerateOptions) -> R
             return bad("top-p", format!("{p} is not in (0, 1]"));
         }
     }
+    Ok(())
+}
+
+/// Continues `prompt` (token ids, at least one) with `model` on the model's device (see the
+/// module docs). The model is used as it is: put it in eval mode first if it has dropout.
+pub fn generate(model: &Decoder, prompt: &[u32], options: &GenerateOptions) -> Result<Generated, ModelError> {
+    check_options(prompt, options)?;
     let c = model.config();
     if c.style == crate::HfStyle::Gpt2 && prompt.len() + options.max_new_tokens > c.max_positions {
         return Err(ModelError::InvalidSetting {
@@ -119,7 +126,7 @@ pub fn generate(model: &Decoder, prompt: &[u32], options: &GenerateOptions) -> R
 }
 
 /// The index of the largest logit, the first on ties.
-fn argmax(logits: &[f64]) -> u32 {
+pub(crate) fn argmax(logits: &[f64]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
         if l > logits[best] {
@@ -130,7 +137,13 @@ fn argmax(logits: &[f64]) -> u32 {
 }
 
 /// A draw after temperature, top-k and top-p (see the module docs).
-fn sample(logits: &[f64], temperature: f64, top_k: Option<usize>, top_p: Option<f64>, g: &mut Generator) -> u32 {
+pub(crate) fn sample(
+    logits: &[f64],
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+    g: &mut Generator,
+) -> u32 {
     let scaled: Vec<f64> = logits.iter().map(|l| l / temperature).collect();
     // Candidates by falling logit (stable: ties keep the lower id first).
     let mut order: Vec<usize> = (0..scaled.len()).collect();

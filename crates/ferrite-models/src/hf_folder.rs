@@ -353,11 +353,12 @@ pub fn save_decoder(model: &Decoder, config_text: &str, dir: impl AsRef<Path>) -
     save_decoder_with(model, config_text, dir, &HfSaveOptions::default())
 }
 
-/// [`save_decoder`] with shards above `options.max_shard_size` and the source folder's
+/// [`save_decoder`] (of any model with Hugging Face parameter names: a [`Decoder`], a
+/// [`T5Model`]) with shards above `options.max_shard_size` and the source folder's
 /// companion files ([`COMPANION_FILES`]) copied. A weight file of the other layout left in `dir`
 /// by an earlier save is removed, so `from_pretrained` cannot read stale weights.
 pub fn save_decoder_with(
-    model: &Decoder,
+    model: &dyn Module,
     config_text: &str,
     dir: impl AsRef<Path>,
     options: &HfSaveOptions,

@@ -13,6 +13,7 @@
 //! | [`Decoder`] | `hf_decoder.rs` | Hugging Face's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn.weight`, …), `LlamaForCausalLM`, Mistral, Qwen2 (`model.layers.0.self_attn.q_proj.weight`, …) from `config.json` |
 //! | [`T5Model`] | `t5.rs` | Hugging Face's `T5ForConditionalGeneration` |
 //! | [`generate`] | `generate.rs` | greedy and sampled continuation with a [`KvCache`] |
+//! | [`generate_seq2seq`] | `seq2seq.rs` | T5's shifted decoder input, loss over labels ≠ −100, and generation |
 //! | [`HfFolder`] | `hf_folder.rs` | a `save_pretrained` folder: `config.json`, safetensors (sharded or not) or `pytorch_model.bin` |
 //!
 //! Sizes read from a `config.json` are checked against [`limits`] before anything is built.
@@ -30,6 +31,7 @@ mod hf_folder;
 pub mod limits;
 mod lstm_lm;
 mod mlp;
+mod seq2seq;
 mod t5;
 mod transformer_lm;
 
@@ -45,5 +47,6 @@ pub use hf_folder::{
 };
 pub use lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 pub use mlp::{Mlp, MlpSpec, build_mlp};
+pub use seq2seq::{IGNORE_LABEL, generate_seq2seq, scored_labels, seq2seq_loss};
 pub use t5::{T5Attention, T5Block, T5Config, T5DenseFf, T5FeedForward, T5Model, T5Stack, relative_position_bucket};
 pub use transformer_lm::{TransformerLm, TransformerSpec, build_transformer};

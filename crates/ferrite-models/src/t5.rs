@@ -9,7 +9,7 @@
 //! names follow Hugging Face's `T5ForConditionalGeneration` (`shared.weight`,
 //! `encoder.block.0.layer.0.SelfAttention.q.weight`, …), and the parameter count equals the real
 //! model's: t5-small 60,506,624; t5-3b 2,851,598,336; t5-v1_1-small 76,961,152 (tests).
-use ferrite_nn::{Embedding, Linear, Module, RMSNorm, checkpoint};
+use ferrite_nn::{Embedding, Linear, Module, RMSNorm, RngHandle, checkpoint};
 use ferrite_tensor::{DType, Device, Generator, Tensor, is_grad_enabled};
 use serde_json::{Map, Value};
 
@@ -79,6 +79,15 @@ pub struct T5Config {
     /// scaled head, v1.1's untied, unscaled one), which is the default when the key is absent.
     pub scale_decoder_outputs: bool,
     pub layer_norm_epsilon: f64,
+    /// `dropout_rate` (default 0.1, as transformers): every dropout of T5 in training — the
+    /// embeddings, the attention weights, each sub-layer's output, the feed-forward's hidden
+    /// activations and the stack's output.
+    pub dropout_rate: f64,
+    /// `pad_token_id` (default 0): what padded inputs hold, and what replaces the ignored
+    /// labels (−100) in the decoder's input.
+    pub pad_token_id: u32,
+    /// `decoder_start_token_id` (default `pad_token_id`): the decoder's first input token.
+    pub decoder_start_token_id: u32,
 }
 
 impl T5Config {
@@ -106,6 +115,13 @@ impl T5Config {
                 }
             }
         };
+        if let Some(Value::String(t)) = obj.get("model_type")
+            && t == "umt5"
+        {
+            return Err(err(
+                "`model_type` is `umt5`: UMT5 gives every layer its own relative position bias, which ferrite's T5 does not build; use a `t5` or `mt5` model".into(),
+            ));
+        }
         let num_layers = int("num_layers", None)?;
         let buckets = int("relative_attention_num_buckets", Some(32))?;
         if buckets < 2 {
@@ -147,7 +163,28 @@ impl T5Config {
                 .filter(|f| f.is_finite() && *f > 0.0)
                 .ok_or_else(|| err(format!("key `layer_norm_epsilon` must be a positive number, found {x}")))?,
         };
+        let dropout_rate = match obj.get("dropout_rate") {
+            None | Some(Value::Null) => 0.1,
+            Some(x) => x
+                .as_f64()
+                .filter(|p| (0.0..1.0).contains(p))
+                .ok_or_else(|| err(format!("key `dropout_rate` must be a dropout probability in [0, 1), found {x}")))?,
+        };
+        let token = |key: &str, default: u32| -> Result<u32, ModelError> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(x) => x
+                    .as_u64()
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| err(format!("key `{key}` must be a token id (a whole number), found {x}"))),
+            }
+        };
+        let pad_token_id = token("pad_token_id", 0)?;
+        let decoder_start_token_id = token("decoder_start_token_id", pad_token_id)?;
         let c = T5Config {
+            dropout_rate,
+            pad_token_id,
+            decoder_start_token_id,
             model_type: obj.get("model_type").and_then(Value::as_str).unwrap_or("t5").to_string(),
             vocab_size: int("vocab_size", None)?,
             d_model: int("d_model", None)?,
@@ -246,6 +283,7 @@ impl T5Model {
     pub fn new(c: &T5Config, device: &Device, checkpoint_activations: bool) -> Result<T5Model, ModelError> {
         c.check("the model's configuration")?;
         let mut g = Generator::new(0);
+        let drop = DropoutSite { p: c.dropout_rate, rng: RngHandle::new(0) };
         let (d, inner) = (c.d_model, c.num_heads * c.d_kv);
         let norm = || RMSNorm::with_config(&[d], Some(c.layer_norm_epsilon), true, device);
         let attention = |has_bias: bool, g: &mut Generator| -> Result<T5Attention, ModelError> {
@@ -261,6 +299,7 @@ impl T5Model {
                 },
                 heads: c.num_heads,
                 d_kv: c.d_kv,
+                drop: drop.clone(),
                 training: true,
             })
         };
@@ -277,6 +316,7 @@ impl T5Model {
                 wi,
                 wo: Linear::new_with(c.d_ff, d, false, device, g)?,
                 act: c.feed_forward,
+                drop: drop.clone(),
                 training: true,
             })
         };
@@ -289,6 +329,7 @@ impl T5Model {
                     cross: if decoder { Some((attention(false, g)?, norm()?)) } else { None },
                     ff: ff(g)?,
                     ff_norm: norm()?,
+                    drop: drop.clone(),
                     training: true,
                 });
             }
@@ -299,6 +340,7 @@ impl T5Model {
                 num_buckets: c.relative_attention_num_buckets,
                 max_distance: c.relative_attention_max_distance,
                 checkpoint_activations,
+                drop: drop.clone(),
                 training: true,
             })
         };
@@ -307,7 +349,33 @@ impl T5Model {
         let decoder = stack(c.num_decoder_layers, true, &mut g)?;
         let lm_head =
             if c.tie_word_embeddings { None } else { Some(Linear::new_with(d, c.vocab_size, false, device, &mut g)?) };
-        Ok(T5Model { shared, encoder, decoder, lm_head, d_model: d, scale: c.scale_decoder_outputs, training: true })
+        Ok(T5Model {
+            shared,
+            encoder,
+            decoder,
+            lm_head,
+            d_model: d,
+            scale: c.scale_decoder_outputs,
+            config: c.clone(),
+            training: true,
+        })
+    }
+}
+
+/// One dropout site: its probability and the generator every dropout of the model shares.
+#[derive(Clone, Debug)]
+struct DropoutSite {
+    p: f64,
+    rng: RngHandle,
+}
+
+impl DropoutSite {
+    /// `x` with elements zeroed with probability `p` (scaled by `1/(1−p)`) when `training`.
+    fn apply(&self, x: &Tensor, training: bool) -> ferrite_tensor::Result<Tensor> {
+        if !training || self.p == 0.0 {
+            return Ok(x.clone());
+        }
+        self.rng.with(|g| ferrite_tensor::functional::dropout(x, self.p, true, g))
     }
 }
 
@@ -328,6 +396,7 @@ pub struct T5Attention {
     relative_attention_bias: Option<Embedding>,
     heads: usize,
     d_kv: usize,
+    drop: DropoutSite,
     training: bool,
 }
 
@@ -344,7 +413,8 @@ impl T5Attention {
         if let Some(bias) = bias {
             scores = scores.add(bias)?;
         }
-        let a = scores.softmax(-1)?.to_dtype(v.dtype())?.matmul(&v)?;
+        let weights = self.drop.apply(&scores.softmax(-1)?, self.training)?;
+        let a = weights.to_dtype(v.dtype())?.matmul(&v)?;
         let a = a.transpose(1, 2)?.reshape(&[b, s, (self.heads * self.d_kv) as i64])?;
         self.o.forward(&a)
     }
@@ -433,6 +503,7 @@ pub struct T5DenseFf {
     wi: Wi,
     wo: Linear,
     act: T5FeedForward,
+    drop: DropoutSite,
     training: bool,
 }
 
@@ -445,7 +516,7 @@ impl Module for T5DenseFf {
             Wi::Plain(wi) => self.act.act(&wi.forward(x)?)?,
             Wi::Gated { wi_0, wi_1 } => self.act.act(&wi_0.forward(x)?)?.mul(&wi_1.forward(x)?)?,
         };
-        self.wo.forward(&h)
+        self.wo.forward(&self.drop.apply(&h, self.training)?)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let mut c: Vec<(String, &dyn Module)> = match &self.wi {
@@ -479,18 +550,28 @@ pub struct T5Block {
     cross: Option<(T5Attention, RMSNorm)>,
     ff: T5DenseFf,
     ff_norm: RMSNorm,
+    drop: DropoutSite,
     training: bool,
 }
 
 impl T5Block {
-    fn run(&self, x: &Tensor, bias: Option<&Tensor>, encoded: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+    /// `bias`: the self-attention's position bias (with the causal or padding mask);
+    /// `cross_bias`: the encoder's padding mask for cross-attention.
+    fn run(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        encoded: Option<&Tensor>,
+        cross_bias: Option<&Tensor>,
+    ) -> ferrite_nn::Result<Tensor> {
+        let t = self.training;
         let n = self.self_norm.forward(x)?;
-        let mut h = x.add(&self.self_attn.attend(&n, &n, bias)?)?;
+        let mut h = x.add(&self.drop.apply(&self.self_attn.attend(&n, &n, bias)?, t)?)?;
         if let (Some((attn, norm)), Some(enc)) = (&self.cross, encoded) {
             let n = norm.forward(&h)?;
-            h = h.add(&attn.attend(&n, enc, None)?)?;
+            h = h.add(&self.drop.apply(&attn.attend(&n, enc, cross_bias)?, t)?)?;
         }
-        Ok(h.add(&self.ff.forward(&self.ff_norm.forward(&h)?)?)?)
+        Ok(h.add(&self.drop.apply(&self.ff.forward(&self.ff_norm.forward(&h)?)?, t)?)?)
     }
 
     /// HF's names: `layer.0` self-attention, `layer.1` cross-attention (decoder), then the
@@ -507,7 +588,7 @@ impl Module for T5Block {
     }
     /// An encoder block without a position bias.
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
-        self.run(x, None, None)
+        self.run(x, None, None, None)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let [l0, l1, lf] = self.names();
@@ -554,12 +635,16 @@ pub struct T5Stack {
     num_buckets: usize,
     max_distance: usize,
     checkpoint_activations: bool,
+    drop: DropoutSite,
     training: bool,
 }
 
 impl T5Stack {
     /// Embedded tokens `[b, s, d]` through the blocks; the decoder attends to `encoded`.
-    fn run(&self, h: Tensor, encoded: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+    /// `padding`: the encoder's additive padding mask `[b, 1, 1, s_enc]` (0 to attend, the
+    /// dtype's minimum not to), added to the encoder's self-attention and the decoder's
+    /// cross-attention scores, as transformers adds its extended attention mask.
+    fn run(&self, h: Tensor, encoded: Option<&Tensor>, padding: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
         let name = if self.decoder { "decoder" } else { "encoder" };
         let len = h.shape().get(1).copied().unwrap_or(0);
         let bias = match self.blocks.first() {
@@ -569,7 +654,14 @@ impl T5Stack {
             }
             None => None,
         };
-        let mut h = h;
+        // HF: the encoder's position bias plus its padding mask, once per stack.
+        let bias = match (bias, padding, self.decoder) {
+            (Some(b), Some(m), false) => Some(b.add(m)?),
+            (None, Some(m), false) => Some(m.clone()),
+            (b, _, _) => b,
+        };
+        let cross_bias = if self.decoder { padding } else { None };
+        let mut h = self.drop.apply(&h, self.training)?;
         for (i, block) in self.blocks.iter().enumerate() {
             mark_layer(&format!("{name}.block.{i}"));
             h = if self.checkpoint_activations && is_grad_enabled() {
@@ -577,21 +669,24 @@ impl T5Stack {
                 let mut inputs = vec![&h];
                 inputs.extend(bias.as_ref());
                 inputs.extend(encoded);
-                let (has_bias, has_enc) = (bias.is_some(), encoded.is_some());
+                inputs.extend(cross_bias);
+                let (has_bias, has_enc, has_cross) = (bias.is_some(), encoded.is_some(), cross_bias.is_some());
                 checkpoint(
                     move |xs| {
-                        let bias = if has_bias { xs.get(1) } else { None };
-                        let enc = if has_enc { xs.last() } else { None };
-                        b.run(&xs[0], bias, enc)
+                        let mut rest = xs[1..].iter();
+                        let bias = if has_bias { rest.next() } else { None };
+                        let enc = if has_enc { rest.next() } else { None };
+                        let cross = if has_cross { rest.next() } else { None };
+                        b.run(&xs[0], bias, enc, cross)
                     },
                     &inputs,
                 )?
             } else {
-                block.run(&h, bias.as_ref(), encoded)?
+                block.run(&h, bias.as_ref(), encoded, cross_bias)?
             };
         }
         mark_layer(&format!("{name}.final_layer_norm"));
-        self.final_layer_norm.forward(&h)
+        self.drop.apply(&self.final_layer_norm.forward(&h)?, self.training).map_err(Into::into)
     }
 }
 
@@ -605,7 +700,7 @@ impl Module for T5Stack {
     }
     /// An encoder stack over embedded tokens.
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
-        self.run(x.clone(), None)
+        self.run(x.clone(), None, None)
     }
     fn children(&self) -> Vec<(String, &dyn Module)> {
         let mut c: Vec<(String, &dyn Module)> =
@@ -638,7 +733,68 @@ pub struct T5Model {
     d_model: usize,
     /// Scale the decoder's output by `d_model^-0.5` ([`T5Config::scale_decoder_outputs`]).
     scale: bool,
+    config: T5Config,
     training: bool,
+}
+
+impl T5Model {
+    /// The configuration it was built from.
+    pub fn config(&self) -> &T5Config {
+        &self.config
+    }
+
+    /// Every dropout of the model draws from `rng` from now on (a trainer's dropout generator,
+    /// which its checkpoints save and restore). The default is a generator seeded with 0.
+    pub fn set_dropout_rng(&mut self, rng: RngHandle) {
+        for stack in [&mut self.encoder, &mut self.decoder] {
+            stack.drop.rng = rng.clone();
+            for b in &mut stack.blocks {
+                b.drop.rng = rng.clone();
+                b.self_attn.drop.rng = rng.clone();
+                b.ff.drop.rng = rng.clone();
+                if let Some((a, _)) = &mut b.cross {
+                    a.drop.rng = rng.clone();
+                }
+            }
+        }
+    }
+
+    /// The encoder's output `[b, s, d_model]` for token ids `[b, s]`; `attention_mask` `[b, s]`
+    /// (1 for a token, 0 for padding; any integer or float dtype) as transformers' `attention_mask`.
+    pub fn encode(&self, ids: &Tensor, attention_mask: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        let padding = attention_mask.map(padding_bias).transpose()?;
+        self.encoder.run(self.shared.forward(ids)?, None, padding.as_ref())
+    }
+
+    /// The logits `[b, t, vocab]` of decoder tokens `[b, t]` attending to `encoded` (from
+    /// [`T5Model::encode`] with the same `attention_mask`).
+    pub fn decode(
+        &self,
+        decoder_ids: &Tensor,
+        encoded: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> ferrite_nn::Result<Tensor> {
+        let padding = attention_mask.map(padding_bias).transpose()?;
+        let h = self.decoder.run(self.shared.forward(decoder_ids)?, Some(encoded), padding.as_ref())?;
+        mark_layer("lm_head");
+        let h = if self.scale { h.mul_scalar((self.d_model as f64).powf(-0.5))? } else { h };
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => Ok(h.matmul(&self.shared.weight.t()?)?),
+        }
+    }
+}
+
+/// transformers' extended attention mask: `[b, s]` ones and zeros to an additive `[b, 1, 1, s]`
+/// f32 bias, 0 where the mask is 1 and `f32::MIN` where it is 0.
+fn padding_bias(mask: &Tensor) -> ferrite_nn::Result<Tensor> {
+    if mask.rank() != 2 {
+        return Err(ferrite_nn::NnError::InvalidConfig {
+            layer: "T5ForConditionalGeneration",
+            detail: format!("attention_mask must be [batch, seq], got {:?}", mask.shape()),
+        });
+    }
+    Ok(mask.to_dtype(DType::F32)?.rsub_scalar(1.0)?.mul_scalar(f32::MIN as f64)?.unsqueeze(1)?.unsqueeze(1)?)
 }
 
 impl Module for T5Model {
@@ -646,27 +802,24 @@ impl Module for T5Model {
         "T5ForConditionalGeneration"
     }
 
-    /// Token ids `[batch, 2, seq]` (encoder input, decoder input) to logits `[batch, seq, vocab]`.
+    /// Token ids `[batch, 2, seq]` (encoder input, decoder input) or `[batch, 3, seq]` (with the
+    /// encoder's attention mask, 1 for a token and 0 for padding, as the third row) to logits
+    /// `[batch, seq, vocab]`.
     fn forward(&self, ids: &Tensor) -> ferrite_nn::Result<Tensor> {
-        if ids.rank() != 3 || ids.shape()[1] != 2 {
+        if ids.rank() != 3 || !(ids.shape()[1] == 2 || ids.shape()[1] == 3) {
             return Err(ferrite_nn::NnError::InvalidConfig {
                 layer: "T5ForConditionalGeneration",
                 detail: format!(
-                    "input must be [batch, 2, seq] (encoder tokens, decoder tokens), got {:?}",
+                    "input must be [batch, 2, seq] (encoder tokens, decoder tokens) or [batch, 3, seq] (and the encoder's attention mask), got {:?}",
                     ids.shape()
                 ),
             });
         }
         let enc_ids = ids.select(1, 0)?;
         let dec_ids = ids.select(1, 1)?;
-        let encoded = self.encoder.run(self.shared.forward(&enc_ids)?, None)?;
-        let h = self.decoder.run(self.shared.forward(&dec_ids)?, Some(&encoded))?;
-        mark_layer("lm_head");
-        let h = if self.scale { h.mul_scalar((self.d_model as f64).powf(-0.5))? } else { h };
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => Ok(h.matmul(&self.shared.weight.t()?)?),
-        }
+        let mask = if ids.shape()[1] == 3 { Some(ids.select(1, 2)?) } else { None };
+        let encoded = self.encode(&enc_ids, mask.as_ref())?;
+        self.decode(&dec_ids, &encoded, mask.as_ref())
     }
 
     fn children(&self) -> Vec<(String, &dyn Module)> {

@@ -307,3 +307,117 @@ fn check_gradients(name: &str, model: &dyn Module, e: &Expected, atol: impl Fn(&
         ferrite_test_support::assert_close(&format!("{name}: grad {pname}"), &got, g, 1e-4, atol(g));
     }
 }
+
+const T5_MODELS: [&str; 2] = ["t5", "t5v11"];
+
+/// T5 greedy generation (the encoder once, the decoder from `decoder_start_token_id`): the same
+/// new ids as transformers' `generate(do_sample=False)`, the prompt tokenized with the folder's
+/// T5 tokenizer (`</s>` appended) to the same ids.
+#[test]
+fn t5_greedy_generation_matches_transformers() {
+    for name in T5_MODELS {
+        let folder = HfFolder::open(fixtures().join(name)).unwrap();
+        let tok = ferrite_data::HfTokenizer::from_file(&folder.tokenizer_file().unwrap()).unwrap();
+        let (mut model, _) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        model.eval();
+        let e = expected(name);
+        let prompt = e.ids("prompt_ids");
+        assert_eq!(tok.encode("the allocator keeps", true).unwrap(), prompt, "{name}: prompt ids");
+        let want = e.ids("greedy_ids");
+        let options = ferrite_models::GenerateOptions {
+            max_new_tokens: want.len(),
+            decoding: ferrite_models::Decoding::Greedy,
+            eos_token_ids: folder.eos_token_ids(),
+        };
+        let got = ferrite_models::generate_seq2seq(&model, &prompt, &options).unwrap();
+        assert_eq!(got.ids, want, "{name}: greedy ids");
+    }
+}
+
+/// Five AdamW steps on the fixed (encoder ids, labels) batch: the loss before each step.
+#[test]
+fn t5_five_adamw_steps_match_transformers() {
+    use ferrite_optim::{Adam, AdamConfig, Optimizer};
+    for name in T5_MODELS {
+        let folder = HfFolder::open(fixtures().join(name)).unwrap();
+        let (model, _) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        let e = expected(name);
+        let ids = Tensor::stack(&[&e.get("input_ids"), &e.get("decoder_input_ids")], 1).unwrap();
+        let labels = e.get("labels");
+        let (lr, wd) = (e.f64s("adamw_lr")[0], e.f64s("adamw_wd")[0]);
+        let mut opt = Adam::named(model.named_parameters(), AdamConfig::adamw(lr).weight_decay(wd)).unwrap();
+        for (step, w) in e.f64s("adamw_losses").iter().enumerate() {
+            opt.zero_grad().unwrap();
+            let loss = ferrite_models::seq2seq_loss(&model.forward(&ids).unwrap(), &labels).unwrap();
+            let got = loss.item().unwrap();
+            assert!((got - w).abs() <= 1e-4 * w.abs(), "{name}: loss before AdamW step {step}: {got} vs {w}");
+            loss.backward().unwrap();
+            opt.step().unwrap();
+        }
+    }
+}
+
+/// `ferrite eval`'s sequence-to-sequence loss on `seq2seq.jsonl` with `--seq 16`: inputs and
+/// targets tokenized with T5's `</s>` and cut to 16 tokens, inputs padded behind an attention
+/// mask, labels padded with −100; the mean over every target token equals transformers'.
+#[test]
+fn t5_seq2seq_loss_on_padded_batches_matches_transformers() {
+    let pairs = ferrite_data::read_seq2seq_pairs(&fixtures().join("seq2seq.jsonl"), "input", "target").unwrap();
+    for name in T5_MODELS {
+        let folder = HfFolder::open(fixtures().join(name)).unwrap();
+        let tok = ferrite_data::HfTokenizer::from_file(&folder.tokenizer_file().unwrap()).unwrap();
+        let (mut model, _) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        model.eval();
+        let e = expected(name);
+        assert_eq!(pairs.len(), e.ids("seq2seq_examples")[0] as usize);
+        let c = model.config();
+        let tokens = ferrite_data::Seq2SeqTokens { pad: c.pad_token_id, decoder_start: c.decoder_start_token_id };
+        let examples = ferrite_data::Seq2SeqExamples::tokenize(&tok, &pairs, 16, tokens).unwrap();
+        assert!(examples.truncated() > 0, "some inputs must be cut");
+        let padded = (0..pairs.len()).filter(|&i| examples.rows(i).unwrap()[2].contains(&0)).count();
+        assert!(padded > 0, "some inputs must be padded, so the attention mask counts");
+        let mut loader = examples.tensor_loader().batch_size(5).build().unwrap();
+        let (mut sum, mut n) = (0.0, 0usize);
+        let _g = ferrite_tensor::no_grad();
+        for batch in &mut loader {
+            let (x, y) = batch.unwrap();
+            let scored = ferrite_models::scored_labels(&y).unwrap();
+            let loss: f64 = ferrite_models::seq2seq_loss(&model.forward(&x).unwrap(), &y).unwrap().item().unwrap();
+            sum += loss * scored as f64;
+            n += scored;
+        }
+        assert_eq!(n, e.ids("seq2seq_target_tokens")[0] as usize, "{name}: target tokens");
+        let (got, want) = (sum / n as f64, e.f64s("seq2seq_loss")[0]);
+        assert!(
+            (got - want).abs() <= 1e-4 * want.abs(),
+            "{name}: seq2seq loss {got} in ferrite, {want} in transformers"
+        );
+    }
+}
+
+/// A T5 folder written by ferrite (`save_decoder_with`: `shared.weight` once, no tied copies)
+/// reloads to the same tensors; with `FERRITE_HF_SAVE_TO=DIR` it is kept for
+/// `tests/data/check_saved_folders.py` (`AutoModelForSeq2SeqLM.from_pretrained`).
+#[test]
+fn t5_saved_folders_reload_to_the_same_tensors() {
+    for name in T5_MODELS {
+        let folder = HfFolder::open(fixtures().join(name)).unwrap();
+        let (model, _) = folder.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let out = match std::env::var_os("FERRITE_HF_SAVE_TO") {
+            Some(d) => PathBuf::from(d).join(name),
+            None => dir.path().to_path_buf(),
+        };
+        let options = ferrite_models::HfSaveOptions { copy_from: Some(folder.dir.clone()), ..Default::default() };
+        ferrite_models::save_decoder_with(&model, &folder.config_text, &out, &options).unwrap();
+        let again = HfFolder::open(&out).unwrap();
+        assert!(again.is_t5() && again.tokenizer_file().is_some());
+        let (reloaded, keys) = again.load_t5(&Device::Cpu, &HfLoadOptions::default()).unwrap();
+        assert!(keys.missing_keys.is_empty() && keys.unexpected_keys.is_empty(), "{name}: {keys:?}");
+        let (a, b) = (model.state_dict(), reloaded.state_dict());
+        for (k, t) in a.iter() {
+            let (x, y): (Vec<f32>, Vec<f32>) = (t.to_vec().unwrap(), b.get(k).unwrap().to_vec().unwrap());
+            assert_eq!(x, y, "{name}: {k}");
+        }
+    }
+}

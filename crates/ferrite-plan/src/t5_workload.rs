@@ -1,7 +1,7 @@
 //! T5 encoder-decoders (`ferrite_models::T5Model`) as planner workloads: `seq` tokens into the
 //! encoder and `seq` into the decoder, the batch a Hugging Face training step holds, and its loss.
 use ferrite_models::{T5Config, T5Model};
-use ferrite_nn::{CrossEntropyLoss, Module};
+use ferrite_nn::Module;
 use ferrite_tensor::{DType, Device, Tensor};
 
 use crate::PlanError;
@@ -52,19 +52,19 @@ impl Workload for T5Workload {
         Ok(Box::new(self.build_model(device, config.checkpoint_activations)?))
     }
 
-    /// Input `[batch, 2, seq]`: the encoder's tokens and the decoder's (the labels shifted right
-    /// with the start token, as HF's `_shift_right`); target: the labels `[batch, seq]`. The same
-    /// three `[batch, seq]` token tensors a HF training step holds.
+    /// Input `[batch, 3, seq]`: the encoder's tokens, the decoder's (the labels shifted right
+    /// with the start token, as HF's `_shift_right`) and the encoder's attention mask; target: the
+    /// labels `[batch, seq]` — the batch `ferrite train --hf-model` feeds a T5
+    /// (`ferrite_data::Seq2SeqExamples`), as a HF training step holds it.
     fn batch(&self, config: &StepConfig, device: &Device) -> Result<(Tensor, Tensor), PlanError> {
         Ok((
-            Tensor::zeros(&[config.batch, 2, self.seq], DType::I64, device)?,
+            Tensor::zeros(&[config.batch, 3, self.seq], DType::I64, device)?,
             Tensor::zeros(&[config.batch, self.seq], DType::I64, device)?,
         ))
     }
 
     fn loss(&self, model: &dyn Module, x: &Tensor, y: &Tensor) -> Result<(Tensor, Vec<Tensor>), PlanError> {
-        let logits = model.forward(x)?;
-        let v = self.config.vocab_size as i64;
-        Ok((CrossEntropyLoss::new().forward(&logits.reshape(&[-1, v])?, &y.reshape(&[-1])?)?, Vec::new()))
+        // T5's loss over the labels that are not −100 (`ferrite_train::Seq2SeqStep`'s).
+        Ok((ferrite_models::seq2seq_loss(&model.forward(x)?, y)?, Vec::new()))
     }
 }

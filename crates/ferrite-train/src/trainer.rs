@@ -178,6 +178,7 @@ type ResumeCallback<'a> = Box<dyn FnMut(&Resumed) + 'a>;
 type EvalFn<'a, M> = Box<dyn FnMut(&mut M) -> Result<Metrics, TrainError> + 'a>;
 type MakeOptimizer<'a> = Box<dyn FnOnce(Vec<Tensor>) -> Result<Box<dyn Optimizer>, TrainError> + 'a>;
 type PlanFn<'a> = Box<dyn FnOnce() -> Result<PlanContext, String> + 'a>;
+type MakeScheduler<'a> = Box<dyn FnOnce(&mut dyn Optimizer) -> Result<Box<dyn LrScheduler>, TrainError> + 'a>;
 type ReplicateFn<M> = Box<dyn FnOnce(M) -> Result<Box<dyn Replicated<M>>, TrainError>>;
 
 /// The model of a run: on one device, or replicated by DataParallel.
@@ -248,6 +249,8 @@ pub struct TrainerBuilder<'a, M: Module> {
     plan: Option<PlanFn<'a>>,
     on_resume: Vec<ResumeCallback<'a>>,
     scheduler: Option<Box<dyn LrScheduler>>,
+    /// `scheduler_with`: builds the schedule over the optimizer `build` makes.
+    make_scheduler: Option<MakeScheduler<'a>>,
     device: Device,
     epochs: usize,
     max_steps: Option<u64>,
@@ -312,6 +315,17 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
     /// [`TrainerBuilder::scheduler`] for a schedule already boxed (chosen at run time).
     pub fn scheduler_boxed(mut self, scheduler: Box<dyn LrScheduler>) -> Self {
         self.scheduler = Some(scheduler);
+        self
+    }
+    /// A schedule made over the optimizer when the trainer is built — for an optimizer that
+    /// [`Trainer::builder_with`] makes then (under [`data_parallel`](Self::data_parallel), over
+    /// the owners' tensors), which a schedule cannot be given beforehand. Replaces a
+    /// [`scheduler`](Self::scheduler) given before.
+    pub fn scheduler_with(
+        mut self,
+        make: impl FnOnce(&mut dyn Optimizer) -> Result<Box<dyn LrScheduler>, TrainError> + 'a,
+    ) -> Self {
+        self.make_scheduler = Some(Box::new(make));
         self
     }
     /// Show a progress bar (only when stderr is a terminal). Default off.
@@ -500,9 +514,13 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
             Held::One(m) => m.parameters(),
             Held::Replicas(r) => r.parameters(),
         };
-        let optimizer = match self.optimizer {
+        let mut optimizer = match self.optimizer {
             OptimizerSource::Given(opt) => opt,
             OptimizerSource::Make(make) => make(trainable)?,
+        };
+        let scheduler = match self.make_scheduler {
+            Some(make) => Some(make(&mut *optimizer)?),
+            None => self.scheduler,
         };
         if let Held::Replicas(r) = &model {
             if self.sync.is_some() {
@@ -543,7 +561,7 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
             plan: self.plan,
             on_resume: self.on_resume,
             stepper,
-            scheduler: self.scheduler,
+            scheduler,
             device: self.device,
             epochs: self.epochs,
             max_steps: self.max_steps,
@@ -651,6 +669,7 @@ impl<'a, M: Module> Trainer<'a, M> {
             plan: None,
             on_resume: Vec::new(),
             scheduler: None,
+            make_scheduler: None,
             device: Device::Cpu,
             epochs: 1,
             max_steps: None,

@@ -5,13 +5,19 @@
 //! ids are cut into consecutive, non-overlapping blocks of N tokens and the remainder is dropped;
 //! the loss is the mean cross-entropy over every predicted position (N − 1 per block) — exactly
 //! what `model(block, labels=block).loss` averages in transformers (tests compare with it).
+//!
+//! A T5 folder is evaluated on sequence-to-sequence data instead: a JSON Lines file of
+//! `--input-field`/`--target-field` objects, each text tokenized with the special tokens and cut
+//! to `--seq` tokens, as `ferrite train` reads it; the loss is the mean cross-entropy over every
+//! target token (transformers' `model(input_ids, attention_mask, labels).loss`, weighted by each
+//! example's target tokens).
 use std::path::PathBuf;
 use std::time::Instant;
 
 use ferrite_data::{TokenBlocks, read_text_source};
 use ferrite_memory::{allocator, format_size};
 use ferrite_tensor::Device;
-use ferrite_train::evaluate_causal_lm;
+use ferrite_train::{evaluate_causal_lm, evaluate_seq2seq};
 
 use super::CliResult;
 use super::hf_model;
@@ -19,16 +25,22 @@ use super::hf_model;
 #[derive(clap::Args, Debug, Clone)]
 pub struct EvalArgs {
     /// A Hugging Face model folder (`config.json`, weights, `tokenizer.json`): GPT-2, Llama,
-    /// Mistral or Qwen2.
+    /// Mistral, Qwen2, or T5 (then --data is JSON Lines of input/target pairs).
     #[arg(long)]
     pub hf_model: PathBuf,
     /// The text: a UTF-8 file (gzipped or not), or a folder whose .txt files are joined in name
     /// order with a newline.
     #[arg(long)]
     pub data: PathBuf,
-    /// Tokens per block.
+    /// Tokens per block (T5: tokens per input and per target, longer texts cut).
     #[arg(long)]
     pub seq: usize,
+    /// T5: the JSON Lines field holding each example's input text.
+    #[arg(long, default_value = "input")]
+    pub input_field: String,
+    /// T5: the JSON Lines field holding each example's target text.
+    #[arg(long, default_value = "target")]
+    pub target_field: String,
     /// Blocks per forward pass (memory, not the result).
     #[arg(long, default_value_t = 8)]
     pub batch_size: usize,
@@ -46,6 +58,9 @@ pub fn run(args: EvalArgs) -> CliResult {
     }
     let dir = hf_model::open(&args.hf_model, "eval")?;
     dir.check_seq(args.seq)?;
+    if dir.is_t5() {
+        return run_seq2seq(&args, &dir);
+    }
     let (text, _) = read_text_source(&args.data)?;
     let start = Instant::now();
     let ids = dir.tokenizer.encode(&text, false)?;
@@ -87,6 +102,55 @@ pub fn run(args: EvalArgs) -> CliResult {
         );
         println!(
             "loss {:.4}  perplexity {:.2}  over {} predicted tokens  | peak reserved {}  | {seconds:.1}s",
+            result.loss,
+            result.perplexity,
+            result.predicted,
+            format_size(peak)
+        );
+    }
+    Ok(())
+}
+
+/// `ferrite eval` of a T5 folder on input/target pairs (see the module docs).
+fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
+    let start = Instant::now();
+    let pairs = ferrite_data::read_seq2seq_pairs(&args.data, &args.input_field, &args.target_field)?;
+    let examples = ferrite_data::Seq2SeqExamples::tokenize(&dir.tokenizer, &pairs, args.seq, dir.seq2seq_tokens()?)?;
+    let truncated = examples.truncated();
+    let mut model = dir.load_t5(&args.device)?;
+    let mut loader = {
+        let b = examples.tensor_loader().batch_size(args.batch_size);
+        if args.device == Device::Cpu { b.build()? } else { b.stage_to(args.device.clone()).build()? }
+    };
+    let result = evaluate_seq2seq(&mut model, &mut loader)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = allocator(&args.device).max_memory_reserved();
+    if args.json {
+        let v = serde_json::json!({
+            "model": args.hf_model.display().to_string(),
+            "data": args.data.display().to_string(),
+            "loss": result.loss,
+            "perplexity": result.perplexity,
+            "examples": pairs.len(),
+            "target_tokens": result.predicted,
+            "truncated_texts": truncated,
+            "seq": args.seq,
+            "device": args.device.to_string(),
+            "peak_reserved_bytes": peak,
+            "seconds": seconds,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "ferrite eval: {} on {} ({} examples, inputs and targets of at most {} tokens, {truncated} texts cut) on {}",
+            args.hf_model.display(),
+            args.data.display(),
+            pairs.len(),
+            args.seq,
+            args.device
+        );
+        println!(
+            "loss {:.4}  perplexity {:.2}  over {} target tokens  | peak reserved {}  | {seconds:.1}s",
             result.loss,
             result.perplexity,
             result.predicted,

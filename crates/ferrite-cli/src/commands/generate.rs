@@ -3,9 +3,13 @@
 //! sampled (`--temperature`, `--top-k`, `--top-p`, `--seed`), with a key/value cache so each new
 //! token costs one position; it stops at the model's EOS id (`generation_config.json`, else
 //! `config.json`).
+//!
+//! A T5 folder reads the prompt as its input (tokenized with the special tokens, as in training)
+//! and writes the output from `decoder_start_token_id`: the encoder runs once, the decoder once
+//! per new token over the tokens so far (no cache yet: `ferrite_models::generate_seq2seq`).
 use std::path::PathBuf;
 
-use ferrite_models::{Decoding, GenerateOptions, generate};
+use ferrite_models::{Decoding, GenerateOptions, generate, generate_seq2seq};
 use ferrite_nn::Module;
 use ferrite_tensor::Device;
 
@@ -48,7 +52,8 @@ pub struct GenerateArgs {
 
 pub fn run(args: GenerateArgs) -> CliResult {
     let dir = hf_model::open(&args.hf_model, "generate")?;
-    let prompt = dir.tokenizer.encode(&args.prompt, false)?;
+    let t5 = dir.is_t5();
+    let prompt = dir.tokenizer.encode(&args.prompt, t5)?;
     if prompt.is_empty() {
         return Err(format!("--prompt {:?} tokenizes to no tokens; give some text to continue", args.prompt).into());
     }
@@ -63,11 +68,17 @@ pub fn run(args: GenerateArgs) -> CliResult {
     } else {
         Decoding::Greedy
     };
-    let mut model = dir.load(&args.device)?;
-    model.eval();
     let options =
         GenerateOptions { max_new_tokens: args.max_new_tokens, decoding, eos_token_ids: dir.folder.eos_token_ids() };
-    let out = generate(&model, &prompt, &options)?;
+    let out = if t5 {
+        let mut model = dir.load_t5(&args.device)?;
+        model.eval();
+        generate_seq2seq(&model, &prompt, &options)?
+    } else {
+        let mut model = dir.load(&args.device)?;
+        model.eval();
+        generate(&model, &prompt, &options)?
+    };
     let text = dir.tokenizer.decode(&out.ids, true)?;
     let decode_tokens = out.ids.len().saturating_sub(1);
     let tokens_per_second = if out.decode.as_secs_f64() > 0.0 && decode_tokens > 0 {
@@ -88,15 +99,20 @@ pub fn run(args: GenerateArgs) -> CliResult {
         });
         println!("{v}");
     } else {
-        println!("{}{}", args.prompt, text);
+        if t5 {
+            println!("{text}");
+        } else {
+            println!("{}{}", args.prompt, text);
+        }
         eprintln!(
-            "{} new tokens{} | prompt of {} tokens read in {:.3}s, then {} tokens/s | key/value cache {}",
+            "{} new tokens{} | prompt of {} tokens read in {:.3}s, then {} tokens/s | key/value cache {}{}",
             out.ids.len(),
             if out.stopped_at_eos { " (stopped at EOS)" } else { "" },
             prompt.len(),
             out.prefill.as_secs_f64(),
             if tokens_per_second.is_finite() { format!("{tokens_per_second:.1}") } else { "-".into() },
             ferrite_memory::format_size(out.cache_bytes as u64),
+            if t5 { " (T5: none yet, the decoder reruns its prefix per token)" } else { "" },
         );
     }
     Ok(())

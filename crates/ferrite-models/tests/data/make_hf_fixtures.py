@@ -15,7 +15,21 @@ one weight format and the options ferrite reads from config.json:
   t5v11/    T5 v1.1 / Flan: gated-gelu feed-forward, untied head; pytorch_model.bin
 
 The T5 folders' `expected.safetensors` hold encoder ids, labels, the decoder input transformers
-makes from them (`_shift_right`), the logits, the loss and every parameter's gradient.
+makes from them (`_shift_right`), the logits, the loss and every parameter's gradient, and:
+
+  adamw_losses     as for the decoders, on the fixed (enc, labels) batch
+  prompt_ids       PROMPT tokenized with the T5 tokenizer (`</s>` appended); greedy_ids:
+                   generate(do_sample=False, max_new_tokens=GREEDY_NEW)'s new tokens, the decoder
+                   start token dropped
+  seq2seq_loss     `ferrite eval` on seq2seq.jsonl with --seq SEQ2SEQ_SEQ: every input and target
+                   tokenized with truncation=True, max_length=SEQ2SEQ_SEQ, inputs padded with an
+                   attention mask, labels padded with -100; the mean loss over every target token
+                   (each example's loss weighted by its target tokens); seq2seq_target_tokens and
+                   seq2seq_examples their counts
+
+The T5 folders' `tokenizer.json` is the same BPE with T5's post-processor (`$A </s>`: every
+sequence ends with `</s>`, id 2), as a real T5 tokenizer. `seq2seq.jsonl` (next to text.txt) holds
+input/target pairs made from the corpus' lines (some longer than SEQ2SEQ_SEQ tokens, so cut).
 
 Every folder also gets `tokenizer.json`: a byte-level BPE (GPT-2's scheme, `<pad>`, `<s>`, `</s>`
 as ids 0, 1, 2) trained with the `tokenizers` package on `text.txt`, a small generated corpus kept
@@ -63,6 +77,7 @@ from transformers import (
 VOCAB, BATCH, SEQ = 320, 2, 12
 EVAL_SEQ, PROMPT, GREEDY_NEW = 16, "the allocator keeps", 10
 ADAMW_STEPS, ADAMW_LR, ADAMW_WD = 5, 1e-2, 0.01
+SEQ2SEQ_SEQ = 16
 WORDS = (
     "the memory of a device is reserved by the caching allocator which keeps freed blocks for the next "
     "tensor so a training step asks the driver only once and fragmentation shows as reserved bytes that "
@@ -238,10 +253,57 @@ def main():
     # The expected outputs of exactly the bf16 weights, computed in f32 (what ferrite loads).
     expected(m.to(torch.float32), gen, d, tok, text)
 
-    t5_models(args, gen)
+    t5_models(args, gen, t5_tokenizer(tok), seq2seq_pairs(text, os.path.join(args.out, "seq2seq.jsonl")))
 
 
-def expected_t5(model, gen, folder):
+def t5_tokenizer(tok):
+    """`tok` with T5's post-processor: every sequence ends with `</s>` (id 2)."""
+    from tokenizers import Tokenizer, processors
+
+    t = Tokenizer.from_str(tok.to_str())
+    t.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return t
+
+
+def seq2seq_pairs(text, path):
+    """Input/target pairs from the corpus' lines: the input the first 2 to 10 words of a line
+    (the shorter ones padded to SEQ2SEQ_SEQ tokens, the longer ones cut), the target its first
+    three words reversed."""
+    import json
+
+    pairs = []
+    for i, line in enumerate(text.splitlines()[:48]):
+        words = line.rstrip(".").split()
+        n = 2 + i % 9
+        pairs.append({"input": "reverse: " + " ".join(words[:n]), "target": " ".join(reversed(words[:3]))})
+    with open(path, "w") as f:
+        for p in pairs:
+            f.write(json.dumps(p) + "\n")
+    return pairs
+
+
+def seq2seq_loss(model, tok, pairs):
+    """`ferrite eval`'s definition on `pairs` (see the module docs), with transformers."""
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_str(tok.to_str())
+    t.enable_truncation(SEQ2SEQ_SEQ)
+    total, tokens = 0.0, 0
+    for p in pairs:
+        enc = t.encode(p["input"]).ids
+        lab = t.encode(p["target"]).ids
+        ids = torch.tensor([enc + [0] * (SEQ2SEQ_SEQ - len(enc))])
+        mask = torch.tensor([[1] * len(enc) + [0] * (SEQ2SEQ_SEQ - len(enc))])
+        labels = torch.tensor([lab + [-100] * (SEQ2SEQ_SEQ - len(lab))])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        total += float(loss) * len(lab)
+        tokens += len(lab)
+    return total / tokens, tokens
+
+
+def expected_t5(model, gen, folder, tok, pairs):
+    pristine = copy.deepcopy(model).eval()
+    tok.save(os.path.join(folder, "tokenizer.json"))
     model.eval()
     enc = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
@@ -256,11 +318,37 @@ def expected_t5(model, gen, folder):
     model(input_ids=enc, labels=labels).loss.backward()
     for name, p in model.named_parameters():
         out["grad." + name] = p.grad.detach().to(torch.float32).contiguous()
+    # Five AdamW steps on the fixed batch, from the untouched weights.
+    trained = copy.deepcopy(pristine).train()
+    opt = torch.optim.AdamW(trained.parameters(), lr=ADAMW_LR, weight_decay=ADAMW_WD)
+    losses = []
+    for _ in range(ADAMW_STEPS):
+        opt.zero_grad()
+        loss = trained(input_ids=enc, labels=labels).loss
+        losses.append(loss.detach())
+        loss.backward()
+        opt.step()
+    out["adamw_losses"] = torch.stack(losses).to(torch.float32)
+    out["adamw_lr"] = torch.tensor([ADAMW_LR], dtype=torch.float64)
+    out["adamw_wd"] = torch.tensor([ADAMW_WD], dtype=torch.float64)
+    with torch.no_grad():
+        m = copy.deepcopy(pristine)
+        prompt = torch.tensor([tok.encode(PROMPT).ids])
+        greedy = m.generate(
+            input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+            max_new_tokens=GREEDY_NEW, eos_token_id=2, pad_token_id=0, decoder_start_token_id=0,
+        )
+        out["prompt_ids"] = prompt[0].to(torch.int64)
+        out["greedy_ids"] = greedy[0, 1:].to(torch.int64)
+        loss, tokens = seq2seq_loss(copy.deepcopy(pristine), tok, pairs)
+        out["seq2seq_loss"] = torch.tensor([loss], dtype=torch.float64)
+        out["seq2seq_target_tokens"] = torch.tensor([tokens], dtype=torch.int64)
+        out["seq2seq_examples"] = torch.tensor([len(pairs)], dtype=torch.int64)
     out = {k: v.contiguous() for k, v in out.items()}
     save_file(out, os.path.join(folder, "expected.safetensors"))
 
 
-def t5_models(args, gen):
+def t5_models(args, gen, tok, pairs):
     common = dict(
         vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
@@ -272,14 +360,14 @@ def t5_models(args, gen):
     m.tie_weights()
     d = fresh(os.path.join(args.out, "t5"))
     m.save_pretrained(d)
-    expected_t5(m, gen, d)
+    expected_t5(m, gen, d, tok, pairs)
     # v1.1: gated-gelu, untied head; pytorch_model.bin.
     m = T5ForConditionalGeneration(T5Config(feed_forward_proj="gated-gelu", tie_word_embeddings=False, **common))
     redraw(m, gen)
     d = fresh(os.path.join(args.out, "t5v11"))
     m.config.save_pretrained(d)
     torch.save(m.state_dict(), os.path.join(d, "pytorch_model.bin"))
-    expected_t5(m, gen, d)
+    expected_t5(m, gen, d, tok, pairs)
 
 
 if __name__ == "__main__":

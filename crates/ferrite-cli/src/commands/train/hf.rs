@@ -13,22 +13,23 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use ferrite_data::{Dataset, DistributedSampler, TokenBlocks, read_documents, tokenize_documents};
-use ferrite_memory::{allocator, format_size};
+use ferrite_memory::{allocator, format_size, select_devices};
 use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
 use ferrite_nn::Module;
-use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, Optimizer, warmup_cosine};
+use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, LrScheduler, Optimizer, warmup_cosine};
 use ferrite_tensor::Device;
 use ferrite_train::distributed::{Distributed, EvalShare};
 use ferrite_train::{CausalLmStep, Metrics, evaluate_causal_lm, seconds, start_observer};
+use ferrite_train::{OwnerPolicy, StepSync, Trainer, TrainerBuilder};
 
 use super::settings::{configure, describe_settings};
-use super::{LrSchedule, TrainArgs, TrainError};
+use super::{LrSchedule, TrainArgs, TrainError, data_parallel};
 use crate::commands::hf_model;
 
 /// Share of the blocks used for training; the rest is the validation set.
-const TRAIN_FRACTION: f64 = 0.9;
+pub(super) const TRAIN_FRACTION: f64 = 0.9;
 
-fn invalid(flag: &'static str, value: impl ToString, expected: &'static str) -> TrainError {
+pub(super) fn invalid(flag: &'static str, value: impl ToString, expected: &'static str) -> TrainError {
     TrainError::InvalidArgument { flag, value: value.to_string(), expected }
 }
 
@@ -44,11 +45,14 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         return Err(invalid(
             "data",
             "",
-            "your text with --hf-model: a .txt file, a .jsonl file with a `text` field per line, or a folder of them",
+            "your text with --hf-model: a .txt file, a .jsonl file with a `text` field per line, or a folder of them (T5: JSON Lines of input/target pairs)",
         ));
     };
-    let max_shard_size = parse_shard_size(&args.max_shard_size)?;
     let dir = hf_model::open(model_dir, "train")?;
+    if dir.is_t5() {
+        return super::hf_t5::train(args, device, dist, dir, data);
+    }
+    let max_shard_size = parse_shard_size(&args.max_shard_size)?;
     let seq = args.shape.seq;
     dir.check_seq(seq)?;
     let config = dir.folder.decoder_config()?;
@@ -78,6 +82,10 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // interrupted run and its resumption share one schedule), else every step of the epochs.
     let total_steps = args.steps.unwrap_or(steps_per_epoch * epochs as u64);
 
+    // --devices/--data-parallel: DataParallel over these devices, the first the primary one.
+    let devices =
+        data_parallel::requested(args).then(|| select_devices(device, args.devices.as_deref())).transpose()?;
+    let primary = devices.as_ref().and_then(|d| d.first()).unwrap_or(device);
     let mut seeds = ferrite_tensor::Generator::new(args.seed);
     let loader_seed = seeds.next_u64();
     let sampler = match dist {
@@ -91,7 +99,9 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             None => b.shuffle(true),
         };
         let b = b.num_workers(args.workers);
-        if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? }
+        // Under DataParallel the batches stay on the host: each replica's shard is copied to
+        // its device.
+        if *device == Device::Cpu || devices.is_some() { b.build()? } else { b.stage_to(device.clone()).build()? }
     };
     let mut val_loader = match val_blocks {
         Some(v) => {
@@ -100,13 +110,13 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
                 Some(d) => b.sampler(EvalShare::new(d.world_size(), d.rank())),
                 None => b,
             };
-            Some(if *device == Device::Cpu { b.build()? } else { b.stage_to(device.clone()).build()? })
+            Some(if *primary == Device::Cpu { b.build()? } else { b.stage_to(primary.clone()).build()? })
         }
         None => None,
     };
 
     // ---- model
-    let mut model = dir.load(device)?;
+    let mut model = dir.load(if devices.is_some() { &Device::Cpu } else { device })?;
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
@@ -125,10 +135,14 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         config.vocab_size
     );
     println!(
-        "ferrite train: {} on {} ({} documents, {tokens} tokens: {n_train} training / {n_val} validation blocks of {seq}), {name} on {device}{}",
+        "ferrite train: {} on {} ({} documents, {tokens} tokens: {n_train} training / {n_val} validation blocks of {seq}), {name} on {}{}",
         model_dir.display(),
         data.display(),
         docs.len(),
+        match &devices {
+            Some(d) => format!("DataParallel over {}", d.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+            None => device.to_string(),
+        },
         dist.map_or(String::new(), |d| format!(", {} ranks", d.world_size())),
     );
     println!(
@@ -150,28 +164,6 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             config.attention_dropout, config.residual_dropout, config.embedding_dropout
         );
     }
-    let adamw = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
-    let mut opt: Box<dyn Optimizer> = match &sync {
-        Some(s) => s.optimizer(adamw)?,
-        None => Box::new(adamw),
-    };
-    let scheduler: Option<Box<dyn ferrite_optim::LrScheduler>> = match args.lr_schedule {
-        LrSchedule::Constant => None,
-        LrSchedule::Cosine if args.warmup_steps == 0 => {
-            Some(Box::new(CosineAnnealingLr::new(&mut *opt, total_steps.max(1) as i64, 0.0)?))
-        }
-        LrSchedule::Cosine => {
-            if args.warmup_steps as u64 >= total_steps {
-                return Err(invalid(
-                    "warmup-steps",
-                    args.warmup_steps,
-                    "fewer than the run's optimizer steps (see the line above); lower it or train longer",
-                ));
-            }
-            let start = 1.0 / args.warmup_steps as f64;
-            Some(Box::new(warmup_cosine(&mut *opt, args.warmup_steps as i64, total_steps as i64, start, 0.0)?))
-        }
-    };
     let settings: Vec<(String, String)> = vec![
         ("hf-model".into(), model_dir.display().to_string()),
         ("data".into(), data.display().to_string()),
@@ -186,7 +178,8 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         ("train-subset".into(), args.train_subset.map_or("all".into(), |n| n.to_string())),
     ];
     let run = start_observer(&args.observe.settings(), name.clone(), &data.display().to_string(), device)?;
-    let mut builder = configure(args, ferrite_train::Trainer::builder_boxed(model, opt), device, epochs, settings)
+    let builder = trainer_builder(args, model, devices.as_deref(), sync.as_ref(), total_steps)?;
+    let mut builder = configure(args, builder, primary, epochs, settings)
         .checkpoint_activations(args.checkpoint_activations)
         .run_observer(run)
         .on_epoch(|e| {
@@ -204,9 +197,6 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
                 seconds(e.elapsed.as_secs_f64()),
             )
         });
-    if let Some(s) = scheduler {
-        builder = builder.scheduler_boxed(s);
-    }
     if let Some(s) = args.steps {
         builder = builder.max_steps(s);
     }
@@ -250,7 +240,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         out.display(),
         out.display()
     );
-    println!("{}", allocator(device).memory_summary(true));
+    println!("{}", allocator(primary).memory_summary(true));
     if let Some(d) = dist {
         d.finish_and_report(sync, device)?;
     }
@@ -258,4 +248,51 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         run.finish();
     }
     Ok(())
+}
+
+/// The trainer of an HF fine-tuning run (decoder or T5): AdamW (`--lr`, `--weight-decay`) over
+/// the model's parameters on one device — through `sync`'s optimizer under DDP or ZeRO — or, with
+/// `devices`, made over each parameter's owner replica under DataParallel (sharded owners, as
+/// `data_parallel.rs`); and the `--lr-schedule`, made over that optimizer when the trainer is
+/// built (`scheduler_with`), so it is the same schedule on one device and on several.
+pub(super) fn trainer_builder<'a, M: Module + Clone + 'static>(
+    args: &TrainArgs,
+    model: M,
+    devices: Option<&[Device]>,
+    sync: Option<&StepSync>,
+    total_steps: u64,
+) -> Result<TrainerBuilder<'a, M>, TrainError> {
+    let config = AdamConfig::adamw(args.lr).weight_decay(args.weight_decay);
+    let builder = match devices {
+        Some(devices) => Trainer::builder_with(model, move |params| Adam::new(params, config))
+            .data_parallel(devices, OwnerPolicy::Sharded),
+        None => {
+            let adamw = Adam::named(model.named_parameters(), config)?;
+            let opt: Box<dyn Optimizer> = match sync {
+                Some(s) => s.optimizer(adamw)?,
+                None => Box::new(adamw),
+            };
+            Trainer::builder_boxed(model, opt)
+        }
+    };
+    let warmup = args.warmup_steps;
+    Ok(match args.lr_schedule {
+        LrSchedule::Constant => builder,
+        LrSchedule::Cosine if warmup == 0 => builder.scheduler_with(move |opt| {
+            Ok(Box::new(CosineAnnealingLr::new(opt, total_steps.max(1) as i64, 0.0)?) as Box<dyn LrScheduler>)
+        }),
+        LrSchedule::Cosine => {
+            if warmup as u64 >= total_steps {
+                return Err(invalid(
+                    "warmup-steps",
+                    warmup,
+                    "fewer than the run's optimizer steps (see the line above); lower it or train longer",
+                ));
+            }
+            let start = 1.0 / warmup as f64;
+            builder.scheduler_with(move |opt| {
+                Ok(Box::new(warmup_cosine(opt, warmup as i64, total_steps as i64, start, 0.0)?) as Box<dyn LrScheduler>)
+            })
+        }
+    })
 }

@@ -28,6 +28,7 @@
 
 mod data_parallel;
 mod hf;
+mod hf_t5;
 mod image;
 mod image_data;
 mod language;
@@ -53,7 +54,8 @@ pub struct TrainArgs {
     pub model: ModelKind,
     /// Fine-tune a Hugging Face model folder instead (`config.json`, weights, `tokenizer.json`;
     /// GPT-2, Llama, Mistral, Qwen2) on --data (text, JSON Lines with a `text` field, or a folder
-    /// of them), in blocks of --seq tokens; --out is the folder written back.
+    /// of them), in blocks of --seq tokens; --out is the folder written back. A T5 folder trains
+    /// on JSON Lines of input/target pairs (--input-field, --target-field), each cut to --seq.
     #[arg(long, conflicts_with = "dataset")]
     pub hf_model: Option<PathBuf>,
     /// With --hf-model: stop after this many optimizer steps, and the length of the learning-rate
@@ -65,6 +67,12 @@ pub struct TrainArgs {
     /// --warmup-steps of linear warm-up.
     #[arg(long, value_enum, default_value = "constant")]
     pub lr_schedule: LrSchedule,
+    /// With a T5 --hf-model: the JSON Lines field of --data holding each example's input text.
+    #[arg(long, default_value = "input")]
+    pub input_field: String,
+    /// With a T5 --hf-model: the JSON Lines field of --data holding each example's target text.
+    #[arg(long, default_value = "target")]
+    pub target_field: String,
     /// Linear warm-up steps before the cosine schedule.
     #[arg(long, default_value_t = 0)]
     pub warmup_steps: usize,
@@ -229,6 +237,8 @@ impl TrainArgs {
             hf_model: None,
             steps: None,
             lr_schedule: LrSchedule::Constant,
+            input_field: "input".into(),
+            target_field: "target".into(),
             warmup_steps: 0,
             max_shard_size: "5GB".into(),
             dataset: None,

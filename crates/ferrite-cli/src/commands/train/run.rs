@@ -64,11 +64,6 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
             ("image-size", args.image_size.is_some(), "an image model's data; --hf-model reads text"),
             ("augment", args.augment, "image models; --hf-model reads text"),
             ("skip-bad-files", args.skip_bad_files, "image folders; --hf-model reads text"),
-            (
-                "devices",
-                data_parallel::requested(args),
-                "the built-in models for now; --hf-model trains on one device, or on several with --distributed (one MPI rank per device)",
-            ),
         ];
         if let Some((flag, _, expected)) = unsupported.into_iter().find(|(_, given, _)| *given) {
             return Err(TrainError::InvalidArgument { flag, value: "given with --hf-model".into(), expected });
@@ -234,7 +229,8 @@ pub fn train(args: &TrainArgs) -> Result<(), TrainError> {
     if args.distributed {
         return train_distributed(args, &device);
     }
-    if data_parallel::requested(args) {
+    // --hf-model runs DataParallel itself (hf.rs); the built-in image models here.
+    if data_parallel::requested(args) && args.hf_model.is_none() {
         return data_parallel::train(args, &device);
     }
     let result = if args.hf_model.is_some() {
