@@ -17,6 +17,7 @@ pub mod observe;
 pub mod planned;
 mod replicas;
 pub mod resume;
+pub mod sharded;
 mod start_observer;
 mod stepper;
 mod trainer;

@@ -27,6 +27,8 @@ mod process_group;
 mod reducer;
 #[cfg(feature = "mpi")]
 mod zero;
+#[cfg(feature = "mpi")]
+mod zero_checkpoint;
 
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
@@ -37,6 +39,8 @@ pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStat
 pub use reducer::StepTimings;
 #[cfg(feature = "mpi")]
 pub use zero::{ZeroOptions, ZeroRedundancy, ZeroStage, ZeroStepOutcome};
+#[cfg(feature = "mpi")]
+pub use zero_checkpoint::ShardPieceState;
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");
