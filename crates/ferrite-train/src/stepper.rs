@@ -213,7 +213,9 @@ impl Stepper {
     ) -> Result<TrainingState, TrainError> {
         let opt = &mut *self.opt;
         let mut local = || -> Result<TrainingState, TrainError> {
-            let mut state = if crate::sharded::is_sharded(path) {
+            // A directory is a sharded checkpoint (one without an index: a save that never
+            // finished, named as such).
+            let mut state = if path.is_dir() {
                 crate::sharded::load(path, settings)?
             } else {
                 resume::load(path, device, settings)?
