@@ -80,8 +80,17 @@ fn train(ranks: usize, extra: &[&str]) -> Vec<String> {
 
 fn train_args(extra: &[&str]) -> Vec<String> {
     let base = [
-        "train", "--distributed", "--no-progress", "--hidden", "30", "--lr", "0.01", "--batch-size", "32",
-        "--train-subset", "400",
+        "train",
+        "--distributed",
+        "--no-progress",
+        "--hidden",
+        "30",
+        "--lr",
+        "0.01",
+        "--batch-size",
+        "32",
+        "--train-subset",
+        "400",
     ];
     base.iter().chain(extra).map(|s| s.to_string()).collect()
 }
@@ -154,7 +163,11 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
         let out = run_ok(2, &["--zero", stage, "--epochs", "2", "--resume", "ck2", "--out", "r.safetensors"], dir);
         assert!(out.contains("resumed from ck2 after epoch 1"), "{out}");
         let (u, r) = (weights(&dir.join("u.safetensors")), weights(&dir.join("r.safetensors")));
-        assert!(bits(&u) == bits(&r), "{test}: ZeRO-{stage} resumed on 2 ranks differs from the uninterrupted run: {:?}", worst_relative(&r, &u));
+        assert!(
+            bits(&u) == bits(&r),
+            "{test}: ZeRO-{stage} resumed on 2 ranks differs from the uninterrupted run: {:?}",
+            worst_relative(&r, &u)
+        );
     }
     // Saved on 3 ranks: 3 shards and an index.
     run_ok(3, &["--zero", "2", "--epochs", "1", "--save-checkpoint", "ck3"], dir);

@@ -125,8 +125,8 @@ pub enum IoError {
     /// A directory given as a sharded checkpoint has no index: not a sharded checkpoint, or its
     /// first save never finished (the index is written last, after every rank's shard).
     #[error(
-        "`{}` has no {} index: it is not a sharded checkpoint, or its save did not finish (the index is written last, after every rank's shard); resume from a complete checkpoint",
-        dir.display(), crate::sharded_checkpoint::SHARD_INDEX_FILE
+        "`{}` has no index.safetensors index: it is not a sharded checkpoint, or its save did not finish (the index is written last, after every rank's shard); resume from a complete checkpoint",
+        dir.display()
     )]
     ShardIndexMissing { dir: PathBuf },
 

@@ -137,7 +137,8 @@ pub fn read_sharded_checkpoint(dir: &Path) -> Result<ShardedCheckpoint> {
     let tag = index.str("shards/tag")?.to_string();
     let world = usize::try_from(index.int("shards/world_size")?)
         .map_err(|_| IoError::structure("shards/world_size", "is negative"))?;
-    let files = index.require("shards/files")?.as_list().ok_or_else(|| IoError::structure("shards/files", "is not a list"))?;
+    let files =
+        index.require("shards/files")?.as_list().ok_or_else(|| IoError::structure("shards/files", "is not a list"))?;
     if files.len() != world || world == 0 {
         return Err(IoError::structure(
             index_path.display().to_string(),
@@ -146,8 +147,14 @@ pub fn read_sharded_checkpoint(dir: &Path) -> Result<ShardedCheckpoint> {
     }
     let mut shards = Vec::with_capacity(world);
     for (rank, f) in files.iter().enumerate() {
-        let name = f.get("file").and_then(Value::as_str).ok_or_else(|| IoError::structure("shards/files", "an entry has no `file`"))?;
-        let expected = f.get("bytes").and_then(Value::as_int).ok_or_else(|| IoError::structure("shards/files", "an entry has no `bytes`"))?;
+        let name = f
+            .get("file")
+            .and_then(Value::as_str)
+            .ok_or_else(|| IoError::structure("shards/files", "an entry has no `file`"))?;
+        let expected = f
+            .get("bytes")
+            .and_then(Value::as_int)
+            .ok_or_else(|| IoError::structure("shards/files", "an entry has no `bytes`"))?;
         let path = dir.join(name);
         let Ok(meta) = std::fs::metadata(&path) else {
             return Err(IoError::ShardMissing { path, rank, world_size: world });
@@ -159,7 +166,12 @@ pub fn read_sharded_checkpoint(dir: &Path) -> Result<ShardedCheckpoint> {
         for (entry, want) in [("shard/rank", rank as i64), ("shard/world_size", world as i64)] {
             let found = shard.int(entry)?;
             if found != want {
-                return Err(IoError::ShardMismatch { path, entry, expected: want.to_string(), found: found.to_string() });
+                return Err(IoError::ShardMismatch {
+                    path,
+                    entry,
+                    expected: want.to_string(),
+                    found: found.to_string(),
+                });
             }
         }
         let found = shard.str("shard/tag")?;
@@ -199,7 +211,8 @@ mod tests {
         assert_eq!(back.shards[2].int("value").unwrap(), 2);
         // A new save at another world size: the old shards go once its index is written.
         save(&ckpt, "b", 2);
-        let names: Vec<String> = std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+        let names: Vec<String> =
+            std::fs::read_dir(&ckpt).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
         assert!(names.iter().all(|n| !n.contains("-a-")), "{names:?}");
         assert_eq!(read_sharded_checkpoint(&ckpt).unwrap().world_size(), 2);
     }

@@ -135,18 +135,8 @@ fn main() -> Res<()> {
         let sps = |s: f64| (world * LOCAL_BATCH) as f64 / s;
         println!("world {world}, local batch {LOCAL_BATCH} x seq {SEQ} x d_model {D_MODEL}, {steps} steps each");
         println!("DDP    step {:.1} ms, {:.1} samples/s", s_ddp * 1e3, sps(s_ddp));
-        println!(
-            "ZeRO-1 step {:.1} ms, {:.1} samples/s: {:.2}x DDP's throughput",
-            s_z1 * 1e3,
-            sps(s_z1),
-            s_ddp / s_z1
-        );
-        println!(
-            "ZeRO-2 step {:.1} ms, {:.1} samples/s: {:.2}x DDP's throughput",
-            s_z2 * 1e3,
-            sps(s_z2),
-            s_ddp / s_z2
-        );
+        println!("ZeRO-1 step {:.1} ms, {:.1} samples/s: {:.2}x DDP's throughput", s_z1 * 1e3, sps(s_z1), s_ddp / s_z1);
+        println!("ZeRO-2 step {:.1} ms, {:.1} samples/s: {:.2}x DDP's throughput", s_z2 * 1e3, sps(s_z2), s_ddp / s_z2);
         let share = |c: f64, h: f64| if c > 0.0 { 100.0 * (h / c).min(1.0) } else { 100.0 };
         println!(
             "gradient all-reduce hidden behind backward: DDP {:.0}% of {:.2} ms, ZeRO-1 {:.0}% of {:.2} ms; ZeRO-2's reduce-scatter runs after backward: 0% hidden",

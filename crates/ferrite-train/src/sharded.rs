@@ -58,7 +58,10 @@ pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {
             let param = count_at(shard, &format!("{base}/param"))?;
             let start = count_at(shard, &format!("{base}/start"))?;
             let Some(p) = table.get(param) else {
-                return Err(bad(format!("piece {k} names trainable parameter {param}; the index lists {}", table.len())));
+                return Err(bad(format!(
+                    "piece {k} names trainable parameter {param}; the index lists {}",
+                    table.len()
+                )));
             };
             let master = shard.tensor(&format!("{base}/master"), &cpu)?;
             let values = master.to_dtype(DType::F32)?.to_vec::<f32>()?;
@@ -92,7 +95,9 @@ pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {
                 match slots[param].iter_mut().find(|(n, _)| n == name) {
                     Some((_, Slot::Elementwise(parts))) => match value {
                         Slot::Elementwise(more) => parts.extend(more),
-                        Slot::Scalar(_) => return Err(bad(format!("{base}/state/{name}: a scalar where other pieces hold values"))),
+                        Slot::Scalar(_) => {
+                            return Err(bad(format!("{base}/state/{name}: a scalar where other pieces hold values")));
+                        }
                     },
                     Some((_, Slot::Scalar(_))) => {}
                     None => slots[param].push((name.to_string(), value)),
@@ -106,7 +111,12 @@ pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {
         if covered[i] != p.numel() {
             return Err(TrainError::corrupt(
                 dir,
-                &format!("the shards hold {} of the {} values of `{}`: a shard is missing pieces", covered[i], p.numel(), p.name),
+                &format!(
+                    "the shards hold {} of the {} values of `{}`: a shard is missing pieces",
+                    covered[i],
+                    p.numel(),
+                    p.name
+                ),
             ));
         }
         let values = std::mem::take(&mut masters[i]);
@@ -129,7 +139,11 @@ pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {
                     if n != p.numel() {
                         return Err(TrainError::corrupt(
                             dir,
-                            &format!("optimizer state `{name}` of `{}`: the shards hold {n} of its {} values", p.name, p.numel()),
+                            &format!(
+                                "optimizer state `{name}` of `{}`: the shards hold {n} of its {} values",
+                                p.name,
+                                p.numel()
+                            ),
                         ));
                     }
                     StateValue::Tensor(Tensor::from_vec(full, &p.shape, &Device::Cpu)?)
@@ -194,7 +208,8 @@ impl ParamRow {
 }
 
 fn param_table(index: &Checkpoint) -> Result<Vec<ParamRow>, TrainError> {
-    let rows = index.require("params")?.as_list().ok_or_else(|| TrainError::corrupt_entry("params", "is not a list"))?;
+    let rows =
+        index.require("params")?.as_list().ok_or_else(|| TrainError::corrupt_entry("params", "is not a list"))?;
     rows.iter()
         .map(|r| {
             let bad = |what: &str| TrainError::corrupt_entry("params", format!("a row has no valid `{what}`"));
@@ -215,10 +230,7 @@ fn param_table(index: &Checkpoint) -> Result<Vec<ParamRow>, TrainError> {
 
 fn saved_settings(index: &Checkpoint) -> Vec<(String, String)> {
     let Some(items) = index.get("settings").and_then(Value::as_dict) else { return Vec::new() };
-    items
-        .iter()
-        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string())))
-        .collect()
+    items.iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string()))).collect()
 }
 
 fn count_at(c: &Checkpoint, path: &str) -> Result<usize, TrainError> {
@@ -232,7 +244,7 @@ pub(crate) mod save {
 
     use ferrite_io::{Checkpoint, Value};
     use ferrite_nn::Module;
-    use ferrite_optim::{GradScalerState, OptimizerState, Optimizer, StateValue};
+    use ferrite_optim::{GradScalerState, Optimizer, OptimizerState, StateValue};
     use ferrite_parallel::distributed::ZeroRedundancy;
     use ferrite_tensor::GeneratorState;
 
@@ -360,7 +372,9 @@ pub(crate) mod save {
         let mut bytes = Vec::with_capacity(world);
         for r in 0..world {
             let path = dir.join(ferrite_io::shard_file_name(tag, r, world));
-            let len = std::fs::metadata(&path).map_err(|_| ferrite_io::IoError::ShardMissing { path, rank: r, world_size: world })?.len();
+            let len = std::fs::metadata(&path)
+                .map_err(|_| ferrite_io::IoError::ShardMissing { path, rank: r, world_size: world })?
+                .len();
             bytes.push(len);
         }
         ferrite_io::write_shard_index(dir, tag, &bytes, &c)?;

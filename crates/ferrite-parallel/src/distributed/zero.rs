@@ -37,7 +37,19 @@ use super::error::{DistributedError, Result};
 use super::grad_reduce_scatter::reduce_scatter_grads;
 use super::partition::{FlatPartition, ShardPiece};
 use super::process_group::Comm;
-pub(super) use super::zero_checkpoint::OptimizerLayout;
+
+/// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
+#[derive(Debug, Clone)]
+pub(crate) struct OptimizerLayout {
+    /// Per trainable parameter: its index in the full optimizer (counted over the groups), or
+    /// `None` when the optimizer does not update it.
+    pub(crate) full_index: Vec<Option<usize>>,
+    /// Per parameter of the sharded optimizer (counted over its groups): the piece it is (an
+    /// index into the rank's pieces), `None` for an empty group's placeholder.
+    pub(crate) shard_piece: Vec<Option<usize>>,
+    /// Per group of the full optimizer: its parameter count and names, as it had them.
+    pub(crate) full_groups: Vec<(usize, Option<Vec<String>>)>,
+}
 
 /// Which ZeRO stage a [`ZeroRedundancy`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,20 +19,7 @@ use ferrite_optim::{GroupState, Optimizer, OptimizerState, StateValue};
 use ferrite_tensor::{DType, Tensor, no_grad};
 
 use super::error::{DistributedError, Result};
-use super::zero::ZeroRedundancy;
-
-/// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
-#[derive(Debug, Clone)]
-pub(crate) struct OptimizerLayout {
-    /// Per trainable parameter: its index in the full optimizer (counted over the groups), or
-    /// `None` when the optimizer does not update it.
-    pub(crate) full_index: Vec<Option<usize>>,
-    /// Per parameter of the sharded optimizer (counted over its groups): the piece it is (an
-    /// index into the rank's pieces), `None` for an empty group's placeholder.
-    pub(crate) shard_piece: Vec<Option<usize>>,
-    /// Per group of the full optimizer: its parameter count and names, as it had them.
-    pub(crate) full_groups: Vec<(usize, Option<Vec<String>>)>,
-}
+use super::zero::{OptimizerLayout, ZeroRedundancy};
 
 /// One piece of this rank's shard, as a checkpoint stores it.
 #[derive(Debug, Clone)]
