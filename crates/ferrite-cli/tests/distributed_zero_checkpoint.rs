@@ -195,6 +195,9 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
             bits(&z) == bits(&d)
         );
         assert!(worst < 1e-6, "{test}: {ranks} ranks: {worst} at {at}");
+        // DDP also resumes from the sharded directory itself, exactly as from the joined file.
+        run_ok(ranks, &["--epochs", "2", "--resume", "ck3", "--out", "d_dir.safetensors"], dir);
+        assert!(bits(&weights(&dir.join("d_dir.safetensors"))) == bits(&d), "{test}: DDP from ck3 on {ranks} ranks");
     }
     // Saved again at the new size, under ZeRO-1, into the same directory: the old shards go.
     run_ok(2, &["--zero", "1", "--epochs", "2", "--resume", "ck3", "--save-checkpoint", "ck3"], dir);

@@ -8,7 +8,8 @@
 //! `mpirun -H host1,host2 -np 2 prog` (several): [`ProcessGroup::init`] finds its rank and world
 //! size; [`DistributedDataParallel`] keeps the replicas identical; each rank reads its share of
 //! the data through `ferrite_data::DistributedSampler`. [`ZeroRedundancy`] shards the optimizer
-//! state (ZeRO-1) and the gradients too (ZeRO-2) over the same ranks.
+//! state (ZeRO-1) and the gradients too (ZeRO-2) over the same ranks; each rank's pieces go into
+//! a sharded checkpoint and come back at any world size (`zero_checkpoint.rs`).
 
 #[cfg(feature = "mpi")]
 mod bucket;
