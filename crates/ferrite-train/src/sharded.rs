@@ -37,6 +37,21 @@ pub fn is_sharded(path: &Path) -> bool {
     ferrite_io::is_sharded_checkpoint(path)
 }
 
+/// Whether `path` is, or was meant to be, a sharded checkpoint: a directory with an index, or
+/// with shard files (also the hidden temporary ones of a save that was killed) but no index —
+/// which [`load`] then reports as a save that never finished.
+pub fn looks_sharded(path: &Path) -> bool {
+    if is_sharded(path) {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else { return false };
+    entries.flatten().any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("shard-") || name.starts_with(".shard-")
+    })
+}
+
 /// A sharded checkpoint joined into the ordinary single-device state, with the settings it was
 /// saved with (nothing is checked against a run).
 pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {

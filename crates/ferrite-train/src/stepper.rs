@@ -213,9 +213,9 @@ impl Stepper {
     ) -> Result<TrainingState, TrainError> {
         let opt = &mut *self.opt;
         let mut local = || -> Result<TrainingState, TrainError> {
-            // A directory is a sharded checkpoint (one without an index: a save that never
-            // finished, named as such).
-            let mut state = if path.is_dir() {
+            // A sharded checkpoint's directory (one with shards but no index: a save that
+            // never finished, named as such).
+            let mut state = if crate::sharded::looks_sharded(path) {
                 crate::sharded::load(path, settings)?
             } else {
                 resume::load(path, device, settings)?
