@@ -122,6 +122,26 @@ pub enum IoError {
     #[error("invalid PyTorch memory snapshot at `{path}`: {reason}")]
     InvalidSnapshot { path: String, reason: String },
 
+    /// A directory given as a sharded checkpoint has no index: not a sharded checkpoint, or its
+    /// first save never finished (the index is written last, after every rank's shard).
+    #[error(
+        "`{}` has no index.safetensors index: it is not a sharded checkpoint, or its save did not finish (the index is written last, after every rank's shard); resume from a complete checkpoint",
+        dir.display()
+    )]
+    ShardIndexMissing { dir: PathBuf },
+
+    /// A shard the index lists is not there.
+    #[error("shard file `{}` of rank {rank} (of {world_size}) is missing; the sharded checkpoint is incomplete: restore the file or resume from another checkpoint", path.display())]
+    ShardMissing { path: PathBuf, rank: usize, world_size: usize },
+
+    /// A shard whose length is not what the index recorded (truncated, or replaced).
+    #[error("shard file `{}` of rank {rank} is {found} bytes but the index recorded {expected}: it is truncated or was replaced; restore the file or resume from another checkpoint", path.display())]
+    ShardSize { path: PathBuf, rank: usize, expected: u64, found: u64 },
+
+    /// A shard that belongs to another rank, world size or save than its index says.
+    #[error("shard file `{}` has {entry} = {found} where the index expects {expected}: it belongs to another save; restore the file or resume from another checkpoint", path.display())]
+    ShardMismatch { path: PathBuf, entry: &'static str, expected: String, found: String },
+
     /// Creating or reading a ferrite `Tensor` failed (e.g. out of memory on the target device).
     #[error("{0}")]
     Tensor(#[from] ferrite_tensor::TensorError),

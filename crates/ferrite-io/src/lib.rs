@@ -29,6 +29,7 @@ mod pt_zip;
 mod raw_tensor;
 mod read;
 mod safetensors_format;
+mod sharded_checkpoint;
 mod state_dict;
 mod tensor_data;
 mod tensor_loader;
@@ -50,6 +51,10 @@ pub use raw_tensor::{FileElement, MAX_EXPANDED_VIEW_BYTES, RawTensor, contiguous
 pub use read::{read, read_bytes, read_with_format};
 pub use safetensors_format::{
     SafetensorsFile, read_safetensors, read_safetensors_bytes, write_safetensors, write_safetensors_to,
+};
+pub use sharded_checkpoint::{
+    SHARD_INDEX_FILE, ShardedCheckpoint, is_sharded_checkpoint, read_sharded_checkpoint, shard_file_name, write_shard,
+    write_shard_index,
 };
 pub use state_dict::{RawStateDict, check_keys, state_dict_from_value, strip_prefix, strip_prefix_in_tree};
 pub use tensor_loader::TensorLoader;

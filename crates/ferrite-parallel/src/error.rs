@@ -78,6 +78,15 @@ pub enum ParallelError {
         "rank {rank}: parameter {index} of the optimizer's group {group} (shape {shape:?}) is not a trainable parameter of the model wrapped by ZeRO; build the optimizer from that model's parameters()"
     )]
     ZeroUnknownParameter { rank: usize, group: usize, index: usize, shape: Vec<usize> },
+    /// A sharded checkpoint's state cannot be put into this rank's ZeRO shards.
+    #[error("rank {rank}: the checkpoint's ZeRO state does not fit this run: {detail}")]
+    ZeroState { rank: usize, detail: String },
+    /// A setting every rank must share differs between ranks (e.g. `--zero` given to some ranks
+    /// only): their collectives would not pair up.
+    #[error(
+        "rank {rank} has {setting} = {value} but rank 0 has {rank0}; every rank of the job must be started with the same {setting} (one mpirun command line for all ranks)"
+    )]
+    SettingMismatch { rank: usize, setting: &'static str, value: String, rank0: String },
     #[error("rank {rank}: this DistributedDataParallel already stopped after an error and cannot run more steps")]
     AlreadyFailed { rank: usize },
     /// A layer, loss or tensor op failed on a replica.

@@ -76,10 +76,30 @@ impl Distributed {
         self.world_size
     }
 
+    /// Every rank must run the same ZeRO stage (`0`: DDP): a rank started with another `--zero`
+    /// would pair its collectives with the wrong ones. Every rank gets the same error, naming the
+    /// first rank that differs from rank 0.
+    #[cfg(feature = "mpi")]
+    fn same_zero_stage(&self, stage: u32) -> Result<(), TrainError> {
+        let all = self.group.comm().all_gather_f64(vec![f64::from(stage)])?;
+        let name = |v: f64| if v == 0.0 { "not given (DDP)".to_string() } else { format!("{v}") };
+        if let Some((rank, v)) = all.iter().enumerate().find(|(_, v)| **v != all[0]) {
+            return Err(ferrite_parallel::ParallelError::SettingMismatch {
+                rank,
+                setting: "--zero",
+                value: name(*v),
+                rank0: name(all[0]),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Broadcast rank 0's weights into `model` and arm gradient averaging for it.
     pub fn sync_for(&self, model: &dyn Module) -> Result<StepSync, TrainError> {
         #[cfg(feature = "mpi")]
         {
+            self.same_zero_stage(0)?;
             Ok(StepSync(SyncKind::Ddp(GradientSync::new(model, self.group.comm(), DdpOptions::default())?)))
         }
         #[cfg(not(feature = "mpi"))]
@@ -101,6 +121,7 @@ impl Distributed {
         }
         #[cfg(feature = "mpi")]
         {
+            self.same_zero_stage(stage)?;
             let stage = ZeroStage::from_number(stage).unwrap_or(ZeroStage::One);
             let zero = ZeroRedundancy::new(model, self.group.comm(), ZeroOptions::new(stage))?;
             Ok(StepSync(SyncKind::Zero(Box::new(zero))))
@@ -302,6 +323,23 @@ impl StepSync {
         {
             let _ = opt;
             match *self {}
+        }
+    }
+
+    /// The ZeRO sharding, if this is a ZeRO run.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn zero(&self) -> Option<&ZeroRedundancy> {
+        match &self.0 {
+            SyncKind::Ddp(_) => None,
+            SyncKind::Zero(z) => Some(z),
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    pub(crate) fn zero_mut(&mut self) -> Option<&mut ZeroRedundancy> {
+        match &mut self.0 {
+            SyncKind::Ddp(_) => None,
+            SyncKind::Zero(z) => Some(z),
         }
     }
 

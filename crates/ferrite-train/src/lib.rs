@@ -18,6 +18,7 @@ pub mod planned;
 mod replicas;
 pub mod resume;
 pub mod seq2seq;
+pub mod sharded;
 mod start_observer;
 mod stepper;
 mod trainer;

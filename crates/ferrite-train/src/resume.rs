@@ -36,6 +36,12 @@ const FORMAT: &str = "ferrite-train/1";
 
 /// Writes `state` to `path` atomically.
 pub fn save(path: &Path, state: &TrainingState) -> Result<(), TrainError> {
+    to_checkpoint(state)?.save(path)?;
+    Ok(())
+}
+
+/// `state` as the checkpoint tree [`save`] writes (e.g. for `ferrite convert` to write).
+pub fn to_checkpoint(state: &TrainingState) -> Result<Checkpoint, TrainError> {
     let mut c = Checkpoint::new();
     c.set("format", FORMAT)?;
     c.set("epoch", state.epoch)?;
@@ -65,8 +71,7 @@ pub fn save(path: &Path, state: &TrainingState) -> Result<(), TrainError> {
     for (k, v) in &state.settings {
         c.set(&format!("settings/{k}"), v.as_str())?;
     }
-    c.save(path)?;
-    Ok(())
+    Ok(c)
 }
 
 /// Reads a checkpoint written by [`save`], placing model tensors on `device`, and checks that
@@ -83,8 +88,20 @@ pub fn read(
     device: &Device,
     settings: &[(String, String)],
 ) -> Result<TrainingState, TrainError> {
+    read_format(c, FORMAT, path, device, settings)
+}
+
+/// [`read`] of a tree whose `format` entry is `format` (a sharded checkpoint's index shares
+/// this layout, with its own format).
+pub(crate) fn read_format(
+    c: &Checkpoint,
+    format: &str,
+    path: &Path,
+    device: &Device,
+    settings: &[(String, String)],
+) -> Result<TrainingState, TrainError> {
     match c.get("format").and_then(Value::as_str) {
-        Some(FORMAT) => {}
+        Some(f) if f == format => {}
         other => {
             return Err(TrainError::NotATrainingCheckpoint {
                 path: path.display().to_string(),

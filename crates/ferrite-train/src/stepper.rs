@@ -130,6 +130,22 @@ impl Stepper {
         dropout_rng: &RngHandle,
         settings: &[(String, String)],
     ) -> Result<(), TrainError> {
+        #[cfg(feature = "mpi")]
+        if let Some(sync) = &self.sync
+            && let (Some(zero), Some(stage)) = (sync.zero(), sync.zero_stage())
+        {
+            // ZeRO: a sharded checkpoint, written by every rank (see `crate::sharded`).
+            let common = crate::sharded::save::Common {
+                epoch,
+                step: self.steps,
+                stage,
+                scaler: self.scaler.state_dict(),
+                loader_rng,
+                dropout_rng: dropout_rng.state(),
+                settings,
+            };
+            return crate::sharded::save::save(path, zero, &*self.opt, model, common);
+        }
         let optimizer = match optimizer {
             Some(state) => state,
             None => self.opt.state_dict()?,
@@ -169,9 +185,7 @@ impl Stepper {
         C: Collate<D::Sample>,
     {
         let Some(path) = resume else { return Ok(None) };
-        let state = resume::load(path, device, settings)?;
-        let sd: StateDict = state.model.into_iter().collect();
-        restore(&sd, &mut *self.opt, &state.optimizer)?;
+        let state = self.restore_from(path, restore, device, settings)?;
         if self.scaler.is_enabled() {
             self.scaler.load_state_dict(state.scaler.as_ref())?;
         }
@@ -179,6 +193,55 @@ impl Stepper {
         loader.set_generator_state(state.loader_rng);
         self.steps = state.step;
         Ok(Some(Resumed { path: path.to_path_buf(), epoch: state.epoch, steps: state.step, epochs }))
+    }
+
+    /// Whether every rank writes checkpoints (ZeRO's sharded checkpoints), not only rank 0.
+    pub fn every_rank_saves(&self) -> bool {
+        self.sync.as_ref().and_then(StepSync::zero_stage).is_some()
+    }
+
+    /// Reads the checkpoint at `path` — one file, or a sharded checkpoint's directory (joined
+    /// into the single-device layout, whatever world size saved it) — and puts the weights and
+    /// the optimizer state in place. Under ZeRO each rank then cuts its own pieces, and the ranks
+    /// agree that every one of them succeeded: a rank that cannot read its checkpoint stops all.
+    fn restore_from(
+        &mut self,
+        path: &Path,
+        restore: &mut Restore<'_>,
+        device: &Device,
+        settings: &[(String, String)],
+    ) -> Result<TrainingState, TrainError> {
+        let opt = &mut *self.opt;
+        let mut local = || -> Result<TrainingState, TrainError> {
+            // A sharded checkpoint's directory (one with shards but no index: a save that
+            // never finished, named as such).
+            let mut state = if crate::sharded::looks_sharded(path) {
+                crate::sharded::load(path, settings)?
+            } else {
+                resume::load(path, device, settings)?
+            };
+            let sd: StateDict = std::mem::take(&mut state.model).into_iter().collect();
+            #[cfg(feature = "mpi")]
+            if let Some(zero) = self.sync.as_mut().and_then(StepSync::zero_mut) {
+                // The weights into the model (the optimizer as it is), then this rank's pieces.
+                let current = opt.state_dict()?;
+                restore(&sd, &mut *opt, &current)?;
+                zero.import_full_state(&state.optimizer, &mut *opt)?;
+                return Ok(state);
+            }
+            restore(&sd, &mut *opt, &state.optimizer)?;
+            Ok(state)
+        };
+        let local = local();
+        #[cfg(feature = "mpi")]
+        if let Some(zero) = self.sync.as_ref().and_then(StepSync::zero) {
+            let message = local.as_ref().err().map(ToString::to_string);
+            let agreed = zero.agree_all(message.as_deref(), "resuming from the checkpoint");
+            let state = local?;
+            agreed?;
+            return Ok(state);
+        }
+        local
     }
 }
 

@@ -537,15 +537,6 @@ impl<'a, M: Module> TrainerBuilder<'a, M> {
                 return Err(TrainError::OptimizerNotOnReplicas { shape, device, devices: r.devices().len() });
             }
         }
-        if let Some(stage) = self.sync.as_ref().and_then(StepSync::zero_stage)
-            && (self.save_checkpoint.is_some() || self.resume.is_some())
-        {
-            return invalid(
-                "zero",
-                stage.to_string(),
-                "no checkpoint flags for now: under ZeRO each rank holds only its shard of the optimizer state, and sharded checkpoints are not implemented yet; drop --save-checkpoint/--resume, or train without --zero",
-            );
-        }
         let mut stepper = crate::stepper::Stepper::new(optimizer, self.accum_steps, self.amp, self.clip_grad_norm)?;
         stepper.sync = self.sync;
         let mut settings = self.settings;
@@ -981,7 +972,9 @@ impl<'a, M: Module> Trainer<'a, M> {
                     since_best += 1;
                 }
             }
-            if let Some(path) = self.save_checkpoint.as_ref().filter(|_| self.rank0 && !reached_max) {
+            // Rank 0 writes the checkpoint; under ZeRO every rank writes its shard.
+            let writes = self.rank0 || self.stepper.every_rank_saves();
+            if let Some(path) = self.save_checkpoint.as_ref().filter(|_| writes && !reached_max) {
                 let optimizer = match self.model.replicas() {
                     Some(r) => Some(r.optimizer_state_dict(&*self.stepper.opt)?),
                     None => None,

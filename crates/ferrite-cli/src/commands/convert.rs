@@ -1,5 +1,6 @@
 //! `ferrite convert IN OUT [--strip-prefix module.] [--key model] [--dtype float16]`: a PyTorch
-//! checkpoint to safetensors.
+//! checkpoint to safetensors, or a sharded checkpoint (`train --zero --save-checkpoint DIR`) to
+//! the ordinary one-file training checkpoint (`--key model`: the weights alone).
 //!
 //! A flat state_dict becomes a plain safetensors file with the same parameter names and dtypes,
 //! loadable by PyTorch (`safetensors.torch.load_file`) and Hugging Face tools. A nested training
@@ -17,7 +18,8 @@ use super::CliResult;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
-    /// Input: .pt/.pth (zip or legacy), .safetensors or a ferrite checkpoint.
+    /// Input: .pt/.pth (zip or legacy), .safetensors, a ferrite checkpoint, or the directory of a
+    /// sharded checkpoint (`train --zero N --save-checkpoint DIR`).
     pub input: PathBuf,
     /// Output safetensors file (replaced atomically).
     pub output: PathBuf,
@@ -47,7 +49,20 @@ pub fn run(args: ConvertArgs) -> CliResult {
         }
         None => None,
     };
-    let mut tree = ferrite_io::read(&args.input)?;
+    let mut tree = if ferrite_train::sharded::is_sharded(&args.input) {
+        // A `--zero` run's sharded checkpoint: joined into the ordinary one-file training
+        // checkpoint (no MPI needed); `--key model` keeps the weights only.
+        let state = ferrite_train::sharded::consolidate(&args.input)?;
+        println!(
+            "joined the sharded checkpoint {} (epoch {}, {} steps) into the single-device layout",
+            args.input.display(),
+            state.epoch,
+            state.step
+        );
+        ferrite_train::resume::to_checkpoint(&state)?.into_tree()
+    } else {
+        ferrite_io::read(&args.input)?
+    };
     if let Some(key) = &args.key {
         tree = tree.require(key)?.clone();
     }

@@ -8,7 +8,8 @@
 //! `mpirun -H host1,host2 -np 2 prog` (several): [`ProcessGroup::init`] finds its rank and world
 //! size; [`DistributedDataParallel`] keeps the replicas identical; each rank reads its share of
 //! the data through `ferrite_data::DistributedSampler`. [`ZeroRedundancy`] shards the optimizer
-//! state (ZeRO-1) and the gradients too (ZeRO-2) over the same ranks.
+//! state (ZeRO-1) and the gradients too (ZeRO-2) over the same ranks; each rank's pieces go into
+//! a sharded checkpoint and come back at any world size (`zero_checkpoint.rs`).
 
 #[cfg(feature = "mpi")]
 mod bucket;
@@ -27,6 +28,8 @@ mod process_group;
 mod reducer;
 #[cfg(feature = "mpi")]
 mod zero;
+#[cfg(feature = "mpi")]
+mod zero_checkpoint;
 
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
@@ -37,6 +40,8 @@ pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStat
 pub use reducer::StepTimings;
 #[cfg(feature = "mpi")]
 pub use zero::{ZeroOptions, ZeroRedundancy, ZeroStage, ZeroStepOutcome};
+#[cfg(feature = "mpi")]
+pub use zero_checkpoint::ShardPieceState;
 
 /// Whether this build can train over MPI (the `mpi` feature).
 pub const MPI_ENABLED: bool = cfg!(feature = "mpi");

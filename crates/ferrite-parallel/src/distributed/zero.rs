@@ -38,6 +38,19 @@ use super::grad_reduce_scatter::reduce_scatter_grads;
 use super::partition::{FlatPartition, ShardPiece};
 use super::process_group::Comm;
 
+/// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
+#[derive(Debug, Clone)]
+pub(crate) struct OptimizerLayout {
+    /// Per trainable parameter: its index in the full optimizer (counted over the groups), or
+    /// `None` when the optimizer does not update it.
+    pub(crate) full_index: Vec<Option<usize>>,
+    /// Per parameter of the sharded optimizer (counted over its groups): the piece it is (an
+    /// index into the rank's pieces), `None` for an empty group's placeholder.
+    pub(crate) shard_piece: Vec<Option<usize>>,
+    /// Per group of the full optimizer: its parameter count and names, as it had them.
+    pub(crate) full_groups: Vec<(usize, Option<Vec<String>>)>,
+}
+
 /// Which ZeRO stage a [`ZeroRedundancy`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ZeroStage {
@@ -105,13 +118,16 @@ pub struct ZeroStepOutcome {
 /// zero.finish()?;
 /// ```
 pub struct ZeroRedundancy {
-    comm: Comm,
+    pub(super) comm: Comm,
     stage: ZeroStage,
-    names: Vec<String>,
-    params: Vec<Tensor>,
+    pub(super) names: Vec<String>,
+    pub(super) params: Vec<Tensor>,
     partition: FlatPartition,
-    pieces: Vec<ShardPiece>,
-    shards: Vec<Tensor>,
+    pub(super) pieces: Vec<ShardPiece>,
+    pub(super) shards: Vec<Tensor>,
+    /// How [`shard_optimizer`](Self::shard_optimizer) laid the sharded optimizer out (what a
+    /// sharded checkpoint needs to map its state back to the full optimizer's layout).
+    pub(super) layout: std::sync::Mutex<Option<OptimizerLayout>>,
     /// Stage 1: DDP's bucketed all-reduce.
     sync: Option<GradientSync>,
     /// Stage 2: values of one rank's block in one reduce-scatter.
@@ -148,6 +164,7 @@ impl ZeroRedundancy {
             pieces,
             shards,
             sync,
+            layout: std::sync::Mutex::new(None),
             find_unused: options.ddp.find_unused_parameters,
             synchronizing: AtomicBool::new(true),
             failed: AtomicBool::new(false),
@@ -178,6 +195,12 @@ impl ZeroRedundancy {
         self.stage
     }
 
+    /// Stage 1: where the time of the last synchronizing backward went (DDP's buckets; see
+    /// [`GradientSync::last_timings`]). `None` at stage 2, whose reduce-scatter follows backward.
+    pub fn last_timings(&self) -> Option<super::reducer::StepTimings> {
+        self.sync.as_ref().map(GradientSync::last_timings)
+    }
+
     /// This rank's shard tensors (what the sharded optimizer updates).
     pub fn shards(&self) -> &[Tensor] {
         &self.shards
@@ -193,9 +216,16 @@ impl ZeroRedundancy {
     /// afterwards; build it before its first step (its state is not carried over).
     pub fn shard_optimizer<R: UpdateRule>(&self, full: &Optim<R>) -> Result<Optim<R>> {
         let mut groups = Vec::with_capacity(full.param_groups().len());
+        let mut layout = OptimizerLayout {
+            full_index: vec![None; self.params.len()],
+            shard_piece: Vec::new(),
+            full_groups: Vec::new(),
+        };
+        let mut full_index = 0usize;
         for (gi, g) in full.param_groups().iter().enumerate() {
             let mut params = Vec::new();
             let mut names = Vec::new();
+            layout.full_groups.push((g.params.len(), g.param_names.clone()));
             for (k, p) in g.params.iter().enumerate() {
                 let Some(i) = self.params.iter().position(|q| same_tensor(p, q)) else {
                     return Err(DistributedError::ZeroUnknownParameter {
@@ -205,14 +235,18 @@ impl ZeroRedundancy {
                         shape: p.shape().to_vec(),
                     });
                 };
-                for (piece, shard) in self.pieces.iter().zip(&self.shards) {
+                layout.full_index[i] = Some(full_index);
+                full_index += 1;
+                for (pi, (piece, shard)) in self.pieces.iter().zip(&self.shards).enumerate() {
                     if piece.param == i {
                         params.push(shard.clone());
                         names.push(self.names[i].clone());
+                        layout.shard_piece.push(Some(pi));
                     }
                 }
             }
             if params.is_empty() {
+                layout.shard_piece.push(None);
                 let device = g.params.first().map(|p| p.device().clone()).unwrap_or(ferrite_tensor::Device::Cpu);
                 params.push(Tensor::zeros(&[0], DType::F32, &device)?);
                 names.push(String::new());
@@ -224,7 +258,9 @@ impl ZeroRedundancy {
                 initial_lr: g.initial_lr,
             });
         }
-        Ok(Optim::with_groups(groups)?)
+        let opt = Optim::with_groups(groups)?;
+        *self.layout.lock().unwrap_or_else(|p| p.into_inner()) = Some(layout);
+        Ok(opt)
     }
 
     /// Until the guard drops, [`backward`](Self::backward) accumulates local gradients without
@@ -449,7 +485,7 @@ impl ZeroRedundancy {
         e
     }
 
-    fn mark_failed(&self) {
+    pub(super) fn mark_failed(&self) {
         self.failed.store(true, Ordering::SeqCst);
         if let Some(sync) = &self.sync {
             sync.mark_failed();

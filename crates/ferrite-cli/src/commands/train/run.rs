@@ -121,9 +121,9 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// `--zero` shards what DDP replicates across MPI ranks: it needs `--distributed`, a stage this
-/// build has (1 or 2), and no checkpoint flags yet (each rank holds only its shard of the
-/// optimizer state, and sharded checkpoints are not implemented).
+/// `--zero` shards what DDP replicates across MPI ranks: it needs `--distributed` and a stage
+/// this build has (1 or 2). `--save-checkpoint` then names a directory of shards (see
+/// `ferrite_train::sharded`), which `--resume` reads at any world size.
 fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
     let Some(stage) = args.zero else { return Ok(()) };
     let refuse =
@@ -135,11 +135,6 @@ fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
     }
     if !(1..=2).contains(&stage) {
         return refuse("1 (optimizer state sharded) or 2 (and gradients); ZeRO-3 is not implemented yet");
-    }
-    if args.save_checkpoint.is_some() || args.resume.is_some() {
-        return refuse(
-            "no --save-checkpoint/--resume for now: each rank holds only its shard of the optimizer state and sharded checkpoints are not implemented yet",
-        );
     }
     Ok(())
 }

@@ -1,0 +1,279 @@
+//! Sharded checkpoints of `mpirun -np N ferrite train --distributed --zero 1|2
+//! --save-checkpoint DIR`: every rank writes its shard, rank 0 the index last.
+//!
+//! - `--resume DIR` continues at the same world size bit-identically to the uninterrupted run, and
+//!   at another world size (saved on 3 ranks, resumed on 2 and on 1) exactly as DDP continues at
+//!   that size from the same state (`ferrite convert DIR full.ckpt`, the ordinary one-file
+//!   checkpoint, which also loads without MPI).
+//! - A rank killed while saving (`FERRITE_FAULT_INJECT=...,at:save`) leaves the previous
+//!   checkpoint whole (or, at the first save, no index: a typed error at resume).
+//! - A shard missing or truncated, a checkpoint of another model, and ranks started with
+//!   different `--zero` are typed errors on every rank, naming the file or the setting.
+//!
+//! Every mpirun is killed after a deadline. Skips loudly without MPI unless
+//! FERRITE_REQUIRE_SYSTEM_DEPS=1.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Collective deadline of every run: a rank left alone stops within it.
+const TIMEOUT_S: u64 = 20;
+
+/// `mpirun [env] ARGS` in `dir` (ARGS: everything after mpirun's own options), killed after 300 s;
+/// (success, stdout, stderr).
+fn mpirun(args: &[String], env: &[(&str, &str)], dir: &Path) -> (bool, String, String) {
+    launch(args, env, dir, false)
+}
+
+/// [`mpirun`] that lets every rank finish (OpenMPI otherwise ends the job when the first rank
+/// exits with an error, maybe before the others printed theirs); its exit status is then 0
+/// whatever the ranks' statuses.
+fn mpirun_every_rank(args: &[String], dir: &Path) -> (bool, String, String) {
+    launch(args, &[], dir, true)
+}
+
+fn launch(args: &[String], env: &[(&str, &str)], dir: &Path, every_rank: bool) -> (bool, String, String) {
+    let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
+    if every_rank {
+        cmd.args(["--mca", "orte_abort_on_non_zero_status", "0"]);
+    }
+    cmd.env("FERRITE_DDP_TIMEOUT_S", TIMEOUT_S.to_string()).args(["-x", "FERRITE_DDP_TIMEOUT_S"]);
+    for (k, v) in env {
+        cmd.env(k, v).args(["-x", k]);
+    }
+    let mut child = cmd
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
+        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
+        .spawn()
+        .expect("mpirun starts");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(status.is_some(), "mpirun {args:?} did not end within 300 s; killed.\n{out}\n{err}");
+    (status.is_some_and(|s| s.success()), out, err)
+}
+
+/// `-np RANKS ferrite train <small MLP run> EXTRA`.
+fn train(ranks: usize, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec!["-np".into(), ranks.to_string(), env!("CARGO_BIN_EXE_ferrite").into()];
+    a.extend(train_args(extra));
+    a
+}
+
+fn train_args(extra: &[&str]) -> Vec<String> {
+    let base = [
+        "train",
+        "--distributed",
+        "--no-progress",
+        "--hidden",
+        "30",
+        "--lr",
+        "0.01",
+        "--batch-size",
+        "32",
+        "--train-subset",
+        "400",
+    ];
+    base.iter().chain(extra).map(|s| s.to_string()).collect()
+}
+
+fn run_ok(ranks: usize, extra: &[&str], dir: &Path) -> String {
+    let (ok, out, err) = mpirun(&train(ranks, extra), &[], dir);
+    assert!(ok, "{ranks} ranks {extra:?} failed\n{out}\n{err}");
+    out
+}
+
+fn mpi_ready(test: &str) -> bool {
+    if !cfg!(feature = "mpi") {
+        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
+        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
+        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
+        return false;
+    }
+    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
+}
+
+fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
+    ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
+        .collect()
+}
+
+/// The largest `|a - b| / (1 + |b|)` over every weight (names must agree), and where.
+fn worst_relative(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, String) {
+    assert_eq!(a.iter().map(|(n, _)| n).collect::<Vec<_>>(), b.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    let mut worst = (0f32, String::new());
+    for ((name, x), (_, y)) in a.iter().zip(b) {
+        for (i, (p, q)) in x.iter().zip(y).enumerate() {
+            let r = (p - q).abs() / (1.0 + q.abs());
+            if r > worst.0 {
+                worst = (r, format!("{name}[{i}] ({p} vs {q})"));
+            }
+        }
+    }
+    worst
+}
+
+fn bits(w: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
+    w.iter().map(|(n, v)| (n.clone(), v.iter().map(|x| x.to_bits()).collect())).collect()
+}
+
+fn shard_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("shard-"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
+    let test = "zero_sharded_resume";
+    if !mpi_ready(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Same world size: epoch 1, save, resume for epoch 2 = the uninterrupted 2 epochs, bit for bit.
+    for stage in ["1", "2"] {
+        run_ok(2, &["--zero", stage, "--epochs", "2", "--out", "u.safetensors"], dir);
+        run_ok(2, &["--zero", stage, "--epochs", "1", "--save-checkpoint", "ck2"], dir);
+        let out = run_ok(2, &["--zero", stage, "--epochs", "2", "--resume", "ck2", "--out", "r.safetensors"], dir);
+        assert!(out.contains("resumed from ck2 after epoch 1"), "{out}");
+        let (u, r) = (weights(&dir.join("u.safetensors")), weights(&dir.join("r.safetensors")));
+        assert!(
+            bits(&u) == bits(&r),
+            "{test}: ZeRO-{stage} resumed on 2 ranks differs from the uninterrupted run: {:?}",
+            worst_relative(&r, &u)
+        );
+    }
+    // Saved on 3 ranks: 3 shards and an index.
+    run_ok(3, &["--zero", "2", "--epochs", "1", "--save-checkpoint", "ck3"], dir);
+    let ck3 = dir.join("ck3");
+    assert!(ck3.join("index.safetensors").is_file());
+    let shards = shard_files(&ck3);
+    assert_eq!(shards.len(), 3, "{shards:?}");
+    assert!(shards[2].ends_with("-00002-of-00003.safetensors"), "{shards:?}");
+    // Consolidated without MPI: the ordinary training checkpoint, and the weights alone.
+    let o = common::ferrite(&["convert", "ck3", "full.ckpt"], dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = common::ferrite(&["convert", "ck3", "model.safetensors", "--key", "model"], dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let model = weights(&dir.join("model.safetensors"));
+    assert!(model.iter().any(|(n, _)| n.ends_with("weight")), "{:?}", model.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    // Resumed on 2 and on 1 rank: as DDP continues at that size from the same state.
+    for ranks in [2usize, 1] {
+        let out = run_ok(ranks, &["--zero", "2", "--epochs", "2", "--resume", "ck3", "--out", "z.safetensors"], dir);
+        assert!(out.contains("resumed from ck3 after epoch 1"), "{out}");
+        run_ok(ranks, &["--epochs", "2", "--resume", "full.ckpt", "--out", "d.safetensors"], dir);
+        let (z, d) = (weights(&dir.join("z.safetensors")), weights(&dir.join("d.safetensors")));
+        let (worst, at) = worst_relative(&z, &d);
+        println!(
+            "{test}: saved on 3 ranks, ZeRO-2 resumed on {ranks} vs DDP resumed on {ranks} from the consolidated checkpoint: largest relative difference {worst:e} at {at}; bit-identical: {}",
+            bits(&z) == bits(&d)
+        );
+        assert!(worst < 1e-6, "{test}: {ranks} ranks: {worst} at {at}");
+        // DDP also resumes from the sharded directory itself, exactly as from the joined file.
+        run_ok(ranks, &["--epochs", "2", "--resume", "ck3", "--out", "d_dir.safetensors"], dir);
+        assert!(bits(&weights(&dir.join("d_dir.safetensors"))) == bits(&d), "{test}: DDP from ck3 on {ranks} ranks");
+    }
+    // Saved again at the new size, under ZeRO-1, into the same directory: the old shards go.
+    run_ok(2, &["--zero", "1", "--epochs", "2", "--resume", "ck3", "--save-checkpoint", "ck3"], dir);
+    assert_eq!(shard_files(&ck3).len(), 2, "{:?}", shard_files(&ck3));
+    let out = run_ok(1, &["--zero", "2", "--epochs", "3", "--resume", "ck3"], dir);
+    assert!(out.contains("resumed from ck3 after epoch 2"), "{out}");
+}
+
+#[test]
+fn a_rank_killed_while_saving_leaves_the_previous_checkpoint() {
+    let test = "zero_sharded_crash";
+    if !mpi_ready(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Rank 1 dies writing its shard of epoch 2 (its 2nd atomic save): epoch 1's checkpoint stays.
+    let (ok, out, err) = mpirun(
+        &train(2, &["--zero", "2", "--epochs", "2", "--save-checkpoint", "ck"]),
+        &[("FERRITE_FAULT_INJECT", "rank:1,at:save,after:1")],
+        dir,
+    );
+    assert!(!ok, "the run with a killed rank succeeded\n{out}\n{err}");
+    let out = run_ok(2, &["--zero", "2", "--epochs", "2", "--resume", "ck", "--out", "r.safetensors"], dir);
+    assert!(out.contains("resumed from ck after epoch 1"), "{out}");
+    // Killed at the very first save: no index, so no checkpoint — a typed error at resume.
+    let (ok, out, err) = mpirun(
+        &train(2, &["--zero", "2", "--epochs", "1", "--save-checkpoint", "first"]),
+        &[("FERRITE_FAULT_INJECT", "rank:1,at:save")],
+        dir,
+    );
+    assert!(!ok, "{out}\n{err}");
+    assert!(!dir.join("first/index.safetensors").exists());
+    let (ok, out, err) = mpirun(&train(2, &["--zero", "2", "--epochs", "2", "--resume", "first"]), &[], dir);
+    assert!(!ok, "{out}");
+    assert!(err.contains("has no index.safetensors index"), "{err}");
+}
+
+#[test]
+fn bad_sharded_checkpoints_and_disagreeing_ranks_are_typed_errors_on_every_rank() {
+    let test = "zero_sharded_bad_input";
+    if !mpi_ready(test) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    run_ok(2, &["--zero", "2", "--epochs", "1", "--save-checkpoint", "ck"], dir);
+    let ck = dir.join("ck");
+    let shard1 = ck.join(&shard_files(&ck)[1]);
+    let bytes = std::fs::read(&shard1).unwrap();
+    let resume = |ranks: usize, extra: &[&str]| -> String {
+        let mut a = vec!["--zero", "2", "--epochs", "2", "--resume", "ck"];
+        a.extend(extra);
+        // (mpirun's status is 0 when it lets every rank finish: the output tells.)
+        let (_, out, err) = mpirun_every_rank(&train(ranks, &a), dir);
+        assert!(!out.contains("test accuracy"), "{test}: resume {extra:?} succeeded\n{out}");
+        err
+    };
+    // Every rank reads every shard, so every rank names the file.
+    let count = |err: &str, what: &str| err.matches(what).count();
+    std::fs::write(&shard1, &bytes[..bytes.len() / 2]).unwrap();
+    let err = resume(2, &[]);
+    assert!(count(&err, "is truncated or was replaced") >= 2 && err.contains("rank 1"), "{err}");
+    std::fs::remove_file(&shard1).unwrap();
+    let err = resume(3, &[]);
+    assert!(count(&err, "-00001-of-00002.safetensors` of rank 1 (of 2) is missing") >= 3, "{err}");
+    std::fs::write(&shard1, &bytes).unwrap();
+    // Another model: the setting is named.
+    let err = resume(2, &["--hidden", "31"]);
+    assert!(count(&err, "hidden") >= 2, "{err}");
+    // Ranks started with different --zero (one mpirun, two command lines).
+    let mut a = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()];
+    a.extend(train_args(&["--zero", "2", "--epochs", "1"]));
+    a.extend([":".into(), "-np".into(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()]);
+    a.extend(train_args(&["--epochs", "1"]));
+    let (_, out, err) = mpirun_every_rank(&a, dir);
+    assert!(!out.contains("test accuracy"), "{out}");
+    assert!(count(&err, "rank 1 has --zero = not given (DDP) but rank 0 has 2") >= 2, "{err}");
+}
