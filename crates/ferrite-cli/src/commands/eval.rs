@@ -38,6 +38,8 @@ pub struct EvalArgs {
     /// Machine-readable output: loss, perplexity, tokens, blocks, …
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub adapter: super::lora_args::LoraAdapterArg,
 }
 
 pub fn run(args: EvalArgs) -> CliResult {
@@ -53,6 +55,7 @@ pub fn run(args: EvalArgs) -> CliResult {
     let blocks = TokenBlocks::new(ids, args.seq, &args.data.display().to_string())?;
     let n_blocks = ferrite_data::Dataset::len(&blocks);
     let mut model = dir.load(&args.device)?;
+    let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
     let mut loader = {
         let b = blocks.tensor_loader().batch_size(args.batch_size);
         if args.device == Device::Cpu { b.build()? } else { b.stage_to(args.device.clone()).build()? }
@@ -74,6 +77,7 @@ pub fn run(args: EvalArgs) -> CliResult {
             "device": args.device.to_string(),
             "peak_reserved_bytes": peak,
             "seconds": seconds,
+            "lora": args.adapter.lora.as_ref().map(|d| d.display().to_string()),
         });
         println!("{v}");
     } else {
@@ -85,6 +89,9 @@ pub fn run(args: EvalArgs) -> CliResult {
             tokens - n_blocks * args.seq,
             args.device
         );
+        if let Some(line) = &adapter {
+            println!("{line}");
+        }
         println!(
             "loss {:.4}  perplexity {:.2}  over {} predicted tokens  | peak reserved {}  | {seconds:.1}s",
             result.loss,

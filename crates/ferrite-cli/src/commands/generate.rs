@@ -44,6 +44,8 @@ pub struct GenerateArgs {
     /// Machine-readable output: ids (the new tokens), text, tokens per second.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub adapter: super::lora_args::LoraAdapterArg,
 }
 
 pub fn run(args: GenerateArgs) -> CliResult {
@@ -64,6 +66,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
         Decoding::Greedy
     };
     let mut model = dir.load(&args.device)?;
+    let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
     model.eval();
     let options =
         GenerateOptions { max_new_tokens: args.max_new_tokens, decoding, eos_token_ids: dir.folder.eos_token_ids() };
@@ -88,6 +91,9 @@ pub fn run(args: GenerateArgs) -> CliResult {
         });
         println!("{v}");
     } else {
+        if let Some(line) = &adapter {
+            eprintln!("{line}");
+        }
         println!("{}{}", args.prompt, text);
         eprintln!(
             "{} new tokens{} | prompt of {} tokens read in {:.3}s, then {} tokens/s | key/value cache {}",

@@ -43,6 +43,10 @@ pub struct PlanArgs {
     #[arg(long)]
     pub hf_model: Option<PathBuf>,
     /// DeepSpeed ZeRO's model-state estimate of this model (`--zero 2|3`).
+    /// LoRA and the base weights' dtype, as `ferrite train` takes them (see
+    /// `commands/lora_args.rs`).
+    #[command(flatten)]
+    pub lora: super::lora_args::LoraArgs,
     #[command(flatten)]
     pub zero: ZeroArgs,
     /// The GPU to plan for: `sim:<gpu>` from `ferrite memory gpus` (MIG slices included, e.g.
@@ -207,13 +211,13 @@ impl PlanArgs {
 
     /// The model to plan.
     pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
-        if let Some(path) = &self.hf_config {
-            return ferrite_plan::hf_workload(path, self.shape.seq);
+        let config = self.hf_config.clone().or_else(|| self.hf_model.as_ref().map(|d| d.join("config.json")));
+        if let Some(path) = &config {
+            let w = ferrite_plan::hf_workload(path, self.shape.seq)?;
+            return self.lora.plan_workload(w, &super::lora_args::model_type_of(path));
         }
-        if let Some(dir) = &self.hf_model {
-            return ferrite_plan::hf_workload(&dir.join("config.json"), self.shape.seq);
-        }
-        Ok(Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?))
+        let w: Box<dyn Workload> = Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?);
+        self.lora.plan_workload(w, "")
     }
 }
 

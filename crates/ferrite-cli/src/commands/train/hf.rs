@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use ferrite_data::{Dataset, DistributedSampler, TokenBlocks, read_documents, tokenize_documents};
 use ferrite_memory::{allocator, format_size};
-use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
+use ferrite_models::{HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
 use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, Optimizer, warmup_cosine};
 use ferrite_tensor::Device;
@@ -23,7 +23,7 @@ use ferrite_train::{CausalLmStep, Metrics, evaluate_causal_lm, seconds, start_ob
 
 use super::settings::{configure, describe_settings};
 use super::{LrSchedule, TrainArgs, TrainError};
-use crate::commands::hf_model;
+use crate::commands::{hf_model, lora_args};
 
 /// Share of the blocks used for training; the rest is the validation set.
 const TRAIN_FRACTION: f64 = 0.9;
@@ -110,6 +110,14 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
+    let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed)?;
+    if lora.is_some() && dist.is_some() {
+        return Err(invalid(
+            "lora-rank",
+            "with --distributed",
+            "one process: LoRA is not wired to DDP/ZeRO yet; train the adapters without --distributed",
+        ));
+    }
     let parameters: usize = model.parameters().iter().map(|p| p.numel()).sum();
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
     // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
@@ -144,13 +152,19 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         },
         describe_settings(args)
     );
+    if let Some(l) = &lora {
+        println!("{}", l.line);
+    }
     if config.attention_dropout + config.residual_dropout + config.embedding_dropout > 0.0 {
         println!(
             "  dropout from config.json: attention {}, residual {}, embeddings {}",
             config.attention_dropout, config.residual_dropout, config.embedding_dropout
         );
     }
-    let adamw = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;
+    let adamw = Adam::named(
+        lora_args::optimized_parameters(&model),
+        AdamConfig::adamw(args.lr).weight_decay(args.weight_decay),
+    )?;
     let mut opt: Box<dyn Optimizer> = match &sync {
         Some(s) => s.optimizer(adamw)?,
         None => Box::new(adamw),
@@ -238,17 +252,25 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         PathBuf::from(format!("ferrite-{stem}-finetuned"))
     });
     let options = HfSaveOptions { max_shard_size, copy_from: Some(dir.folder.dir.clone()) };
+    let mut how = String::new();
     if dist.is_none_or(|d| d.rank() == 0) {
-        save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+        how = lora_args::save_trained(
+            &args.lora,
+            lora.as_ref().map(|l| &l.config),
+            model,
+            model_dir,
+            &dir.folder.config_text,
+            &out,
+            &options,
+        )?;
     }
     let last = report.epochs.last();
     println!(
-        "trained {} optimizer steps in {:.1}s{}; wrote {} (transformers: AutoModelForCausalLM.from_pretrained(\"{}\"))",
+        "trained {} optimizer steps in {:.1}s{}; wrote {} ({how})",
         last.map_or(0, |e| e.steps),
         start.elapsed().as_secs_f64(),
         last.and_then(|e| e.eval.get("loss")).map_or(String::new(), |v| format!(", validation loss {v:.4}")),
         out.display(),
-        out.display()
     );
     println!("{}", allocator(device).memory_summary(true));
     if let Some(d) = dist {
