@@ -100,6 +100,11 @@ impl LoraHost for Conv1D {
     fn lora_params(&self) -> Option<LoraParams> {
         self.lora.as_ref().map(|l| l.params)
     }
+    fn set_lora_rng(&mut self, rng: &ferrite_nn::RngHandle) {
+        if let Some(l) = &mut self.lora {
+            l.set_rng(rng);
+        }
+    }
     fn merge_lora(&mut self) -> ferrite_nn::Result<bool> {
         let Some(l) = self.lora.take() else { return Ok(false) };
         l.merge_into(&self.weight, true)?;

@@ -59,7 +59,7 @@ pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
 pub use lora::{
     Lora, LoraConfig, LoraFactor, LoraTargets, apply_lora, has_lora, lora_target_names, merge_lora,
-    trainable_parameters,
+    set_lora_dropout_rng, trainable_parameters,
 };
 pub use lora_host::{LoraHost, LoraParams};
 pub use loss::{

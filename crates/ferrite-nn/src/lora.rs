@@ -77,6 +77,11 @@ impl Lora {
         })
     }
 
+    /// The adapter's dropout draws from `rng` from now on.
+    pub fn set_rng(&mut self, rng: &RngHandle) {
+        self.rng = rng.clone();
+    }
+
     /// `base + scaling · B A dropout(x)`: `x` cast to the adapter's dtype, the sum cast back to
     /// `base`'s dtype (PEFT's `lora.Linear.forward`). Dropout only when `training`.
     pub fn add_to(&self, base: Tensor, x: &Tensor, training: bool) -> Result<Tensor> {
@@ -336,6 +341,16 @@ pub fn merge_lora(model: &mut dyn Module) -> Result<usize> {
         Some(e) => Err(e),
         None => Ok(merged),
     }
+}
+
+/// Every adapter's dropout of `model` draws from `rng` from now on (share the trainer's dropout
+/// generator, so a resumed run draws the same masks).
+pub fn set_lora_dropout_rng(model: &mut dyn Module, rng: &RngHandle) {
+    visit_mut(model, "", &mut |_, m| {
+        if let Some(h) = m.lora_host_mut() {
+            h.set_lora_rng(rng);
+        }
+    });
 }
 
 /// The parameters that train (require gradients), with their names: after [`apply_lora`], the

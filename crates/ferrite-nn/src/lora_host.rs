@@ -9,6 +9,7 @@
 use ferrite_tensor::{Generator, Tensor};
 
 use crate::error::Result;
+use crate::rng::RngHandle;
 
 /// The numbers one adapter is built from (PEFT's `r`, `lora_alpha`, the scaling derived from
 /// them, `lora_dropout`).
@@ -35,6 +36,9 @@ pub trait LoraHost {
     fn lora_factors(&self) -> Option<(&Tensor, &Tensor)>;
     /// The adapter's numbers, if one is attached.
     fn lora_params(&self) -> Option<LoraParams>;
+    /// The adapter's dropout draws from `rng` from now on (a trainer's dropout generator, which
+    /// its checkpoints save); no-op without an adapter.
+    fn set_lora_rng(&mut self, rng: &RngHandle);
     /// Adds `scaling · B A` into the base weight (in the weight's layout and dtype) and removes
     /// the adapter; `false` when there was none.
     fn merge_lora(&mut self) -> Result<bool>;

@@ -147,11 +147,13 @@ pub struct TrainingLora {
 }
 
 /// `train`'s hook after loading the model: its weights converted to `--base-dtype`, then LoRA
-/// adapters attached (drawn from a generator seeded by `seed`). `None` without `--lora-rank`.
+/// adapters attached (drawn from a generator seeded by `seed`), their dropout drawing from the
+/// trainer's `dropout_rng`. `None` without `--lora-rank`.
 pub fn prepare_training(
     args: &TrainLoraArgs,
     model: &mut Decoder,
     seed: u64,
+    dropout_rng: &ferrite_nn::RngHandle,
 ) -> Result<Option<TrainingLora>, PlanError> {
     let config = args.lora.config(&model.config().model_type)?;
     if args.merge_lora && config.is_none() {
@@ -166,6 +168,7 @@ pub fn prepare_training(
     let Some(c) = config else { return Ok(None) };
     let total: usize = model.parameters().iter().map(Tensor::numel).sum();
     let layers = apply_lora(model, &c, &mut Generator::new(seed ^ 0x4c6f_5241))?;
+    ferrite_nn::set_lora_dropout_rng(model, dropout_rng);
     let trainable: usize = trainable_parameters(model).iter().map(|(_, p)| p.numel()).sum();
     let line = format!(
         "  LoRA r={} alpha={}{} dropout {} on {} layers ({}): {trainable} trainable parameters, {:.3}% of the {total} frozen{}",

@@ -121,6 +121,11 @@ impl LoraHost for Linear {
     fn lora_params(&self) -> Option<LoraParams> {
         self.lora.as_ref().map(|l| l.params)
     }
+    fn set_lora_rng(&mut self, rng: &crate::rng::RngHandle) {
+        if let Some(l) = &mut self.lora {
+            l.set_rng(rng);
+        }
+    }
     fn merge_lora(&mut self) -> Result<bool> {
         let Some(l) = self.lora.take() else { return Ok(false) };
         l.merge_into(&self.weight, false)?;
@@ -191,7 +196,11 @@ mod lora_tests {
         assert_eq!(names, ["0.lora_A.weight", "0.lora_B.weight", "2.lora_A.weight", "2.lora_B.weight"]);
         m.forward(&x).unwrap().sum().unwrap().backward().unwrap();
         for (n, p) in m.named_parameters() {
-            assert_eq!(p.grad().is_some(), n.contains("lora_B"), "{n}: only B gets a gradient at B = 0");
+            assert_eq!(p.grad().is_some(), n.contains("lora_"), "{n}: the adapters get gradients, the base none");
+            if n.contains("lora_A") {
+                let g: Vec<f32> = p.grad().unwrap().to_vec().unwrap();
+                assert!(g.iter().all(|&v| v == 0.0), "{n}: A's gradient is zero while B is");
+            }
         }
     }
 

@@ -110,7 +110,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
-    let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed)?;
+    let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed, &dropout_rng)?;
     if lora.is_some() && dist.is_some() {
         return Err(invalid(
             "lora-rank",
