@@ -147,31 +147,35 @@ fn size(s: &str) -> f64 {
 }
 
 /// `ferrite plan` with the LoRA flags predicts the peak `ferrite train` with the same flags
-/// measures on the simulated GPU (within 2 %), and allocates less than the full fine-tuning plan.
+/// measures on the simulated GPU (within 2 %); at one sample it allocates less than the full
+/// fine-tuning plan.
 #[test]
 fn plan_with_lora_predicts_what_lora_training_measures() {
     let dir = tempfile::tempdir().unwrap();
     for (name, extra) in [("llama", vec!["--base-dtype", "bf16"]), ("gpt2", vec![])] {
         let m = hf(name);
-        let mut shape = vec!["--seq", "32", "--batch-size", "16", "--device", "sim:t4-16gb"];
+        let mut shape = vec!["--seq", "32", "--device", "sim:t4-16gb"];
         let mut lora = vec!["--lora-rank", "8", "--lora-targets", "all-linear"];
         lora.extend(&extra);
-        // (peak allocated, peak reserved) of the plan.
-        let plan = |flags: &[&str]| {
+        let plan = |flags: &[&str], batch: &str| {
             let mut args = vec!["plan", "--hf-model", &m, "--json"];
             args.extend(&shape);
             args.extend(flags);
-            let v = json(&ok(&args, dir.path()));
-            (v["peak_allocated_bytes"].as_f64().unwrap(), v["peak_reserved_bytes"].as_f64().unwrap())
+            args.extend(["--batch-size", batch]);
+            json(&ok(&args, dir.path()))
         };
-        let full = plan(&[]);
-        let (allocated, predicted) = plan(&lora);
-        assert!(allocated < full.0, "{name}: LoRA plan allocates {allocated}, not below the full one's {}", full.0);
+        let predicted = plan(&lora, "16")["peak_reserved_bytes"].as_f64().unwrap();
+        // Model states dominate at one sample (at 16 the tiny model's logits do, and the adapters
+        // add activations): there LoRA's frozen base, without gradients or AdamW moments, shows.
+        let allocated = |flags: &[&str]| plan(flags, "1")["peak_allocated_bytes"].as_f64().unwrap();
+        let (full, with_lora) = (allocated(&[]), allocated(&lora));
+        assert!(with_lora < 0.85 * full, "{name}: LoRA plan allocates {with_lora}, the full one {full}");
         let out_dir = dir.path().join(name).display().to_string();
         let t = text();
         let mut train =
             vec!["train", "--hf-model", &m, "--data", &t, "--steps", "3", "--no-progress", "--out", &out_dir];
         train.append(&mut shape);
+        train.extend(["--batch-size", "16"]);
         train.extend(&lora);
         let out = ok(&train, dir.path());
         let line = out.lines().find(|l| l.starts_with("| GPU reserved memory")).unwrap();
