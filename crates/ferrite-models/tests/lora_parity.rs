@@ -2,7 +2,8 @@
 //! (Conv1D layers, `c_attn` and `c_proj`) and Llama (`q_proj`, `v_proj`, rsLoRA) of
 //! `tests/data/hf`, made by `tests/data/make_lora_fixtures.py`, loaded with
 //! `load_lora_adapter`: the logits (1e-5), the adapters' gradients after one backward (1e-5), the
-//! losses of 5 AdamW steps over the adapters and the adapters after them (1e-4), and the merged
+//! losses of 5 AdamW steps over the adapters (1e-4) and the adapters after them (1e-4 + 1 % of
+//! a step), and the merged
 //! model's logits (= base + adapter). Folders ferrite writes load in PEFT / transformers
 //! (`tests/data/check_lora_folders.py`; skipped loudly without python, torch, transformers and
 //! peft — `FERRITE_PYTHON` names the interpreter). Bad input: typed errors naming the option.
@@ -137,9 +138,12 @@ fn five_adamw_steps_over_the_adapters_match_peft() {
             l.backward().unwrap();
             opt.step().unwrap();
         }
+        // The adapters after the steps: 1e-4 relative, plus 1 % of one step (lr) absolute — Adam
+        // divides by √v, so an element whose gradient is near zero moves on float noise (seen:
+        // 2.9e-5 on a twin set's element of 0.074).
         for (k, want) in e.with_prefix("adamw.") {
             let (_, got) = m.named_parameters().into_iter().find(|(n, _)| file_key(n) == k).unwrap();
-            close(&format!("{name}: {k} after AdamW"), &got, &want, 1e-4, 1e-5);
+            close(&format!("{name}: {k} after AdamW"), &got, &want, 1e-4, 1e-2 * lr);
         }
     }
 }
