@@ -94,3 +94,39 @@ fn when_nothing_fits_it_says_by_how_much_in_readable_sizes() {
     assert!(!out.contains(" bytes"), "sizes must be human-readable: {out}");
     assert!(out.contains("closest: ferrite train"), "{out}");
 }
+
+#[test]
+fn when_only_adapters_fit_the_way_forward_is_lora_with_a_bf16_base() {
+    // GPT-2 small's weights, gradients and AdamW moments alone are ~1.9 GiB: no full fine-tuning
+    // fits in 1 GiB, LoRA on a bf16 base does.
+    let args: Vec<String> =
+        ["plan", "--hf-config", &data("gpt2.json"), "--seq", "64", "--batch", "2", "--device", "sim:1GiB"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let mut json_args = args.clone();
+    json_args.push("--json".into());
+    let j = run_json(&json_args);
+    assert_eq!(j["fits"], false);
+    let routes = j["way_forward"]["routes"].as_array().expect("routes");
+    assert!(!routes.is_empty(), "{}", j["way_forward"]);
+    for r in routes {
+        assert_eq!(r["adapters_only"], true, "only adapters fit: {r}");
+        let flags: Vec<String> =
+            r["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+        assert!(flags.windows(2).any(|w| w[0] == "--lora-rank"), "{flags:?}");
+        assert!(flags.windows(2).any(|w| w[0] == "--base-dtype" && w[1] == "bf16"), "{flags:?}");
+        // The route's flags, planned again, fit with the promised peak.
+        let mut again = args.clone();
+        again.extend(flags);
+        again.push("--json".into());
+        let p = run_json(&again);
+        assert_eq!(p["fits"], true, "{again:?}");
+        assert_eq!(p["peak_reserved_bytes"], r["peak_reserved_bytes"], "{again:?}");
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out, err) = ferrite(&refs);
+    assert!(ok, "{err}");
+    assert!(out.contains("LoRA r8 on c_attn, base weights in bf16"), "{out}");
+    assert!(out.contains("--lora-rank 8 --lora-targets c_attn --base-dtype bf16"), "{out}");
+}

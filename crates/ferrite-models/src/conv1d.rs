@@ -3,9 +3,10 @@
 //! Why: Hugging Face's GPT-2 (and GPT-J-era relatives) keep the original TensorFlow layout,
 //! `y = x @ W + b` with `W: [in, out]`, while `nn.Linear` stores `[out, in]`. Keeping the layer as
 //! it is lets a GPT-2 state dict load and save key for key and shape for shape, with no
-//! transposes on the way in or out.
-use ferrite_nn::Module;
+//! transposes on the way in or out. It carries a LoRA adapter as PEFT's `lora.Linear` does over a
+//! `Conv1D` (`fan_in_fan_out`: `A [r, in]`, `B [out, r]`, the merge transposed into `[in, out]`).
 use ferrite_nn::init::normal_;
+use ferrite_nn::{Lora, LoraHost, LoraParams, Module};
 use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
 
 /// `y = x @ weight + bias`, `weight [nx, nf]` (inputs × outputs), `bias [nf]`: Hugging Face's
@@ -18,6 +19,8 @@ pub struct Conv1D {
     pub nf: usize,
     pub weight: Tensor,
     pub bias: Tensor,
+    /// The LoRA adapter, if one is attached.
+    pub lora: Option<Box<Lora>>,
     training: bool,
 }
 
@@ -27,7 +30,14 @@ impl Conv1D {
         let weight = Tensor::zeros(&[nx, nf], DType::F32, device)?;
         normal_(&weight, 0.0, 0.02, g)?;
         let bias = Tensor::zeros(&[nf], DType::F32, device)?;
-        Ok(Conv1D { nx, nf, weight: weight.requires_grad_(true)?, bias: bias.requires_grad_(true)?, training: true })
+        Ok(Conv1D {
+            nx,
+            nf,
+            weight: weight.requires_grad_(true)?,
+            bias: bias.requires_grad_(true)?,
+            lora: None,
+            training: true,
+        })
     }
 }
 
@@ -37,15 +47,10 @@ impl Module for Conv1D {
     }
 
     fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
-        let y = x.matmul(&self.weight)?;
-        let b = if self.bias.dtype() != y.dtype() { self.bias.to_dtype(y.dtype())? } else { self.bias.clone() };
-        if Tensor::needs_graph(&[x, &self.weight, &self.bias]) {
-            Ok(y.add(&b)?)
-        } else {
-            // Without a graph, add the bias into the fresh product (one activation fewer).
-            let _g = no_grad();
-            y.add_(&b)?;
-            Ok(y)
+        let y = self.forward_base(x)?;
+        match &self.lora {
+            Some(l) => l.add_to(y, x, self.training),
+            None => Ok(y),
         }
     }
 
@@ -57,11 +62,69 @@ impl Module for Conv1D {
         vec![("weight".into(), &mut self.weight), ("bias".into(), &mut self.bias)]
     }
 
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        self.lora.as_ref().map_or_else(Vec::new, |l| l.children())
+    }
+
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        self.lora.as_mut().map_or_else(Vec::new, |l| l.children_mut())
+    }
+
+    fn lora_host(&self) -> Option<&dyn LoraHost> {
+        Some(self)
+    }
+
+    fn lora_host_mut(&mut self) -> Option<&mut dyn LoraHost> {
+        Some(self)
+    }
+
     fn is_training(&self) -> bool {
         self.training
     }
     fn set_own_training(&mut self, training: bool) {
         self.training = training;
+    }
+}
+
+impl LoraHost for Conv1D {
+    fn lora_features(&self) -> (usize, usize) {
+        (self.nx, self.nf)
+    }
+    fn attach_lora(&mut self, params: &LoraParams, g: &mut Generator) -> ferrite_nn::Result<()> {
+        self.lora = Some(Box::new(Lora::new(self.nx, self.nf, params, self.weight.device(), g)?));
+        Ok(())
+    }
+    fn lora_factors(&self) -> Option<(&Tensor, &Tensor)> {
+        self.lora.as_ref().map(|l| (&l.lora_a.weight, &l.lora_b.weight))
+    }
+    fn lora_params(&self) -> Option<LoraParams> {
+        self.lora.as_ref().map(|l| l.params)
+    }
+    fn set_lora_rng(&mut self, rng: &ferrite_nn::RngHandle) {
+        if let Some(l) = &mut self.lora {
+            l.set_rng(rng);
+        }
+    }
+    fn merge_lora(&mut self) -> ferrite_nn::Result<bool> {
+        let Some(l) = self.lora.take() else { return Ok(false) };
+        l.merge_into(&self.weight, true)?;
+        Ok(true)
+    }
+}
+
+impl Conv1D {
+    /// The layer without its adapter: `x W + b`.
+    fn forward_base(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        let y = x.matmul(&self.weight)?;
+        let b = if self.bias.dtype() != y.dtype() { self.bias.to_dtype(y.dtype())? } else { self.bias.clone() };
+        if Tensor::needs_graph(&[x, &self.weight, &self.bias]) {
+            Ok(y.add(&b)?)
+        } else {
+            // Without a graph, add the bias into the fresh product (one activation fewer).
+            let _g = no_grad();
+            y.add_(&b)?;
+            Ok(y)
+        }
     }
 }
 

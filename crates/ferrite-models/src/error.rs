@@ -31,6 +31,13 @@ pub enum ModelError {
     /// do not divide the width).
     #[error("invalid {what}: {reason}")]
     InvalidSetting { what: String, reason: String },
+    /// A PEFT adapter folder that cannot be read or does not fit the base model (targets or
+    /// shapes of another model); `path` names the file or folder.
+    #[error("LoRA adapter {path}: {problem}")]
+    LoraAdapter { path: String, problem: String },
+    /// A PEFT adapter option ferrite does not implement, named with its value and what to do.
+    #[error("LoRA adapter {path}: ferrite does not implement PEFT's `{option}` = {value}; {remedy}")]
+    LoraUnsupported { path: String, option: String, value: String, remedy: String },
     #[error(transparent)]
     Nn(#[from] ferrite_nn::NnError),
     #[error(transparent)]

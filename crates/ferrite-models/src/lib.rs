@@ -14,6 +14,7 @@
 //! | [`T5Model`] | `t5.rs` | Hugging Face's `T5ForConditionalGeneration` |
 //! | [`generate`] | `generate.rs` | greedy and sampled continuation with a [`KvCache`] |
 //! | [`generate_seq2seq`] | `seq2seq.rs` | T5's shifted decoder input, loss over labels ≠ −100, and generation |
+//! | LoRA adapters | `lora_adapter.rs` | PEFT's adapter folder (`base_model.model.<module>.lora_A.weight`) |
 //! | [`HfFolder`] | `hf_folder.rs` | a `save_pretrained` folder: `config.json`, safetensors (sharded or not) or `pytorch_model.bin` |
 //!
 //! Sizes read from a `config.json` are checked against [`limits`] before anything is built.
@@ -29,6 +30,7 @@ mod generate;
 mod hf_decoder;
 mod hf_folder;
 pub mod limits;
+mod lora_adapter;
 mod lstm_lm;
 mod mlp;
 mod seq2seq;
@@ -44,6 +46,10 @@ pub use hf_decoder::{Block, Decoder, HfActivation, HfConfig, HfStyle, KvCache, R
 pub use hf_folder::{
     COMPANION_FILES, HfFolder, HfLoadOptions, HfSaveOptions, WeightFiles, decoder_keys, parse_shard_size, save_decoder,
     save_decoder_with,
+};
+pub use lora_adapter::{
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoraAdapterConfig, PEFT_PREFIX, adapter_tensors, load_lora_adapter,
+    parse_adapter_config, read_adapter_config, save_lora_adapter,
 };
 pub use lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 pub use mlp::{Mlp, MlpSpec, build_mlp};

@@ -84,6 +84,25 @@ pub enum NnError {
         "PackedSequence: batch_sizes {batch_sizes:?} must be positive, never increase and sum to the data's {rows} rows"
     )]
     InvalidBatchSizes { batch_sizes: Vec<usize>, rows: usize },
+    // ---- LoRA (`lora.rs`)
+    /// LoRA target patterns that choose no module (PEFT's `target_modules`, ferrite's
+    /// `--lora-targets`); `available` lists the adaptable layers' short names.
+    #[error(
+        "LoRA target modules {unmatched:?}: {detail}; the model's adaptable layers are {available:?} (use those names, e.g. --lora-targets q_proj,v_proj, or all-linear)"
+    )]
+    LoraTargets { unmatched: Vec<String>, available: Vec<String>, detail: String },
+    /// A LoRA target pattern that chose a layer LoRA cannot adapt (a norm, an embedding).
+    #[error(
+        "LoRA target module {module} is a {type_name}, which LoRA cannot adapt (ferrite adapts linear layers and GPT-2's Conv1D); choose among {available:?}"
+    )]
+    LoraUnsupportedTarget { module: String, type_name: &'static str, available: Vec<String> },
+    /// A LoRA rank of 0, or above a chosen layer's smaller side (`module` empty when checked
+    /// before any layer).
+    #[error(
+        "LoRA rank (--lora-rank, PEFT's `r`) {rank} does not fit{}: it must be at least 1 and at most min(in, out) of every adapted layer; typical ranks are 8 or 16",
+        if module.is_empty() { String::new() } else { format!(" {module} ({in_features} -> {out_features})") }
+    )]
+    LoraRank { module: String, rank: usize, in_features: usize, out_features: usize },
     /// A `PackedSequence` built by hand whose `sorted_indices` is not a permutation of its batch.
     #[error("PackedSequence: sorted_indices {indices:?} is not a permutation of 0..{batch}")]
     InvalidIndices { indices: Vec<usize>, batch: usize },

@@ -29,6 +29,8 @@ pub mod inference;
 pub mod init;
 pub mod layer_marks;
 pub mod layers;
+pub mod lora;
+pub mod lora_host;
 pub mod loss;
 pub mod module;
 pub mod packed_sequence;
@@ -55,6 +57,11 @@ pub use layers::recurrent::{Nonlinearity, RecurrentConfig, RecurrentParams};
 pub use layers::rnn::RNN;
 pub use layers::sequential::Sequential;
 pub use layers::transformer::{TransformerBlock, TransformerConfig};
+pub use lora::{
+    Lora, LoraConfig, LoraFactor, LoraTargets, apply_lora, has_lora, lora_target_names, merge_lora,
+    set_lora_dropout_rng, trainable_parameters,
+};
+pub use lora_host::{LoraHost, LoraParams};
 pub use loss::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, KlDivReduction, MSELoss, NLLLoss, Reduction,
     SmoothL1Loss,

@@ -18,6 +18,7 @@ use dyn_clone::DynClone;
 use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::error::{LoadStateDictError, NnError, Result, SizeMismatch};
+use crate::lora_host::LoraHost;
 use crate::state_dict::{IncompatibleKeys, LoadOptions, StateDict};
 
 /// A layer or a model: a tree of modules holding parameters and buffers.
@@ -61,6 +62,17 @@ pub trait Module: DynClone + Send + Sync {
 
     /// Set this module's own flag (use [`train`](Self::train), which also sets the children's).
     fn set_own_training(&mut self, training: bool);
+
+    /// This layer as a carrier of LoRA adapters, if it can be one (`Linear`, GPT-2's `Conv1D`):
+    /// how `ferrite_nn::apply_lora` finds the layers to adapt in any module tree.
+    fn lora_host(&self) -> Option<&dyn LoraHost> {
+        None
+    }
+
+    /// [`lora_host`](Self::lora_host), mutable.
+    fn lora_host_mut(&mut self) -> Option<&mut dyn LoraHost> {
+        None
+    }
 
     // ------------------------------------------------------------------ provided
 
@@ -436,6 +448,12 @@ impl Module for Box<dyn Module> {
     }
     fn set_own_training(&mut self, training: bool) {
         (**self).set_own_training(training)
+    }
+    fn lora_host(&self) -> Option<&dyn LoraHost> {
+        (**self).lora_host()
+    }
+    fn lora_host_mut(&mut self) -> Option<&mut dyn LoraHost> {
+        (**self).lora_host_mut()
     }
     fn train(&mut self, training: bool) {
         (**self).train(training)

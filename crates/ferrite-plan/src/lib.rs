@@ -22,6 +22,7 @@ mod builtin;
 mod error;
 mod evaluate;
 mod hf_workload;
+mod lora_workload;
 mod measure;
 mod search;
 mod step;
@@ -37,6 +38,7 @@ pub use evaluate::{
     Breakdown, LayerBytes, MemoryPlan, PeakSite, PlanOom, StepPoint, Target, alloc_conf_string, evaluate, step_timeline,
 };
 pub use hf_workload::{HfDecoder, hf_workload};
+pub use lora_workload::{LoraWorkload, with_lora};
 pub use measure::{Measured, measure};
 pub use search::{
     BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,

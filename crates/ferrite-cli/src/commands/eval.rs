@@ -50,6 +50,8 @@ pub struct EvalArgs {
     /// Machine-readable output: loss, perplexity, tokens, blocks, …
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub adapter: super::lora_args::LoraAdapterArg,
 }
 
 pub fn run(args: EvalArgs) -> CliResult {
@@ -68,6 +70,7 @@ pub fn run(args: EvalArgs) -> CliResult {
     let blocks = TokenBlocks::new(ids, args.seq, &args.data.display().to_string())?;
     let n_blocks = ferrite_data::Dataset::len(&blocks);
     let mut model = dir.load(&args.device)?;
+    let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
     let mut loader = {
         let b = blocks.tensor_loader().batch_size(args.batch_size);
         if args.device == Device::Cpu { b.build()? } else { b.stage_to(args.device.clone()).build()? }
@@ -89,6 +92,7 @@ pub fn run(args: EvalArgs) -> CliResult {
             "device": args.device.to_string(),
             "peak_reserved_bytes": peak,
             "seconds": seconds,
+            "lora": args.adapter.lora.as_ref().map(|d| d.display().to_string()),
         });
         println!("{v}");
     } else {
@@ -100,6 +104,9 @@ pub fn run(args: EvalArgs) -> CliResult {
             tokens - n_blocks * args.seq,
             args.device
         );
+        if let Some(line) = &adapter {
+            println!("{line}");
+        }
         println!(
             "loss {:.4}  perplexity {:.2}  over {} predicted tokens  | peak reserved {}  | {seconds:.1}s",
             result.loss,
@@ -113,6 +120,13 @@ pub fn run(args: EvalArgs) -> CliResult {
 
 /// `ferrite eval` of a T5 folder on input/target pairs (see the module docs).
 fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
+    if let Some(lora) = &args.adapter.lora {
+        return Err(format!(
+            "--lora {} with a T5 model: ferrite reads PEFT adapter folders for the decoder models (GPT-2, Llama, Mistral, Qwen2) so far; merge the adapter into the T5 folder with PEFT's merge_and_unload and pass that folder",
+            lora.display()
+        )
+        .into());
+    }
     let start = Instant::now();
     let pairs = ferrite_data::read_seq2seq_pairs(&args.data, &args.input_field, &args.target_field)?;
     let examples = ferrite_data::Seq2SeqExamples::tokenize(&dir.tokenizer, &pairs, args.seq, dir.seq2seq_tokens()?)?;

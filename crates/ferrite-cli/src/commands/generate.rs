@@ -48,6 +48,8 @@ pub struct GenerateArgs {
     /// Machine-readable output: ids (the new tokens), text, tokens per second.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub adapter: super::lora_args::LoraAdapterArg,
 }
 
 pub fn run(args: GenerateArgs) -> CliResult {
@@ -70,14 +72,22 @@ pub fn run(args: GenerateArgs) -> CliResult {
     };
     let options =
         GenerateOptions { max_new_tokens: args.max_new_tokens, decoding, eos_token_ids: dir.folder.eos_token_ids() };
-    let out = if t5 {
+    let (out, adapter) = if t5 {
+        if let Some(lora) = &args.adapter.lora {
+            return Err(format!(
+                "--lora {} with a T5 model: ferrite reads PEFT adapter folders for the decoder models (GPT-2, Llama, Mistral, Qwen2) so far; merge the adapter into the T5 folder with PEFT's merge_and_unload and pass that folder",
+                lora.display()
+            )
+            .into());
+        }
         let mut model = dir.load_t5(&args.device)?;
         model.eval();
-        generate_seq2seq(&model, &prompt, &options)?
+        (generate_seq2seq(&model, &prompt, &options)?, None)
     } else {
         let mut model = dir.load(&args.device)?;
+        let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
         model.eval();
-        generate(&model, &prompt, &options)?
+        (generate(&model, &prompt, &options)?, adapter)
     };
     let text = dir.tokenizer.decode(&out.ids, true)?;
     let decode_tokens = out.ids.len().saturating_sub(1);
@@ -99,6 +109,9 @@ pub fn run(args: GenerateArgs) -> CliResult {
         });
         println!("{v}");
     } else {
+        if let Some(line) = &adapter {
+            eprintln!("{line}");
+        }
         if t5 {
             println!("{text}");
         } else {

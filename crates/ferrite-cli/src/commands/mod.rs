@@ -7,6 +7,7 @@ pub mod eval;
 pub mod generate;
 pub mod hf_model;
 pub mod inspect;
+pub mod lora_args;
 pub mod memory;
 pub mod model_args;
 pub mod monitor;

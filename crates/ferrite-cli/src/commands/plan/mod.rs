@@ -43,6 +43,10 @@ pub struct PlanArgs {
     #[arg(long)]
     pub hf_model: Option<PathBuf>,
     /// DeepSpeed ZeRO's model-state estimate of this model (`--zero 2|3`).
+    /// LoRA and the base weights' dtype, as `ferrite train` takes them (see
+    /// `commands/lora_args.rs`).
+    #[command(flatten)]
+    pub lora: super::lora_args::LoraArgs,
     #[command(flatten)]
     pub zero: ZeroArgs,
     /// The GPU to plan for: `sim:<gpu>` from `ferrite memory gpus` (MIG slices included, e.g.
@@ -214,10 +218,49 @@ impl PlanArgs {
         ferrite_train::planned::target(&self.device, self.alloc_conf.as_deref(), self.memory_fraction)
     }
 
-    /// The changes the planner cannot build by itself that the way forward also tries (LoRA
-    /// adapters on a Hugging Face model).
+    /// The changes the planner cannot build by itself that the way forward also tries: LoRA
+    /// adapters (rank 8 and 16 on PEFT's default targets, base weights in bf16) on a Hugging Face
+    /// decoder that is not already planned with adapters.
     pub fn variants(&self) -> Result<Vec<ferrite_plan::Variant>, PlanError> {
-        Ok(Vec::new())
+        use super::lora_args::{LoraArgs, default_targets, model_type_of};
+        let Some(config) = self.hf_config.clone().or_else(|| self.hf_model.as_ref().map(|d| d.join("config.json")))
+        else {
+            return Ok(Vec::new());
+        };
+        // Already adapters; or an architecture whose LoRA `train` does not run (T5).
+        let model_type = model_type_of(&config);
+        if self.lora.lora_rank.is_some() || matches!(model_type.as_str(), "t5" | "mt5") {
+            return Ok(Vec::new());
+        }
+        let Some(targets) = default_targets(&model_type) else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        for rank in [8usize, 16] {
+            let lora = LoraArgs {
+                lora_rank: Some(rank),
+                lora_targets: Some(targets.to_string()),
+                base_dtype: Some(ferrite_tensor::DType::BF16),
+                ..LoraArgs::default()
+            };
+            let w = lora.plan_workload(ferrite_plan::hf_workload(&config, self.shape.seq)?, &model_type)?;
+            out.push(ferrite_plan::Variant {
+                label: format!("LoRA r{rank} on {targets}, base weights in bf16"),
+                flags: vec![
+                    "--lora-rank".into(),
+                    rank.to_string(),
+                    "--lora-targets".into(),
+                    targets.to_string(),
+                    "--base-dtype".into(),
+                    "bf16".into(),
+                ],
+                workload: std::sync::Arc::from(w),
+                gpus: 1,
+                adapters_only: true,
+                // Measured: a LoRA step of GPT-2 small takes 0.95x a full one on CPU (BENCHMARKS.md);
+                // backward still computes every activation gradient.
+                compute: 0.95,
+            });
+        }
+        Ok(out)
     }
 
     /// `ferrite train` with this plan's model and device, to which a route's step flags are added.
@@ -262,13 +305,13 @@ impl PlanArgs {
 
     /// The model to plan.
     pub fn workload(&self) -> Result<Box<dyn Workload>, PlanError> {
-        if let Some(path) = &self.hf_config {
-            return ferrite_plan::hf_workload(path, self.shape.seq);
+        let config = self.hf_config.clone().or_else(|| self.hf_model.as_ref().map(|d| d.join("config.json")));
+        if let Some(path) = &config {
+            let w = ferrite_plan::hf_workload(path, self.shape.seq)?;
+            return self.lora.plan_workload(w, &super::lora_args::model_type_of(path));
         }
-        if let Some(dir) = &self.hf_model {
-            return ferrite_plan::hf_workload(&dir.join("config.json"), self.shape.seq);
-        }
-        Ok(Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?))
+        let w: Box<dyn Workload> = Box::new(self.shape.builtin(self.model, &self.dataset, self.vocab)?);
+        self.lora.plan_workload(w, "")
     }
 }
 

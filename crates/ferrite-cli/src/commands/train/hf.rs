@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use ferrite_data::{Dataset, DistributedSampler, TokenBlocks, read_documents, tokenize_documents};
 use ferrite_memory::{allocator, format_size, select_devices};
-use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
+use ferrite_models::{HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
 use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, LrScheduler, Optimizer, warmup_cosine};
 use ferrite_tensor::Device;
@@ -24,7 +24,7 @@ use ferrite_train::{OwnerPolicy, StepSync, Trainer, TrainerBuilder};
 
 use super::settings::{configure, describe_settings};
 use super::{LrSchedule, TrainArgs, TrainError, data_parallel};
-use crate::commands::hf_model;
+use crate::commands::{hf_model, lora_args};
 
 /// Share of the blocks used for training; the rest is the validation set.
 pub(super) const TRAIN_FRACTION: f64 = 0.9;
@@ -50,6 +50,13 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let dir = hf_model::open(model_dir, "train")?;
     if dir.is_t5() {
+        if args.lora != Default::default() {
+            return Err(invalid(
+                "lora-rank",
+                "with a T5 model",
+                "a decoder model (GPT-2, Llama, Mistral, Qwen2): LoRA from the command line is not wired to T5 yet; train T5 without the --lora-* / --base-dtype / --merge-lora flags",
+            ));
+        }
         return super::hf_t5::train(args, device, dist, dir, data);
     }
     let max_shard_size = parse_shard_size(&args.max_shard_size)?;
@@ -120,6 +127,14 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
+    let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed, &dropout_rng)?;
+    if lora.is_some() && dist.is_some() {
+        return Err(invalid(
+            "lora-rank",
+            "with --distributed",
+            "one process: LoRA is not wired to DDP/ZeRO yet; train the adapters without --distributed",
+        ));
+    }
     let parameters: usize = model.parameters().iter().map(|p| p.numel()).sum();
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
     // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
@@ -158,6 +173,9 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         },
         describe_settings(args)
     );
+    if let Some(l) = &lora {
+        println!("{}", l.line);
+    }
     if config.attention_dropout + config.residual_dropout + config.embedding_dropout > 0.0 {
         println!(
             "  dropout from config.json: attention {}, residual {}, embeddings {}",
@@ -228,17 +246,25 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         PathBuf::from(format!("ferrite-{stem}-finetuned"))
     });
     let options = HfSaveOptions { max_shard_size, copy_from: Some(dir.folder.dir.clone()) };
+    let mut how = String::new();
     if dist.is_none_or(|d| d.rank() == 0) {
-        save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+        how = lora_args::save_trained(
+            &args.lora,
+            lora.as_ref().map(|l| &l.config),
+            model,
+            model_dir,
+            &dir.folder.config_text,
+            &out,
+            &options,
+        )?;
     }
     let last = report.epochs.last();
     println!(
-        "trained {} optimizer steps in {:.1}s{}; wrote {} (transformers: AutoModelForCausalLM.from_pretrained(\"{}\"))",
+        "trained {} optimizer steps in {:.1}s{}; wrote {} ({how})",
         last.map_or(0, |e| e.steps),
         start.elapsed().as_secs_f64(),
         last.and_then(|e| e.eval.get("loss")).map_or(String::new(), |v| format!(", validation loss {v:.4}")),
         out.display(),
-        out.display()
     );
     println!("{}", allocator(primary).memory_summary(true));
     if let Some(d) = dist {
@@ -267,7 +293,8 @@ pub(super) fn trainer_builder<'a, M: Module + Clone + 'static>(
         Some(devices) => Trainer::builder_with(model, move |params| Adam::new(params, config))
             .data_parallel(devices, OwnerPolicy::Sharded),
         None => {
-            let adamw = Adam::named(model.named_parameters(), config)?;
+            // With LoRA only the adapters train: the frozen base gets no optimizer state.
+            let adamw = Adam::named(lora_args::optimized_parameters(&model), config)?;
             let opt: Box<dyn Optimizer> = match sync {
                 Some(s) => s.optimizer(adamw)?,
                 None => Box::new(adamw),

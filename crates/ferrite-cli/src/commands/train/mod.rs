@@ -192,6 +192,10 @@ pub struct TrainArgs {
     pub zero: Option<u32>,
     #[command(flatten)]
     pub observe: ObserveArgs,
+    /// LoRA (--lora-rank, --lora-alpha, --lora-dropout, --lora-targets, --lora-rslora,
+    /// --base-dtype, --merge-lora): see `commands/lora_args.rs`.
+    #[command(flatten)]
+    pub lora: crate::commands::lora_args::TrainLoraArgs,
     /// Train with DataParallel on these devices of the `--device` kind, renumbered from 0 like
     /// CUDA_VISIBLE_DEVICES (`--device sim:a100-40gb --devices 0,1,2,3`: four simulated A100s).
     /// Default: FERRITE_VISIBLE_DEVICES, else one device.
@@ -270,6 +274,7 @@ impl TrainArgs {
             distributed: false,
             zero: None,
             observe: ObserveArgs::default(),
+            lora: Default::default(),
             devices: None,
             data_parallel: false,
         }

@@ -27,7 +27,12 @@ impl TrainArgs {
             _ => "digits",
         };
         let workload: Box<dyn ferrite_plan::Workload> = match &self.hf_model {
-            Some(dir) => ferrite_plan::hf_workload(&dir.join("config.json"), self.shape.seq)?,
+            Some(dir) => {
+                let config = dir.join("config.json");
+                let w = ferrite_plan::hf_workload(&config, self.shape.seq)?;
+                let model_type = crate::commands::lora_args::model_type_of(&config);
+                self.lora.lora.plan_workload(w, &model_type)?
+            }
             None => Box::new(self.shape.builtin(self.model, dataset, TEXT_VOCAB)?),
         };
         Ok(PlanContext {
