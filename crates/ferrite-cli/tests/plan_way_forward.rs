@@ -39,8 +39,15 @@ fn every_route_replanned_with_its_own_flags_fits_with_the_promised_peak() {
     assert_eq!(j["fits"], false, "the premise: batch 16 does not fit");
     let routes = j["way_forward"]["routes"].as_array().expect("routes");
     assert!(!routes.is_empty(), "{}", j["way_forward"]);
-    let costs: Vec<f64> = routes.iter().map(|r| r["relative_cost"].as_f64().unwrap()).collect();
-    assert!(costs.windows(2).all(|w| w[0] <= w[1]), "ranked by cost: {costs:?}");
+    // The same training first, then adapters only; by compute within each.
+    let tier = |r: &serde_json::Value| r["adapters_only"] == true;
+    assert!(routes.windows(2).all(|w| !tier(&w[0]) || tier(&w[1])), "adapters after the model itself");
+    for adapters in [false, true] {
+        let costs: Vec<f64> =
+            routes.iter().filter(|r| tier(r) == adapters).map(|r| r["relative_cost"].as_f64().unwrap()).collect();
+        assert!(costs.windows(2).all(|w| w[0] <= w[1]), "ranked by cost: {costs:?}");
+    }
+    assert!(routes.iter().any(|r| !tier(r)) && routes.iter().any(tier), "both kinds fit here");
     for r in routes {
         assert_eq!(r["fits"], true);
         assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accum_steps"].as_u64().unwrap(), 16, "{r}");
@@ -99,13 +106,12 @@ fn when_nothing_fits_it_says_by_how_much_in_readable_sizes() {
 fn when_only_adapters_fit_the_way_forward_is_lora_with_a_bf16_base() {
     // GPT-2 small's weights, gradients and AdamW moments alone are ~1.9 GiB: no full fine-tuning
     // fits in 1 GiB, LoRA on a bf16 base does.
-    let args: Vec<String> =
-        ["plan", "--hf-config", &data("gpt2.json"), "--seq", "64", "--batch", "2", "--device", "sim:1GiB"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let args: Vec<String> = ["plan", "--hf-config", &data("gpt2.json"), "--seq", "64", "--device", "sim:1GiB"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut json_args = args.clone();
-    json_args.push("--json".into());
+    json_args.extend(["--batch", "2", "--json"].map(String::from));
     let j = run_json(&json_args);
     assert_eq!(j["fits"], false);
     let routes = j["way_forward"]["routes"].as_array().expect("routes");
@@ -124,7 +130,9 @@ fn when_only_adapters_fit_the_way_forward_is_lora_with_a_bf16_base() {
         assert_eq!(p["fits"], true, "{again:?}");
         assert_eq!(p["peak_reserved_bytes"], r["peak_reserved_bytes"], "{again:?}");
     }
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut text_args = args.clone();
+    text_args.extend(["--batch", "2"].map(String::from));
+    let refs: Vec<&str> = text_args.iter().map(String::as_str).collect();
     let (ok, out, err) = ferrite(&refs);
     assert!(ok, "{err}");
     assert!(out.contains("LoRA r8 on c_attn, base weights in bf16"), "{out}");
