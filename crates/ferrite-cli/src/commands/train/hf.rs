@@ -16,22 +16,14 @@ use ferrite_data::{Dataset, DistributedSampler, TokenBlocks, read_documents, tok
 use ferrite_memory::{allocator, format_size, select_devices};
 use ferrite_models::{HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
-use ferrite_optim::{Adam, AdamConfig, CosineAnnealingLr, LrScheduler, Optimizer, warmup_cosine};
 use ferrite_tensor::Device;
 use ferrite_train::distributed::{Distributed, EvalShare};
 use ferrite_train::{CausalLmStep, Metrics, evaluate_causal_lm, seconds, start_observer};
-use ferrite_train::{OwnerPolicy, StepSync, Trainer, TrainerBuilder};
 
+use super::hf_trainer::{TRAIN_FRACTION, invalid, trainer_builder};
 use super::settings::{configure, describe_settings};
 use super::{LrSchedule, TrainArgs, TrainError, data_parallel};
 use crate::commands::{hf_model, lora_args};
-
-/// Share of the blocks used for training; the rest is the validation set.
-pub(super) const TRAIN_FRACTION: f64 = 0.9;
-
-pub(super) fn invalid(flag: &'static str, value: impl ToString, expected: &'static str) -> TrainError {
-    TrainError::InvalidArgument { flag, value: value.to_string(), expected }
-}
 
 /// Fine-tunes the `--hf-model` folder on `--data` (see the module docs); with `dist`, as one rank
 /// of a DistributedDataParallel job: each rank reads its share of the blocks (the same
@@ -274,52 +266,4 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         run.finish();
     }
     Ok(())
-}
-
-/// The trainer of an HF fine-tuning run (decoder or T5): AdamW (`--lr`, `--weight-decay`) over
-/// the model's parameters on one device — through `sync`'s optimizer under DDP or ZeRO — or, with
-/// `devices`, made over each parameter's owner replica under DataParallel (sharded owners, as
-/// `data_parallel.rs`); and the `--lr-schedule`, made over that optimizer when the trainer is
-/// built (`scheduler_with`), so it is the same schedule on one device and on several.
-pub(super) fn trainer_builder<'a, M: Module + Clone + 'static>(
-    args: &TrainArgs,
-    model: M,
-    devices: Option<&[Device]>,
-    sync: Option<&StepSync>,
-    total_steps: u64,
-) -> Result<TrainerBuilder<'a, M>, TrainError> {
-    let config = AdamConfig::adamw(args.lr).weight_decay(args.weight_decay);
-    let builder = match devices {
-        Some(devices) => Trainer::builder_with(model, move |params| Adam::new(params, config))
-            .data_parallel(devices, OwnerPolicy::Sharded),
-        None => {
-            // With LoRA only the adapters train: the frozen base gets no optimizer state.
-            let adamw = Adam::named(lora_args::optimized_parameters(&model), config)?;
-            let opt: Box<dyn Optimizer> = match sync {
-                Some(s) => s.optimizer(adamw)?,
-                None => Box::new(adamw),
-            };
-            Trainer::builder_boxed(model, opt)
-        }
-    };
-    let warmup = args.warmup_steps;
-    Ok(match args.lr_schedule {
-        LrSchedule::Constant => builder,
-        LrSchedule::Cosine if warmup == 0 => builder.scheduler_with(move |opt| {
-            Ok(Box::new(CosineAnnealingLr::new(opt, total_steps.max(1) as i64, 0.0)?) as Box<dyn LrScheduler>)
-        }),
-        LrSchedule::Cosine => {
-            if warmup as u64 >= total_steps {
-                return Err(invalid(
-                    "warmup-steps",
-                    warmup,
-                    "fewer than the run's optimizer steps (see the line above); lower it or train longer",
-                ));
-            }
-            let start = 1.0 / warmup as f64;
-            builder.scheduler_with(move |opt| {
-                Ok(Box::new(warmup_cosine(opt, warmup as i64, total_steps as i64, start, 0.0)?) as Box<dyn LrScheduler>)
-            })
-        }
-    })
 }

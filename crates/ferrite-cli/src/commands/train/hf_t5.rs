@@ -26,7 +26,7 @@ use super::settings::{configure, describe_settings};
 use super::{LrSchedule, TrainArgs, TrainError, data_parallel};
 use crate::commands::hf_model::HfModelDir;
 
-use super::hf::{TRAIN_FRACTION, invalid, trainer_builder};
+use super::hf_trainer::{TRAIN_FRACTION, invalid, trainer_builder};
 
 /// Fine-tunes the T5 folder `dir` (opened by `hf::train`) on `--data` (see the module docs);
 /// with `dist`, as one rank of a DistributedDataParallel job, as the decoders are.

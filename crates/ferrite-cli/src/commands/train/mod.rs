@@ -29,6 +29,7 @@
 mod data_parallel;
 mod hf;
 mod hf_t5;
+mod hf_trainer;
 mod image;
 mod image_data;
 mod language;
