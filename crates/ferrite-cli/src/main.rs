@@ -61,7 +61,10 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // One write per message: the ranks of an MPI job share one stderr, and a line written
+            // in pieces (as `eprintln!` writes it) interleaves with the other ranks' lines.
+            let line = format!("error: {e}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             ExitCode::FAILURE
         }
     }
