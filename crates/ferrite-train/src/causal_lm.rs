@@ -8,8 +8,9 @@
 //! a mean over *predicted positions* (`b·(s−1)` per batch), and the epoch and evaluation means
 //! weight every batch by them, so a smaller last batch counts for what it holds.
 use ferrite_nn::Module;
-use ferrite_tensor::{Tensor, no_grad};
+use ferrite_tensor::Tensor;
 
+use crate::lm_evaluation::{LmEvaluation, evaluate_scored};
 use crate::{StepOutput, TrainError, TrainStep};
 
 /// The training step of causal-LM fine-tuning: a batch `(input_ids, labels)` (the same blocks
@@ -33,42 +34,17 @@ pub fn predicted_positions(labels: &Tensor) -> usize {
     }
 }
 
-/// The loss of a model over every batch of a loader.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LmEvaluation {
-    /// Mean cross-entropy (nats) over every predicted position.
-    pub loss: f64,
-    /// `exp(loss)`.
-    pub perplexity: f64,
-    /// Positions predicted (`blocks × (seq − 1)`).
-    pub predicted: usize,
-    /// Batches read.
-    pub batches: usize,
-}
-
-/// The mean causal-LM loss of `model` over `batches` (`(input_ids, labels)` pairs), without
-/// gradients and in eval mode (restored afterwards).
+/// The mean causal-LM loss of `model` over `batches` (`(input_ids, labels)` pairs), weighted by
+/// predicted positions, without gradients and in eval mode (restored afterwards).
 pub fn evaluate_causal_lm<M, I>(model: &mut M, batches: I) -> Result<LmEvaluation, TrainError>
 where
     M: Module + ?Sized,
     I: IntoIterator<Item = Result<(Tensor, Tensor), ferrite_data::DataError>>,
 {
-    let was_training = model.is_training();
-    model.eval();
-    let result = (|| {
-        let _g = no_grad();
-        let (mut sum, mut predicted, mut count) = (0.0f64, 0usize, 0usize);
-        for batch in batches {
-            let (ids, labels) = batch?;
-            let n = predicted_positions(&labels);
-            let loss = ferrite_models::causal_lm_loss(&model.forward(&ids)?, &labels)?.item()?;
-            sum += loss * n as f64;
-            predicted += n;
-            count += 1;
-        }
-        let loss = sum / predicted.max(1) as f64;
-        Ok(LmEvaluation { loss, perplexity: loss.exp(), predicted, batches: count })
-    })();
-    model.train(was_training);
-    result
+    evaluate_scored(
+        model,
+        batches,
+        |logits, labels| Ok(ferrite_models::causal_lm_loss(logits, labels)?),
+        |labels| Ok(predicted_positions(labels)),
+    )
 }

@@ -9,9 +9,10 @@
 //! means weight each batch by them, so the reported loss is the mean over every target token of
 //! the data, whatever the batch size.
 use ferrite_nn::Module;
-use ferrite_tensor::{Tensor, no_grad};
+use ferrite_tensor::Tensor;
 
-use crate::{LmEvaluation, StepOutput, TrainError, TrainStep};
+use crate::lm_evaluation::{LmEvaluation, evaluate_scored};
+use crate::{StepOutput, TrainError, TrainStep};
 
 /// The training step of sequence-to-sequence fine-tuning: a batch `(ids [b, 3, s], labels [b, s])`
 /// as [`ferrite_data::Seq2SeqExamples`] yields it.
@@ -33,24 +34,10 @@ where
     M: Module + ?Sized,
     I: IntoIterator<Item = Result<(Tensor, Tensor), ferrite_data::DataError>>,
 {
-    let was_training = model.is_training();
-    model.eval();
-    let result = (|| {
-        let _g = no_grad();
-        let (mut sum, mut scored, mut count) = (0.0f64, 0usize, 0usize);
-        for batch in batches {
-            let (ids, labels) = batch?;
-            let n = ferrite_models::scored_labels(&labels)?;
-            let loss = ferrite_models::seq2seq_loss(&model.forward(&ids)?, &labels)?.item()?;
-            if n > 0 {
-                sum += loss * n as f64;
-            }
-            scored += n;
-            count += 1;
-        }
-        let loss = sum / scored.max(1) as f64;
-        Ok(LmEvaluation { loss, perplexity: loss.exp(), predicted: scored, batches: count })
-    })();
-    model.train(was_training);
-    result
+    evaluate_scored(
+        model,
+        batches,
+        |logits, labels| Ok(ferrite_models::seq2seq_loss(logits, labels)?),
+        |labels| Ok(ferrite_models::scored_labels(labels)?),
+    )
 }

@@ -14,7 +14,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ferrite_data::{TokenBlocks, read_text_source};
+use ferrite_data::{
+    Collate, DataError, DataLoader, DataLoaderBuilder, Dataset, ToDevice, TokenBlocks, read_text_source,
+};
 use ferrite_memory::{allocator, format_size};
 use ferrite_tensor::Device;
 use ferrite_train::{evaluate_causal_lm, evaluate_seq2seq};
@@ -71,10 +73,7 @@ pub fn run(args: EvalArgs) -> CliResult {
     let n_blocks = ferrite_data::Dataset::len(&blocks);
     let mut model = dir.load(&args.device)?;
     let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
-    let mut loader = {
-        let b = blocks.tensor_loader().batch_size(args.batch_size);
-        if args.device == Device::Cpu { b.build()? } else { b.stage_to(args.device.clone()).build()? }
-    };
+    let mut loader = staged_loader(blocks.tensor_loader(), &args)?;
     let result = evaluate_causal_lm(&mut model, &mut loader)?;
     let seconds = start.elapsed().as_secs_f64();
     let peak = allocator(&args.device).max_memory_reserved();
@@ -118,6 +117,17 @@ pub fn run(args: EvalArgs) -> CliResult {
     Ok(())
 }
 
+/// The evaluation loader: `--batch-size` examples per batch, moved to `--device` by the loader.
+fn staged_loader<D, C>(builder: DataLoaderBuilder<D, C>, args: &EvalArgs) -> Result<DataLoader<D, C>, DataError>
+where
+    D: Dataset,
+    C: Collate<D::Sample>,
+    C::Batch: ToDevice,
+{
+    let b = builder.batch_size(args.batch_size);
+    if args.device == Device::Cpu { b.build() } else { b.stage_to(args.device.clone()).build() }
+}
+
 /// `ferrite eval` of a T5 folder on input/target pairs (see the module docs).
 fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
     if let Some(lora) = &args.adapter.lora {
@@ -132,10 +142,7 @@ fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
     let examples = ferrite_data::Seq2SeqExamples::tokenize(&dir.tokenizer, &pairs, args.seq, dir.seq2seq_tokens()?)?;
     let truncated = examples.truncated();
     let mut model = dir.load_t5(&args.device)?;
-    let mut loader = {
-        let b = examples.tensor_loader().batch_size(args.batch_size);
-        if args.device == Device::Cpu { b.build()? } else { b.stage_to(args.device.clone()).build()? }
-    };
+    let mut loader = staged_loader(examples.tensor_loader(), args)?;
     let result = evaluate_seq2seq(&mut model, &mut loader)?;
     let seconds = start.elapsed().as_secs_f64();
     let peak = allocator(&args.device).max_memory_reserved();
