@@ -8,32 +8,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 
-fn mpirun_ferrite(args: &[&str], dir: &std::path::Path) -> (bool, String, String) {
-    let o = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", env!("CARGO_BIN_EXE_ferrite")])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("mpirun starts");
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-/// Whether the mpirun tests can run here (else they skip loudly, or fail when required).
-fn mpi_ready(test: &str) -> bool {
-    if !cfg!(feature = "mpi") {
-        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
-        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
-        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
-        return false;
-    }
-    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
-}
+use common::mpi::{mpi_ready, mpirun_ferrite, weights};
 
 /// A text a small model learns from: words of a small vocabulary in a pseudo-random order.
 fn write_text(dir: &Path, chars: usize) -> String {
@@ -46,15 +22,6 @@ fn write_text(dir: &Path, chars: usize) -> String {
     text.truncate(chars);
     std::fs::write(dir.join("text.txt"), &text).unwrap();
     "text.txt".to_string()
-}
-
-/// Every parameter of a safetensors weights file, by name.
-fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
-    ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .into_iter()
-        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
-        .collect()
 }
 
 /// The figure after `key ` in a language model's closing line (`validation loss 2.78 (…unigram 3.1)…`).
@@ -95,7 +62,7 @@ fn language_model_case(test: &str, model: &str, model_args: &[&str]) {
         "dist.safetensors",
     ]);
     let dist: Vec<&str> = dist.iter().map(String::as_str).collect();
-    let (ok, out, err) = mpirun_ferrite(&dist, dir.path());
+    let (ok, out, err) = mpirun_ferrite(2, &dist, dir.path());
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("2 ranks x 2 streams x 16 characters per chunk"), "{out}");
     assert_eq!(out.matches("epoch   1/2").count(), 1, "one rank prints:\n{out}");
@@ -178,6 +145,7 @@ fn two_ranks_train_digits_and_the_checkpoint_resumes_without_mpi() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = mpirun_ferrite(
+        2,
         &["train", "--distributed", "--epochs", "2", "--hidden", "32", "--lr", "0.01", "--save-checkpoint", "ck.ft"],
         dir.path(),
     );
@@ -214,16 +182,12 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
     let hf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf");
     let (model, text) = (hf.join("llama").display().to_string(), hf.join("text.txt").display().to_string());
     let run = |np: &str, batch: &str, out: &str, extra: &[&str]| {
-        let o = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", np, env!("CARGO_BIN_EXE_ferrite")])
-            .args(["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16", "--lr", "3e-3"])
-            .args(["--batch-size", batch, "--steps", "6", "--no-progress", "--out", out])
-            .args(extra)
-            .current_dir(dir.path())
-            .output()
-            .expect("mpirun starts");
-        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+        let mut args = vec!["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16"];
+        args.extend(["--lr", "3e-3", "--batch-size", batch, "--steps", "6", "--no-progress", "--out", out]);
+        args.extend(extra);
+        let ranks: usize = np.parse().unwrap();
+        let (ok, stdout, stderr) = mpirun_ferrite(ranks, &args, dir.path());
+        assert!(ok, "{stdout}\n{stderr}");
         stdout
     };
     let val = |out: &str| -> f64 {

@@ -16,59 +16,30 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+
+use common::mpi::{mpi_ready, weights, worst_relative};
 
 /// Collective deadline of every run: a rank left alone stops within it.
-const TIMEOUT_S: u64 = 20;
+const TIMEOUT_S: &str = "20";
 
-/// `mpirun [env] ARGS` in `dir` (ARGS: everything after mpirun's own options), killed after 300 s;
-/// (success, stdout, stderr).
+/// `mpirun [env] ARGS` in `dir` with every rank's collective deadline `TIMEOUT_S`; (success,
+/// stdout, stderr).
 fn mpirun(args: &[String], env: &[(&str, &str)], dir: &Path) -> (bool, String, String) {
-    launch(args, env, dir, false)
+    common::mpi::mpirun(args, &with_timeout(env), dir, false)
 }
 
 /// [`mpirun`] that lets every rank finish (OpenMPI otherwise ends the job when the first rank
 /// exits with an error, maybe before the others printed theirs); its exit status is then 0
 /// whatever the ranks' statuses.
 fn mpirun_every_rank(args: &[String], dir: &Path) -> (bool, String, String) {
-    launch(args, &[], dir, true)
+    common::mpi::mpirun(args, &with_timeout(&[]), dir, true)
 }
 
-fn launch(args: &[String], env: &[(&str, &str)], dir: &Path, every_rank: bool) -> (bool, String, String) {
-    let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
-    let mut cmd = Command::new("mpirun");
-    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
-    if every_rank {
-        cmd.args(["--mca", "orte_abort_on_non_zero_status", "0"]);
-    }
-    cmd.env("FERRITE_DDP_TIMEOUT_S", TIMEOUT_S.to_string()).args(["-x", "FERRITE_DDP_TIMEOUT_S"]);
-    for (k, v) in env {
-        cmd.env(k, v).args(["-x", k]);
-    }
-    let mut child = cmd
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .spawn()
-        .expect("mpirun starts");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-    assert!(status.is_some(), "mpirun {args:?} did not end within 300 s; killed.\n{out}\n{err}");
-    (status.is_some_and(|s| s.success()), out, err)
+/// `env` and `FERRITE_DDP_TIMEOUT_S=TIMEOUT_S`.
+fn with_timeout<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut all = vec![("FERRITE_DDP_TIMEOUT_S", TIMEOUT_S)];
+    all.extend_from_slice(env);
+    all
 }
 
 /// `-np RANKS ferrite train <small MLP run> EXTRA`.
@@ -99,39 +70,6 @@ fn run_ok(ranks: usize, extra: &[&str], dir: &Path) -> String {
     let (ok, out, err) = mpirun(&train(ranks, extra), &[], dir);
     assert!(ok, "{ranks} ranks {extra:?} failed\n{out}\n{err}");
     out
-}
-
-fn mpi_ready(test: &str) -> bool {
-    if !cfg!(feature = "mpi") {
-        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
-        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
-        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
-        return false;
-    }
-    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
-}
-
-fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
-    ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::default())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .into_iter()
-        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
-        .collect()
-}
-
-/// The largest `|a - b| / (1 + |b|)` over every weight (names must agree), and where.
-fn worst_relative(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> (f32, String) {
-    assert_eq!(a.iter().map(|(n, _)| n).collect::<Vec<_>>(), b.iter().map(|(n, _)| n).collect::<Vec<_>>());
-    let mut worst = (0f32, String::new());
-    for ((name, x), (_, y)) in a.iter().zip(b) {
-        for (i, (p, q)) in x.iter().zip(y).enumerate() {
-            let r = (p - q).abs() / (1.0 + q.abs());
-            if r > worst.0 {
-                worst = (r, format!("{name}[{i}] ({p} vs {q})"));
-            }
-        }
-    }
-    worst
 }
 
 fn bits(w: &[(String, Vec<f32>)]) -> Vec<(String, Vec<u32>)> {
@@ -166,7 +104,7 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
         assert!(
             bits(&u) == bits(&r),
             "{test}: ZeRO-{stage} resumed on 2 ranks differs from the uninterrupted run: {:?}",
-            worst_relative(&r, &u)
+            worst_relative(&r, &u, false)
         );
     }
     // Saved on 3 ranks: 3 shards and an index.
@@ -189,7 +127,7 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
         assert!(out.contains("resumed from ck3 after epoch 1"), "{out}");
         run_ok(ranks, &["--epochs", "2", "--resume", "full.ckpt", "--out", "d.safetensors"], dir);
         let (z, d) = (weights(&dir.join("z.safetensors")), weights(&dir.join("d.safetensors")));
-        let (worst, at) = worst_relative(&z, &d);
+        let (worst, at) = worst_relative(&z, &d, false);
         println!(
             "{test}: saved on 3 ranks, ZeRO-2 resumed on {ranks} vs DDP resumed on {ranks} from the consolidated checkpoint: largest relative difference {worst:e} at {at}; bit-identical: {}",
             bits(&z) == bits(&d)

@@ -20,6 +20,8 @@
 
 mod common;
 
+use common::mpi::mpi_ready;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -31,16 +33,6 @@ const TIMEOUT_S: u64 = 3;
 const EPOCHS: usize = 3;
 /// No run of this harness may take longer (mpirun is killed after it: a hang fails, not blocks).
 const RUN_LIMIT: Duration = Duration::from_secs(180);
-
-fn mpi_ready(test: &str) -> bool {
-    if !cfg!(feature = "mpi") {
-        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
-        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
-        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
-        return false;
-    }
-    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
-}
 
 /// The training every run does (digits, a small MLP, a checkpoint after every epoch), writing its
 /// weights to `out`, plus `extra`.

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod mpi;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
