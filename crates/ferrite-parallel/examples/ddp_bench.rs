@@ -22,34 +22,18 @@
 
 use std::time::Instant;
 
-use ferrite_nn::{Linear, Module, Sequential, TransformerBlock, TransformerConfig};
+use ferrite_nn::{Module, Sequential};
 use ferrite_optim::{AdamConfig, AdamRule, Optim, Optimizer};
-use ferrite_parallel::distributed::{Comm, DdpOptions, DistributedDataParallel, ProcessGroup, StepTimings};
-use ferrite_tensor::{DType, Device, Generator, Tensor};
+use ferrite_parallel::distributed::{DdpOptions, DistributedDataParallel, ProcessGroup, StepTimings};
+use ferrite_tensor::Tensor;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::CommunicatorCollectives;
 
-const D_MODEL: usize = 128;
-const SEQ: usize = 64;
-const LOCAL_BATCH: usize = 8;
-const WARMUP: usize = 2;
+#[path = "bench_common/mod.rs"]
+mod bench_common;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn model() -> Res<Sequential> {
-    let mut g = Generator::new(1);
-    let cfg = TransformerConfig::new(D_MODEL, 4).dim_feedforward(4 * D_MODEL).dropout(0.0).causal(true);
-    Ok(Sequential::new()
-        .append(TransformerBlock::new_with(cfg.clone(), &Device::Cpu, &mut g)?)
-        .append(TransformerBlock::new_with(cfg, &Device::Cpu, &mut g)?)
-        .append(Linear::new_with(D_MODEL, D_MODEL, true, &Device::Cpu, &mut g)?))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
+use bench_common::{D_MODEL, LOCAL_BATCH, Res, SEQ, WARMUP, median, model, rank_batch, slowest};
 
 fn ms(s: f64) -> f64 {
     s * 1e3
@@ -76,11 +60,6 @@ fn args() -> Res<Args> {
     Ok(Args { options, steps })
 }
 
-/// The largest of every rank's value (how long a synchronized step took).
-fn slowest(comm: &Comm, v: f64) -> Res<f64> {
-    Ok(comm.all_gather_f64(vec![v])?.into_iter().fold(0.0, f64::max))
-}
-
 fn main() -> Res<()> {
     let Args { options, steps } = args()?;
     let group = ProcessGroup::init()?;
@@ -90,9 +69,7 @@ fn main() -> Res<()> {
     let params = ddp.module().parameters();
     let bytes: usize = params.iter().map(|p| p.numel() * 4).sum();
     let mut opt = Optim::<AdamRule>::new(params.clone(), AdamConfig::adamw(1e-3))?;
-    let mut g = Generator::new(100 + rank as u64);
-    let x = Tensor::randn_with(&[LOCAL_BATCH, SEQ, D_MODEL], DType::F32, &Device::Cpu, &mut g)?;
-    let y = Tensor::randn_with(&[LOCAL_BATCH, SEQ, D_MODEL], DType::F32, &Device::Cpu, &mut g)?;
+    let (x, y) = rank_batch(rank)?;
     let loss_of = |ddp: &DistributedDataParallel<Sequential>| -> Res<Tensor> {
         let d = ddp.forward(&x)?.sub(&y)?;
         Ok(d.mul(&d)?.mean()?)

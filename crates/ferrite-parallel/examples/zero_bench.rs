@@ -17,38 +17,17 @@
 
 use std::time::Instant;
 
-use ferrite_nn::{Linear, Module, Sequential, TransformerBlock, TransformerConfig};
+use ferrite_nn::{Module, Sequential};
 use ferrite_optim::{AdamConfig, AdamRule, Optim, Optimizer};
 use ferrite_parallel::distributed::{
-    Comm, DdpOptions, DistributedDataParallel, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage,
+    DdpOptions, DistributedDataParallel, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage,
 };
-use ferrite_tensor::{DType, Device, Generator, Tensor};
+use ferrite_tensor::Tensor;
 
-const D_MODEL: usize = 128;
-const SEQ: usize = 64;
-const LOCAL_BATCH: usize = 8;
-const WARMUP: usize = 2;
+#[path = "bench_common/mod.rs"]
+mod bench_common;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// `ddp_bench`'s model: 2 causal transformer blocks and a linear head.
-fn model() -> Res<Sequential> {
-    let mut g = Generator::new(1);
-    let cfg = TransformerConfig::new(D_MODEL, 4).dim_feedforward(4 * D_MODEL).dropout(0.0).causal(true);
-    Ok(Sequential::new()
-        .append(TransformerBlock::new_with(cfg.clone(), &Device::Cpu, &mut g)?)
-        .append(TransformerBlock::new_with(cfg, &Device::Cpu, &mut g)?)
-        .append(Linear::new_with(D_MODEL, D_MODEL, true, &Device::Cpu, &mut g)?))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn slowest(comm: &Comm, v: f64) -> Res<f64> {
-    Ok(comm.all_gather_f64(vec![v])?.into_iter().fold(0.0, f64::max))
-}
+use bench_common::{D_MODEL, LOCAL_BATCH, Res, SEQ, WARMUP, median, model, rank_batch, slowest};
 
 fn main() -> Res<()> {
     let mut steps = 10usize;
@@ -62,9 +41,7 @@ fn main() -> Res<()> {
     let group = ProcessGroup::init()?;
     let comm = group.comm();
     let (rank, world) = (group.rank(), group.world_size());
-    let mut g = Generator::new(100 + rank as u64);
-    let x = Tensor::randn_with(&[LOCAL_BATCH, SEQ, D_MODEL], DType::F32, &Device::Cpu, &mut g)?;
-    let y = Tensor::randn_with(&[LOCAL_BATCH, SEQ, D_MODEL], DType::F32, &Device::Cpu, &mut g)?;
+    let (x, y) = rank_batch(rank)?;
     let loss_of = |m: &Sequential| -> Res<Tensor> {
         let d = m.forward(&x)?.sub(&y)?;
         Ok(d.mul(&d)?.mean()?)
