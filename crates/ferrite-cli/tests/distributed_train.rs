@@ -183,7 +183,9 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
     let (model, text) = (hf.join("llama").display().to_string(), hf.join("text.txt").display().to_string());
     let run = |np: &str, batch: &str, out: &str, extra: &[&str]| {
         let mut args = vec!["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16"];
-        args.extend(["--lr", "3e-3", "--batch-size", batch, "--steps", "6", "--no-progress", "--out", out]);
+        // 48 blocks: 6 steps of 8 blocks, one epoch (a checkpoint is written at an epoch's end).
+        args.extend(["--lr", "3e-3", "--batch-size", batch, "--train-subset", "48", "--epochs", "1"]);
+        args.extend(["--no-progress", "--out", out]);
         args.extend(extra);
         let ranks: usize = np.parse().unwrap();
         let (ok, stdout, stderr) = mpirun_ferrite(ranks, &args, dir.path());
@@ -198,8 +200,14 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
     let two = run("2", "4", "two", &[]);
     let one = run("1", "8", "one", &[]);
     // ZeRO-2 over the same 2 ranks: the optimizer state and gradients sharded, the same run.
-    let zero = run("2", "4", "zero", &["--zero", "2"]);
+    let zero = run("2", "4", "zero", &["--zero", "2", "--save-checkpoint", "zero-ck"]);
     assert!((val(&zero) - val(&two)).abs() < 1e-5, "ZeRO-2 {} vs DDP {}", val(&zero), val(&two));
+    // The sharded checkpoint, converted without MPI, is the folder rank 0 wrote.
+    common::ok(&["convert", "zero-ck", "zero-hf", "--hf-model", &model], dir.path());
+    assert_eq!(
+        weights(&dir.path().join("zero-hf/model.safetensors")),
+        weights(&dir.path().join("zero/model.safetensors"))
+    );
     assert_eq!(two.matches("ferrite train:").count(), 1, "rank 0 alone prints:\n{two}");
     assert!(two.contains(", 2 ranks"), "{two}");
     assert!((val(&two) - val(&one)).abs() < 1e-4, "validation loss 2 ranks {} vs 1 rank {}", val(&two), val(&one));

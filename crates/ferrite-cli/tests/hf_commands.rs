@@ -151,6 +151,21 @@ fn train_writes_an_hf_folder_and_resumes_bit_identically() {
     }
     let moved = sa.iter().any(|(k, t)| t.to_vec::<f32>().unwrap() != so.get(k).unwrap().to_vec::<f32>().unwrap());
     assert!(moved, "training changed the weights");
+    // The checkpoint of the one-epoch run, converted to a folder, is that run's `--out` folder.
+    let converted = ok(&["convert", &d("ck"), &d("from-ck"), "--hf-model", &model("llama")], dir.path());
+    assert!(converted.contains("AutoModelForCausalLM.from_pretrained"), "{converted}");
+    let half = HfFolder::open(d("half")).unwrap().load_decoder(&Device::Cpu, &HfLoadOptions::default()).unwrap().0;
+    let from_ck = HfFolder::open(d("from-ck")).unwrap();
+    assert!(from_ck.tokenizer_file().is_some(), "the tokenizer is copied");
+    let from_ck = from_ck.load_decoder(&Device::Cpu, &HfLoadOptions::default()).unwrap().0;
+    let (sh, sc) = (half.state_dict(), from_ck.state_dict());
+    assert_eq!(sh.len(), sc.len());
+    for (k, t) in sh.iter() {
+        assert_eq!(t.to_vec::<f32>().unwrap(), sc.get(k).unwrap().to_vec::<f32>().unwrap(), "{k}: converted differs");
+    }
+    // Into another architecture's folder: a typed error naming both.
+    let e = err_of(&["convert", &d("ck"), &d("wrong"), "--hf-model", &model("gpt2")], dir.path());
+    assert!(e.contains("does not fit the model of") && e.contains("gpt2"), "{e}");
     // The trained folder evaluates with `ferrite eval`.
     let v = json(&ok(&["eval", "--hf-model", &d("full"), "--data", &text(), "--seq", "16", "--json"], dir.path()));
     assert!(v["loss"].as_f64().unwrap() < expected("llama", "eval_loss").to_vec_f64().unwrap()[0]);
@@ -477,4 +492,20 @@ fn hf_data_parallel_equals_one_device() {
         }
         assert!(moved, "{name}: training changed the weights");
     }
+}
+
+/// `--steps` that stop the run inside an epoch leave no checkpoint of it (checkpoints are written
+/// at an epoch's end), and the run says so instead of leaving the user to find out at `--resume`.
+#[test]
+fn steps_inside_an_epoch_say_that_no_checkpoint_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n).display().to_string();
+    let args = ["train", "--hf-model", &model("llama"), "--data", &text(), "--seq", "16", "--batch-size", "8"];
+    let out = ok(
+        &[&args[..], &["--steps", "3", "--no-progress", "--save-checkpoint", &d("ck"), "--out", &d("o")]].concat(),
+        dir.path(),
+    );
+    assert!(out.contains("inside epoch 1") && out.contains("nothing from this run"), "{out}");
+    assert!(!dir.path().join("ck").exists(), "no checkpoint of a partial epoch");
+    assert!(dir.path().join("o/model.safetensors").exists(), "the weights are written");
 }

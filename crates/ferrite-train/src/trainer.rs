@@ -163,6 +163,10 @@ pub struct FitReport {
     pub resumed: Option<Resumed>,
     /// Why the run ended before its last epoch, if it did.
     pub stopped_early: Option<String>,
+    /// Why no checkpoint holds the end of the run although `save_checkpoint` was set: checkpoints
+    /// are written at the end of an epoch (a resume continues at an epoch's start), and
+    /// `max_steps` stopped the run inside one. The line `ferrite train` prints.
+    pub checkpoint_not_written: Option<String>,
     /// Optimizer steps taken in all.
     pub steps: u64,
     /// The best evaluation value of the tracked metric and its 1-based epoch (`keep_best` or
@@ -833,6 +837,7 @@ impl<'a, M: Module> Trainer<'a, M> {
             resumed_epochs: first_epoch,
             resumed,
             stopped_early: None,
+            checkpoint_not_written: None,
             steps: self.stepper.steps,
             best: None,
             elapsed: Duration::ZERO,
@@ -995,6 +1000,19 @@ impl<'a, M: Module> Trainer<'a, M> {
             report.epochs.push(summary);
             if reached_max {
                 report.stopped_early = Some(format!("reached {} optimizer steps", self.stepper.steps));
+                if let Some(path) = self.save_checkpoint.as_ref().filter(|_| self.rank0) {
+                    report.checkpoint_not_written = Some(format!(
+                        "note: the run stopped after {} optimizer steps, inside epoch {}; checkpoints are written at the end of an epoch, so {} holds {} (the trained weights are in the run's output). For a checkpoint of the last step, make --steps a multiple of the steps per epoch, or use --epochs",
+                        self.stepper.steps,
+                        epoch + 1,
+                        path.display(),
+                        if epoch > 0 {
+                            format!("the end of epoch {epoch}")
+                        } else {
+                            "nothing from this run".to_string()
+                        }
+                    ));
+                }
                 break;
             }
             if let Some(e) = &self.early_stopping

@@ -1,6 +1,8 @@
 //! `ferrite convert IN OUT [--strip-prefix module.] [--key model] [--dtype float16]`: a PyTorch
 //! checkpoint to safetensors, or a sharded checkpoint (`train --zero --save-checkpoint DIR`) to
 //! the ordinary one-file training checkpoint (`--key model`: the weights alone).
+//! `ferrite convert CKPT OUT_DIR --hf-model BASE`: a training checkpoint of an `--hf-model` run
+//! (sharded or one file) to a Hugging Face folder that `from_pretrained` loads without MPI.
 //!
 //! A flat state_dict becomes a plain safetensors file with the same parameter names and dtypes,
 //! loadable by PyTorch (`safetensors.torch.load_file`) and Hugging Face tools. A nested training
@@ -9,12 +11,14 @@
 //! are refused with the reason, and the output is written atomically.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ferrite_io::Value;
-use ferrite_tensor::DType;
+use ferrite_models::{HfSaveOptions, save_decoder_with};
+use ferrite_nn::{Module, StateDict};
+use ferrite_tensor::{DType, Device};
 
-use super::CliResult;
+use super::{CliResult, hf_model};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ConvertArgs {
@@ -32,9 +36,18 @@ pub struct ConvertArgs {
     /// Convert floating-point tensors to this dtype (float32, float16, bfloat16, float64).
     #[arg(long, value_name = "DTYPE")]
     pub dtype: Option<String>,
+    /// Write a Hugging Face model folder to OUTPUT instead: the weights of IN, a training
+    /// checkpoint of `train --hf-model` (`--save-checkpoint`, sharded under `--zero` or one
+    /// file), loaded into this base folder's model (every key and shape checked) and saved with
+    /// its config.json, tokenizer and generation config, for `from_pretrained`.
+    #[arg(long, value_name = "DIR")]
+    pub hf_model: Option<PathBuf>,
 }
 
 pub fn run(args: ConvertArgs) -> CliResult {
+    if let Some(base) = &args.hf_model {
+        return to_hf_folder(&args, base);
+    }
     let dtype = match &args.dtype {
         Some(s) => {
             let d = DType::parse(s)
@@ -101,6 +114,70 @@ pub fn run(args: ConvertArgs) -> CliResult {
     Ok(())
 }
 
+/// `--hf-model BASE`: the training checkpoint `args.input` as a Hugging Face folder in
+/// `args.output` (see [`ConvertArgs::hf_model`]).
+fn to_hf_folder(args: &ConvertArgs, base: &Path) -> CliResult {
+    for (flag, given) in [
+        ("--key", args.key.is_some()),
+        ("--strip-prefix", args.strip_prefix.is_some()),
+        ("--dtype", args.dtype.is_some()),
+    ] {
+        if given {
+            return Err(format!(
+                "{flag} with --hf-model: the folder is written with the base model's parameter names and dtypes; drop {flag}, or convert without --hf-model"
+            )
+            .into());
+        }
+    }
+    let state = if ferrite_train::sharded::is_sharded(&args.input) {
+        ferrite_train::sharded::consolidate(&args.input)?
+    } else {
+        ferrite_train::resume::load(&args.input, &Device::Cpu, &[])?
+    };
+    if let Some((_, trained)) = state.settings.iter().find(|(k, _)| k == "hf-model")
+        && Path::new(trained) != base
+    {
+        println!(
+            "note: the checkpoint was trained from {trained}; its weights go into the model of {}",
+            base.display()
+        );
+    }
+    let weights: StateDict = state.model.into_iter().collect();
+    let dir = hf_model::open(base, "convert")?;
+    let options = HfSaveOptions { copy_from: Some(dir.folder.dir.clone()), ..HfSaveOptions::default() };
+    let (count, params) = (weights.len(), weights.iter().map(|(_, t)| t.numel()).sum::<usize>());
+    let into = |model: &mut dyn Module| -> CliResult {
+        model.load_state_dict(&weights, true).map_err(|e| {
+            format!(
+                "{} does not fit the model of {}: {e}. Pass the --hf-model folder the run trained (a LoRA run's checkpoint holds adapters: merge them with `ferrite train ... --merge-lora`)",
+                args.input.display(),
+                base.display()
+            )
+        })?;
+        Ok(())
+    };
+    let load_with = if dir.is_t5() {
+        let mut model = dir.load_t5(&Device::Cpu)?;
+        into(&mut model)?;
+        save_decoder_with(&model, &dir.folder.config_text, &args.output, &options)?;
+        "AutoModelForSeq2SeqLM"
+    } else {
+        let mut model = dir.load(&Device::Cpu)?;
+        into(&mut model)?;
+        save_decoder_with(&model, &dir.folder.config_text, &args.output, &options)?;
+        "AutoModelForCausalLM"
+    };
+    println!(
+        "wrote the weights of {} (epoch {}, {} steps: {count} tensors, {params} parameters) as a Hugging Face folder {} (transformers: {load_with}.from_pretrained(\"{}\"))",
+        args.input.display(),
+        state.epoch,
+        state.step,
+        args.output.display(),
+        args.output.display()
+    );
+    Ok(())
+}
+
 fn convert_floats(v: &mut Value, dtype: DType) {
     v.walk_mut(|node| {
         if let Value::Tensor(t) = node
@@ -116,7 +193,7 @@ mod tests {
     use super::*;
 
     fn args(input: PathBuf, output: PathBuf) -> ConvertArgs {
-        ConvertArgs { input, output, strip_prefix: None, key: None, dtype: None }
+        ConvertArgs { input, output, strip_prefix: None, key: None, dtype: None, hf_model: None }
     }
 
     #[test]

@@ -138,6 +138,9 @@ fn run<M: Module + Clone + 'static>(
     let report = trainer.fit(train_loader, |m: &M, (x, y): &(Tensor, Tensor)| {
         Ok(StepOutput::new(loss_fn.forward(&m.forward(x)?, y)?, y.numel()))
     })?;
+    if let Some(note) = &report.checkpoint_not_written {
+        println!("{note}");
+    }
     if let Some(run) = trainer.take_run_observer() {
         run.finish();
     }

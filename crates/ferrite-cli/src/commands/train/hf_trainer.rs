@@ -258,6 +258,9 @@ impl<'d> HfRun<'d> {
         let mut trainer = builder.build()?;
         let start = Instant::now();
         let report = trainer.fit(train, step)?;
+        if let Some(note) = &report.checkpoint_not_written {
+            println!("{note}");
+        }
         let sync = trainer.take_gradient_sync();
         let run = trainer.take_run_observer();
         Ok((trainer.into_model(), RunEnd { report, sync, run, start }))

@@ -197,6 +197,9 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             .after_step(move || Ok(vec![("correct".to_string(), count_correct(&logits, &y)? as f64)])))
     })?;
     let sync = trainer.take_gradient_sync();
+    if let Some(note) = &report.checkpoint_not_written {
+        println!("{note}");
+    }
     let run = trainer.take_run_observer();
     let mut model = trainer.into_model();
     let mut test_accuracy = report.epochs.last().and_then(|e| e.eval.get("accuracy")).unwrap_or(f64::NAN);

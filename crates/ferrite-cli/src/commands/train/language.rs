@@ -293,6 +293,9 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let report = trainer.fit(&mut train_loader, step)?;
     let sync = trainer.take_gradient_sync();
+    if let Some(note) = &report.checkpoint_not_written {
+        println!("{note}");
+    }
     let run = trainer.take_run_observer();
     let mut model = trainer.into_model();
     let first_epoch = report.resumed_epochs;
