@@ -219,3 +219,46 @@ fn distributed_hf_model_matches_one_rank_with_the_ranks_batches() {
         assert!(worst < 1e-4, "{name}: 2 ranks and 1 rank differ by {worst}");
     }
 }
+
+/// `--distributed --lora-rank`: only the adapters train and are averaged over the ranks (the
+/// frozen base is neither synchronised nor sharded), so 2 ranks × 4 blocks, and the same under
+/// `--zero 2`, end with the adapters of 1 rank × 8 blocks; rank 0 writes the PEFT folder.
+#[test]
+fn distributed_lora_matches_one_rank_with_the_ranks_batches() {
+    let test = "distributed_lora_matches_one_rank_with_the_ranks_batches";
+    if !mpi_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf");
+    let (model, text) = (hf.join("llama").display().to_string(), hf.join("text.txt").display().to_string());
+    let run = |ranks: usize, batch: &str, out: &str, extra: &[&str]| {
+        let mut args = vec!["train", "--distributed", "--hf-model", &model, "--data", &text, "--seq", "16"];
+        args.extend(["--lr", "3e-3", "--batch-size", batch, "--train-subset", "48", "--epochs", "1"]);
+        args.extend(["--lora-rank", "4", "--lora-targets", "q_proj,v_proj,o_proj", "--no-progress", "--out", out]);
+        args.extend(extra);
+        let (ok, stdout, stderr) = mpirun_ferrite(ranks, &args, dir.path());
+        assert!(ok, "{stdout}\n{stderr}");
+        stdout
+    };
+    let two = run(2, "4", "two", &[]);
+    assert!(two.contains("LoRA r=4") && two.contains(", 2 ranks"), "{two}");
+    run(1, "8", "one", &[]);
+    run(2, "4", "zero", &["--zero", "2"]);
+    let adapters = |d: &str| weights(&dir.path().join(d).join("adapter_model.safetensors"));
+    let (one, two, zero) = (adapters("one"), adapters("two"), adapters("zero"));
+    assert!(
+        !one.is_empty() && one.iter().all(|(n, _)| n.contains("lora_")),
+        "{:?}",
+        one.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    for (name, other) in [("2 ranks", &two), ("ZeRO-2", &zero)] {
+        assert_eq!(other.len(), one.len());
+        for ((n, x), (_, y)) in other.iter().zip(&one) {
+            let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "{name}: {n} differs from 1 rank by {worst}");
+        }
+    }
+    // The adapters moved: B starts at zero.
+    assert!(one.iter().filter(|(n, _)| n.contains("lora_B")).any(|(_, v)| v.iter().any(|x| *x != 0.0)));
+}

@@ -74,13 +74,6 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
     let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed, &dropout_rng)?;
-    if lora.is_some() && dist.is_some() {
-        return Err(invalid(
-            "lora-rank",
-            "with --distributed",
-            "one process: LoRA is not wired to DDP/ZeRO yet; train the adapters without --distributed",
-        ));
-    }
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
     // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
     let sync = match args.zero {
