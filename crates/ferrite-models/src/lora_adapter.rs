@@ -223,6 +223,8 @@ pub fn save_lora_adapter(
         }
     }
     targets.sort();
+    // PEFT's task of the model: an encoder-decoder (T5) generates from an input sequence.
+    let task_type = if model.type_name() == "T5ForConditionalGeneration" { "SEQ_2_SEQ_LM" } else { "CAUSAL_LM" };
     let cfg = json!({
         "alpha_pattern": {},
         "auto_mapping": null,
@@ -241,7 +243,7 @@ pub fn save_lora_adapter(
         "rank_pattern": {},
         "revision": null,
         "target_modules": targets,
-        "task_type": "CAUSAL_LM",
+        "task_type": task_type,
         "use_dora": false,
         "use_rslora": config.use_rslora,
     });

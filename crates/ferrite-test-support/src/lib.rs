@@ -81,6 +81,27 @@ pub fn pytorch_file_or_skip(name: &str) -> Option<PathBuf> {
     reference_or_skip("pytorch").map(|d| d.join("pytorch").join(name))
 }
 
+/// The interpreter that checks ferrite's files with the Python libraries themselves
+/// (transformers, PEFT): `FERRITE_PYTHON`, when it imports every module of `modules`
+/// (`"torch, transformers, peft"`). CI installs no torch (hundreds of MB), so without
+/// `FERRITE_PYTHON` the check prints `SKIPPED` and returns `None` even under
+/// `FERRITE_REQUIRE_SYSTEM_DEPS=1`; naming an interpreter that lacks a module fails the test.
+pub fn python_or_skip(modules: &str) -> Option<String> {
+    let Some(python) = std::env::var_os("FERRITE_PYTHON") else {
+        eprintln!(
+            "SKIPPED: no FERRITE_PYTHON; set it to an interpreter with {modules} to check ferrite's files with those libraries"
+        );
+        return None;
+    };
+    let python = python.to_string_lossy().into_owned();
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "FERRITE_PYTHON={python} cannot import {modules}: pip install them into it, or unset FERRITE_PYTHON");
+    Some(python)
+}
+
 /// What to install for a GPU adapter on Debian (Mesa's software Vulkan is enough).
 const GPU_REMEDY: &str = "install mesa-vulkan-drivers and libvulkan1 (bash .ci/run does)";
 

@@ -130,18 +130,12 @@ where
 
 /// `ferrite eval` of a T5 folder on input/target pairs (see the module docs).
 fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
-    if let Some(lora) = &args.adapter.lora {
-        return Err(format!(
-            "--lora {} with a T5 model: ferrite reads PEFT adapter folders for the decoder models (GPT-2, Llama, Mistral, Qwen2) so far; merge the adapter into the T5 folder with PEFT's merge_and_unload and pass that folder",
-            lora.display()
-        )
-        .into());
-    }
     let start = Instant::now();
     let pairs = ferrite_data::read_seq2seq_pairs(&args.data, &args.input_field, &args.target_field)?;
     let examples = ferrite_data::Seq2SeqExamples::tokenize(&dir.tokenizer, &pairs, args.seq, dir.seq2seq_tokens()?)?;
     let truncated = examples.truncated();
     let mut model = dir.load_t5(&args.device)?;
+    let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
     let mut loader = staged_loader(examples.tensor_loader(), args)?;
     let result = evaluate_seq2seq(&mut model, &mut loader)?;
     let seconds = start.elapsed().as_secs_f64();
@@ -159,6 +153,7 @@ fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
             "device": args.device.to_string(),
             "peak_reserved_bytes": peak,
             "seconds": seconds,
+            "lora": args.adapter.lora.as_ref().map(|d| d.display().to_string()),
         });
         println!("{v}");
     } else {
@@ -170,6 +165,9 @@ fn run_seq2seq(args: &EvalArgs, dir: &hf_model::HfModelDir) -> CliResult {
             args.seq,
             args.device
         );
+        if let Some(line) = &adapter {
+            println!("{line}");
+        }
         println!(
             "loss {:.4}  perplexity {:.2}  over {} target tokens  | peak reserved {}  | {seconds:.1}s",
             result.loss,

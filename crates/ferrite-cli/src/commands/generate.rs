@@ -73,16 +73,10 @@ pub fn run(args: GenerateArgs) -> CliResult {
     let options =
         GenerateOptions { max_new_tokens: args.max_new_tokens, decoding, eos_token_ids: dir.folder.eos_token_ids() };
     let (out, adapter) = if t5 {
-        if let Some(lora) = &args.adapter.lora {
-            return Err(format!(
-                "--lora {} with a T5 model: ferrite reads PEFT adapter folders for the decoder models (GPT-2, Llama, Mistral, Qwen2) so far; merge the adapter into the T5 folder with PEFT's merge_and_unload and pass that folder",
-                lora.display()
-            )
-            .into());
-        }
         let mut model = dir.load_t5(&args.device)?;
+        let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;
         model.eval();
-        (generate_seq2seq(&model, &prompt, &options)?, None)
+        (generate_seq2seq(&model, &prompt, &options)?, adapter)
     } else {
         let mut model = dir.load(&args.device)?;
         let adapter = super::lora_args::attach_adapter(&args.adapter, &mut model)?;

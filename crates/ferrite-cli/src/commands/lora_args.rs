@@ -8,7 +8,7 @@
 //! LoRA wiring reads in one place and stays out of the commands' own logic.
 use std::path::{Path, PathBuf};
 
-use ferrite_models::{Decoder, HfSaveOptions, ModelError, load_lora_adapter, save_decoder_with, save_lora_adapter};
+use ferrite_models::{HfSaveOptions, ModelError, load_lora_adapter, save_decoder_with, save_lora_adapter};
 use ferrite_nn::{LoraConfig, LoraTargets, Module, apply_lora, merge_lora, trainable_parameters};
 use ferrite_plan::PlanError;
 use ferrite_tensor::{DType, Generator, Tensor};
@@ -151,11 +151,12 @@ pub struct TrainingLora {
 /// trainer's `dropout_rng`. `None` without `--lora-rank`.
 pub fn prepare_training(
     args: &TrainLoraArgs,
-    model: &mut Decoder,
+    model: &mut dyn Module,
+    model_type: &str,
     seed: u64,
     dropout_rng: &ferrite_nn::RngHandle,
 ) -> Result<Option<TrainingLora>, PlanError> {
-    let config = args.lora.config(&model.config().model_type)?;
+    let config = args.lora.config(model_type)?;
     if args.merge_lora && config.is_none() {
         return Err(invalid(
             "--merge-lora without --lora-rank",
@@ -190,31 +191,34 @@ pub fn optimized_parameters(model: &dyn Module) -> Vec<(String, Tensor)> {
 }
 
 /// `train`'s hook at the end: with LoRA, the adapter folder (or, with `--merge-lora`, the merged
-/// model) in `out`; without, the full model. Returns how to load what was written.
+/// model) in `out`; without, the full model. Returns how to load what was written (`auto_class`:
+/// transformers' class for the base, `AutoModelForCausalLM` or `AutoModelForSeq2SeqLM`).
+#[allow(clippy::too_many_arguments)]
 pub fn save_trained(
     args: &TrainLoraArgs,
     config: Option<&LoraConfig>,
-    mut model: Decoder,
+    model: &mut dyn Module,
+    auto_class: &str,
     base_dir: &Path,
     config_text: &str,
     out: &Path,
     options: &HfSaveOptions,
 ) -> Result<String, ModelError> {
-    let full = |model: &Decoder| -> Result<String, ModelError> {
+    let full = |model: &dyn Module| -> Result<String, ModelError> {
         save_decoder_with(model, config_text, out, options)?;
-        Ok(format!("transformers: AutoModelForCausalLM.from_pretrained(\"{}\")", out.display()))
+        Ok(format!("transformers: {auto_class}.from_pretrained(\"{}\")", out.display()))
     };
     match config {
-        None => full(&model),
+        None => full(model),
         Some(_) if args.merge_lora => {
-            merge_lora(&mut model)?;
-            full(&model)
+            merge_lora(model)?;
+            full(model)
         }
         Some(c) => {
             let base = std::fs::canonicalize(base_dir).unwrap_or_else(|_| base_dir.to_path_buf());
-            save_lora_adapter(&model, c, &base.display().to_string(), out)?;
+            save_lora_adapter(model, c, &base.display().to_string(), out)?;
             Ok(format!(
-                "PEFT: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"{}\"), \"{}\"); ferrite: --lora {}",
+                "PEFT: PeftModel.from_pretrained({auto_class}.from_pretrained(\"{}\"), \"{}\"); ferrite: --lora {}",
                 base.display(),
                 out.display(),
                 out.display()
@@ -224,7 +228,7 @@ pub fn save_trained(
 }
 
 /// `eval`'s and `generate`'s hook: the `--lora` adapter folder put on `model`; the line to print.
-pub fn attach_adapter(arg: &LoraAdapterArg, model: &mut Decoder) -> Result<Option<String>, ModelError> {
+pub fn attach_adapter(arg: &LoraAdapterArg, model: &mut dyn Module) -> Result<Option<String>, ModelError> {
     let Some(dir) = &arg.lora else { return Ok(None) };
     let c = load_lora_adapter(model, dir)?;
     Ok(Some(format!(

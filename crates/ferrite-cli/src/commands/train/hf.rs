@@ -37,13 +37,6 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let dir = hf_model::open(model_dir, "train")?;
     if dir.is_t5() {
-        if args.lora != Default::default() {
-            return Err(invalid(
-                "lora-rank",
-                "with a T5 model",
-                "a decoder model (GPT-2, Llama, Mistral, Qwen2): LoRA from the command line is not wired to T5 yet; train T5 without the --lora-* / --base-dtype / --merge-lora flags",
-            ));
-        }
         return super::hf_t5::train(args, device, dist, dir, data);
     }
     let max_shard_size = parse_shard_size(&args.max_shard_size)?;
@@ -73,7 +66,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
-    let lora = lora_args::prepare_training(&args.lora, &mut model, args.seed, &dropout_rng)?;
+    let lora = lora_args::prepare_training(&args.lora, &mut model, &config.model_type, args.seed, &dropout_rng)?;
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
     // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
     let sync = match args.zero {
@@ -106,7 +99,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     }
 
     // ---- training
-    let (model, end) = run.fit(
+    let (mut model, end) = run.fit(
         args,
         device,
         model,
@@ -125,7 +118,8 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         how = lora_args::save_trained(
             &args.lora,
             lora.as_ref().map(|l| &l.config),
-            model,
+            &mut model,
+            "AutoModelForCausalLM",
             model_dir,
             &dir.folder.config_text,
             &out,

@@ -12,7 +12,7 @@
 //! ([`ferrite_train::Seq2SeqStep`]); everything else is the decoder path's (`hf.rs`): the trainer
 //! library's loop, schedule, AMP, checkpoints, the memory line, DDP over MPI.
 use ferrite_data::{Dataset, Seq2SeqExamples, read_seq2seq_pairs};
-use ferrite_models::{HfSaveOptions, parse_shard_size, save_decoder_with};
+use ferrite_models::{HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
 use ferrite_tensor::Device;
 use ferrite_train::distributed::Distributed;
@@ -21,6 +21,7 @@ use ferrite_train::{Seq2SeqStep, evaluate_seq2seq};
 use super::hf_trainer::{HfRun, TRAIN_FRACTION, invalid, out_dir};
 use super::{TrainArgs, TrainError};
 use crate::commands::hf_model::HfModelDir;
+use crate::commands::lora_args;
 
 /// Fine-tunes the T5 folder `dir` (opened by `hf::train`) on `--data` (see the module docs);
 /// with `dist`, as one rank of a DistributedDataParallel job, as the decoders are.
@@ -59,6 +60,7 @@ pub(super) fn train(
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
+    let lora = lora_args::prepare_training(&args.lora, &mut model, &config.model_type, args.seed, &dropout_rng)?;
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
     // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
     let sync = match args.zero {
@@ -82,12 +84,15 @@ pub(super) fn train(
         run.placement(device),
     );
     run.print_sizes_and_schedule(args, &model);
+    if let Some(l) = &lora {
+        println!("{}", l.line);
+    }
     if config.dropout_rate > 0.0 {
         println!("  dropout from config.json: dropout_rate {}", config.dropout_rate);
     }
 
     // ---- training
-    let (model, end) = run.fit(
+    let (mut model, end) = run.fit(
         args,
         device,
         model,
@@ -101,10 +106,19 @@ pub(super) fn train(
     )?;
     let out = out_dir(args, model_dir);
     let options = HfSaveOptions { max_shard_size, copy_from: Some(dir.folder.dir.clone()) };
+    let mut how = String::new();
     if run.writes() {
-        save_decoder_with(&model, &dir.folder.config_text, &out, &options)?;
+        how = lora_args::save_trained(
+            &args.lora,
+            lora.as_ref().map(|l| &l.config),
+            &mut model,
+            "AutoModelForSeq2SeqLM",
+            model_dir,
+            &dir.folder.config_text,
+            &out,
+            &options,
+        )?;
     }
-    let how = format!("transformers: AutoModelForSeq2SeqLM.from_pretrained(\"{}\")", out.display());
     end.finish(&run, device, &out, &how)?;
     Ok(())
 }
