@@ -822,9 +822,30 @@ impl T5Model {
         &self.config
     }
 
-    /// Blocks of the decoder stack.
-    pub(crate) fn decoder_layers(&self) -> usize {
-        self.decoder.blocks.len()
+    /// An empty cache for [`T5Model::decode_with_cache`].
+    pub fn new_cache(&self) -> T5Cache {
+        T5Cache::for_layers(self.decoder.blocks.len())
+    }
+
+    /// The logits of decoder tokens `decoder_ids` `[b, t]` at the positions after those `cache`
+    /// holds, attending to `encoded` (from [`T5Model::encode`] with the same `attention_mask`);
+    /// their keys and values are appended to the cache. The first call also projects `encoded`
+    /// to every layer's cross-attention keys and values; later calls reuse them (`encoded` must
+    /// be the same tensor each time). With `last_only`, only the last position's logits
+    /// (`[b, 1, vocab]`), which is all a decoding step needs. Equals [`T5Model::decode`] over
+    /// every position so far, position by position (tested).
+    pub fn decode_with_cache(
+        &self,
+        decoder_ids: &Tensor,
+        encoded: &Tensor,
+        attention_mask: Option<&Tensor>,
+        cache: &mut T5Cache,
+        last_only: bool,
+    ) -> ferrite_nn::Result<Tensor> {
+        cache.check_use(self.decoder.blocks.len(), decoder_ids, encoded)?;
+        let logits = self.decode_from(decoder_ids, encoded, attention_mask, Some(cache), last_only)?;
+        cache.len += decoder_ids.shape()[1];
+        Ok(logits)
     }
 
     /// Every dropout of the model draws from `rng` from now on (a trainer's dropout generator,

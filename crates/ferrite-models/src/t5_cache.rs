@@ -8,12 +8,10 @@
 //! grows, one is fixed by the encoder's output), and T5's relative position bias must be read at
 //! the new positions: a cached step's bias is the row of the query at position `len` against
 //! every key position `0..=len` (transformers' `compute_bias(..., past_seen_tokens)`), the last
-//! row of the full decoder's. The model code that uses it lives in `t5.rs`
-//! (`T5Block::run_cached`, `T5Stack::run_cached`); this file holds the cache and the public entry
-//! point [`T5Model::decode_with_cache`].
+//! row of the full decoder's. The model code that fills it lives in `t5.rs`
+//! ([`crate::T5Model::decode_with_cache`], `T5Block::run_cached`); this file holds the cache, its
+//! sizes and the checks that it fits the call it is given to (it knows nothing of the model).
 use ferrite_tensor::Tensor;
-
-use crate::T5Model;
 
 /// One decoder layer's part of a [`T5Cache`].
 #[derive(Debug, Clone, Default)]
@@ -28,8 +26,8 @@ pub(crate) struct T5LayerCache {
 
 /// The keys and values a [`T5Model`]'s decoder has computed so far: decoding token `t + 1` reads
 /// them instead of rerunning the decoder over positions `0..=t`, and the cross-attention never
-/// projects the encoder's output again. Made by [`T5Model::new_cache`], filled by
-/// [`T5Model::decode_with_cache`]. After an error, make a new one.
+/// projects the encoder's output again. Made by [`crate::T5Model::new_cache`], filled by
+/// [`crate::T5Model::decode_with_cache`]. After an error, make a new one.
 #[derive(Debug, Clone)]
 pub struct T5Cache {
     pub(crate) layers: Vec<T5LayerCache>,
@@ -69,63 +67,49 @@ impl T5Cache {
     }
 }
 
-impl T5Model {
-    /// An empty cache for [`T5Model::decode_with_cache`].
-    pub fn new_cache(&self) -> T5Cache {
-        T5Cache { layers: vec![T5LayerCache::default(); self.decoder_layers()], len: 0 }
+impl T5Cache {
+    /// An empty cache for a decoder of `layers` blocks.
+    pub(crate) fn for_layers(layers: usize) -> T5Cache {
+        T5Cache { layers: vec![T5LayerCache::default(); layers], len: 0 }
     }
 
-    /// The logits of decoder tokens `decoder_ids` `[b, t]` at the positions after those `cache`
-    /// holds, attending to `encoded` (from [`T5Model::encode`] with the same `attention_mask`);
-    /// their keys and values are appended to the cache. The first call also projects `encoded`
-    /// to every layer's cross-attention keys and values; later calls reuse them (`encoded` must
-    /// be the same tensor each time). With `last_only`, only the last position's logits
-    /// (`[b, 1, vocab]`), which is all a decoding step needs. Equals [`T5Model::decode`] over
-    /// every position so far, position by position (tested).
-    pub fn decode_with_cache(
-        &self,
-        decoder_ids: &Tensor,
-        encoded: &Tensor,
-        attention_mask: Option<&Tensor>,
-        cache: &mut T5Cache,
-        last_only: bool,
-    ) -> ferrite_nn::Result<Tensor> {
-        let bad = |detail: String| ferrite_nn::NnError::InvalidConfig { layer: "T5ForConditionalGeneration", detail };
-        if cache.layers.len() != self.decoder_layers() {
-            return Err(bad(format!(
-                "a T5 cache of {} decoder layers given to a model of {}; make it with this model's `new_cache()`",
-                cache.layers.len(),
-                self.decoder_layers()
-            )));
+    /// That this cache fits a decoder of `layers` blocks given `decoder_ids` `[b, t]` and the
+    /// encoder's output `encoded` `[b, s, d_model]`: the batch it was filled with, and the
+    /// encoder output its cross-attention was projected from.
+    pub(crate) fn check_use(&self, layers: usize, decoder_ids: &Tensor, encoded: &Tensor) -> ferrite_nn::Result<()> {
+        let bad =
+            |detail: String| Err(ferrite_nn::NnError::InvalidConfig { layer: "T5ForConditionalGeneration", detail });
+        if self.layers.len() != layers {
+            return bad(format!(
+                "a T5 cache of {} decoder layers given to a model of {layers}; make it with this model's `new_cache()`",
+                self.layers.len()
+            ));
         }
         if decoder_ids.rank() != 2 || encoded.rank() != 3 {
-            return Err(bad(format!(
+            return bad(format!(
                 "decoder ids must be [batch, seq] and the encoder's output [batch, seq, d_model], got {:?} and {:?}",
                 decoder_ids.shape(),
                 encoded.shape()
-            )));
+            ));
         }
+        let Some(first) = self.layers.first() else { return Ok(()) };
         let batch = decoder_ids.shape()[0];
-        if let Some(first) = cache.layers.first() {
-            let cached = |kv: &Option<(Tensor, Tensor)>| kv.as_ref().map(|(k, _)| (k.shape()[0], k.shape()[2]));
-            if let Some((b, _)) = cached(&first.self_kv)
-                && b != batch
-            {
-                return Err(bad(format!(
-                    "a batch of {batch} given to a cache filled with a batch of {b}; use one cache per batch"
-                )));
-            }
-            let (eb, es) = (encoded.shape()[0], encoded.shape()[1]);
-            if let Some((b, s)) = cached(&first.cross_kv)
-                && (b, s) != (eb, es)
-            {
-                return Err(bad(format!(
-                    "the encoder's output is [{eb}, {es}, ..] but the cache's cross-attention was made from [{b}, {s}, ..]; pass the same encoder output at every step"
-                )));
-            }
+        let cached = |kv: &Option<(Tensor, Tensor)>| kv.as_ref().map(|(k, _)| (k.shape()[0], k.shape()[2]));
+        if let Some((b, _)) = cached(&first.self_kv)
+            && b != batch
+        {
+            return bad(format!(
+                "a batch of {batch} given to a cache filled with a batch of {b}; use one cache per batch"
+            ));
         }
-        let logits = self.decode_from(decoder_ids, encoded, attention_mask, Some(cache), last_only)?;
-        cache.len += decoder_ids.shape()[1];
-        Ok(logits)
+        let (eb, es) = (encoded.shape()[0], encoded.shape()[1]);
+        if let Some((b, s)) = cached(&first.cross_kv)
+            && (b, s) != (eb, es)
+        {
+            return bad(format!(
+                "the encoder's output is [{eb}, {es}, ..] but the cache's cross-attention was made from [{b}, {s}, ..]; pass the same encoder output at every step"
+            ));
+        }
+        Ok(())
     }
 }
