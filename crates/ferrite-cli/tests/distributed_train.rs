@@ -262,3 +262,55 @@ fn distributed_lora_matches_one_rank_with_the_ranks_batches() {
     // The adapters moved: B starts at zero.
     assert!(one.iter().filter(|(n, _)| n.contains("lora_B")).any(|(_, v)| v.iter().any(|x| *x != 0.0)));
 }
+
+/// `--distributed --hf-model T5DIR` (the committed tiny T5, JSONL input/target pairs): 2 ranks × 4
+/// pairs per step end with the weights and validation loss of 1 rank × 8 pairs. Every target has
+/// the same length, so the ranks' mean losses over target tokens average to the 8 pairs' mean
+/// (DDP averages the ranks' gradients, as PyTorch's); 4 steps stay inside the first epoch.
+#[test]
+fn distributed_t5_matches_one_rank_with_the_ranks_batches() {
+    let test = "distributed_t5_matches_one_rank_with_the_ranks_batches";
+    if !mpi_ready(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf");
+    let model = hf.join("t5").display().to_string();
+    let lines: Vec<String> = std::fs::read_to_string(hf.join("seq2seq.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            serde_json::json!({"input": v["input"], "target": "the memory of a device"}).to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("pairs.jsonl"), lines.join("\n")).unwrap();
+    let run = |ranks: usize, batch: &str, out: &str| {
+        let mut args = vec!["train", "--distributed", "--hf-model", &model, "--data", "pairs.jsonl", "--seq", "16"];
+        args.extend(["--lr", "3e-3", "--batch-size", batch, "--steps", "4", "--no-progress", "--out", out]);
+        let (ok, stdout, stderr) = mpirun_ferrite(ranks, &args, dir.path());
+        assert!(ok, "{stdout}\n{stderr}");
+        stdout
+    };
+    let val = |out: &str| -> f64 {
+        let line = out.lines().find(|l| l.starts_with("trained ")).unwrap_or_else(|| panic!("{out}"));
+        let at = line.find("validation loss ").unwrap_or_else(|| panic!("{line}")) + "validation loss ".len();
+        line[at..].split(|c: char| !(c.is_ascii_digit() || c == '.')).next().unwrap().parse().unwrap()
+    };
+    let two = run(2, "4", "two");
+    let one = run(1, "8", "one");
+    assert_eq!(two.matches("ferrite train:").count(), 1, "rank 0 alone prints:\n{two}");
+    assert!(two.contains(", 2 ranks"), "{two}");
+    assert!((val(&two) - val(&one)).abs() < 1e-4, "validation loss 2 ranks {} vs 1 rank {}", val(&two), val(&one));
+    let (a, b) =
+        (weights(&dir.path().join("two/model.safetensors")), weights(&dir.path().join("one/model.safetensors")));
+    let original = weights(&hf.join("t5/model.safetensors"));
+    assert_eq!(a.len(), b.len());
+    let mut moved = false;
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let worst = x.iter().zip(y).map(|(p, q)| (p - q).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: 2 ranks and 1 rank differ by {worst}");
+        moved |= original.iter().any(|(n, o)| n == name && o != x);
+    }
+    assert!(moved, "training changed the weights");
+}

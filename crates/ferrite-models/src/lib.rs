@@ -12,6 +12,7 @@
 //! | [`TransformerLm`] | `transformer_lm.rs` | a minimal GPT (`tok_emb.weight`, `blocks.0.self_attn.in_proj_weight`, …) |
 //! | [`Decoder`] | `hf_decoder.rs` | Hugging Face's `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn.weight`, …), `LlamaForCausalLM`, Mistral, Qwen2 (`model.layers.0.self_attn.q_proj.weight`, …) from `config.json` |
 //! | [`T5Model`] | `t5.rs` | Hugging Face's `T5ForConditionalGeneration` |
+//! | [`T5Cache`] | `t5_cache.rs` | T5's decoder key/value cache (transformers' `EncoderDecoderCache`) |
 //! | [`generate`] | `generate.rs` | greedy and sampled continuation with a [`KvCache`] |
 //! | [`generate_seq2seq`] | `seq2seq.rs` | T5's shifted decoder input, loss over labels ≠ −100, and generation |
 //! | LoRA adapters | `lora_adapter.rs` | PEFT's adapter folder (`base_model.model.<module>.lora_A.weight`) |
@@ -35,6 +36,7 @@ mod lstm_lm;
 mod mlp;
 mod seq2seq;
 mod t5;
+mod t5_cache;
 mod transformer_lm;
 
 pub use causal_lm::causal_lm_loss;
@@ -55,4 +57,5 @@ pub use lstm_lm::{LstmLm, LstmSpec, LstmState, build_lstm};
 pub use mlp::{Mlp, MlpSpec, build_mlp};
 pub use seq2seq::{IGNORE_LABEL, generate_seq2seq, scored_labels, seq2seq_loss};
 pub use t5::{T5Attention, T5Block, T5Config, T5DenseFf, T5FeedForward, T5Model, T5Stack, relative_position_bucket};
+pub use t5_cache::T5Cache;
 pub use transformer_lm::{TransformerLm, TransformerSpec, build_transformer};

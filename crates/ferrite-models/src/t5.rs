@@ -17,6 +17,7 @@ use ferrite_nn::mark_layer;
 
 use crate::ModelError;
 use crate::limits::{MAX_SIZE, check_parameters, check_size, limit_of, n};
+use crate::t5_cache::{T5Cache, T5LayerCache};
 
 /// The activation of T5's feed-forward (`feed_forward_proj`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -404,51 +405,71 @@ impl T5Attention {
     /// Queries from `x`, keys and values from `kv` (`x` itself, or the encoder's output),
     /// `softmax(q kᵀ + bias) v`, then `o`.
     fn attend(&self, x: &Tensor, kv: &Tensor, bias: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
-        let (b, s) = (x.shape()[0] as i64, x.shape()[1] as i64);
-        let q = split_heads(&self.q.forward(x)?, self.heads, self.d_kv)?;
+        let (k, v) = self.project_kv(kv)?;
+        self.attend_to(x, &k, &v, bias)
+    }
+
+    /// The keys and values of `kv` `[b, s, d_model]`, `[b, heads, s, d_kv]` each (what a
+    /// [`T5Cache`] keeps).
+    fn project_kv(&self, kv: &Tensor) -> ferrite_nn::Result<(Tensor, Tensor)> {
         let k = split_heads(&self.k.forward(kv)?, self.heads, self.d_kv)?;
         let v = split_heads(&self.v.forward(kv)?, self.heads, self.d_kv)?;
+        Ok((k, v))
+    }
+
+    /// Queries from `x` attending to keys `k` and values `v` (`[b, heads, keys, d_kv]`) with
+    /// `bias` (`[.., queries, keys]`), then `o`.
+    fn attend_to(&self, x: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        let (b, s) = (x.shape()[0] as i64, x.shape()[1] as i64);
+        let q = split_heads(&self.q.forward(x)?, self.heads, self.d_kv)?;
         // T5 does not scale by 1/√d_kv (its initialisation accounts for it).
         let mut scores = q.matmul(&k.transpose(-2, -1)?)?;
         if let Some(bias) = bias {
             scores = scores.add(bias)?;
         }
         let weights = self.drop.apply(&scores.softmax(-1)?, self.training)?;
-        let a = weights.to_dtype(v.dtype())?.matmul(&v)?;
+        let a = weights.to_dtype(v.dtype())?.matmul(v)?;
         let a = a.transpose(1, 2)?.reshape(&[b, s, (self.heads * self.d_kv) as i64])?;
         self.o.forward(&a)
     }
 
-    /// HF's `compute_bias`: `[1, heads, q, k]` from the learned bucket embedding, plus (decoder)
-    /// the causal mask, computed once per stack and shared by its blocks.
+    /// HF's `compute_bias`: `[1, heads, queries, offset + queries]` from the learned bucket
+    /// embedding — the rows of query positions `offset..offset + queries` against every key
+    /// position from 0 (transformers' `past_seen_tokens`: a cached decoding step is the last row
+    /// of the full bias) — plus (decoder) the causal mask, computed once per stack and shared by
+    /// its blocks.
     fn position_bias(
         &self,
-        len: usize,
+        queries: usize,
+        offset: usize,
         decoder: bool,
         num_buckets: usize,
         max_distance: usize,
         device: &Device,
     ) -> ferrite_nn::Result<Option<Tensor>> {
         let Some(table) = &self.relative_attention_bias else { return Ok(None) };
+        let keys = offset.saturating_add(queries);
         let (buckets, mask) = if matches!(device, Device::Meta) {
-            (Tensor::zeros(&[len, len], DType::I64, device)?, Tensor::zeros(&[len, len], DType::F32, device)?)
+            (Tensor::zeros(&[queries, keys], DType::I64, device)?, Tensor::zeros(&[queries, keys], DType::F32, device)?)
         } else {
-            let cells = len.saturating_mul(len);
+            let cells = queries.saturating_mul(keys);
             let (mut ids, mut mask) = (Vec::new(), Vec::new());
             if ids.try_reserve_exact(cells).is_err() || mask.try_reserve_exact(cells).is_err() {
                 return Err(ferrite_nn::NnError::InvalidConfig {
                     layer: "T5Attention",
-                    detail: format!("no host memory for the {len}×{len} position bias of a {len}-token sequence"),
+                    detail: format!(
+                        "no host memory for the {queries}×{keys} position bias of {queries} queries over {keys} positions"
+                    ),
                 });
             }
-            for q in 0..len as i64 {
-                for k in 0..len as i64 {
+            for q in offset as i64..keys as i64 {
+                for k in 0..keys as i64 {
                     ids.push(relative_position_bucket(k - q, !decoder, num_buckets, max_distance) as i64);
                     // HF adds `finfo(dtype).min` where a decoder query may not look.
                     mask.push(if decoder && k > q { f32::MIN } else { 0.0 });
                 }
             }
-            (Tensor::from_vec(ids, &[len, len], device)?, Tensor::from_vec(mask, &[len, len], device)?)
+            (Tensor::from_vec(ids, &[queries, keys], device)?, Tensor::from_vec(mask, &[queries, keys], device)?)
         };
         let bias = table.forward(&buckets)?.permute(&[2, 0, 1])?.unsqueeze(0)?;
         Ok(Some(if decoder { bias.add(&mask)? } else { bias }))
@@ -564,12 +585,50 @@ impl T5Block {
         encoded: Option<&Tensor>,
         cross_bias: Option<&Tensor>,
     ) -> ferrite_nn::Result<Tensor> {
+        self.run_cached(x, bias, encoded, cross_bias, None)
+    }
+
+    /// [`T5Block::run`] with this layer's part of a [`T5Cache`]: the new positions' keys and
+    /// values are appended to the self-attention's and `x`'s queries attend to all of them;
+    /// cross-attention's keys and values are projected from `encoded` the first time only and
+    /// read from the cache afterwards (transformers' `EncoderDecoderCache`).
+    fn run_cached(
+        &self,
+        x: &Tensor,
+        bias: Option<&Tensor>,
+        encoded: Option<&Tensor>,
+        cross_bias: Option<&Tensor>,
+        cache: Option<&mut T5LayerCache>,
+    ) -> ferrite_nn::Result<Tensor> {
         let t = self.training;
         let n = self.self_norm.forward(x)?;
-        let mut h = x.add(&self.drop.apply(&self.self_attn.attend(&n, &n, bias)?, t)?)?;
-        if let (Some((attn, norm)), Some(enc)) = (&self.cross, encoded) {
-            let n = norm.forward(&h)?;
-            h = h.add(&self.drop.apply(&attn.attend(&n, enc, cross_bias)?, t)?)?;
+        let Some(cache) = cache else {
+            let mut h = x.add(&self.drop.apply(&self.self_attn.attend(&n, &n, bias)?, t)?)?;
+            if let (Some((attn, norm)), Some(enc)) = (&self.cross, encoded) {
+                let n = norm.forward(&h)?;
+                h = h.add(&self.drop.apply(&attn.attend(&n, enc, cross_bias)?, t)?)?;
+            }
+            return Ok(h.add(&self.drop.apply(&self.ff.forward(&self.ff_norm.forward(&h)?)?, t)?)?);
+        };
+        let (mut k, mut v) = self.self_attn.project_kv(&n)?;
+        if let Some((pk, pv)) = cache.self_kv.take() {
+            k = Tensor::cat(&[&pk, &k], 2)?;
+            v = Tensor::cat(&[&pv, &v], 2)?;
+        }
+        let a = self.self_attn.attend_to(&n, &k, &v, bias)?;
+        cache.self_kv = Some((k, v));
+        let mut h = x.add(&self.drop.apply(&a, t)?)?;
+        if let Some((attn, norm)) = &self.cross {
+            if cache.cross_kv.is_none()
+                && let Some(enc) = encoded
+            {
+                cache.cross_kv = Some(attn.project_kv(enc)?);
+                cache.cross_projections += 1;
+            }
+            if let Some((ck, cv)) = &cache.cross_kv {
+                let n = norm.forward(&h)?;
+                h = h.add(&self.drop.apply(&attn.attend_to(&n, ck, cv, cross_bias)?, t)?)?;
+            }
         }
         Ok(h.add(&self.drop.apply(&self.ff.forward(&self.ff_norm.forward(&h)?)?, t)?)?)
     }
@@ -645,12 +704,26 @@ impl T5Stack {
     /// dtype's minimum not to), added to the encoder's self-attention and the decoder's
     /// cross-attention scores, as transformers adds its extended attention mask.
     fn run(&self, h: Tensor, encoded: Option<&Tensor>, padding: Option<&Tensor>) -> ferrite_nn::Result<Tensor> {
+        self.run_cached(h, encoded, padding, None)
+    }
+
+    /// [`T5Stack::run`] from the positions after those `cache` holds (the decoder's): the
+    /// position bias is the rows of the new positions, and each block reads and extends its part
+    /// of the cache. The caller advances [`T5Cache::len`].
+    pub(crate) fn run_cached(
+        &self,
+        h: Tensor,
+        encoded: Option<&Tensor>,
+        padding: Option<&Tensor>,
+        mut cache: Option<&mut T5Cache>,
+    ) -> ferrite_nn::Result<Tensor> {
         let name = if self.decoder { "decoder" } else { "encoder" };
         let len = h.shape().get(1).copied().unwrap_or(0);
+        let offset = cache.as_ref().map_or(0, |c| c.len);
         let bias = match self.blocks.first() {
             Some(b) => {
                 mark_layer(&format!("{name}.block.0"));
-                b.self_attn.position_bias(len, self.decoder, self.num_buckets, self.max_distance, h.device())?
+                b.self_attn.position_bias(len, offset, self.decoder, self.num_buckets, self.max_distance, h.device())?
             }
             None => None,
         };
@@ -664,7 +737,13 @@ impl T5Stack {
         let mut h = self.drop.apply(&h, self.training)?;
         for (i, block) in self.blocks.iter().enumerate() {
             mark_layer(&format!("{name}.block.{i}"));
-            h = if self.checkpoint_activations && is_grad_enabled() {
+            h = if let Some(c) = cache.as_deref_mut() {
+                let layer = c.layers.get_mut(i).ok_or_else(|| ferrite_nn::NnError::InvalidConfig {
+                    layer: "T5Stack",
+                    detail: format!("the cache has no layer {i}; make it with this model's `new_cache()`"),
+                })?;
+                block.run_cached(&h, bias.as_ref(), encoded, cross_bias, Some(layer))?
+            } else if self.checkpoint_activations && is_grad_enabled() {
                 let b = block.clone();
                 let mut inputs = vec![&h];
                 inputs.extend(bias.as_ref());
@@ -743,6 +822,32 @@ impl T5Model {
         &self.config
     }
 
+    /// An empty cache for [`T5Model::decode_with_cache`].
+    pub fn new_cache(&self) -> T5Cache {
+        T5Cache::for_layers(self.decoder.blocks.len())
+    }
+
+    /// The logits of decoder tokens `decoder_ids` `[b, t]` at the positions after those `cache`
+    /// holds, attending to `encoded` (from [`T5Model::encode`] with the same `attention_mask`);
+    /// their keys and values are appended to the cache. The first call also projects `encoded`
+    /// to every layer's cross-attention keys and values; later calls reuse them (`encoded` must
+    /// be the same tensor each time). With `last_only`, only the last position's logits
+    /// (`[b, 1, vocab]`), which is all a decoding step needs. Equals [`T5Model::decode`] over
+    /// every position so far, position by position (tested).
+    pub fn decode_with_cache(
+        &self,
+        decoder_ids: &Tensor,
+        encoded: &Tensor,
+        attention_mask: Option<&Tensor>,
+        cache: &mut T5Cache,
+        last_only: bool,
+    ) -> ferrite_nn::Result<Tensor> {
+        cache.check_use(self.decoder.blocks.len(), decoder_ids, encoded)?;
+        let logits = self.decode_from(decoder_ids, encoded, attention_mask, Some(cache), last_only)?;
+        cache.len += decoder_ids.shape()[1];
+        Ok(logits)
+    }
+
     /// Every dropout of the model draws from `rng` from now on (a trainer's dropout generator,
     /// which its checkpoints save and restore). The default is a generator seeded with 0.
     pub fn set_dropout_rng(&mut self, rng: RngHandle) {
@@ -774,8 +879,26 @@ impl T5Model {
         encoded: &Tensor,
         attention_mask: Option<&Tensor>,
     ) -> ferrite_nn::Result<Tensor> {
+        self.decode_from(decoder_ids, encoded, attention_mask, None, false)
+    }
+
+    /// [`T5Model::decode`], from the positions after those `cache` holds when given (see
+    /// [`T5Model::decode_with_cache`]); with `last_only`, only the last position's logits.
+    pub(crate) fn decode_from(
+        &self,
+        decoder_ids: &Tensor,
+        encoded: &Tensor,
+        attention_mask: Option<&Tensor>,
+        cache: Option<&mut T5Cache>,
+        last_only: bool,
+    ) -> ferrite_nn::Result<Tensor> {
         let padding = attention_mask.map(padding_bias).transpose()?;
-        let h = self.decoder.run(self.shared.forward(decoder_ids)?, Some(encoded), padding.as_ref())?;
+        let embedded = self.shared.forward(decoder_ids)?;
+        let mut h = self.decoder.run_cached(embedded, Some(encoded), padding.as_ref(), cache)?;
+        let s = h.shape().get(1).copied().unwrap_or(0);
+        if last_only && s > 1 {
+            h = h.narrow(1, s - 1, 1)?;
+        }
         mark_layer("lm_head");
         let h = if self.scale { h.mul_scalar((self.d_model as f64).powf(-0.5))? } else { h };
         match &self.lm_head {

@@ -5,8 +5,9 @@
 //! `config.json`).
 //!
 //! A T5 folder reads the prompt as its input (tokenized with the special tokens, as in training)
-//! and writes the output from `decoder_start_token_id`: the encoder runs once, the decoder once
-//! per new token over the tokens so far (no cache yet: `ferrite_models::generate_seq2seq`).
+//! and writes the output from `decoder_start_token_id`: the encoder runs once, and the decoder
+//! one position per new token with a `T5Cache` (self-attention keys and values, plus the
+//! cross-attention's projected from the encoder's output once: `ferrite_models::generate_seq2seq`).
 use std::path::PathBuf;
 
 use ferrite_models::{Decoding, GenerateOptions, generate, generate_seq2seq};
@@ -119,7 +120,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
             out.prefill.as_secs_f64(),
             if tokens_per_second.is_finite() { format!("{tokens_per_second:.1}") } else { "-".into() },
             ferrite_memory::format_size(out.cache_bytes as u64),
-            if t5 { " (T5: none yet, the decoder reruns its prefix per token)" } else { "" },
+            if t5 { " (T5: decoder self- and cross-attention)" } else { "" },
         );
     }
     Ok(())
