@@ -14,6 +14,7 @@ use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig,
 use ferrite_tensor::Device;
 
 use crate::PlanError;
+use crate::sharded_step::{RankLayout, run_rank_step};
 use crate::workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 
 /// Optimizer steps the planner runs: the first creates state, the second is the steady state.
@@ -93,7 +94,7 @@ impl Recorder {
     }
 }
 
-fn mark(kind: MarkKind) {
+pub(crate) fn mark(kind: MarkKind) {
     ACTIVE.with(|a| {
         if let Some(r) = a.borrow_mut().as_mut() {
             r.mark(kind);
@@ -107,19 +108,24 @@ pub(crate) struct StepRun {
     pub marks: Vec<Mark>,
 }
 
-/// Run the step on `device`; with `recording`, set marks against that allocator's history.
+/// Run the step on `device` (one rank's step of `layout` when given, see
+/// [`crate::sharded_step`]); with `recording`, set marks against that allocator's history.
 pub(crate) fn run_step(
     workload: &dyn Workload,
     config: &StepConfig,
     device: &Device,
     recording: Option<Arc<CachingAllocator>>,
+    layout: Option<RankLayout>,
 ) -> Result<StepRun, PlanError> {
     config.check()?;
     ACTIVE.with(|a| *a.borrow_mut() = Some(Recorder { alloc: recording, marks: Vec::new() }));
     // Models announce the layer they enter with `ferrite_nn::mark_layer`: the activations it
     // saves are reported under that name.
     let listening = ferrite_nn::listen_for_layer_marks(|layer| mark(MarkKind::Layer(layer.to_string())));
-    let result = run_step_inner(workload, config, device);
+    let result = match layout {
+        Some(layout) => run_rank_step(workload, config, device, layout),
+        None => run_step_inner(workload, config, device),
+    };
     drop(listening);
     let marks = ACTIVE.with(|a| a.borrow_mut().take()).map(|r| r.marks).unwrap_or_default();
     result.map(|parameters| StepRun { parameters, marks })

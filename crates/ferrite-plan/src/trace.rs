@@ -15,6 +15,7 @@ use ferrite_memory::{Device, TraceAction, allocator};
 use serde::Serialize;
 
 use crate::PlanError;
+use crate::sharded_step::RankLayout;
 use crate::step::{MarkKind, Phase, run_step};
 use crate::workload::{StepConfig, Workload};
 
@@ -111,10 +112,20 @@ pub struct StepTrace {
 
 /// Run the step of `workload` on `meta` and record it.
 pub fn record(workload: &dyn Workload, config: &StepConfig) -> Result<StepTrace, PlanError> {
+    record_with(workload, config, None)
+}
+
+/// Record one rank's step of a data-parallel run (DDP, ZeRO-1, ZeRO-2; see
+/// [`crate::sharded_step`]): what that rank's device holds.
+pub fn record_rank(workload: &dyn Workload, config: &StepConfig, layout: RankLayout) -> Result<StepTrace, PlanError> {
+    record_with(workload, config, Some(layout))
+}
+
+fn record_with(workload: &dyn Workload, config: &StepConfig, layout: Option<RankLayout>) -> Result<StepTrace, PlanError> {
     let _guard = PLAN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let meta = allocator(&Device::Meta);
     meta.record_memory_history(Some(MAX_EVENTS));
-    let run = run_step(workload, config, &Device::Meta, Some(meta.clone()));
+    let run = run_step(workload, config, &Device::Meta, Some(meta.clone()), layout);
     let history = meta.memory_history();
     meta.record_memory_history(None);
     let run = run?;

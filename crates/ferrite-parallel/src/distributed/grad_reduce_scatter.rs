@@ -16,7 +16,7 @@
 use ferrite_tensor::{DType, Tensor, no_grad};
 
 use super::error::{DistributedError, Result};
-use super::partition::FlatPartition;
+use ferrite_optim::FlatPartition;
 use super::process_group::{Comm, Pending};
 
 /// What one rank gets out of the exchange.
