@@ -218,9 +218,6 @@ fn sharded_routes_replanned_as_zero_plans_fit_with_the_promised_per_rank_peak() 
     let (ok, out, err) = ferrite(&text.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ok, "{err}");
     assert!(out.contains(&format!("ZeRO-2 over {fewest} GPUs")), "{out}");
-    assert!(
-        out.contains(&format!("mpirun -np {fewest} ferrite train --model mlp --hidden 2000 --layers 4")),
-        "{out}"
-    );
+    assert!(out.contains(&format!("mpirun -np {fewest} ferrite train --model mlp --hidden 2000 --layers 4")), "{out}");
     assert!(out.contains("--distributed --zero 2"), "{out}");
 }

@@ -24,6 +24,7 @@ mod evaluate;
 mod hf_workload;
 mod lora_workload;
 mod measure;
+mod model_states;
 mod rank_plan;
 mod search;
 mod sharded_step;
@@ -43,6 +44,7 @@ pub use evaluate::{
 pub use hf_workload::{HfDecoder, hf_workload};
 pub use lora_workload::{LoraWorkload, with_lora};
 pub use measure::{Measured, measure, measure_rank};
+pub use model_states::{FerriteModelStates, ferrite_model_states};
 pub use rank_plan::{MAX_RANKS_PLANNED, RankPeak, ShardedPlan, plan_ranks, ranks_to_plan, trainable_sizes};
 pub use search::{
     BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,
@@ -55,8 +57,7 @@ pub use trace::{AllocInfo, Category, Event, StepTrace, plan_lock, record, record
 pub use way_forward::{Route, Variant, WayForward, relative_cost, way_forward};
 pub use workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 pub use zero::{
-    DEEPSPEED_BUFFER_FACTOR, Difference, FerriteModelStates, ModelSizes, Offload, ZeroEstimate, ZeroReport, ZeroSetup,
-    ZeroStage, deepspeed_estimate, deepspeed_gb, deepspeed_table, ferrite_model_states, zero_report,
-    zero_report_sharded,
+    DEEPSPEED_BUFFER_FACTOR, Difference, ModelSizes, Offload, ZeroEstimate, ZeroReport, ZeroSetup, ZeroStage,
+    deepspeed_estimate, deepspeed_gb, deepspeed_table, zero_report, zero_report_sharded,
 };
 pub use zero_routes::{MAX_ZERO_GPUS, zero_variants};

@@ -8,9 +8,9 @@ use ferrite_memory::{Device, allocator, configure};
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::sharded_step::RankLayout;
 use crate::evaluate::Target;
-use crate::step::run_step;
+use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::step::{CustomStep, run_step};
 use crate::workload::{StepConfig, Workload};
 
 static NEXT_INDEX: AtomicUsize = AtomicUsize::new(4096);
@@ -50,7 +50,8 @@ fn measure_with(
     if let Some(f) = target.memory_fraction {
         alloc.set_per_process_memory_fraction(f)?;
     }
-    let result = run_step(workload, config, &device, None, layout);
+    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let result = run_step(workload, config, &device, None, rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let measured = Measured {
         peak_allocated_bytes: alloc.max_memory_allocated(),
         peak_reserved_bytes: alloc.max_memory_reserved(),

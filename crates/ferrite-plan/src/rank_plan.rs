@@ -10,10 +10,10 @@ use serde::Serialize;
 
 use crate::PlanError;
 use crate::evaluate::{Target, evaluate};
+use crate::model_states::{FerriteModelStates, ferrite_model_states};
 use crate::sharded_step::{DataParallel, RankLayout, fullest_rank, trainable_numels};
 use crate::trace::{plan_lock, record_rank};
 use crate::workload::{StepConfig, Workload};
-use crate::zero::{FerriteModelStates, ferrite_model_states};
 use ferrite_optim::FlatPartition;
 use ferrite_tensor::Device;
 
@@ -157,7 +157,8 @@ mod tests {
                 let plan = plan_ranks(&w, &config, &target, mode, world, None).unwrap();
                 for r in &plan.ranks {
                     let m = measure_rank(&w, &config, &target, RankLayout { mode, world, rank: r.rank }).unwrap();
-                    let err = (r.peak_reserved_bytes as f64 - m.peak_reserved_bytes as f64) / m.peak_reserved_bytes as f64;
+                    let err =
+                        (r.peak_reserved_bytes as f64 - m.peak_reserved_bytes as f64) / m.peak_reserved_bytes as f64;
                     assert!(
                         err.abs() <= 0.02,
                         "{} rank {}/{world}: predicted {} measured {}",

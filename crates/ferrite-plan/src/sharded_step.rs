@@ -257,7 +257,9 @@ pub(crate) fn run_rank_step(
                     for (piece, shard) in pieces.iter().zip(&shards) {
                         let p = &params[piece.param];
                         let g = match p.grad() {
-                            Some(g) => g.contiguous()?.reshape_usize(&[p.numel()])?.narrow(0, piece.param_start, piece.len)?,
+                            Some(g) => {
+                                g.contiguous()?.reshape_usize(&[p.numel()])?.narrow(0, piece.param_start, piece.len)?
+                            }
                             None => continue,
                         };
                         shard.set_grad(Some(g))?;

@@ -14,7 +14,6 @@ use ferrite_optim::{Accumulator, Adam, AdamConfig, GradScaler, GradScalerConfig,
 use ferrite_tensor::Device;
 
 use crate::PlanError;
-use crate::sharded_step::{RankLayout, run_rank_step};
 use crate::workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 
 /// Optimizer steps the planner runs: the first creates state, the second is the steady state.
@@ -108,22 +107,26 @@ pub(crate) struct StepRun {
     pub marks: Vec<Mark>,
 }
 
-/// Run the step on `device` (one rank's step of `layout` when given, see
-/// [`crate::sharded_step`]); with `recording`, set marks against that allocator's history.
+/// Another step run in place of this one's with the same marks (one rank's step of a
+/// data-parallel run, `crate::sharded_step`): returns the parameter count.
+pub(crate) type CustomStep<'a> = dyn Fn(&Device) -> Result<u64, PlanError> + 'a;
+
+/// Run the step on `device` (`custom` instead when given); with `recording`, set marks against
+/// that allocator's history.
 pub(crate) fn run_step(
     workload: &dyn Workload,
     config: &StepConfig,
     device: &Device,
     recording: Option<Arc<CachingAllocator>>,
-    layout: Option<RankLayout>,
+    custom: Option<&CustomStep<'_>>,
 ) -> Result<StepRun, PlanError> {
     config.check()?;
     ACTIVE.with(|a| *a.borrow_mut() = Some(Recorder { alloc: recording, marks: Vec::new() }));
     // Models announce the layer they enter with `ferrite_nn::mark_layer`: the activations it
     // saves are reported under that name.
     let listening = ferrite_nn::listen_for_layer_marks(|layer| mark(MarkKind::Layer(layer.to_string())));
-    let result = match layout {
-        Some(layout) => run_rank_step(workload, config, device, layout),
+    let result = match custom {
+        Some(step) => step(device),
         None => run_step_inner(workload, config, device),
     };
     drop(listening);

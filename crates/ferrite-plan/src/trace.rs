@@ -15,8 +15,8 @@ use ferrite_memory::{Device, TraceAction, allocator};
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::sharded_step::RankLayout;
-use crate::step::{MarkKind, Phase, run_step};
+use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::step::{CustomStep, MarkKind, Phase, run_step};
 use crate::workload::{StepConfig, Workload};
 
 /// The process-wide `meta` allocator is shared: plans run one at a time so one plan's
@@ -121,11 +121,17 @@ pub fn record_rank(workload: &dyn Workload, config: &StepConfig, layout: RankLay
     record_with(workload, config, Some(layout))
 }
 
-fn record_with(workload: &dyn Workload, config: &StepConfig, layout: Option<RankLayout>) -> Result<StepTrace, PlanError> {
+fn record_with(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    layout: Option<RankLayout>,
+) -> Result<StepTrace, PlanError> {
     let _guard = PLAN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let meta = allocator(&Device::Meta);
     meta.record_memory_history(Some(MAX_EVENTS));
-    let run = run_step(workload, config, &Device::Meta, Some(meta.clone()), layout);
+    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let run =
+        run_step(workload, config, &Device::Meta, Some(meta.clone()), rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let history = meta.memory_history();
     meta.record_memory_history(None);
     let run = run?;

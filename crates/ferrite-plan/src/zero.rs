@@ -23,9 +23,10 @@ use ferrite_nn::Module;
 use serde::Serialize;
 
 use crate::PlanError;
+use crate::model_states::{FerriteModelStates, ferrite_model_states};
 use crate::rank_plan::ShardedPlan;
 use crate::sharded_step::DataParallel;
-use crate::trace::{Category, StepTrace};
+use crate::trace::StepTrace;
 use crate::workload::{StepConfig, Workload};
 use ferrite_tensor::Device;
 
@@ -247,43 +248,6 @@ pub fn deepspeed_table(sizes: &ModelSizes, setup: &ZeroSetup) -> Vec<ZeroEstimat
         }
     }
     rows
-}
-
-/// The model states ferrite's own (unsharded) step keeps on one GPU, from the recorded step:
-/// the most parameter, gradient and optimizer-state bytes live at once (requested bytes, before
-/// the allocator rounds them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FerriteModelStates {
-    pub parameters: u64,
-    pub gradients: u64,
-    pub optimizer_state: u64,
-    pub total: u64,
-}
-
-/// [`FerriteModelStates`] of a recorded step.
-pub fn ferrite_model_states(trace: &StepTrace) -> FerriteModelStates {
-    let mut live = std::collections::HashMap::new();
-    let mut by = [0u64; 3];
-    let mut best = FerriteModelStates { parameters: 0, gradients: 0, optimizer_state: 0, total: 0 };
-    for (ev, info) in trace.events.iter().zip(&trace.info) {
-        if ev.alloc {
-            let slot = match info.as_ref().map(|i| i.category) {
-                Some(Category::Parameters) => 0,
-                Some(Category::Gradients) => 1,
-                Some(Category::OptimizerState) => 2,
-                _ => continue,
-            };
-            by[slot] += ev.size;
-            live.insert(ev.addr, (slot, ev.size));
-        } else if let Some((slot, size)) = live.remove(&ev.addr) {
-            by[slot] = by[slot].saturating_sub(size);
-        }
-        let total = by.iter().sum();
-        if total > best.total {
-            best = FerriteModelStates { parameters: by[0], gradients: by[1], optimizer_state: by[2], total };
-        }
-    }
-    best
 }
 
 /// One component of the per-GPU model states, DeepSpeed's against ferrite's, and why they differ.

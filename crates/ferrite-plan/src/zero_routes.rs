@@ -52,7 +52,8 @@ pub fn zero_variants(
             Ok(evaluate(&record_rank(&*workload, &step, layout)?, target)?.fits)
         };
         let Some(lean) = smallest(2, MAX_ZERO_GPUS, |n| fits(n, true))? else { continue };
-        let plain = if fits(lean, false)? { Some(lean) } else { smallest(lean + 1, MAX_ZERO_GPUS, |n| fits(n, false))? };
+        let plain =
+            if fits(lean, false)? { Some(lean) } else { smallest(lean + 1, MAX_ZERO_GPUS, |n| fits(n, false))? };
         let mut counts = vec![lean];
         counts.extend(plain.filter(|p| *p != lean));
         for gpus in counts {

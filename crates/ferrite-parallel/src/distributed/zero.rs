@@ -35,8 +35,8 @@ use ferrite_tensor::{DType, Tensor, no_grad};
 use super::ddp::{DdpOptions, GradientSync, NoSync, replicate_from_rank0};
 use super::error::{DistributedError, Result};
 use super::grad_reduce_scatter::reduce_scatter_grads;
-use ferrite_optim::{FlatPartition, ShardPiece};
 use super::process_group::Comm;
+use ferrite_optim::{FlatPartition, ShardPiece};
 
 /// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
 #[derive(Debug, Clone)]

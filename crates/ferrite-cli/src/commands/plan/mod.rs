@@ -421,13 +421,12 @@ pub fn run(args: PlanArgs) -> CliResult {
         }
     }
     // A step that does not fit gets every way ferrite can run it that does.
-    let forward =
-        if plan.fits {
-            None
-        } else {
-            let effective = config.batch * config.accum_steps;
-            Some(ferrite_plan::way_forward(w, &args.variants(effective)?, &config, &target, None)?)
-        };
+    let forward = if plan.fits {
+        None
+    } else {
+        let effective = config.batch * config.accum_steps;
+        Some(ferrite_plan::way_forward(w, &args.variants(effective)?, &config, &target, None)?)
+    };
     let command = args.train_command();
     match &zero {
         Some(setup) => {
@@ -437,12 +436,21 @@ pub fn run(args: PlanArgs) -> CliResult {
             let (report, ddp) = match args.zero.zero.and_then(ferrite_plan::DataParallel::zero_stage) {
                 Some(mode) => {
                     let sharded = ferrite_plan::plan_ranks(w, &config, &target, mode, world, None)?;
-                    let ddp = ferrite_plan::plan_ranks(w, &config, &target, ferrite_plan::DataParallel::Ddp, world, None)?;
+                    let ddp =
+                        ferrite_plan::plan_ranks(w, &config, &target, ferrite_plan::DataParallel::Ddp, world, None)?;
                     (ferrite_plan::zero_report_sharded(&sizes, &trace, setup, sharded), Some(ddp))
                 }
                 None => (ferrite_plan::zero_report(&sizes, &trace, setup), None),
             };
-            render::plan_with_zero(&plan, &report, ddp.as_ref(), forward.as_ref(), &command, &args.step_flags(), args.json);
+            render::plan_with_zero(
+                &plan,
+                &report,
+                ddp.as_ref(),
+                forward.as_ref(),
+                &command,
+                &args.step_flags(),
+                args.json,
+            );
         }
         None => render::plan(&plan, forward.as_ref(), &command, args.json),
     }

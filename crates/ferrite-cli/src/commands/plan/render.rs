@@ -461,9 +461,11 @@ fn zero(z: &ZeroReport) {
     let f = &z.ferrite;
     println!(
         "  ferrite{} keeps {} of model states on {}: weights {}, gradients {}, optimizer state {}",
-        z.ferrite_sharded
-            .as_ref()
-            .map_or(" (no ZeRO)".to_string(), |s| format!("'s {} over {} ranks", s.mode.name(), s.world)),
+        z.ferrite_sharded.as_ref().map_or(" (no ZeRO)".to_string(), |s| format!(
+            "'s {} over {} ranks",
+            s.mode.name(),
+            s.world
+        )),
         format_size(f.total),
         if z.ferrite_sharded.is_some() { "its fullest rank" } else { "every GPU" },
         format_size(f.parameters),
