@@ -95,7 +95,51 @@ fn smallest(
 
 #[cfg(test)]
 mod tests {
-    use super::smallest;
+    use super::*;
+    use crate::{Builtin, plan_ranks, way_forward};
+
+    /// 12,156,010 parameters: weights, gradients and AdamW moments (16 B/param) exceed 170 MiB.
+    fn mlp() -> Builtin {
+        Builtin::Mlp { input: [1, 8, 8], hidden: 2000, layers: 4, classes: 10, dropout: 0.0 }
+    }
+
+    #[test]
+    fn zero2_over_the_fewest_cards_is_the_way_forward_when_the_model_states_do_not_fit() {
+        let target = Target::parse("sim:170MiB", Default::default()).unwrap();
+        let config = StepConfig::new(8);
+        let w: Arc<dyn Workload> = Arc::new(mlp());
+        let variants = zero_variants(w.clone(), &config, &target, 8).unwrap();
+        // ZeRO-1 keeps the full gradients in DDP's buckets: never below one GPU's 16 B/param.
+        assert!(variants.iter().all(|v| v.sharding == Some(DataParallel::Zero2)), "{variants:?}");
+        let fewest = variants.iter().map(|v| v.gpus).min().expect("ZeRO-2 fits over some cards");
+        // One card fewer does not fit, even with the leanest settings.
+        let lean = StepConfig {
+            batch: 1,
+            accum_steps: 2,
+            amp: Some(AmpMode::Bf16),
+            checkpoint_activations: true,
+            ..config.clone()
+        };
+        let fewer = plan_ranks(&*w, &lean, &target, DataParallel::Zero2, fewest - 1, None).unwrap();
+        assert!(!fewer.fits, "{fewer:?}");
+        let forward = way_forward(&*w, &variants, &config, &target, None).unwrap();
+        assert!(!forward.routes.is_empty());
+        for r in &forward.routes {
+            assert_eq!(r.data_parallel, Some(DataParallel::Zero2));
+            assert_eq!(r.launcher, format!("mpirun -np {}", r.gpus));
+            // The promised peak is the planned rank's, replanned as `plan --zero 2` plans it.
+            let step = StepConfig {
+                batch: r.micro_batch,
+                accum_steps: r.accum_steps.min(2),
+                amp: r.amp.map(|a| if a == "f16" { AmpMode::F16 } else { AmpMode::Bf16 }),
+                checkpoint_activations: r.checkpoint_activations,
+                ..config.clone()
+            };
+            let rank = r.planned_rank.unwrap();
+            let again = plan_ranks(&*w, &step, &target, DataParallel::Zero2, r.gpus, Some(&[rank])).unwrap();
+            assert_eq!(again.peak_reserved_bytes, r.peak_reserved_bytes, "{r:?}");
+        }
+    }
 
     #[test]
     fn bisection_finds_the_smallest_count_and_reports_none_when_even_the_most_fail() {
