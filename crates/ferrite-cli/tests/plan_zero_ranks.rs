@@ -85,7 +85,7 @@ const MODEL: [&str; 8] = ["--hidden", "1500", "--layers", "3", "--batch-size", "
 
 /// Predicted per-rank peaks of `--zero stage` (0: DDP) over `ranks`: (per rank, their max).
 fn predicted(stage: u8, ranks: usize, dir: &Path) -> Vec<f64> {
-    let z = if stage == 0 { "1" } else { &stage.to_string() }.to_string();
+    let z = if stage == 0 { 1 } else { stage }.to_string();
     let n = ranks.to_string();
     let mut args = vec!["plan", "--model", "mlp", "--zero", &z, "--gpus-per-node", &n, "--json"];
     args.extend(MODEL);

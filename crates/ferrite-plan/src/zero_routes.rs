@@ -136,7 +136,7 @@ mod tests {
                 ..config.clone()
             };
             let rank = r.planned_rank.unwrap();
-            let again = plan_ranks(&*w, &step, &target, DataParallel::Zero2, r.gpus, Some(&[rank])).unwrap();
+            let again = plan_ranks(&*w, &step, &target, DataParallel::Zero2, r.gpus, Some(&[rank][..])).unwrap();
             assert_eq!(again.peak_reserved_bytes, r.peak_reserved_bytes, "{r:?}");
         }
     }
