@@ -42,13 +42,20 @@ fn every_route_replanned_with_its_own_flags_fits_with_the_promised_peak() {
     // The same training first, then adapters only; by compute within each.
     let tier = |r: &serde_json::Value| r["adapters_only"] == true;
     assert!(routes.windows(2).all(|w| !tier(&w[0]) || tier(&w[1])), "adapters after the model itself");
+    // Sharded routes (ZeRO over several GPUs) rank after one GPU's; they are replanned in
+    // sharded_routes_replanned_as_zero_plans_fit_with_the_promised_per_rank_peak.
+    let one_gpu = |r: &&serde_json::Value| r["gpus"] == 1;
     for adapters in [false, true] {
-        let costs: Vec<f64> =
-            routes.iter().filter(|r| tier(r) == adapters).map(|r| r["relative_cost"].as_f64().unwrap()).collect();
+        let costs: Vec<f64> = routes
+            .iter()
+            .filter(one_gpu)
+            .filter(|r| tier(r) == adapters)
+            .map(|r| r["relative_cost"].as_f64().unwrap())
+            .collect();
         assert!(costs.windows(2).all(|w| w[0] <= w[1]), "ranked by cost: {costs:?}");
     }
     assert!(routes.iter().any(|r| !tier(r)) && routes.iter().any(tier), "both kinds fit here");
-    for r in routes {
+    for r in routes.iter().filter(one_gpu) {
         assert_eq!(r["fits"], true);
         assert_eq!(r["micro_batch"].as_u64().unwrap() * r["accum_steps"].as_u64().unwrap(), 16, "{r}");
         // The route's flags are `ferrite train` flags that `ferrite plan` accepts too.
@@ -137,4 +144,80 @@ fn when_only_adapters_fit_the_way_forward_is_lora_with_a_bf16_base() {
     assert!(ok, "{err}");
     assert!(out.contains("LoRA r8 on c_attn, base weights in bf16"), "{out}");
     assert!(out.contains("--lora-rank 8 --lora-targets c_attn --base-dtype bf16"), "{out}");
+}
+
+/// An MLP of 12,156,010 parameters (weights 46 MiB): its weights, gradients and AdamW moments alone
+/// (16 B/param, 185 MiB) exceed a 170 MiB card, so no single-GPU setting fits; ZeRO-2 shards the
+/// optimizer state and the gradients, and fits over a few of these cards.
+fn mlp_on_170mib() -> Vec<String> {
+    ["plan", "--model", "mlp", "--hidden", "2000", "--layers", "4", "--batch", "8", "--device", "sim:170MiB"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+#[test]
+fn sharded_routes_replanned_as_zero_plans_fit_with_the_promised_per_rank_peak() {
+    let mut args = mlp_on_170mib();
+    args.push("--json".into());
+    let j = run_json(&args);
+    assert_eq!(j["fits"], false, "the premise: one card is too small");
+    let routes = j["way_forward"]["routes"].as_array().expect("routes");
+    assert!(!routes.is_empty(), "ZeRO-2 over some cards fits: {}", j["way_forward"]);
+    let fewest = routes.iter().map(|r| r["gpus"].as_u64().unwrap()).min().unwrap();
+    for r in routes {
+        let gpus = r["gpus"].as_u64().unwrap();
+        assert!(gpus > 1, "no single-GPU route fits: {r}");
+        assert_eq!(r["data_parallel"], "zero2", "ZeRO-1 keeps the full gradients twice (DDP's buckets): {r}");
+        assert_eq!(r["launcher"], format!("mpirun -np {gpus}"));
+        let flags: Vec<String> =
+            r["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+        assert!(flags.windows(3).any(|w| w[0] == "--distributed" && w[1] == "--zero" && w[2] == "2"), "{flags:?}");
+        // Each GPU takes its share of the effective batch of 8.
+        let per_gpu = r["micro_batch"].as_u64().unwrap() * r["accum_steps"].as_u64().unwrap();
+        assert!(per_gpu * gpus >= 8 && per_gpu * (gpus - 1) < 8, "{r}");
+        // `ferrite plan --zero 2 --gpus-per-node N` with the route's flags plans the same rank's peak.
+        let mut again = mlp_on_170mib();
+        again.retain(|a| a != "--batch" && a != "8");
+        again.extend(flags.iter().filter(|f| *f != "--distributed").cloned());
+        again.extend(["--gpus-per-node".to_string(), gpus.to_string(), "--json".to_string()]);
+        let p = run_json(&again);
+        let sharded = &p["zero"]["ferrite_sharded"];
+        assert_eq!(sharded["fits"], true, "{again:?}");
+        let rank = r["planned_rank"].as_u64().unwrap() as usize;
+        assert_eq!(sharded["ranks"][rank]["peak_reserved_bytes"], r["peak_reserved_bytes"], "{again:?}");
+        assert_eq!(sharded["max_rank"].as_u64().unwrap() as usize, rank, "the planned rank is the fullest");
+    }
+    // The fewest: one card fewer does not fit even with the leanest settings.
+    let mut fewer = mlp_on_170mib();
+    fewer.retain(|a| a != "--batch" && a != "8");
+    let n = (fewest - 1).to_string();
+    let per_gpu = 8u64.div_ceil(fewest - 1).min(2).to_string();
+    fewer.extend(
+        [
+            "--batch",
+            "1",
+            "--accum-steps",
+            &per_gpu,
+            "--amp",
+            "bf16",
+            "--checkpoint-activations",
+            "--zero",
+            "2",
+            "--gpus-per-node",
+            &n,
+            "--json",
+        ]
+        .map(String::from),
+    );
+    if fewest > 2 {
+        assert_eq!(run_json(&fewer)["zero"]["ferrite_sharded"]["fits"], false, "{fewer:?}");
+    }
+    // Text: the command that runs it, mpirun first.
+    let text = mlp_on_170mib();
+    let (ok, out, err) = ferrite(&text.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("ZeRO-2 over {fewest} GPUs")), "{out}");
+    assert!(out.contains(&format!("mpirun -np {fewest} ferrite train --model mlp --hidden 2000 --layers 4")), "{out}");
+    assert!(out.contains("--distributed --zero 2"), "{out}");
 }

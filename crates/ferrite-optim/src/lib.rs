@@ -41,6 +41,7 @@ mod adagrad;
 mod adam;
 mod clip_grad;
 mod config_setters;
+mod data_parallel_layout;
 mod error;
 mod grad_scaler;
 pub mod lr_scheduler;
@@ -54,6 +55,7 @@ pub use accumulation::Accumulator;
 pub use adagrad::{Adagrad, AdagradConfig, AdagradRule, AdagradState};
 pub use adam::{Adam, AdamConfig, AdamRule, AdamState};
 pub use clip_grad::{clip_grad_norm_, clip_grad_norm_with, clip_grad_value_, clip_grads_with_norm_, get_total_norm};
+pub use data_parallel_layout::{DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES, FlatPartition, ShardPiece, ddp_buckets};
 pub use error::{OptimError, Result};
 pub use grad_scaler::{GradScaler, GradScalerConfig, GradScalerState, OptState};
 pub use lr_scheduler::{

@@ -24,13 +24,17 @@ mod evaluate;
 mod hf_workload;
 mod lora_workload;
 mod measure;
+mod model_states;
+mod rank_plan;
 mod search;
+mod sharded_step;
 mod step;
 mod t5_workload;
 mod trace;
 mod way_forward;
 mod workload;
 mod zero;
+mod zero_routes;
 
 pub use builtin::Builtin;
 pub use error::PlanError;
@@ -39,17 +43,21 @@ pub use evaluate::{
 };
 pub use hf_workload::{HfDecoder, hf_workload};
 pub use lora_workload::{LoraWorkload, with_lora};
-pub use measure::{Measured, measure};
+pub use measure::{Measured, measure, measure_rank};
+pub use model_states::{FerriteModelStates, ferrite_model_states};
+pub use rank_plan::{MAX_RANKS_PLANNED, RankPeak, ShardedPlan, plan_ranks, ranks_to_plan, trainable_sizes};
 pub use search::{
     BatchPoint, BatchSearch, Candidate, JobsPlan, Remedy, TargetBatchPlan, find_batch_size, find_batch_size_up_to,
     plan, plan_jobs, remedies, sweep_batch, target_batch, target_batch_with,
 };
+pub use sharded_step::{DataParallel, RankLayout, fullest_rank};
 pub use step::{Phase, STEPS};
 pub use t5_workload::T5Workload;
-pub use trace::{AllocInfo, Category, Event, StepTrace, plan_lock, record};
+pub use trace::{AllocInfo, Category, Event, StepTrace, plan_lock, record, record_rank};
 pub use way_forward::{Route, Variant, WayForward, relative_cost, way_forward};
 pub use workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 pub use zero::{
-    DEEPSPEED_BUFFER_FACTOR, Difference, FerriteModelStates, ModelSizes, Offload, ZeroEstimate, ZeroReport, ZeroSetup,
-    ZeroStage, deepspeed_estimate, deepspeed_gb, deepspeed_table, ferrite_model_states, zero_report,
+    DEEPSPEED_BUFFER_FACTOR, Difference, ModelSizes, Offload, ZeroEstimate, ZeroReport, ZeroSetup, ZeroStage,
+    deepspeed_estimate, deepspeed_gb, deepspeed_table, zero_report, zero_report_sharded,
 };
+pub use zero_routes::{MAX_ZERO_GPUS, zero_variants};

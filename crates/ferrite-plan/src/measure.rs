@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use crate::PlanError;
 use crate::evaluate::Target;
-use crate::step::run_step;
+use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::step::{CustomStep, run_step};
 use crate::workload::{StepConfig, Workload};
 
 static NEXT_INDEX: AtomicUsize = AtomicUsize::new(4096);
@@ -24,13 +25,33 @@ pub struct Measured {
 /// Run the step of `workload` on a fresh `sim` device of `target` (host memory backs it: keep
 /// the model small) and return the allocator's peaks. An out-of-memory is returned as the error.
 pub fn measure(workload: &dyn Workload, config: &StepConfig, target: &Target) -> Result<Measured, PlanError> {
+    measure_with(workload, config, target, None)
+}
+
+/// [`measure`] of one rank's step of a data-parallel run (see [`crate::sharded_step`]).
+pub fn measure_rank(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    target: &Target,
+    layout: RankLayout,
+) -> Result<Measured, PlanError> {
+    measure_with(workload, config, target, Some(layout))
+}
+
+fn measure_with(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    target: &Target,
+    layout: Option<RankLayout>,
+) -> Result<Measured, PlanError> {
     let device = Device::Sim { profile: target.profile.clone(), index: NEXT_INDEX.fetch_add(1, Ordering::Relaxed) };
     configure(&device, target.config.clone());
     let alloc = allocator(&device);
     if let Some(f) = target.memory_fraction {
         alloc.set_per_process_memory_fraction(f)?;
     }
-    let result = run_step(workload, config, &device, None);
+    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let result = run_step(workload, config, &device, None, rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let measured = Measured {
         peak_allocated_bytes: alloc.max_memory_allocated(),
         peak_reserved_bytes: alloc.max_memory_reserved(),

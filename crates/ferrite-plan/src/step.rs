@@ -93,7 +93,7 @@ impl Recorder {
     }
 }
 
-fn mark(kind: MarkKind) {
+pub(crate) fn mark(kind: MarkKind) {
     ACTIVE.with(|a| {
         if let Some(r) = a.borrow_mut().as_mut() {
             r.mark(kind);
@@ -107,19 +107,28 @@ pub(crate) struct StepRun {
     pub marks: Vec<Mark>,
 }
 
-/// Run the step on `device`; with `recording`, set marks against that allocator's history.
+/// Another step run in place of this one's with the same marks (one rank's step of a
+/// data-parallel run, `crate::sharded_step`): returns the parameter count.
+pub(crate) type CustomStep<'a> = dyn Fn(&Device) -> Result<u64, PlanError> + 'a;
+
+/// Run the step on `device` (`custom` instead when given); with `recording`, set marks against
+/// that allocator's history.
 pub(crate) fn run_step(
     workload: &dyn Workload,
     config: &StepConfig,
     device: &Device,
     recording: Option<Arc<CachingAllocator>>,
+    custom: Option<&CustomStep<'_>>,
 ) -> Result<StepRun, PlanError> {
     config.check()?;
     ACTIVE.with(|a| *a.borrow_mut() = Some(Recorder { alloc: recording, marks: Vec::new() }));
     // Models announce the layer they enter with `ferrite_nn::mark_layer`: the activations it
     // saves are reported under that name.
     let listening = ferrite_nn::listen_for_layer_marks(|layer| mark(MarkKind::Layer(layer.to_string())));
-    let result = run_step_inner(workload, config, device);
+    let result = match custom {
+        Some(step) => step(device),
+        None => run_step_inner(workload, config, device),
+    };
     drop(listening);
     let marks = ACTIVE.with(|a| a.borrow_mut().take()).map(|r| r.marks).unwrap_or_default();
     result.map(|parameters| StepRun { parameters, marks })

@@ -15,7 +15,8 @@ use ferrite_memory::{Device, TraceAction, allocator};
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::step::{MarkKind, Phase, run_step};
+use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::step::{CustomStep, MarkKind, Phase, run_step};
 use crate::workload::{StepConfig, Workload};
 
 /// The process-wide `meta` allocator is shared: plans run one at a time so one plan's
@@ -111,10 +112,26 @@ pub struct StepTrace {
 
 /// Run the step of `workload` on `meta` and record it.
 pub fn record(workload: &dyn Workload, config: &StepConfig) -> Result<StepTrace, PlanError> {
+    record_with(workload, config, None)
+}
+
+/// Record one rank's step of a data-parallel run (DDP, ZeRO-1, ZeRO-2; see
+/// [`crate::sharded_step`]): what that rank's device holds.
+pub fn record_rank(workload: &dyn Workload, config: &StepConfig, layout: RankLayout) -> Result<StepTrace, PlanError> {
+    record_with(workload, config, Some(layout))
+}
+
+fn record_with(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    layout: Option<RankLayout>,
+) -> Result<StepTrace, PlanError> {
     let _guard = PLAN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let meta = allocator(&Device::Meta);
     meta.record_memory_history(Some(MAX_EVENTS));
-    let run = run_step(workload, config, &Device::Meta, Some(meta.clone()));
+    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let run =
+        run_step(workload, config, &Device::Meta, Some(meta.clone()), rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let history = meta.memory_history();
     meta.record_memory_history(None);
     let run = run?;

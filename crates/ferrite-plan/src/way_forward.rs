@@ -6,7 +6,9 @@
 //! [`way_forward`]. The planner varies what it can build itself (micro-batch with accumulation,
 //! autocast, activation checkpointing, allocator settings); changes that need another model or
 //! another kind of run — LoRA adapters, sharding over several GPUs — come in as [`Variant`]s that
-//! the caller builds, each a [`Workload`] the planner runs through the same step on `meta`.
+//! the caller builds, each a [`Workload`] the planner runs through the same step on `meta`; a
+//! sharded variant (ZeRO-1/2 over N GPUs, [`zero_variants`] finds the smallest N) runs the step of
+//! its fullest rank ([`crate::sharded_step`]), with the effective batch shared out over the ranks.
 //!
 //! Ranking: first what the change does to the training — the same model on one GPU, then the
 //! same model on more GPUs, then adapters only (a different fine-tuning) — then compute per
@@ -19,7 +21,9 @@ use serde::Serialize;
 
 use crate::PlanError;
 use crate::evaluate::{MemoryPlan, Target, evaluate};
-use crate::trace::record;
+use crate::rank_plan::trainable_sizes;
+use crate::sharded_step::{DataParallel, RankLayout, fullest_rank};
+use crate::trace::{record, record_rank};
 use crate::workload::{AmpMode, StepConfig, Workload};
 
 /// The allocator settings the search tries besides the run's own.
@@ -45,6 +49,8 @@ pub struct Variant {
     /// Compute per effective batch relative to the unchanged step (LoRA: about 2/3, no weight
     /// gradients; sharding: 1, the same work spread over the GPUs).
     pub compute: f64,
+    /// Data parallelism over the `gpus` (ZeRO-1/2): the planned peak is one rank's, the fullest.
+    pub sharding: Option<DataParallel>,
 }
 
 impl std::fmt::Debug for Variant {
@@ -55,6 +61,7 @@ impl std::fmt::Debug for Variant {
             .field("gpus", &self.gpus)
             .field("adapters_only", &self.adapters_only)
             .field("compute", &self.compute)
+            .field("sharding", &self.sharding)
             .finish()
     }
 }
@@ -76,6 +83,12 @@ pub struct Route {
     /// The variant's label, if the route uses one.
     pub variant: Option<String>,
     pub gpus: usize,
+    /// How the GPUs share the model states, for a route over several (`ZeRO-1`, `ZeRO-2`).
+    pub data_parallel: Option<DataParallel>,
+    /// For a sharded route: the rank whose peak is given (the one with the most shard pieces).
+    pub planned_rank: Option<usize>,
+    /// What starts the command: `mpirun -np N` for a route over several GPUs, else empty.
+    pub launcher: String,
     pub adapters_only: bool,
     pub fits: bool,
     /// Predicted peak reserved on one GPU.
@@ -167,9 +180,6 @@ pub fn way_forward(
             return Err(PlanError::setting(format!("variant `{}`", v.label), "runs on at least one GPU"));
         }
     }
-    let mut micro: Vec<usize> = (1..=effective).filter(|m| effective.is_multiple_of(*m)).collect();
-    micro.reverse();
-    micro.truncate(MAX_MICRO_OPTIONS);
     let mut targets = vec![target.clone()];
     for opt in ALLOC_OPTIONS {
         let mut cfg = target.config.clone();
@@ -195,6 +205,8 @@ pub fn way_forward(
             Some(i) => &*variants[i].workload,
             None => workload,
         };
+        let (per_rank, layout) = rank_share(w, variant.map(|i| &variants[i]), config, effective)?;
+        let micro = micro_options(per_rank);
         for &amp in &amps {
             for &checkpoint in &checkpoints {
                 let mut found = vec![false; targets.len()];
@@ -206,19 +218,22 @@ pub fn way_forward(
                     // Accumulation's memory is the same for any number of micro-steps from 2 on.
                     let step = StepConfig {
                         batch: m,
-                        accum_steps: (effective / m).min(2),
+                        accum_steps: (per_rank / m).min(2),
                         amp,
                         checkpoint_activations: checkpoint,
                         ..config.clone()
                     };
-                    let trace = record(w, &step)?;
+                    let trace = match layout {
+                        Some(l) => record_rank(w, &step, l)?,
+                        None => record(w, &step)?,
+                    };
                     steps_planned += 1;
                     for (t, tgt) in targets.iter().enumerate() {
                         if found[t] {
                             continue;
                         }
                         let p = evaluate(&trace, tgt)?;
-                        let route = route_of(&p, setting, variants, config, target, effective);
+                        let route = route_of(&p, setting, variants, config, target, effective, per_rank, layout);
                         if p.fits {
                             found[t] = true;
                             routes.push(route);
@@ -252,7 +267,35 @@ pub fn way_forward(
     })
 }
 
-/// A planned setting as a route: its changes in words and its flags.
+/// The micro-batch sizes tried for an effective batch of `per_rank` on one GPU: its largest divisors.
+fn micro_options(per_rank: usize) -> Vec<usize> {
+    let mut micro: Vec<usize> = (1..=per_rank).filter(|m| per_rank.is_multiple_of(*m)).collect();
+    micro.reverse();
+    micro.truncate(MAX_MICRO_OPTIONS);
+    micro
+}
+
+/// One GPU's share of the effective batch (`effective` over the variant's ranks, rounded up), and
+/// for a sharded variant the rank planned: its fullest.
+fn rank_share(
+    w: &dyn Workload,
+    variant: Option<&Variant>,
+    config: &StepConfig,
+    effective: usize,
+) -> Result<(usize, Option<RankLayout>), PlanError> {
+    match variant {
+        Some(v) if v.gpus > 1 || v.sharding.is_some() => {
+            let mode = v.sharding.unwrap_or(DataParallel::Ddp);
+            let rank = fullest_rank(&trainable_sizes(w, config)?, v.gpus);
+            Ok((effective.div_ceil(v.gpus), Some(RankLayout { mode, world: v.gpus, rank })))
+        }
+        _ => Ok((effective, None)),
+    }
+}
+
+/// A planned setting as a route: its changes in words and its flags. `per_rank` is one GPU's share
+/// of the `effective` batch.
+#[allow(clippy::too_many_arguments)]
 fn route_of(
     p: &MemoryPlan,
     s: Setting,
@@ -260,12 +303,18 @@ fn route_of(
     config: &StepConfig,
     target: &Target,
     effective: usize,
+    per_rank: usize,
+    layout: Option<RankLayout>,
 ) -> Route {
-    let accum = effective / s.micro;
+    let accum = per_rank / s.micro;
     let variant = s.variant.map(|i| &variants[i]);
+    let gpus = variant.map_or(1, |v| v.gpus);
     let mut changes = Vec::new();
     if let Some(v) = variant {
         changes.push(v.label.clone());
+        if per_rank * gpus != effective {
+            changes.push(format!("effective batch {} ({per_rank} per GPU)", per_rank * gpus));
+        }
     }
     if s.micro != config.batch || accum != config.accum_steps {
         changes.push(if accum > 1 {
@@ -313,7 +362,10 @@ fn route_of(
         checkpoint_activations: s.checkpoint,
         alloc_conf,
         variant: variant.map(|v| v.label.clone()),
-        gpus: variant.map_or(1, |v| v.gpus),
+        gpus,
+        data_parallel: layout.map(|l| l.mode),
+        planned_rank: layout.map(|l| l.rank),
+        launcher: if gpus > 1 { format!("mpirun -np {gpus}") } else { String::new() },
         adapters_only: variant.is_some_and(|v| v.adapters_only),
         fits: p.fits,
         peak_reserved_bytes: p.peak_reserved_bytes,
@@ -370,14 +422,18 @@ fn larger_card(
         Some(i) => &*variants[i].workload,
         None => workload,
     };
+    let (per_rank, layout) = rank_share(w, s.variant.map(|i| &variants[i]), config, effective)?;
     let step = StepConfig {
         batch: s.micro,
-        accum_steps: (effective / s.micro).min(2),
+        accum_steps: (per_rank / s.micro).min(2),
         amp: s.amp,
         checkpoint_activations: s.checkpoint,
         ..config.clone()
     };
-    let trace = record(w, &step)?;
+    let trace = match layout {
+        Some(l) => record_rank(w, &step, l)?,
+        None => record(w, &step)?,
+    };
     let mut cards: Vec<_> = ferrite_memory::GpuProfile::catalogue()
         .into_iter()
         .filter(|p| p.total_bytes > target.profile.total_bytes)
@@ -407,6 +463,9 @@ mod tests {
             alloc_conf: String::new(),
             variant: None,
             gpus: 1,
+            data_parallel: None,
+            planned_rank: None,
+            launcher: String::new(),
             adapters_only: false,
             fits,
             peak_reserved_bytes: 1,

@@ -2,12 +2,16 @@
 //!
 //! Why: users size ZeRO runs with DeepSpeed's `estimate_zero2_model_states_mem_needs` /
 //! `estimate_zero3_model_states_mem_needs` (docs: `memory.rst`), which need the model's
-//! parameter count and its largest layer. ferrite has no ZeRO; what it can do is read both
-//! numbers from the *built* model (not typed in), apply DeepSpeed's formulas exactly (its
-//! integer truncations, its `GB` that is 2³⁰ bytes, its 1.5 CPU buffer factor), and set the
-//! result beside the model states ferrite's own unsharded step keeps (f32 weights, f32
-//! gradients, AdamW's two f32 moments: 16 bytes a parameter, no 16-bit copy), each difference
-//! with its reason.
+//! parameter count and its largest layer. The planner reads both numbers from the *built* model
+//! (not typed in), applies DeepSpeed's formulas exactly (its integer truncations, its `GB` that is
+//! 2³⁰ bytes, its 1.5 CPU buffer factor), and sets the result beside the model states ferrite
+//! keeps, each difference with its reason: without sharding (f32 weights, f32 gradients, AdamW's
+//! two f32 moments: 16 bytes a parameter, no 16-bit copy), or — for ZeRO-1 and ZeRO-2, which
+//! ferrite runs (`mpirun -np N ferrite train --distributed --zero 1|2`) — one rank of ferrite's own
+//! sharded layout, planned rank by rank ([`crate::rank_plan`]): full f32 weights on every rank,
+//! AdamW's moments and an f32 master copy of the rank's partition (12 B/param over N), the full
+//! f32 gradients in DDP's buckets (ZeRO-1) or only during backward (ZeRO-2). ZeRO-3 (parameters
+//! partitioned) does not run in ferrite yet: its rows are DeepSpeed's alone.
 //!
 //! DeepSpeed's formulas (`P` parameters, `L` largest layer's parameters, `N` GPUs in all, `n`
 //! GPUs per node, `k` nodes, buffer factor `f` = 1.5):
@@ -19,7 +23,10 @@ use ferrite_nn::Module;
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::trace::{Category, StepTrace};
+use crate::model_states::{FerriteModelStates, ferrite_model_states};
+use crate::rank_plan::ShardedPlan;
+use crate::sharded_step::DataParallel;
+use crate::trace::StepTrace;
 use crate::workload::{StepConfig, Workload};
 use ferrite_tensor::Device;
 
@@ -243,43 +250,6 @@ pub fn deepspeed_table(sizes: &ModelSizes, setup: &ZeroSetup) -> Vec<ZeroEstimat
     rows
 }
 
-/// The model states ferrite's own (unsharded) step keeps on one GPU, from the recorded step:
-/// the most parameter, gradient and optimizer-state bytes live at once (requested bytes, before
-/// the allocator rounds them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FerriteModelStates {
-    pub parameters: u64,
-    pub gradients: u64,
-    pub optimizer_state: u64,
-    pub total: u64,
-}
-
-/// [`FerriteModelStates`] of a recorded step.
-pub fn ferrite_model_states(trace: &StepTrace) -> FerriteModelStates {
-    let mut live = std::collections::HashMap::new();
-    let mut by = [0u64; 3];
-    let mut best = FerriteModelStates { parameters: 0, gradients: 0, optimizer_state: 0, total: 0 };
-    for (ev, info) in trace.events.iter().zip(&trace.info) {
-        if ev.alloc {
-            let slot = match info.as_ref().map(|i| i.category) {
-                Some(Category::Parameters) => 0,
-                Some(Category::Gradients) => 1,
-                Some(Category::OptimizerState) => 2,
-                _ => continue,
-            };
-            by[slot] += ev.size;
-            live.insert(ev.addr, (slot, ev.size));
-        } else if let Some((slot, size)) = live.remove(&ev.addr) {
-            by[slot] = by[slot].saturating_sub(size);
-        }
-        let total = by.iter().sum();
-        if total > best.total {
-            best = FerriteModelStates { parameters: by[0], gradients: by[1], optimizer_state: by[2], total };
-        }
-    }
-    best
-}
-
 /// One component of the per-GPU model states, DeepSpeed's against ferrite's, and why they differ.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Difference {
@@ -301,8 +271,12 @@ pub struct ZeroReport {
     /// The same rows from the counts rounded as DeepSpeed prints them (its docs' `_all_cold`
     /// call), which is where the docs' `127.45` and `6.09` come from.
     pub deepspeed_table_as_printed: Vec<ZeroEstimate>,
-    /// ferrite's unsharded model states per GPU, from the recorded step.
+    /// ferrite's model states per GPU: of the unsharded step, or of the fullest rank of
+    /// [`ferrite_sharded`](Self::ferrite_sharded) when given.
     pub ferrite: FerriteModelStates,
+    /// ferrite's own ZeRO-1/2 run of this setup, every rank planned (`None`: ZeRO-3, which ferrite
+    /// does not run yet, or no sharded plan asked for).
+    pub ferrite_sharded: Option<ShardedPlan>,
     pub differences: Vec<Difference>,
 }
 
@@ -316,13 +290,39 @@ pub fn zero_report(sizes: &ModelSizes, trace: &StepTrace, setup: &ZeroSetup) -> 
         sizes: sizes.clone(),
         deepspeed_table: deepspeed_table(sizes, setup),
         deepspeed_table_as_printed: deepspeed_table(&sizes.as_printed(), setup),
-        differences: differences(sizes, setup, &deepspeed, &ferrite),
+        differences: differences(sizes, setup, &deepspeed, &ferrite, None),
         deepspeed,
         ferrite,
+        ferrite_sharded: None,
     }
 }
 
-fn differences(sizes: &ModelSizes, setup: &ZeroSetup, ds: &ZeroEstimate, fe: &FerriteModelStates) -> Vec<Difference> {
+/// [`zero_report`] against ferrite's own sharded run of the same setup (`sharded`, from
+/// [`crate::plan_ranks`] with ZeRO-1 or 2 over the setup's GPUs): the ferrite column is its
+/// fullest rank's model states, and each difference says what ferrite's layout keeps.
+pub fn zero_report_sharded(
+    sizes: &ModelSizes,
+    trace: &StepTrace,
+    setup: &ZeroSetup,
+    sharded: ShardedPlan,
+) -> ZeroReport {
+    let mut report = zero_report(sizes, trace, setup);
+    if let Some(max) = sharded.max() {
+        report.ferrite = max.model_states.clone();
+        report.differences =
+            differences(sizes, setup, &report.deepspeed, &report.ferrite, Some((sharded.mode, sharded.world)));
+    }
+    report.ferrite_sharded = Some(sharded);
+    report
+}
+
+fn differences(
+    sizes: &ModelSizes,
+    setup: &ZeroSetup,
+    ds: &ZeroEstimate,
+    fe: &FerriteModelStates,
+    sharded: Option<(DataParallel, usize)>,
+) -> Vec<Difference> {
     let p = sizes.total_params;
     let n = setup.total_gpus();
     let row = |component: &str, deepspeed_bytes: u64, ferrite_bytes: u64, reason: String| Difference {
@@ -336,15 +336,37 @@ fn differences(sizes: &ModelSizes, setup: &ZeroSetup, ds: &ZeroEstimate, fe: &Fe
                           autocast casts them per op, so there is no 16-bit copy";
     let grads_reason = "DeepSpeed's backward produces 16-bit gradients (2 B/param); ferrite's gradients are f32 \
                         like its weights (4 B/param)";
-    let shard_reason = format!(
-        "DeepSpeed shards fp32 master weights, fp32 gradients and Adam's m and v (16 B/param) over the {n} GPUs; \
-         ferrite has no ZeRO: every GPU holds AdamW's m and v (8 B/param), its f32 weights being the master copy"
-    );
+    let shard_reason = match sharded {
+        None => format!(
+            "DeepSpeed shards fp32 master weights, fp32 gradients and Adam's m and v (16 B/param) over the {n} GPUs; \
+             ferrite without --zero keeps AdamW's m and v (8 B/param) on every GPU, its f32 weights being the master copy"
+        ),
+        Some((mode, world)) => format!(
+            "DeepSpeed shards fp32 master weights, fp32 gradients and Adam's m and v (16 B/param) over the {n} GPUs; \
+             ferrite's {} over {world} ranks shards an f32 master copy of the partition and AdamW's m and v (12 B/param over {world}){}",
+            mode.name(),
+            if mode == DataParallel::Zero2 {
+                " and reduce-scatters the gradients into f32 shard gradients (4 B/param over the ranks)"
+            } else {
+                ""
+            }
+        ),
+    };
+    let grads_reason = match sharded {
+        Some((DataParallel::Zero1, _)) => "DeepSpeed's backward produces 16-bit gradients (2 B/param); ferrite's ZeRO-1 keeps f32 \
+            gradients of every parameter (4 B/param) and DDP's two f32 bucket buffers (8 B/param with the buckets' flags) that \
+            average them"
+            .to_string(),
+        Some((DataParallel::Zero2, _)) => "DeepSpeed's backward produces 16-bit gradients (2 B/param); ferrite's ZeRO-2 backward \
+            produces full f32 gradients (4 B/param) that live until they are reduce-scattered at its end"
+            .to_string(),
+        _ => grads_reason.to_string(),
+    };
     let mut out = Vec::new();
     match (setup.stage, setup.offload) {
         (ZeroStage::Two, Offload::None) => {
             out.push(row("weights", 2 * p, fe.parameters, weights_reason.into()));
-            out.push(row("gradients", 2 * p, fe.gradients, grads_reason.into()));
+            out.push(row("gradients", 2 * p, fe.gradients, grads_reason.clone()));
             out.push(row(
                 "optimizer state (with fp32 master weights and gradient partition)",
                 ds.per_gpu_bytes - 4 * p,
@@ -382,7 +404,7 @@ fn differences(sizes: &ModelSizes, setup: &ZeroSetup, ds: &ZeroEstimate, fe: &Fe
                 "weights, gradients and optimizer state",
                 sharded,
                 fe.total,
-                format!("DeepSpeed: {what}; ferrite keeps f32 weights, f32 gradients and AdamW's m and v, 16 B/param, unsharded on every GPU"),
+                format!("DeepSpeed: {what}; ZeRO-3 does not run in ferrite yet: its nearest run keeps f32 weights, f32 gradients and AdamW's m and v, 16 B/param, unsharded on every GPU (or --zero 1|2: the optimizer state sharded)"),
             ));
         }
     }

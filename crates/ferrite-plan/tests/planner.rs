@@ -172,6 +172,7 @@ fn way_forward_routes_fit_and_a_variant_ranks_by_what_it_trains() {
         gpus: 1,
         adapters_only: true,
         compute: 0.5,
+        sharding: None,
     };
     let w = way_forward(&tiny(), std::slice::from_ref(&variant), &config, &t, None).unwrap();
     assert!(w.nothing_fits().is_none());

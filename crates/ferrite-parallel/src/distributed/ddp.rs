@@ -29,8 +29,8 @@ pub struct DdpOptions {
 impl Default for DdpOptions {
     fn default() -> Self {
         DdpOptions {
-            bucket_cap_bytes: 25 * 1024 * 1024,
-            first_bucket_bytes: 1024 * 1024,
+            bucket_cap_bytes: ferrite_optim::DDP_BUCKET_CAP_BYTES,
+            first_bucket_bytes: ferrite_optim::DDP_FIRST_BUCKET_BYTES,
             find_unused_parameters: false,
             broadcast_buffers: true,
         }

@@ -16,8 +16,8 @@
 use ferrite_tensor::{DType, Tensor, no_grad};
 
 use super::error::{DistributedError, Result};
-use super::partition::FlatPartition;
 use super::process_group::{Comm, Pending};
+use ferrite_optim::FlatPartition;
 
 /// What one rank gets out of the exchange.
 pub(crate) struct ScatteredGrads {

@@ -21,8 +21,6 @@ mod grad_reduce_scatter;
 #[cfg(feature = "mpi")]
 mod liveness;
 #[cfg(feature = "mpi")]
-mod partition;
-#[cfg(feature = "mpi")]
 mod process_group;
 #[cfg(feature = "mpi")]
 mod reducer;

@@ -14,6 +14,8 @@
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
+// The bucket assignment is shared with the planner, which predicts the buckets' memory.
+use ferrite_optim::ddp_buckets as assign_buckets;
 use ferrite_tensor::Tensor;
 use parking_lot::Mutex;
 
@@ -106,28 +108,6 @@ pub(crate) struct Reducer {
     /// Queue buckets on the communication thread instead of starting them here.
     on_thread: bool,
     state: Mutex<StepState>,
-}
-
-/// Bucket assignment in reverse parameter order: the first bucket holds up to `first_cap` bytes,
-/// later ones up to `cap` (a parameter larger than a cap gets a bucket of its own).
-fn assign_buckets(numels: &[usize], first_cap: usize, cap: usize) -> Vec<Vec<usize>> {
-    let mut buckets: Vec<Vec<usize>> = Vec::new();
-    let mut current: Vec<usize> = Vec::new();
-    let mut bytes = 0usize;
-    for i in (0..numels.len()).rev() {
-        let b = numels[i] * 4;
-        let limit = if buckets.is_empty() { first_cap } else { cap };
-        if !current.is_empty() && bytes + b > limit {
-            buckets.push(std::mem::take(&mut current));
-            bytes = 0;
-        }
-        current.push(i);
-        bytes += b;
-    }
-    if !current.is_empty() {
-        buckets.push(current);
-    }
-    buckets
 }
 
 impl Reducer {
@@ -364,7 +344,7 @@ impl Reducer {
 mod tests {
     use std::time::Duration;
 
-    use super::{StepTimings, assign_buckets};
+    use super::StepTimings;
 
     #[test]
     fn hidden_share_is_the_part_of_communication_during_backward() {
@@ -374,15 +354,5 @@ mod tests {
         assert_eq!(StepTimings::default().hidden_share(), 1.0, "no communication: nothing exposed");
         let t = StepTimings { communication: ms(2), hidden: ms(3), ..StepTimings::default() };
         assert_eq!(t.hidden_share(), 1.0);
-    }
-
-    #[test]
-    fn first_bucket_is_small_and_later_buckets_use_the_cap() {
-        // 6 parameters of 100 values (400 bytes), filled in reverse order.
-        let numels = [100; 6];
-        assert_eq!(assign_buckets(&numels, 800, 1600), vec![vec![5, 4], vec![3, 2, 1, 0]]);
-        assert_eq!(assign_buckets(&numels, 10_000, 10_000), vec![vec![5, 4, 3, 2, 1, 0]]);
-        // A parameter over the cap gets a bucket of its own.
-        assert_eq!(assign_buckets(&[1000, 10, 10], 100, 100), vec![vec![2, 1], vec![0]]);
     }
 }

@@ -8,7 +8,7 @@
 //!   after a synchronizing backward a rank holds the averaged gradient of its partition only; the
 //!   model's full gradients are freed.
 //!
-//! The partition is the flat layout of [`super::partition`] (every rank ⌈N/W⌉ values, a parameter
+//! The partition is the flat layout of `ferrite_optim::FlatPartition` (every rank ⌈N/W⌉ values, a parameter
 //! cut across ranks where needed). Each rank's share lives in *shard tensors*: one flat f32
 //! tensor per piece of a parameter it owns, on that parameter's device, which the sharded
 //! optimizer updates (the f32 master values of DeepSpeed's partition). Why copies and not views
@@ -35,8 +35,8 @@ use ferrite_tensor::{DType, Tensor, no_grad};
 use super::ddp::{DdpOptions, GradientSync, NoSync, replicate_from_rank0};
 use super::error::{DistributedError, Result};
 use super::grad_reduce_scatter::reduce_scatter_grads;
-use super::partition::{FlatPartition, ShardPiece};
 use super::process_group::Comm;
+use ferrite_optim::{FlatPartition, ShardPiece};
 
 /// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
 #[derive(Debug, Clone)]

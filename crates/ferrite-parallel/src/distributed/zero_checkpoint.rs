@@ -1,14 +1,14 @@
 //! What ZeRO contributes to a sharded checkpoint, and how a saved state comes back into this
 //! rank's shards — at any world size.
 //!
-//! Each rank saves its pieces (see [`super::partition`]): which parameter, where in it, the f32
+//! Each rank saves its pieces (see `ferrite_optim::FlatPartition`): which parameter, where in it, the f32
 //! master values, and the sharded optimizer's state of that piece. Those pieces, from all ranks,
 //! tile every trainable parameter exactly once, so a reader can join them into the full
 //! parameters and the full optimizer state in the ordinary single-device layout (the optimizer
 //! built over the model's parameters, indices counted over its groups) without knowing the world
 //! size of the run that saved them. Resuming goes the other way: from the full state, each rank
 //! cuts its own pieces for *its* world size, which is how a checkpoint saved on 3 ranks resumes
-//! on 2 or on 1. The exact update rules are element-wise (see `partition.rs`), so a state cut
+//! on 2 or on 1. The exact update rules are element-wise (see `ferrite_optim::FlatPartition`), so a state cut
 //! differently continues exactly as the uncut one would.
 //!
 //! The collectives a save and a resume need (agreeing that every rank succeeded, rank 0's save

@@ -218,10 +218,19 @@ impl PlanArgs {
         ferrite_train::planned::target(&self.device, self.alloc_conf.as_deref(), self.memory_fraction)
     }
 
-    /// The changes the planner cannot build by itself that the way forward also tries: LoRA
-    /// adapters (rank 8 and 16 on PEFT's default targets, base weights in bf16) on a Hugging Face
-    /// decoder that is not already planned with adapters.
-    pub fn variants(&self) -> Result<Vec<ferrite_plan::Variant>, PlanError> {
+    /// The changes the planner cannot build by itself that the way forward also tries, for an
+    /// effective batch of `effective`: LoRA adapters (rank 8 and 16 on PEFT's default targets,
+    /// base weights in bf16) on a Hugging Face decoder that is not already planned with adapters,
+    /// and ZeRO-1/2 over the smallest number of these GPUs that fits.
+    pub fn variants(&self, effective: usize) -> Result<Vec<ferrite_plan::Variant>, PlanError> {
+        let mut out = self.lora_variants()?;
+        // Sharding over several of these GPUs: ZeRO-1/2 at the smallest count that fits.
+        let workload: std::sync::Arc<dyn Workload> = std::sync::Arc::from(self.workload()?);
+        out.extend(ferrite_plan::zero_variants(workload, &self.step_config(), &self.target()?, effective)?);
+        Ok(out)
+    }
+
+    fn lora_variants(&self) -> Result<Vec<ferrite_plan::Variant>, PlanError> {
         use super::lora_args::{LoraArgs, default_targets, model_type_of};
         let Some(config) = self.hf_config.clone().or_else(|| self.hf_model.as_ref().map(|d| d.join("config.json")))
         else {
@@ -258,6 +267,7 @@ impl PlanArgs {
                 // Measured: a LoRA step of GPT-2 small takes 0.95x a full one on CPU (BENCHMARKS.md);
                 // backward still computes every activation gradient.
                 compute: 0.95,
+                sharding: None,
             });
         }
         Ok(out)
@@ -301,6 +311,23 @@ impl PlanArgs {
         }
         c.push(format!("--device {}", shell_word(&self.device)));
         c.join(" ")
+    }
+
+    /// The `ferrite train` flags of this plan's step (`--batch-size`, `--accum-steps`, `--amp`,
+    /// `--checkpoint-activations`): what [`train_command`](Self::train_command) needs to run
+    /// exactly the planned step.
+    pub fn step_flags(&self) -> String {
+        let mut f = vec![format!("--batch-size {}", self.batch)];
+        if self.accum_steps > 1 {
+            f.push(format!("--accum-steps {}", self.accum_steps));
+        }
+        if let Some(a) = self.amp {
+            f.push(format!("--amp {}", a.mode().name()));
+        }
+        if self.checkpoint_activations {
+            f.push("--checkpoint-activations".into());
+        }
+        f.join(" ")
     }
 
     /// The model to plan.
@@ -364,7 +391,7 @@ pub fn run(args: PlanArgs) -> CliResult {
         return Ok(());
     }
     if let Some(n) = args.target_batch {
-        let t = ferrite_plan::target_batch_with(w, &args.variants()?, &config, &target, n)?;
+        let t = ferrite_plan::target_batch_with(w, &args.variants(n)?, &config, &target, n)?;
         render::target_batch(&t, &args.train_command(), args.json);
         return Ok(());
     }
@@ -394,14 +421,36 @@ pub fn run(args: PlanArgs) -> CliResult {
         }
     }
     // A step that does not fit gets every way ferrite can run it that does.
-    let forward =
-        if plan.fits { None } else { Some(ferrite_plan::way_forward(w, &args.variants()?, &config, &target, None)?) };
+    let forward = if plan.fits {
+        None
+    } else {
+        let effective = config.batch * config.accum_steps;
+        Some(ferrite_plan::way_forward(w, &args.variants(effective)?, &config, &target, None)?)
+    };
     let command = args.train_command();
     match &zero {
         Some(setup) => {
             let sizes = ferrite_plan::ModelSizes::of_workload(w, &config)?;
-            let report = ferrite_plan::zero_report(&sizes, &trace, setup);
-            render::plan_with_zero(&plan, &report, forward.as_ref(), &command, args.json);
+            let world = setup.gpus_per_node * setup.nodes;
+            // ZeRO-1/2 run in ferrite: every rank of its own layout is planned, and DDP beside it.
+            let (report, ddp) = match args.zero.zero.and_then(ferrite_plan::DataParallel::zero_stage) {
+                Some(mode) => {
+                    let sharded = ferrite_plan::plan_ranks(w, &config, &target, mode, world, None)?;
+                    let ddp =
+                        ferrite_plan::plan_ranks(w, &config, &target, ferrite_plan::DataParallel::Ddp, world, None)?;
+                    (ferrite_plan::zero_report_sharded(&sizes, &trace, setup, sharded), Some(ddp))
+                }
+                None => (ferrite_plan::zero_report(&sizes, &trace, setup), None),
+            };
+            render::plan_with_zero(
+                &plan,
+                &report,
+                ddp.as_ref(),
+                forward.as_ref(),
+                &command,
+                &args.step_flags(),
+                args.json,
+            );
         }
         None => render::plan(&plan, forward.as_ref(), &command, args.json),
     }

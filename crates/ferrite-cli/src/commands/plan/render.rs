@@ -2,7 +2,8 @@
 use ferrite_memory::OomDiagnosis;
 use ferrite_memory::format_size;
 use ferrite_plan::{
-    BatchSearch, JobsPlan, LayerBytes, MemoryPlan, Route, Target, TargetBatchPlan, WayForward, ZeroReport, ZeroStage,
+    BatchSearch, JobsPlan, LayerBytes, MemoryPlan, Route, ShardedPlan, Target, TargetBatchPlan, WayForward, ZeroReport,
+    ZeroStage,
 };
 
 fn json(v: &impl serde::Serialize) {
@@ -259,7 +260,7 @@ pub fn way_forward(w: &WayForward, command: &str) {
     if let Some(nothing) = w.nothing_fits() {
         println!("  {nothing}");
         if let Some(c) = &w.closest {
-            println!("    closest: {} {}", command, c.flags.join(" "));
+            println!("    closest: {}", route_command(c, command));
         }
         return;
     }
@@ -272,13 +273,14 @@ pub fn way_forward(w: &WayForward, command: &str) {
     for (i, r) in w.routes.iter().take(ROUTES_SHOWN).enumerate() {
         println!("  {:>3}. {}", i + 1, route_summary(r));
         println!(
-            "       peak reserved {} (headroom {}), compute {:.2}x{}",
+            "       peak reserved {}{} (headroom {}), compute {:.2}x{}",
             format_size(r.peak_reserved_bytes),
+            r.planned_rank.map_or(String::new(), |k| format!(" per GPU (rank {k}, the fullest)")),
             signed(r.headroom_bytes),
             r.relative_cost,
             if r.gpus > 1 { format!(" over {} GPUs", r.gpus) } else { String::new() }
         );
-        println!("       {} {}", command, r.flags.join(" "));
+        println!("       {}", route_command(r, command));
     }
     if w.routes.len() > ROUTES_SHOWN {
         println!("  ... and {} more (--json lists every route)", w.routes.len() - ROUTES_SHOWN);
@@ -286,6 +288,12 @@ pub fn way_forward(w: &WayForward, command: &str) {
     println!(
         "  ranked: the same training on one GPU first, then on more GPUs, then adapters only; then by compute per effective batch (recompute +1/3, +2% per extra micro-step)"
     );
+}
+
+/// The command that runs route `r`: `mpirun -np N` first for a route over several GPUs.
+pub fn route_command(r: &Route, command: &str) -> String {
+    let launcher = if r.launcher.is_empty() { String::new() } else { format!("{} ", r.launcher) };
+    format!("{launcher}{command} {}", r.flags.join(" "))
 }
 
 fn route_summary(r: &Route) -> String {
@@ -350,26 +358,83 @@ pub fn jobs(j: &JobsPlan, target: &Target, as_json: bool) {
 
 /// A plan with `--zero`: the plan, then DeepSpeed's ZeRO model-state estimate of its model beside
 /// ferrite's own model states (JSON: the plan's object with a `zero` key).
-pub fn plan_with_zero(p: &MemoryPlan, z: &ZeroReport, forward: Option<&WayForward>, command: &str, as_json: bool) {
+/// With ferrite's own ZeRO-1/2 run (`z.ferrite_sharded`) every rank's planned peak follows, with
+/// `ddp`, the same ranks under DDP, for comparison (JSON: `zero.ferrite_sharded`, `zero.ferrite_ddp`).
+pub fn plan_with_zero(
+    p: &MemoryPlan,
+    z: &ZeroReport,
+    ddp: Option<&ShardedPlan>,
+    forward: Option<&WayForward>,
+    command: &str,
+    step_flags: &str,
+    as_json: bool,
+) {
     if as_json {
         let Some(mut v) = plan_value(p, forward) else { return };
-        if let (Some(obj), Ok(zv)) = (v.as_object_mut(), serde_json::to_value(z)) {
+        if let (Some(obj), Ok(mut zv)) = (v.as_object_mut(), serde_json::to_value(z)) {
+            if let (Some(zo), Some(d)) = (zv.as_object_mut(), ddp.and_then(|d| serde_json::to_value(d).ok())) {
+                zo.insert("ferrite_ddp".into(), d);
+            }
             obj.insert("zero".into(), zv);
         }
         return json(&v);
     }
     plan_text(p);
     zero(z);
+    if let Some(s) = &z.ferrite_sharded {
+        sharded(s, ddp, &format!("{command} {step_flags}"));
+    }
     if let Some(f) = forward {
         way_forward(f, command);
     }
+}
+
+/// Every rank's planned peak of ferrite's own sharded run, and the command that runs it.
+fn sharded(s: &ShardedPlan, ddp: Option<&ShardedPlan>, command: &str) {
+    println!(
+        "  ferrite's own {} over {} ranks on {} ({} usable each), planned rank by rank:",
+        s.mode.name(),
+        s.world,
+        s.device,
+        format_size(s.usable_bytes)
+    );
+    for r in &s.ranks {
+        println!(
+            "    rank {:>2}: peak reserved {:>10}, allocated {:>10}, shard {} values in {} pieces{}{}",
+            r.rank,
+            format_size(r.peak_reserved_bytes),
+            format_size(r.peak_allocated_bytes),
+            r.shard_values,
+            r.shard_pieces,
+            if r.fits { "" } else { "  DOES NOT FIT" },
+            if r.rank == s.max_rank && s.ranks.len() > 1 { "  <- highest" } else { "" }
+        );
+    }
+    if s.ranks.len() < s.world {
+        println!("    (of {} ranks, rank 0, the fullest and the last are planned; the others lie between)", s.world);
+    }
+    if let Some(d) = ddp {
+        println!(
+            "    DDP over the same {} ranks: peak reserved {} per rank ({} is {:.1}% of it)",
+            d.world,
+            format_size(d.peak_reserved_bytes),
+            s.mode.name(),
+            100.0 * s.peak_reserved_bytes as f64 / d.peak_reserved_bytes.max(1) as f64
+        );
+    }
+    println!(
+        "    {}: mpirun -np {} {command} --distributed {}",
+        if s.fits { "fits, run it with" } else { "does NOT fit on every rank; the command would be" },
+        s.world,
+        s.mode.train_flags().join(" ")
+    );
 }
 
 fn zero(z: &ZeroReport) {
     let s = &z.setup;
     let stage = match s.stage {
         ZeroStage::Two => "ZeRO-2 (and ZeRO-1)",
-        ZeroStage::Three => "ZeRO-3",
+        ZeroStage::Three => "ZeRO-3 (DeepSpeed's rows only: ferrite does not run ZeRO-3 yet)",
     };
     let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(
@@ -395,8 +460,14 @@ fn zero(z: &ZeroReport) {
     );
     let f = &z.ferrite;
     println!(
-        "  ferrite (no ZeRO) keeps {} of model states on every GPU: weights {}, gradients {}, optimizer state {}",
+        "  ferrite{} keeps {} of model states on {}: weights {}, gradients {}, optimizer state {}",
+        z.ferrite_sharded.as_ref().map_or(" (no ZeRO)".to_string(), |s| format!(
+            "'s {} over {} ranks",
+            s.mode.name(),
+            s.world
+        )),
         format_size(f.total),
+        if z.ferrite_sharded.is_some() { "its fullest rank" } else { "every GPU" },
         format_size(f.parameters),
         format_size(f.gradients),
         format_size(f.optimizer_state)

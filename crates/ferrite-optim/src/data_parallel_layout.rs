@@ -1,4 +1,12 @@
-//! How ZeRO splits the trainable parameters over ranks: the parameters laid end to end in one
+//! How data parallelism lays the trainable parameters out over ranks — ZeRO's flat partition of
+//! the optimizer state and DDP's gradient buckets — as pure functions of the parameter sizes.
+//!
+//! Why here, in the optimizer crate: the sharded training (`ferrite-parallel`) and the memory
+//! planner (`ferrite-plan`) sit side by side above it, and the planner must not depend on the
+//! training crate; both read the layout from this one place, so the planner's per-rank peak is
+//! the layout the ranks really allocate, never a copy that could drift.
+//!
+//! ZeRO's partition: the parameters laid end to end in one
 //! flat index space (registration order), padded to a multiple of the world size, and cut into
 //! `world_size` equal ranges; rank `r` owns the values in `[r·P, (r+1)·P)`.
 //!
@@ -15,7 +23,7 @@
 
 /// The flat layout of the trainable parameters over `world` ranks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FlatPartition {
+pub struct FlatPartition {
     world: usize,
     total: usize,
     per_rank: usize,
@@ -25,19 +33,19 @@ pub(crate) struct FlatPartition {
 
 /// The part of one parameter that one rank owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ShardPiece {
+pub struct ShardPiece {
     /// Index of the parameter (registration order).
-    pub(crate) param: usize,
+    pub param: usize,
     /// First owned element, in the parameter's flattened order.
-    pub(crate) param_start: usize,
-    pub(crate) len: usize,
+    pub param_start: usize,
+    pub len: usize,
     /// Where the piece sits in the owner's range (0-based, `< per_rank`).
-    pub(crate) rank_start: usize,
+    pub rank_start: usize,
 }
 
 impl FlatPartition {
     /// The layout of parameters of `numels` elements over `world` ranks (`world ≥ 1`).
-    pub(crate) fn new(numels: &[usize], world: usize) -> FlatPartition {
+    pub fn new(numels: &[usize], world: usize) -> FlatPartition {
         let world = world.max(1);
         let mut offsets = Vec::with_capacity(numels.len());
         let mut total = 0usize;
@@ -49,26 +57,26 @@ impl FlatPartition {
     }
 
     /// Values per rank (the last rank's range may end in padding).
-    pub(crate) fn per_rank(&self) -> usize {
+    pub fn per_rank(&self) -> usize {
         self.per_rank
     }
 
     /// Trainable values in all.
-    pub(crate) fn total(&self) -> usize {
+    pub fn total(&self) -> usize {
         self.total
     }
 
     /// Where parameter `i` starts in the flat index space.
-    pub(crate) fn offset(&self, i: usize) -> usize {
+    pub fn offset(&self, i: usize) -> usize {
         self.offsets[i]
     }
 
-    pub(crate) fn numel(&self, i: usize) -> usize {
+    pub fn numel(&self, i: usize) -> usize {
         self.numels[i]
     }
 
     /// The pieces of parameters rank `rank` owns, in flat order (none for a rank past the end).
-    pub(crate) fn pieces(&self, rank: usize) -> Vec<ShardPiece> {
+    pub fn pieces(&self, rank: usize) -> Vec<ShardPiece> {
         let lo = (rank * self.per_rank).min(self.total);
         let hi = ((rank + 1) * self.per_rank).min(self.total);
         self.overlapping(lo, hi)
@@ -82,7 +90,7 @@ impl FlatPartition {
     }
 
     /// `(parameter, start, end)` in flat indices for every parameter overlapping `[lo, hi)`.
-    pub(crate) fn overlapping(&self, lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    pub fn overlapping(&self, lo: usize, hi: usize) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
         // The first parameter that ends after `lo`.
         let first = self.offsets.partition_point(|&o| o < lo).saturating_sub(1);
         (first..self.numels.len()).take_while(move |&i| self.offsets[i] < hi).filter_map(move |i| {
@@ -93,9 +101,37 @@ impl FlatPartition {
     }
 }
 
+/// DDP's default bytes of gradients per all-reduce (PyTorch's `bucket_cap_mb`, 25 MiB).
+pub const DDP_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
+/// DDP's default bytes of the first bucket (PyTorch's `first_bucket_bytes`, 1 MiB).
+pub const DDP_FIRST_BUCKET_BYTES: usize = 1024 * 1024;
+
+/// DDP's bucket assignment in reverse parameter order (roughly the order backward produces the
+/// gradients, as in PyTorch): the first bucket holds up to `first_cap` bytes of f32 gradients,
+/// later ones up to `cap` (a parameter larger than a cap gets a bucket of its own).
+pub fn ddp_buckets(numels: &[usize], first_cap: usize, cap: usize) -> Vec<Vec<usize>> {
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut current: Vec<usize> = Vec::new();
+    let mut bytes = 0usize;
+    for i in (0..numels.len()).rev() {
+        let b = numels[i] * 4;
+        let limit = if buckets.is_empty() { first_cap } else { cap };
+        if !current.is_empty() && bytes + b > limit {
+            buckets.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        current.push(i);
+        bytes += b;
+    }
+    if !current.is_empty() {
+        buckets.push(current);
+    }
+    buckets
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{FlatPartition, ShardPiece};
+    use super::{FlatPartition, ShardPiece, ddp_buckets};
 
     fn piece(param: usize, param_start: usize, len: usize, rank_start: usize) -> ShardPiece {
         ShardPiece { param, param_start, len, rank_start }
@@ -139,5 +175,14 @@ mod tests {
         // More ranks than values: the last ranks own nothing.
         let p = FlatPartition::new(&[1, 1], 3);
         assert_eq!(p.pieces(2), vec![]);
+    }
+
+    #[test]
+    fn buckets_fill_in_reverse_order_up_to_their_caps() {
+        // 6 parameters of 100 values (400 bytes), filled in reverse order.
+        let numels = [100; 6];
+        assert_eq!(ddp_buckets(&numels, 800, 1600), vec![vec![5, 4], vec![3, 2, 1, 0]]);
+        assert_eq!(ddp_buckets(&numels, 10_000, 10_000), vec![vec![5, 4, 3, 2, 1, 0]]);
+        assert_eq!(ddp_buckets(&[1000, 10, 10], 100, 100), vec![vec![2, 1], vec![0]]);
     }
 }
