@@ -8,47 +8,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// `mpirun -np RANKS ferrite ARGS` in `dir`, killed after 300 s; (success, stdout, stderr).
-fn mpirun_ferrite(ranks: usize, args: &[&str], dir: &Path) -> (bool, String, String) {
-    let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
-    let mut child = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", &ranks.to_string(), env!("CARGO_BIN_EXE_ferrite")])
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::from(std::fs::File::create(&out_path).unwrap()))
-        .stderr(Stdio::from(std::fs::File::create(&err_path).unwrap()))
-        .spawn()
-        .expect("mpirun starts");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
-    assert!(status.is_some(), "mpirun -np {ranks} {args:?} did not end within 300 s; killed.\n{out}\n{err}");
-    (status.is_some_and(|s| s.success()), out, err)
-}
-
-fn mpi_ready(test: &str) -> bool {
-    if !cfg!(feature = "mpi") {
-        let required = std::env::var("FERRITE_REQUIRE_SYSTEM_DEPS").is_ok_and(|v| v == "1");
-        assert!(!required, "{test}: FERRITE_REQUIRE_SYSTEM_DEPS=1 but ferrite-cli was built without the `mpi` feature");
-        eprintln!("SKIPPED {test}: ferrite-cli built without the `mpi` feature (--features ferrite-cli/mpi)");
-        return false;
-    }
-    common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev")
-}
+use common::mpi::{mpi_ready, mpirun_ferrite};
 
 /// `12.34 MiB` (format_size) in bytes.
 fn size(text: &str) -> f64 {
