@@ -68,8 +68,8 @@ pub use loss::{
     SmoothL1Loss,
 };
 pub use module::{Module, skip_init};
-pub use parameter_dtype::{parameter_dtype, with_parameter_dtype};
 pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
+pub use parameter_dtype::{parameter_dtype, with_parameter_dtype};
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
 // normalisation and pooling (normpool)

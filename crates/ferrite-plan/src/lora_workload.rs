@@ -42,16 +42,20 @@ impl Workload for LoraWorkload {
     }
 
     fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
-        // The base built in its dtype (what `ferrite train --base-dtype` loads): a model whose
-        // f32 weights alone exceed the card is planned with its bf16 weights only.
+        // A LoRA base is loaded, never drawn at random (`ferrite train --hf-model` loads under
+        // `skip_init`): built the same way here, so no initialisation's f32 scratch (147 MiB for
+        // GPT-2's embedding) stays cached in the plan that the run never allocates.
+        let build = || ferrite_nn::skip_init(|| self.inner.build(config, device));
+        // The base built in its dtype: a model whose f32 weights alone exceed the card is
+        // planned with its bf16 weights only.
         let mut model = match self.base_dtype {
             Some(d) => {
-                let mut m = ferrite_nn::with_parameter_dtype(d, || self.inner.build(config, device))?;
+                let mut m = ferrite_nn::with_parameter_dtype(d, build)?;
                 // Buffers, and any parameter a layer makes without ferrite-nn's helpers.
                 m.to_dtype(d)?;
                 m
             }
-            None => self.inner.build(config, device)?,
+            None => build()?,
         };
         if let Some(l) = &self.lora {
             apply_lora(&mut *model, l, &mut Generator::new(0))?;

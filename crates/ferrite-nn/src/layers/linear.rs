@@ -178,7 +178,8 @@ mod skip_init_tests {
         })
         .unwrap();
         assert_eq!(parameter_dtype(), DType::F32, "restored");
-        for (p, q) in [(&bf16.weight, &f32_layer.weight), (bf16.bias.as_ref().unwrap(), f32_layer.bias.as_ref().unwrap())]
+        for (p, q) in
+            [(&bf16.weight, &f32_layer.weight), (bf16.bias.as_ref().unwrap(), f32_layer.bias.as_ref().unwrap())]
         {
             assert_eq!(p.dtype(), DType::BF16);
             assert!(p.requires_grad());
