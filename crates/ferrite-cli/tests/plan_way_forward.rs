@@ -172,13 +172,14 @@ fn size(s: &str) -> f64 {
 #[test]
 fn mistral_7b_on_a_24gb_card_fits_with_lora_on_a_bf16_base_and_trains_as_planned() {
     let card = ["--device", "sim:rtx4090-24gb"];
-    let mut args: Vec<String> = ["plan", "--hf-config", &data("mistral-7b.json"), "--seq", "2048", "--batch", "1"]
+    let args: Vec<String> = ["plan", "--hf-config", &data("mistral-7b.json"), "--seq", "2048"]
         .iter()
         .chain(&card)
         .map(|s| s.to_string())
         .collect();
-    args.push("--json".into());
-    let j = run_json(&args);
+    let mut asked = args.clone();
+    asked.extend(["--batch", "1", "--json"].map(String::from));
+    let j = run_json(&asked);
     assert_eq!(j["fits"], false, "the premise: full fine-tuning does not fit");
     let routes = j["way_forward"]["routes"].as_array().expect("routes");
     let route = routes
@@ -196,7 +197,6 @@ fn mistral_7b_on_a_24gb_card_fits_with_lora_on_a_bf16_base_and_trains_as_planned
     let flags: Vec<String> =
         route["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
     let mut again = args.clone();
-    again.retain(|a| a != "--json");
     again.extend(flags.iter().cloned());
     again.push("--json".into());
     let p = run_json(&again);

@@ -7,7 +7,7 @@
 //! `Conv1D` (`fan_in_fan_out`: `A [r, in]`, `B [out, r]`, the merge transposed into `[in, out]`).
 use ferrite_nn::init::normal_;
 use ferrite_nn::{Lora, LoraHost, LoraParams, Module};
-use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
+use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
 /// `y = x @ weight + bias`, `weight [nx, nf]` (inputs × outputs), `bias [nf]`: Hugging Face's
 /// `transformers.pytorch_utils.Conv1D`, initialised as GPT-2 does (weight N(0, 0.02), bias 0).

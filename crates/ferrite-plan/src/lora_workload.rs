@@ -42,10 +42,7 @@ impl Workload for LoraWorkload {
     }
 
     fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
-        // A LoRA base is loaded, never drawn at random (`ferrite train --hf-model` loads under
-        // `skip_init`): built the same way here, so no initialisation's f32 scratch (147 MiB for
-        // GPT-2's embedding) stays cached in the plan that the run never allocates.
-        let build = || ferrite_nn::skip_init(|| self.inner.build(config, device));
+        let build = || self.inner.build(config, device);
         // The base built in its dtype: a model whose f32 weights alone exceed the card is
         // planned with its bf16 weights only.
         let mut model = match self.base_dtype {
