@@ -221,7 +221,7 @@ fn mistral_7b_on_a_24gb_card_fits_with_lora_on_a_bf16_base_and_trains_as_planned
     train.extend(&flag_refs);
     let (ok, stdout, err) = ferrite(&train);
     assert!(ok, "{train:?}: {err}\n{stdout}");
-    assert!(stdout.contains("LoRA r=") && stdout.contains("(bf16)"), "{stdout}");
+    assert!(stdout.contains("LoRA r=") && stdout.contains("(bfloat16)"), "{stdout}");
     // The peaks of the run's memory summary: reserved, allocated.
     for (row, predicted) in ["| GPU reserved memory", "| Allocated memory"].iter().zip(predicted) {
         let line = stdout.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("{row}: {stdout}"));
