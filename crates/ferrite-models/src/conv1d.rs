@@ -7,7 +7,7 @@
 //! `Conv1D` (`fan_in_fan_out`: `A [r, in]`, `B [out, r]`, the merge transposed into `[in, out]`).
 use ferrite_nn::init::normal_;
 use ferrite_nn::{Lora, LoraHost, LoraParams, Module};
-use ferrite_tensor::{DType, Device, Generator, Tensor, no_grad};
+use ferrite_tensor::{Device, Generator, Tensor, no_grad};
 
 /// `y = x @ weight + bias`, `weight [nx, nf]` (inputs × outputs), `bias [nf]`: Hugging Face's
 /// `transformers.pytorch_utils.Conv1D`, initialised as GPT-2 does (weight N(0, 0.02), bias 0).
@@ -27,9 +27,11 @@ pub struct Conv1D {
 impl Conv1D {
     /// A layer of `nx` inputs and `nf` outputs on `device`, weights drawn from `g`.
     pub fn new_with(nx: usize, nf: usize, device: &Device, g: &mut Generator) -> ferrite_nn::Result<Conv1D> {
-        let weight = Tensor::zeros(&[nx, nf], DType::F32, device)?;
+        // f32, or the dtype of an enclosing `ferrite_nn::with_parameter_dtype` (a bf16 base).
+        let dtype = ferrite_nn::parameter_dtype();
+        let weight = Tensor::zeros(&[nx, nf], dtype, device)?;
         normal_(&weight, 0.0, 0.02, g)?;
-        let bias = Tensor::zeros(&[nf], DType::F32, device)?;
+        let bias = Tensor::zeros(&[nf], dtype, device)?;
         Ok(Conv1D {
             nx,
             nf,

@@ -195,12 +195,15 @@ impl HfFolder {
         options: &HfLoadOptions,
     ) -> Result<(Decoder, IncompatibleKeys), ModelError> {
         let config = self.decoder_config()?;
-        // Strict: every parameter is loaded below, so none is drawn at random first.
-        let mut model = if options.strict {
-            ferrite_nn::skip_init(|| Decoder::new(&config, device, false))?
-        } else {
-            Decoder::new(&config, device, false)?
-        };
+        // Strict: every parameter is loaded below, so none is drawn at random first. Built in
+        // the load's dtype: a 7B model in bf16 never holds an f32 copy of its weights.
+        let mut model = ferrite_nn::with_parameter_dtype(options.dtype, || {
+            if options.strict {
+                ferrite_nn::skip_init(|| Decoder::new(&config, device, false))
+            } else {
+                Decoder::new(&config, device, false)
+            }
+        })?;
         if options.dtype != DType::F32 {
             model.to_dtype(options.dtype)?;
         }
@@ -212,11 +215,13 @@ impl HfFolder {
     /// The T5 model of this folder on `device`, its weights loaded.
     pub fn load_t5(&self, device: &Device, options: &HfLoadOptions) -> Result<(T5Model, IncompatibleKeys), ModelError> {
         let config = self.t5_config()?;
-        let mut model = if options.strict {
-            ferrite_nn::skip_init(|| T5Model::new(&config, device, false))?
-        } else {
-            T5Model::new(&config, device, false)?
-        };
+        let mut model = ferrite_nn::with_parameter_dtype(options.dtype, || {
+            if options.strict {
+                ferrite_nn::skip_init(|| T5Model::new(&config, device, false))
+            } else {
+                T5Model::new(&config, device, false)
+            }
+        })?;
         if options.dtype != DType::F32 {
             model.to_dtype(options.dtype)?;
         }

@@ -34,6 +34,7 @@ pub mod lora_host;
 pub mod loss;
 pub mod module;
 pub mod packed_sequence;
+pub mod parameter_dtype;
 pub mod rng;
 pub mod state_dict;
 pub mod tbptt;
@@ -68,6 +69,7 @@ pub use loss::{
 };
 pub use module::{Module, skip_init};
 pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
+pub use parameter_dtype::{parameter_dtype, with_parameter_dtype};
 pub use rng::RngHandle;
 pub use state_dict::{IncompatibleKeys, LoadOptions, StateDict};
 // normalisation and pooling (normpool)

@@ -369,14 +369,15 @@ pub(crate) fn present_mut<'a, const N: usize>(
     named.into_iter().filter_map(|(n, t)| t.as_mut().map(|t| (n.to_string(), t))).collect()
 }
 
-/// A fresh leaf parameter of `shape` (zeros in f32 on `device`) that `init` fills in place
-/// before it is marked as requiring grad.
+/// A fresh leaf parameter of `shape` (zeros on `device`, in f32 or the dtype of an enclosing
+/// [`crate::with_parameter_dtype`]) that `init` fills in place before it is marked as requiring
+/// grad.
 pub(crate) fn new_parameter(
     shape: &[usize],
     device: &Device,
     init: impl FnOnce(&Tensor) -> Result<()>,
 ) -> Result<Tensor> {
-    let t = Tensor::zeros(shape, DType::F32, device)?;
+    let t = Tensor::zeros(shape, crate::parameter_dtype::parameter_dtype(), device)?;
     if !SKIP_INIT.with(std::cell::Cell::get) {
         init(&t)?;
     }

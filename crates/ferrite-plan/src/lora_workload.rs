@@ -1,7 +1,8 @@
 //! LoRA and a low-precision base in the planned step (issue 34 §2): any workload, its model
-//! converted to `--base-dtype` and wrapped by `ferrite_nn::apply_lora` exactly as `ferrite train
-//! --lora-rank` wraps it, so the step on `meta` holds no gradient and no optimizer state for the
-//! frozen weights and f32 adapters with their AdamW moments — the same bytes the run allocates.
+//! built in `--base-dtype` (under `ferrite_nn::with_parameter_dtype`, so no f32 copy exists
+//! first) and wrapped by `ferrite_nn::apply_lora` exactly as `ferrite train --lora-rank` wraps
+//! it, so the step on `meta` holds no gradient and no optimizer state for the frozen weights and
+//! f32 adapters with their AdamW moments — the same bytes the run allocates.
 //!
 //! Why a wrapper and not a field of each workload: LoRA applies to any module tree by name, so
 //! one wrapper serves the Hugging Face decoders, T5 and the built-in models alike.
@@ -41,10 +42,18 @@ impl Workload for LoraWorkload {
     }
 
     fn build(&self, config: &StepConfig, device: &Device) -> Result<Box<dyn Module>, PlanError> {
-        let mut model = self.inner.build(config, device)?;
-        if let Some(d) = self.base_dtype {
-            model.to_dtype(d)?;
-        }
+        let build = || self.inner.build(config, device);
+        // The base built in its dtype: a model whose f32 weights alone exceed the card is
+        // planned with its bf16 weights only.
+        let mut model = match self.base_dtype {
+            Some(d) => {
+                let mut m = ferrite_nn::with_parameter_dtype(d, build)?;
+                // Buffers, and any parameter a layer makes without ferrite-nn's helpers.
+                m.to_dtype(d)?;
+                m
+            }
+            None => build()?,
+        };
         if let Some(l) = &self.lora {
             apply_lora(&mut *model, l, &mut Generator::new(0))?;
         }

@@ -164,6 +164,39 @@ mod skip_init_tests {
         let drawn = Linear::new_with(4, 3, true, &Device::Cpu, &mut g).unwrap();
         assert!(drawn.weight.to_vec::<f32>().unwrap().iter().any(|&v| v != 0.0), "initialisation is back");
     }
+
+    /// A layer built under `with_parameter_dtype(BF16)` holds bf16 parameters equal to the f32
+    /// layer's from the same generator state rounded to bf16, allocates no f32 weight that
+    /// outlives its initialisation, and the dtype is f32 again afterwards.
+    #[test]
+    fn with_parameter_dtype_builds_what_the_f32_layer_converts_to() {
+        use crate::parameter_dtype::{parameter_dtype, with_parameter_dtype};
+        use ferrite_tensor::DType;
+        let f32_layer = Linear::new_with(48, 40, true, &Device::Cpu, &mut ferrite_tensor::Generator::new(7)).unwrap();
+        let bf16 = with_parameter_dtype(DType::BF16, || {
+            Linear::new_with(48, 40, true, &Device::Cpu, &mut ferrite_tensor::Generator::new(7))
+        })
+        .unwrap();
+        assert_eq!(parameter_dtype(), DType::F32, "restored");
+        for (p, q) in
+            [(&bf16.weight, &f32_layer.weight), (bf16.bias.as_ref().unwrap(), f32_layer.bias.as_ref().unwrap())]
+        {
+            assert_eq!(p.dtype(), DType::BF16);
+            assert!(p.requires_grad());
+            let want = q.to_dtype(DType::BF16).unwrap().to_vec_f64().unwrap();
+            assert_eq!(p.to_vec_f64().unwrap(), want, "bit for bit");
+        }
+        // After building, a fresh device holds the bf16 parameters only: 2 bytes a weight.
+        let dev = Device::parse("sim:t4-16gb:3401").unwrap();
+        let alloc = ferrite_memory::allocator(&dev);
+        let before = alloc.memory_allocated();
+        let m = with_parameter_dtype(DType::BF16, || {
+            Linear::new_with(1024, 512, false, &dev, &mut ferrite_tensor::Generator::new(1))
+        })
+        .unwrap();
+        assert_eq!(alloc.memory_allocated() - before, 1024 * 512 * 2);
+        drop(m);
+    }
 }
 
 /// LoRA on `Linear` layers (beside the layer, since `lora.rs` must not import it back).

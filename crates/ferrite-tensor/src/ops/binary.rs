@@ -103,11 +103,20 @@ struct AddBackward {
     b: (Vec<usize>, DType),
     alpha_b: f64,
     name: &'static str,
+    /// Which operands need a gradient: a frozen bias (LoRA's base) gets no reduction over the
+    /// batch in backward.
+    need: [bool; 2],
 }
 impl AddBackward {
     /// `out = a + alpha_b * b`: gradients need only the operands' shapes and dtypes.
     fn record(a: &Tensor, b: &Tensor, alpha_b: f64, name: &'static str, out: Tensor) -> Tensor {
-        let f = AddBackward { a: (a.shape().to_vec(), a.dtype()), b: (b.shape().to_vec(), b.dtype()), alpha_b, name };
+        let f = AddBackward {
+            a: (a.shape().to_vec(), a.dtype()),
+            b: (b.shape().to_vec(), b.dtype()),
+            alpha_b,
+            name,
+            need: needs(a, b),
+        };
         Tensor::from_op1(out, &[a, b], f)
     }
 }
@@ -117,10 +126,14 @@ impl BackwardFn for AddBackward {
     }
     fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
         let Some(g) = &g[0] else { return Ok(vec![None, None]) };
-        let ga = reduce_grad(g, &self.a.0, self.a.1)?;
-        let gb = if self.alpha_b == 1.0 { g.clone() } else { arith_scalar_raw(BinaryOp::Mul, g, self.alpha_b)? };
-        let gb = reduce_grad(&gb, &self.b.0, self.b.1)?;
-        Ok(vec![Some(ga), Some(gb)])
+        let ga = if self.need[0] { Some(reduce_grad(g, &self.a.0, self.a.1)?) } else { None };
+        let gb = if self.need[1] {
+            let gb = if self.alpha_b == 1.0 { g.clone() } else { arith_scalar_raw(BinaryOp::Mul, g, self.alpha_b)? };
+            Some(reduce_grad(&gb, &self.b.0, self.b.1)?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
     }
 }
 

@@ -88,6 +88,8 @@ struct WhereBackward {
     cond: SavedTensor,
     a: (Shape, DType),
     b: (Shape, DType),
+    /// Which of `a`, `b` need a gradient (a constant fill value gets none).
+    need: [bool; 2],
 }
 impl BackwardFn for WhereBackward {
     fn name(&self) -> Cow<'static, str> {
@@ -97,12 +99,19 @@ impl BackwardFn for WhereBackward {
         let Some(g) = &g[0] else { return Ok(vec![None, None]) };
         let c = self.cond.get("WhereBackward0")?;
         let zero = crate::ops::creation::full_on(g.storage().allocator(), &[], g.dtype(), 0.0)?;
-        let ga = Tensor::where_raw(c, g, &zero)?;
-        let gb = Tensor::where_raw(c, &zero, g)?;
-        Ok(vec![
-            Some(crate::ops::binary::reduce_grad(&ga, &self.a.0, self.a.1)?),
-            Some(crate::ops::binary::reduce_grad(&gb, &self.b.0, self.b.1)?),
-        ])
+        let ga = if self.need[0] {
+            let ga = Tensor::where_raw(c, g, &zero)?;
+            Some(crate::ops::binary::reduce_grad(&ga, &self.a.0, self.a.1)?)
+        } else {
+            None
+        };
+        let gb = if self.need[1] {
+            let gb = Tensor::where_raw(c, &zero, g)?;
+            Some(crate::ops::binary::reduce_grad(&gb, &self.b.0, self.b.1)?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
     }
 }
 
@@ -332,6 +341,7 @@ impl Tensor {
             cond: SavedTensor::new(cond),
             a: (a.shape_vec(), a.dtype()),
             b: (b.shape_vec(), b.dtype()),
+            need: [a.requires_grad(), b.requires_grad()],
         };
         Ok(Tensor::from_op1(out, &[a, b], f))
     }
