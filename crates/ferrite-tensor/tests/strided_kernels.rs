@@ -253,7 +253,7 @@ proptest! {
 /// Sums over leading dims of contiguous inputs (bias and norm-weight gradients) take a path of
 /// their own: rows are added in blocks of 64 (in f32 inside a block, f64 across blocks, in a fixed
 /// order); tall, narrow inputs sum their blocks in parallel, wide ones split by column chunks. Shapes straddle the block size (64 rows), the
-/// 256-column chunk and the 8192-column switch, in f32 and bf16, for sum and mean.
+/// 256-column chunk, the 1024-row group and odd column tails, in f32 and bf16, for sum and mean.
 #[test]
 fn leading_dim_sums_match_reference_across_block_and_column_splits() {
     let cases: &[(&[usize], &[i64])] = &[
@@ -264,6 +264,9 @@ fn leading_dim_sums_match_reference_across_block_and_column_splits() {
         (&[3, 70, 5], &[0, 1]),
         (&[130, 8193], &[0]),
         (&[2, 9000], &[0]),
+        (&[2 * 1024 + 65, 75], &[0]),
+        (&[1100, 300], &[0]),
+        (&[3000, 9], &[0]),
     ];
     for &dtype in &[DType::F32, DType::BF16] {
         for (shape, dims) in cases {
@@ -275,12 +278,54 @@ fn leading_dim_sums_match_reference_across_block_and_column_splits() {
             let want: Vec<f64> = (0..m).map(|c| (0..rn).map(|r| x.data[r * m + c]).sum()).collect();
             let got = host_of(&a.sum_dims(dims, false).unwrap());
             assert_eq!(got.shape, shape[dims.len()..].to_vec(), "{shape:?}");
-            // One rounding of the f64 sum to the output dtype.
+            // One rounding of the f64 sum to the output dtype, plus the f32 sums inside each
+            // 64-row block: at most 64 roundings of a partial sum, ≤ 64·ε·Σ|x| per column.
             let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-            assert_close(&got, &Host { shape: got.shape.clone(), data: want.clone() }, tol, &format!("sum {shape:?}"));
+            for c in 0..m {
+                let abs: f64 = (0..rn).map(|r| x.data[r * m + c].abs()).sum();
+                let bound = tol * (1.0 + want[c].abs()) + 64.0 * f32::EPSILON as f64 * abs;
+                assert!(
+                    (got.data[c] - want[c]).abs() <= bound,
+                    "sum {shape:?} {dtype:?} column {c}: got {}, want {}",
+                    got.data[c],
+                    want[c]
+                );
+            }
             let mean = host_of(&a.mean_dims(dims, false).unwrap());
             let want_mean: Vec<f64> = want.iter().map(|s| s / rn as f64).collect();
             assert_close(&mean, &Host { shape: mean.shape.clone(), data: want_mean }, tol, &format!("mean {shape:?}"));
         }
+    }
+}
+
+/// `x.sum(0)` of f32 follows its documented fixed order bit for bit (`backend/cpu/reduce.rs`
+/// `prefix_sum`): each column summed in f32 over blocks of 64 rows, row by row; block sums added
+/// in f64 within groups of 16 blocks; group sums in f64 in group order; one rounding to f32. The
+/// order names no thread count, so matching it means the result is the same for any.
+#[test]
+fn leading_dim_f32_sum_follows_the_fixed_block_order_bit_for_bit() {
+    for (rows, cols) in [(2 * 1024 + 65, 75usize), (4096, 256), (100, 33), (64, 8)] {
+        let mut g = Generator::new(11);
+        let a = Tensor::randn_with(&[rows, cols], DType::F32, &Device::Cpu, &mut g).unwrap();
+        let x = a.to_vec::<f32>().unwrap();
+        let want: Vec<f32> = (0..cols)
+            .map(|c| {
+                let mut total = 0f64;
+                for g0 in (0..rows).step_by(1024) {
+                    let mut group = 0f64;
+                    for b0 in (g0..(g0 + 1024).min(rows)).step_by(64) {
+                        let mut block = 0f32;
+                        for r in b0..(b0 + 64).min(rows) {
+                            block += x[r * cols + c];
+                        }
+                        group += block as f64;
+                    }
+                    total += group;
+                }
+                total as f32
+            })
+            .collect();
+        let got = a.sum_dims(&[0], false).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(got, want, "[{rows}, {cols}]");
     }
 }

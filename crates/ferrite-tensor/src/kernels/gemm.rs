@@ -43,7 +43,7 @@ mod gemv;
 mod generic;
 mod micro_kernel;
 mod scalar;
-mod vector;
+pub(crate) mod vector;
 
 pub(crate) use micro_kernel::{MatPtr, MicroKernel};
 

@@ -2,6 +2,7 @@
 //! CPU backend (`backend/cpu/`) builds its kernels from; used by the `cpu` and `sim` devices.
 
 pub(crate) mod avx_state;
+pub(crate) mod col_sum;
 pub(crate) mod gemm;
 pub(crate) mod map;
 pub(crate) mod simd;

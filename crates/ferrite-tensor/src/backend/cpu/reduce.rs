@@ -119,115 +119,123 @@ fn sum_kernel<T: Float>(x: &Tensor, p: &Plan, out: &Tensor, scale: f64) -> Resul
     Ok(())
 }
 
-/// Rows per partial sum when a short, tall input is split along the reduced dim. Fixed (never
-/// derived from the thread count) so the association of the f64 sums, and so the result, is the
-/// same on every machine.
+/// Rows summed in the element type's accumulator before widening to f64. Fixed (never derived
+/// from the thread count), like [`GROUP_BLOCKS`], so the association of the sums, and so the
+/// result, is the same on every machine and for every thread count.
 const ROW_BLOCK: usize = 64;
-/// Widest output that is split along the reduced dim (wider ones split their columns, which is
-/// enough parallelism and keeps the partial sums small).
-const ROW_SPLIT_MAX_COLS: usize = 8192;
-/// Columns accumulated at once (their f64 sums stay in L1).
+/// Row blocks per f64 partial sum (1024 rows): the unit a tall input is split into among threads.
+const GROUP_BLOCKS: usize = 16;
+/// Columns per task (their f64 sums stay in L1; each row read is 1 KiB of contiguous f32).
 const COL_CHUNK: usize = 256;
 
 /// Σ over the leading `rn` rows of a contiguous `[rn, m]` input (bias and norm-weight
-/// gradients, `x.sum(0)`). Rows are added in blocks of [`ROW_BLOCK`]: inside a block in the
-/// element type's accumulator (f32 for f32/f16/bf16, twice the vector width of f64; at most 64
-/// terms, so the f32 rounding stays at PyTorch's level — it sums in f32 throughout), across blocks
-/// in f64, always in block order, so the result does not depend on the thread count.
-/// Short, tall inputs (`m` ≤ [`ROW_SPLIT_MAX_COLS`]) sum their blocks in parallel into f64
-/// partials, then add those: every thread streams whole contiguous rows (splitting the columns
-/// instead made each task read a few cache lines per row, strided by the row length, at a third
-/// of the bandwidth). Wide inputs split their columns.
+/// gradients, `x.sum(0)`). Fixed order, whatever the threads: each column is summed in blocks of
+/// [`ROW_BLOCK`] rows in the element type's accumulator (f32 for f32/f16/bf16 — at most 64 terms,
+/// so the rounding stays at PyTorch's level, which sums in f32 throughout — f64 for f64), row by
+/// row; the block sums of each group of [`GROUP_BLOCKS`] blocks are added in f64 in block order,
+/// and the group sums in f64 in group order. The work is split into (group, column chunk) tasks;
+/// when there is more than one group the tasks write f64 partials that a second pass adds in
+/// group order. f32 blocks are summed by `kernels/col_sum.rs` with the accumulators in vector
+/// registers (AVX2 / AVX-512 / portable, one body), other types by a plain loop.
 fn prefix_sum<T: Float>(xp: SendPtr<T>, rn: usize, m: usize, op: SendPtr<T>, scale: f64) {
-    // Σ of rows [r0, r1) (one block), columns [c0, c1), added into `acc` (len c1 - c0).
+    // Σ of rows [r0, r1) (one block), columns [c0, c0 + acc.len()), added into `acc` in f64.
     #[inline(always)]
     fn add_block<T: Float>(xp: SendPtr<T>, m: usize, r0: usize, r1: usize, c0: usize, acc: &mut [f64]) {
-        let mut block = [<T::Acc as num_traits::Zero>::zero(); COL_CHUNK];
-        let block = &mut block[..acc.len()];
-        for r in r0..r1 {
-            // SAFETY: row r, columns [c0, c0 + acc.len()) of a contiguous [rn, m] input.
-            let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), acc.len()) };
-            for (b, &v) in block.iter_mut().zip(row) {
-                *b += v.to_acc();
-            }
+        if T::DTYPE == crate::DType::F32 {
+            // SAFETY: T is f32 (checked above); rows [r0, r1), columns [c0, c0 + acc.len()) of a
+            // contiguous [rn, m] input.
+            unsafe {
+                crate::kernels::col_sum::add_column_sums(
+                    xp.0.add(r0 * m + c0) as *const f32,
+                    m,
+                    r1 - r0,
+                    acc.len(),
+                    acc,
+                )
+            };
+            return;
         }
-        for (a, &b) in acc.iter_mut().zip(block.iter()) {
-            *a += T::acc_to_f64(b);
-        }
+        vectorize(
+            #[inline(always)]
+            || {
+                let mut block = [<T::Acc as num_traits::Zero>::zero(); COL_CHUNK];
+                let block = &mut block[..acc.len()];
+                for r in r0..r1 {
+                    // SAFETY: row r, columns [c0, c0 + acc.len()) of a contiguous [rn, m] input.
+                    let row = unsafe { std::slice::from_raw_parts(xp.0.add(r * m + c0), acc.len()) };
+                    for (b, &v) in block.iter_mut().zip(row) {
+                        *b += v.to_acc();
+                    }
+                }
+                for (a, &b) in acc.iter_mut().zip(block.iter()) {
+                    *a += T::acc_to_f64(b);
+                }
+            },
+        )
     }
-    // Output columns [s, e), COL_CHUNK at a time: `fill(c0, acc)` adds the chunk's sums into the
-    // zeroed `acc`, which is then scaled into the output.
-    #[inline(always)]
-    fn write_columns<T: Float>(
-        op: SendPtr<T>,
-        s: usize,
-        e: usize,
-        scale: f64,
-        mut fill: impl FnMut(usize, &mut [f64]),
-    ) {
+    let group_rows = ROW_BLOCK * GROUP_BLOCKS;
+    let groups = rn.div_ceil(group_rows);
+    let chunks = m.div_ceil(COL_CHUNK);
+    // Σ of group g over columns [c0, c0 + acc.len()) into the zeroed `acc`, block by block.
+    let group_sum = |g: usize, c0: usize, acc: &mut [f64]| {
+        let end = ((g + 1) * group_rows).min(rn);
+        let mut r0 = g * group_rows;
+        while r0 < end {
+            let r1 = (r0 + ROW_BLOCK).min(end);
+            add_block::<T>(xp, m, r0, r1, c0, acc);
+            r0 = r1;
+        }
+    };
+    let columns_of = |chunk: usize| (chunk * COL_CHUNK, ((chunk + 1) * COL_CHUNK).min(m));
+    if groups == 1 {
+        par_ranges(chunks, rn * COL_CHUNK, |s, e| {
+            let op = op;
+            let mut acc = [0f64; COL_CHUNK];
+            for chunk in s..e {
+                let (c0, c1) = columns_of(chunk);
+                let a = &mut acc[..c1 - c0];
+                a.fill(0.0);
+                group_sum(0, c0, a);
+                for (i, &v) in a.iter().enumerate() {
+                    // SAFETY: this task owns output columns [c0, c1).
+                    unsafe { *op.0.add(c0 + i) = T::from_f64(v * scale) };
+                }
+            }
+        });
+        return;
+    }
+    // Group partials `[groups, m]`, then their sums in group order.
+    let mut partial = vec![0f64; groups * m];
+    let pp = SendPtr(partial.as_mut_ptr());
+    par_ranges(groups * chunks, group_rows * COL_CHUNK, |s, e| {
+        let pp = pp;
+        for task in s..e {
+            let (g, chunk) = (task / chunks, task % chunks);
+            let (c0, c1) = columns_of(chunk);
+            // SAFETY: this task alone owns row g, columns [c0, c1) of the zeroed partials.
+            let a = unsafe { std::slice::from_raw_parts_mut(pp.0.add(g * m + c0), c1 - c0) };
+            group_sum(g, c0, a);
+        }
+    });
+    par_ranges(m, groups, |s, e| {
+        let op = op;
         let mut acc = [0f64; COL_CHUNK];
         let mut c0 = s;
         while c0 < e {
             let c1 = (c0 + COL_CHUNK).min(e);
             let a = &mut acc[..c1 - c0];
             a.fill(0.0);
-            fill(c0, a);
+            for g in 0..groups {
+                for (t, &v) in a.iter_mut().zip(&partial[g * m + c0..g * m + c1]) {
+                    *t += v;
+                }
+            }
             for (i, &v) in a.iter().enumerate() {
-                // SAFETY: the calling task owns output columns [s, e).
+                // SAFETY: this task owns output columns [s, e).
                 unsafe { *op.0.add(c0 + i) = T::from_f64(v * scale) };
             }
             c0 = c1;
         }
-    }
-    let blocks = rn.div_ceil(ROW_BLOCK);
-    let rows_of = |b: usize| (b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(rn));
-    if m <= ROW_SPLIT_MAX_COLS && blocks >= 2 {
-        let mut partial = vec![0f64; blocks * m];
-        let pp = SendPtr(partial.as_mut_ptr());
-        par_ranges(blocks, ROW_BLOCK * m, |s, e| {
-            let pp = pp;
-            vectorize(
-                #[inline(always)]
-                || {
-                    for b in s..e {
-                        let (r0, r1) = rows_of(b);
-                        // SAFETY: this task owns partial rows [s, e) of the [blocks, m] buffer.
-                        let part = unsafe { std::slice::from_raw_parts_mut(pp.0.add(b * m), m) };
-                        for (ci, acc) in part.chunks_mut(COL_CHUNK).enumerate() {
-                            add_block::<T>(xp, m, r0, r1, ci * COL_CHUNK, acc);
-                        }
-                    }
-                },
-            )
-        });
-        par_ranges(m, blocks, |s, e| {
-            vectorize(
-                #[inline(always)]
-                || {
-                    write_columns::<T>(op, s, e, scale, |c0, a| {
-                        for b in 0..blocks {
-                            for (a, &v) in a.iter_mut().zip(&partial[b * m + c0..]) {
-                                *a += v;
-                            }
-                        }
-                    })
-                },
-            )
-        });
-        return;
-    }
-    par_ranges(m, rn, |s, e| {
-        vectorize(
-            #[inline(always)]
-            || {
-                write_columns::<T>(op, s, e, scale, |c0, a| {
-                    for b in 0..blocks {
-                        let (r0, r1) = rows_of(b);
-                        add_block::<T>(xp, m, r0, r1, c0, a);
-                    }
-                })
-            },
-        )
     });
 }
 
