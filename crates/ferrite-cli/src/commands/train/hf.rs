@@ -10,9 +10,9 @@
 //! loss; the trainer library runs the loop, so accumulation, AMP, clipping, checkpointing of
 //! activations, resumable checkpoints, the memory line and the OOM report work as for every model.
 use ferrite_data::{Dataset, TokenBlocks, read_documents, tokenize_documents};
-use ferrite_models::{HfSaveOptions, parse_shard_size};
+use ferrite_models::{HfLoadOptions, HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
-use ferrite_tensor::Device;
+use ferrite_tensor::{DType, Device};
 use ferrite_train::distributed::Distributed;
 use ferrite_train::{CausalLmStep, evaluate_causal_lm};
 
@@ -62,7 +62,10 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         run.loaders(args, device, train_blocks.tensor_loader(), val_blocks.map(TokenBlocks::tensor_loader))?;
 
     // ---- model
-    let mut model = dir.load(run.model_device(device))?;
+    // `--base-dtype bf16|f16`: the weights are built and read in that dtype from the start, so
+    // the peak never holds an f32 copy of a base that LoRA keeps frozen.
+    let load = HfLoadOptions { dtype: args.lora.lora.base_dtype.unwrap_or(DType::F32), strict: true };
+    let mut model = dir.folder.load_decoder(run.model_device(device), &load)?.0;
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());

@@ -12,9 +12,9 @@
 //! ([`ferrite_train::Seq2SeqStep`]); everything else is the decoder path's (`hf.rs`): the trainer
 //! library's loop, schedule, AMP, checkpoints, the memory line, DDP over MPI.
 use ferrite_data::{Dataset, Seq2SeqExamples, read_seq2seq_pairs};
-use ferrite_models::{HfSaveOptions, parse_shard_size};
+use ferrite_models::{HfLoadOptions, HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
-use ferrite_tensor::Device;
+use ferrite_tensor::{DType, Device};
 use ferrite_train::distributed::Distributed;
 use ferrite_train::{Seq2SeqStep, evaluate_seq2seq};
 
@@ -56,7 +56,9 @@ pub(super) fn train(
         run.loaders(args, device, train_blocks.tensor_loader(), val_blocks.map(Seq2SeqExamples::tensor_loader))?;
 
     // ---- model
-    let mut model = dir.load_t5(run.model_device(device))?;
+    // `--base-dtype`: built and read in that dtype from the start (see hf.rs).
+    let load = HfLoadOptions { dtype: args.lora.lora.base_dtype.unwrap_or(DType::F32), strict: true };
+    let mut model = dir.folder.load_t5(run.model_device(device), &load)?.0;
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
