@@ -171,19 +171,6 @@ fn train_writes_an_hf_folder_and_resumes_bit_identically() {
     assert!(v["loss"].as_f64().unwrap() < expected("llama", "eval_loss").to_vec_f64().unwrap()[0]);
 }
 
-/// "N unit" of the memory summary (`6144 KiB`) in bytes.
-fn size(text: &str) -> f64 {
-    let mut it = text.split_whitespace();
-    let n: f64 = it.next().unwrap().parse().unwrap();
-    n * match it.next().unwrap() {
-        "B" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u}"),
-    }
-}
-
 /// `ferrite plan --hf-model DIR` predicts the peak reserved memory `ferrite train --hf-model DIR`
 /// measures on the same simulated GPU, within 2 %.
 #[test]
@@ -207,7 +194,7 @@ fn plan_hf_model_predicts_what_train_measures() {
         train.extend(&shape);
         let out = ok(&train, dir.path());
         let line = out.lines().find(|l| l.starts_with("| GPU reserved memory")).unwrap();
-        let measured = size(line.split('|').nth(3).unwrap());
+        let measured = common::size(line.split('|').nth(3).unwrap());
         let err = (predicted - measured) / measured;
         assert!(err.abs() <= 0.02, "{name} amp {amp:?}: predicted {predicted} measured {measured}\n{out}");
     }
@@ -334,7 +321,7 @@ fn plan_t5_predicts_what_train_measures() {
         train.extend(&shape);
         let out = ok(&train, dir.path());
         let line = out.lines().find(|l| l.starts_with("| GPU reserved memory")).unwrap();
-        let measured = size(line.split('|').nth(3).unwrap());
+        let measured = common::size(line.split('|').nth(3).unwrap());
         let err = (predicted - measured) / measured;
         assert!(err.abs() <= 0.02, "{name} {extra:?}: predicted {predicted} measured {measured}\n{out}");
     }

@@ -134,18 +134,6 @@ fn eval_and_generate_take_peft_adapters() {
     assert!(e.contains("ferrite-tests/gpt2") && e.contains("c_attn"), "{e}");
 }
 
-fn size(s: &str) -> f64 {
-    let mut it = s.split_whitespace();
-    let v: f64 = it.next().unwrap().parse().unwrap();
-    v * match it.next().unwrap() {
-        "B" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u}"),
-    }
-}
-
 /// `ferrite plan` with the LoRA flags predicts the peak `ferrite train` with the same flags
 /// measures on the simulated GPU (within 2 %); at one sample it allocates less than the full
 /// fine-tuning plan.
@@ -179,7 +167,7 @@ fn plan_with_lora_predicts_what_lora_training_measures() {
         train.extend(&lora);
         let out = ok(&train, dir.path());
         let line = out.lines().find(|l| l.starts_with("| GPU reserved memory")).unwrap();
-        let measured = size(line.split('|').nth(3).unwrap());
+        let measured = common::size(line.split('|').nth(3).unwrap());
         let err = (predicted - measured) / measured;
         assert!(err.abs() <= 0.02, "{name}: predicted {predicted} measured {measured}\n{out}");
     }

@@ -1,6 +1,8 @@
 //! A training run that runs out of memory: the error's ranked remedies are the planner's, for
 //! this model on this device, each with the bytes it saves — and those bytes are the ones
 //! `ferrite plan` gives for the same change.
+mod common;
+
 use std::process::Command;
 
 use ferrite_memory::format_size;
@@ -39,19 +41,6 @@ fn remedy_line(line: &str) -> (String, String, String, bool) {
     (change.to_string(), saves.to_string(), peak.to_string(), verdict == "fits")
 }
 
-/// Parses PyTorch's `format_size` text back into (approximate) bytes, for ranking checks.
-fn size_bytes(text: &str) -> f64 {
-    let (n, unit) = text.split_once(' ').unwrap();
-    let n: f64 = n.parse().unwrap();
-    n * match unit {
-        "bytes" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        other => panic!("unit {other}"),
-    }
-}
-
 #[test]
 fn a_sim_oom_error_ranks_the_planners_remedies_by_bytes_saved() {
     let dir = tempfile::tempdir().unwrap();
@@ -72,7 +61,7 @@ fn a_sim_oom_error_ranks_the_planners_remedies_by_bytes_saved() {
         assert!(changes.contains(&c), "`{c}` missing from {changes:?}");
     }
     // Ranked: larger savings first.
-    let saves: Vec<f64> = remedies.iter().map(|r| size_bytes(&r.1)).collect();
+    let saves: Vec<f64> = remedies.iter().map(|r| common::size(&r.1)).collect();
     assert!(saves.windows(2).all(|w| w[0] >= w[1]), "not ranked by bytes saved: {lines:#?}");
     // Each figure is the planner's for this model: the run's planned peak minus the peak with the change.
     let base = planned_peak(&["--batch", "1442"], dir.path());

@@ -4,6 +4,8 @@
 //! at seq 2048 on a 24 GB card gets a LoRA route, and `ferrite train` with exactly its flags on the
 //! tiny Mistral folder of `ferrite-models/tests/data/hf` (`FERRITE_HF_FIXTURES` runs it on a twin)
 //! measures on `sim` the peak `ferrite plan` predicts for that folder.
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -235,19 +237,6 @@ fn hf(name: &str) -> String {
     d.join(name).display().to_string()
 }
 
-/// `12.5 MiB` in bytes.
-fn size(s: &str) -> f64 {
-    let mut it = s.split_whitespace();
-    let v: f64 = it.next().unwrap().parse().unwrap();
-    v * match it.next().unwrap() {
-        "B" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u}"),
-    }
-}
-
 /// Mistral-7B (config of `mistral-7b.json`) at seq 2048 on an RTX 4090: its f32 weights alone are
 /// 27 GiB, its bf16 weights 13.5 GiB. Built in bf16 from the start (`--base-dtype bf16`), LoRA
 /// fits; the route's flags planned again fit with the promised peak, and `ferrite train` with
@@ -308,7 +297,7 @@ fn mistral_7b_on_a_24gb_card_fits_with_lora_on_a_bf16_base_and_trains_as_planned
     // The peaks of the run's memory summary: reserved, allocated.
     for (row, predicted) in ["| GPU reserved memory", "| Allocated memory"].iter().zip(predicted) {
         let line = stdout.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("{row}: {stdout}"));
-        let measured = size(line.split('|').nth(3).unwrap());
+        let measured = common::size(line.split('|').nth(3).unwrap());
         let e = (predicted - measured) / measured;
         assert!(e.abs() <= 0.02, "{row}: predicted {predicted} measured {measured} ({flags:?})\n{stdout}");
     }

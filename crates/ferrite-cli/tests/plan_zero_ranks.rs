@@ -11,19 +11,6 @@ use std::path::Path;
 
 use common::mpi::{mpi_ready, mpirun_ferrite};
 
-/// `12.34 MiB` (format_size) in bytes.
-fn size(text: &str) -> f64 {
-    let mut it = text.split_whitespace();
-    let n: f64 = it.next().unwrap().parse().unwrap();
-    n * match it.next().unwrap() {
-        "bytes" => 1.0,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        u => panic!("unit {u}"),
-    }
-}
-
 /// Every rank's measured peak reserved, from the closing summary (`rank R: peak allocated A, peak
 /// reserved B on DEVICE`).
 fn measured_peaks(stdout: &str, ranks: usize) -> Vec<f64> {
@@ -34,7 +21,7 @@ fn measured_peaks(stdout: &str, ranks: usize) -> Vec<f64> {
                 .find(|l| l.trim_start().starts_with(&format!("rank {r}: peak allocated")))
                 .unwrap_or_else(|| panic!("rank {r}'s memory line:\n{stdout}"));
             let reserved = line.split("peak reserved ").nth(1).unwrap().split(" on ").next().unwrap();
-            size(reserved)
+            common::size(reserved)
         })
         .collect()
 }

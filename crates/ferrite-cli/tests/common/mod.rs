@@ -135,3 +135,17 @@ pub fn wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A size as ferrite prints it (`format_size`: `512 bytes`, `12.5 MiB`; memory tables also write
+/// `B`), in bytes.
+pub fn size(text: &str) -> f64 {
+    let mut it = text.split_whitespace();
+    let n: f64 = it.next().unwrap().parse().unwrap();
+    n * match it.next().unwrap() {
+        "B" | "bytes" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        u => panic!("unit {u}"),
+    }
+}
