@@ -63,12 +63,7 @@ pub(super) fn train(
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());
     model.set_dropout_rng(dropout_rng.clone());
     let lora = lora_args::prepare_training(&args.lora, &mut model, &config.model_type, args.seed, &dropout_rng)?;
-    // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward;
-    // with --zero, AdamW over this rank's shards only (and gradients sharded at stage 2).
-    let sync = match args.zero {
-        Some(stage) => dist.map(|d| d.zero_for(&model, stage)).transpose()?,
-        None => dist.map(|d| d.sync_for(&model)).transpose()?,
-    };
+    let sync = run.gradient_sync(args, &model)?;
     let name = format!(
         "{} ({}+{} layers x {}, {}, vocabulary {})",
         model.type_name(),

@@ -136,6 +136,17 @@ impl<'d> HfRun<'d> {
         Ok((train, val))
     }
 
+    /// Under MPI, what keeps the ranks in step: rank 0's weights are broadcast now, and gradients
+    /// are averaged in backward; with `--zero`, AdamW over this rank's shards only (and gradients
+    /// sharded at stage 2). `None` in a single process.
+    pub fn gradient_sync(&self, args: &TrainArgs, model: &dyn Module) -> Result<Option<StepSync>, TrainError> {
+        Ok(match (self.dist, args.zero) {
+            (Some(d), Some(stage)) => Some(d.zero_for(model, stage)?),
+            (Some(d), None) => Some(d.sync_for(model)?),
+            (None, _) => None,
+        })
+    }
+
     /// The model-state line and the schedule line printed before training. Frozen weights (the
     /// base of a LoRA run) hold no gradient and no AdamW moments, so they count once, in their
     /// own dtype.
