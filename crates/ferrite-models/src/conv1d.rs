@@ -30,7 +30,10 @@ impl Conv1D {
         // f32, or the dtype of an enclosing `ferrite_nn::with_parameter_dtype` (a bf16 base).
         let dtype = ferrite_nn::parameter_dtype();
         let weight = Tensor::zeros(&[nx, nf], dtype, device)?;
-        normal_(&weight, 0.0, 0.02, g)?;
+        // Left zero under `ferrite_nn::skip_init` (a folder's weights are loaded right after).
+        if !ferrite_nn::init_skipped() {
+            normal_(&weight, 0.0, 0.02, g)?;
+        }
         let bias = Tensor::zeros(&[nf], dtype, device)?;
         Ok(Conv1D {
             nx,
@@ -133,6 +136,24 @@ impl Conv1D {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrite_tensor::DType;
+
+    #[test]
+    fn skip_init_leaves_the_weights_zero_and_draws_nothing() {
+        let mut g = Generator::new(0);
+        let drawn = Conv1D::new_with(4, 3, &Device::Cpu, &mut g).unwrap();
+        assert!(drawn.weight.to_vec::<f32>().unwrap().iter().any(|&v| v != 0.0));
+        let mut g2 = Generator::new(0);
+        let skipped = ferrite_nn::skip_init(|| Conv1D::new_with(4, 3, &Device::Cpu, &mut g2)).unwrap();
+        assert!(skipped.weight.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        assert!(skipped.weight.requires_grad() && skipped.bias.requires_grad());
+        // Nothing was drawn: the generator is where a fresh one starts.
+        let (a, b) = (
+            Tensor::randn_with(&[4], DType::F32, &Device::Cpu, &mut g2).unwrap(),
+            Tensor::randn_with(&[4], DType::F32, &Device::Cpu, &mut Generator::new(0)).unwrap(),
+        );
+        assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    }
 
     #[test]
     fn computes_x_at_w_plus_b_with_w_stored_in_out() {

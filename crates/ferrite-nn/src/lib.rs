@@ -67,7 +67,7 @@ pub use loss::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, KlDivReduction, MSELoss, NLLLoss, Reduction,
     SmoothL1Loss,
 };
-pub use module::{Module, skip_init};
+pub use module::{Module, init_skipped, skip_init};
 pub use packed_sequence::{PackedSequence, pack_padded_sequence, pack_sequence, pad_packed_sequence};
 pub use parameter_dtype::{parameter_dtype, with_parameter_dtype};
 pub use rng::RngHandle;

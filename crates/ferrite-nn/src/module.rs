@@ -216,9 +216,10 @@ pub trait Module: DynClone + Send + Sync {
             })));
         }
         let _g = no_grad();
+        // Straight into each parameter's memory, also from another device (weights read on the
+        // CPU): the device holds no second copy of a weight while the model loads.
         for (dst, src) in pairs {
-            let src = if src.device() == dst.device() { src.detach() } else { src.detach().to_device(dst.device())? };
-            dst.copy_(&src)?;
+            dst.copy_(&src.detach())?;
         }
         Ok(IncompatibleKeys { missing_keys: missing, unexpected_keys: unexpected })
     }
@@ -386,6 +387,12 @@ pub(crate) fn new_parameter(
 
 thread_local! {
     static SKIP_INIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether [`skip_init`] is in force on this thread: a layer that draws its own weights (not
+/// through ferrite-nn's parameter helper) checks it and leaves them zero.
+pub fn init_skipped() -> bool {
+    SKIP_INIT.with(std::cell::Cell::get)
 }
 
 /// Runs `build` with parameter initialisation skipped on this thread: the layers it creates get

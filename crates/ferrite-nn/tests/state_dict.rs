@@ -207,10 +207,18 @@ fn loads_pytorch_sequential_weights_and_reproduces_its_first_loss() {
 fn round_trip_copies_in_place_across_devices_and_dtypes() {
     let src = Net::new(&mut Generator::new(1)).unwrap();
     let mut dst = Net::new(&mut Generator::new(2)).unwrap();
-    dst.to_device(&Device::parse("sim:1GiB:40").unwrap()).unwrap();
+    let sim = Device::parse("sim:1GiB:40").unwrap();
+    dst.to_device(&sim).unwrap();
     let handles = dst.parameters();
+    // PyTorch's `param.copy_(cpu_tensor)`: the weights go straight into the parameters' memory,
+    // the device allocates nothing while the model loads (no staging copy of any weight).
+    let device_memory = ferrite_memory::allocator(&sim);
+    device_memory.reset_peak_memory_stats();
+    let (held, allocs) = (device_memory.memory_allocated(), device_memory.memory_stats().allocation.all.allocated);
     let report = dst.load_state_dict(&src.state_dict(), true).unwrap();
     assert!(report.is_empty());
+    assert_eq!(device_memory.max_memory_allocated(), held, "loading must not allocate on the device");
+    assert_eq!(device_memory.memory_stats().allocation.all.allocated, allocs);
     for (h, p) in handles.iter().zip(dst.parameters()) {
         assert!(h.shares_storage(&p), "load copies into the existing tensors (optimizer handles stay valid)");
         assert!(p.requires_grad() && p.is_leaf());
@@ -225,6 +233,10 @@ fn round_trip_copies_in_place_across_devices_and_dtypes() {
     assert!(half.state_dict().iter().all(|(_, t)| t.dtype() == DType::BF16));
     dst.load_state_dict(&half.state_dict(), true).unwrap();
     assert!(dst.state_dict().iter().all(|(_, t)| t.dtype() == DType::F32));
+    assert_eq!(device_memory.max_memory_allocated(), held, "the bf16 → f32 conversion happens on the host side");
+    for ((k, a), (_, b)) in half.state_dict().iter().zip(dst.state_dict().iter()) {
+        assert_bits_equal(k, &a.to_dtype(DType::F32).unwrap(), &b.to_device(&Device::Cpu).unwrap());
+    }
 }
 
 #[test]

@@ -33,9 +33,12 @@ impl HfDecoder {
         Ok(HfDecoder { config, seq })
     }
 
-    /// The model on `device` (initialised; values do not matter on `meta`).
+    /// The model on `device` as `ferrite train --hf-model` builds it before loading the
+    /// folder's weights: under `ferrite_nn::skip_init`, so no random weights are drawn (drawing
+    /// them allocates temporaries the run never makes, and their cached blocks would change the
+    /// planned reserved memory).
     pub fn build_model(&self, device: &Device, checkpoint_activations: bool) -> Result<Decoder, PlanError> {
-        Ok(Decoder::new(&self.config, device, checkpoint_activations)?)
+        Ok(ferrite_nn::skip_init(|| Decoder::new(&self.config, device, checkpoint_activations))?)
     }
 }
 

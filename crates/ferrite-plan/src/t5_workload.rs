@@ -22,9 +22,10 @@ impl T5Workload {
         Ok(T5Workload { config, seq })
     }
 
-    /// The model on `device` (initialised; values do not matter on `meta`).
+    /// The model on `device` as `ferrite train --hf-model` builds it before loading (no weights drawn).
     pub fn build_model(&self, device: &Device, checkpoint_activations: bool) -> Result<T5Model, PlanError> {
-        Ok(T5Model::new(&self.config, device, checkpoint_activations)?)
+        // As `ferrite train --hf-model` builds it before loading (see `HfDecoder::build_model`).
+        Ok(ferrite_nn::skip_init(|| T5Model::new(&self.config, device, checkpoint_activations))?)
     }
 }
 

@@ -188,3 +188,39 @@ fn chunked_attention_matches_naive_attention_and_its_gradients() {
         assert!(close(&t.grad().unwrap().to_vec::<f64>().unwrap(), g));
     }
 }
+
+#[test]
+fn copy_across_devices_converts_and_broadcasts_on_the_source_side() {
+    // PyTorch's `dst.copy_(src)` with src on another device: what `load_state_dict` does with
+    // weights read on the CPU.
+    let d = dev(30);
+    let a = allocator(&d);
+    let dst = Tensor::zeros(&[3, 4], DType::F32, &d).unwrap();
+    let (held, allocs) = (a.memory_allocated(), a.memory_stats().allocation.all.allocated);
+    a.reset_peak_memory_stats();
+    let src = Tensor::arange(0.0, 12.0, 1.0, DType::F64, &Device::Cpu).unwrap().reshape(&[3, 4]).unwrap();
+    dst.copy_(&src).unwrap();
+    assert_eq!(dst.to_vec::<f32>().unwrap(), (0..12).map(|v| v as f32).collect::<Vec<_>>());
+    assert_eq!((a.max_memory_allocated(), a.memory_stats().allocation.all.allocated), (held, allocs));
+    // Broadcast from a row on the host.
+    let row = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4], &Device::Cpu).unwrap();
+    dst.copy_(&row).unwrap();
+    assert_eq!(dst.to_vec::<f32>().unwrap(), [1.0f32, 2.0, 3.0, 4.0].repeat(3));
+    // A strided destination (a transposed view) on the device, and back to the host.
+    let t = Tensor::zeros(&[4, 3], DType::F32, &d).unwrap();
+    t.t().unwrap().copy_(&src).unwrap();
+    assert_eq!(
+        t.t().unwrap().contiguous().unwrap().to_vec::<f32>().unwrap(),
+        src.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
+    );
+    dst.copy_(&src).unwrap();
+    let host = Tensor::zeros(&[3, 4], DType::F64, &Device::Cpu).unwrap();
+    host.copy_(&dst).unwrap();
+    assert_eq!(host.to_vec::<f64>().unwrap(), src.to_vec::<f64>().unwrap());
+    // The version moves as for any in-place write; a shape that does not broadcast is an error.
+    let v = dst.storage().version();
+    dst.copy_(&src).unwrap();
+    assert_eq!(dst.storage().version(), v + 1);
+    let bad = Tensor::zeros(&[5], DType::F32, &Device::Cpu).unwrap();
+    assert!(dst.copy_(&bad).is_err());
+}

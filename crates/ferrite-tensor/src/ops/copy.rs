@@ -212,12 +212,47 @@ impl Tensor {
     }
 
     /// Copy `src` into this tensor in place (broadcast, dtype-converted). Bumps the version.
+    ///
+    /// `src` may live on another device (PyTorch's cross-device `copy_`, what
+    /// `load_state_dict` does with weights read on the CPU): the data is converted and
+    /// broadcast on `src`'s side and written straight into this tensor's memory, so when this
+    /// tensor is contiguous its device allocates nothing — loading a checkpoint onto a GPU never
+    /// holds a second device copy of the largest weight.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
         check_inplace("copy_", self, &[src])?;
-        if !self.is_meta() {
-            crate::ops::check_same_device("copy_", self, src)?;
+        if !self.is_meta() && !crate::storage::same_device(self.storage(), src.storage()) {
+            return self.copy_across_devices(src);
         }
         copy_into(self, src)?;
+        self.storage().bump_version();
+        Ok(())
+    }
+
+    /// [`copy_`](Self::copy_) from another device.
+    fn copy_across_devices(&self, src: &Tensor) -> Result<()> {
+        if self.numel() == 0 {
+            return Ok(());
+        }
+        if src.is_meta() {
+            return Err(TensorError::MetaHasNoData { op: "copy_" });
+        }
+        // On src's device: broadcast to this shape, this dtype, contiguous (no copy when src
+        // already is all three).
+        let staged = src.detach().expand(self.shape())?;
+        let staged = if staged.dtype() == self.dtype() && staged.is_contiguous() {
+            staged
+        } else {
+            materialize(&staged, self.dtype())?
+        };
+        if self.is_contiguous() {
+            crate::backend::transfer(self, &staged)?;
+        } else {
+            // A strided destination: one contiguous block on this device, then the strided
+            // write.
+            let block = Tensor::empty_with(self.storage().allocator(), self.shape(), self.dtype())?;
+            crate::backend::transfer(&block, &staged)?;
+            copy_into(self, &block)?;
+        }
         self.storage().bump_version();
         Ok(())
     }
