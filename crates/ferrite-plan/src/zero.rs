@@ -401,7 +401,7 @@ fn differences(
                         .to_string(),
                 },
             ));
-            let sharded = ds.per_gpu_bytes - layer;
+            let ds_sharded = ds.per_gpu_bytes - layer;
             let what = match offload {
                 Offload::None => "sharded 16-bit weights (2 B/param) and fp32 states (16 B/param) over the GPUs",
                 Offload::Optimizer => "sharded 16-bit weights (2 B/param); the fp32 states are in CPU memory",
@@ -409,7 +409,7 @@ fn differences(
             };
             out.push(row(
                 "weights, gradients and optimizer state",
-                sharded,
+                ds_sharded,
                 fe.total,
                 match sharded {
                     Some((DataParallel::Zero3, world)) => format!(
