@@ -25,7 +25,7 @@ use ferrite_tensor::autograd::{next_node_seq, set_backward_node_hook};
 use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::PlanError;
-use crate::sharded_step::{RankLayout, make_optimizer, replicate_from_rank0};
+use crate::sharded_step::{DataParallel, RankLayout, make_optimizer, replicate_from_rank0, run_rank_step};
 use crate::step::{MarkKind, Phase, STEPS, mark};
 use crate::workload::{AmpMode, StepConfig, Workload};
 
@@ -49,6 +49,20 @@ struct Z3 {
 }
 
 type Shared = Rc<RefCell<Z3>>;
+
+/// One rank's step of any layout: ZeRO-3's here, the others' in [`crate::sharded_step`].
+pub(crate) fn run_layout_step(
+    workload: &dyn Workload,
+    config: &StepConfig,
+    device: &Device,
+    layout: RankLayout,
+) -> Result<u64, PlanError> {
+    if layout.mode == DataParallel::Zero3 {
+        run_zero3_rank_step(workload, config, device, layout)
+    } else {
+        run_rank_step(workload, config, device, layout)
+    }
+}
 
 /// Run one ZeRO-3 rank's step of `layout` on `device`; the parameter count, as `run_step_inner`.
 pub(crate) fn run_zero3_rank_step(

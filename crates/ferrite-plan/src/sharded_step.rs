@@ -149,16 +149,14 @@ pub(crate) fn make_optimizer(
     })
 }
 
-/// Run one rank's step of `layout` on `device`; the parameter count, as `run_step_inner`.
+/// Run one rank's step of `layout` (DDP, ZeRO-1 or ZeRO-2) on `device`; the parameter count, as
+/// `run_step_inner`. ZeRO-3: [`crate::fully_sharded_step::run_layout_step`] picks.
 pub(crate) fn run_rank_step(
     workload: &dyn Workload,
     config: &StepConfig,
     device: &Device,
     layout: RankLayout,
 ) -> Result<u64, PlanError> {
-    if layout.mode == DataParallel::Zero3 {
-        return crate::fully_sharded_step::run_zero3_rank_step(workload, config, device, layout);
-    }
     layout.check()?;
     mark(MarkKind::Phase { phase: Phase::Build, step: 0 });
     let model = workload.build(config, device)?;
