@@ -140,6 +140,8 @@ pub(crate) fn run_zero3_rank_step(
         }
     });
     let on_node = z.clone();
+    // The hook lives on this thread only (a thread-local of autograd); the API takes an `Arc`.
+    #[allow(clippy::arc_with_non_send_sync)]
     let _hook = set_backward_node_hook(Arc::new(move |seq| {
         before_node(&on_node, seq).map_err(|e| {
             let text = e.to_string();
