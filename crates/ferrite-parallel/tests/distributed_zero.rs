@@ -339,7 +339,7 @@ mod worker {
 
     /// ZeRO-1/2 or ZeRO-3 behind one face.
     enum Z {
-        Redundancy(ZeroRedundancy),
+        Redundancy(Box<ZeroRedundancy>),
         Full(FullySharded),
     }
 
@@ -370,7 +370,7 @@ mod worker {
         }
         fn finish(self) -> R<()> {
             match self {
-                Z::Redundancy(z) => z.finish(),
+                Z::Redundancy(z) => (*z).finish(),
                 Z::Full(f) => f.finish(),
             }
         }
@@ -415,7 +415,7 @@ mod worker {
         let m = model(100);
         let zero = match stage {
             ZeroStage::Three => Z::Full(FullySharded::new(&m, "Blocks", group.comm(), ZeroOptions::new(stage))?),
-            _ => Z::Redundancy(ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?),
+            _ => Z::Redundancy(Box::new(ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?)),
         };
         let mut opt = shard(zero.zero(), &Optim::<SgdRule>::new(m.parameters(), SgdConfig::new(0.1)).unwrap());
         for s in 0..STEPS {
@@ -574,7 +574,7 @@ mod worker {
         let options = ZeroOptions::new(stage).ddp(DdpOptions::default().bucket_cap_mb(0.0005));
         let zero = match stage {
             ZeroStage::Three => Z::Full(FullySharded::new(&m, "Blocks", group.comm(), options)?),
-            _ => Z::Redundancy(ZeroRedundancy::new(&m, group.comm(), options)?),
+            _ => Z::Redundancy(Box::new(ZeroRedundancy::new(&m, group.comm(), options)?)),
         };
         let mut opt = match optimizer(kind, &m) {
             Opt::Adam(o) => shard(zero.zero(), &o),
