@@ -1,4 +1,4 @@
-//! Sharded checkpoints of `mpirun -np N ferrite train --distributed --zero 1|2
+//! Sharded checkpoints of `mpirun -np N ferrite train --distributed --zero 1|2|3
 //! --save-checkpoint DIR`: every rank writes its shard, rank 0 the index last.
 //!
 //! - `--resume DIR` continues at the same world size bit-identically to the uninterrupted run, and
@@ -95,7 +95,7 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     // Same world size: epoch 1, save, resume for epoch 2 = the uninterrupted 2 epochs, bit for bit.
-    for stage in ["1", "2"] {
+    for stage in ["1", "2", "3"] {
         run_ok(2, &["--zero", stage, "--epochs", "2", "--out", "u.safetensors"], dir);
         run_ok(2, &["--zero", stage, "--epochs", "1", "--save-checkpoint", "ck2"], dir);
         let out = run_ok(2, &["--zero", stage, "--epochs", "2", "--resume", "ck2", "--out", "r.safetensors"], dir);
@@ -137,6 +137,17 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
         run_ok(ranks, &["--epochs", "2", "--resume", "ck3", "--out", "d_dir.safetensors"], dir);
         assert!(bits(&weights(&dir.join("d_dir.safetensors"))) == bits(&d), "{test}: DDP from ck3 on {ranks} ranks");
     }
+    // ZeRO-3 writes the same shards: saved on 3 ranks, resumed on 2 as DDP resumes from the
+    // consolidated file.
+    run_ok(3, &["--zero", "3", "--epochs", "1", "--save-checkpoint", "ck3z3"], dir);
+    let o = common::ferrite(&["convert", "ck3z3", "full3.ckpt"], dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(2, &["--zero", "3", "--epochs", "2", "--resume", "ck3z3", "--out", "z3.safetensors"], dir);
+    run_ok(2, &["--epochs", "2", "--resume", "full3.ckpt", "--out", "d3.safetensors"], dir);
+    let (z, d) = (weights(&dir.join("z3.safetensors")), weights(&dir.join("d3.safetensors")));
+    let (worst, at) = worst_relative(&z, &d, false);
+    println!("{test}: ZeRO-3 saved on 3 ranks, resumed on 2 vs DDP: largest relative difference {worst:e} at {at}");
+    assert!(worst < 1e-6, "{test}: ZeRO-3 resumed on 2 ranks: {worst} at {at}");
     // Saved again at the new size, under ZeRO-1, into the same directory: the old shards go.
     run_ok(2, &["--zero", "1", "--epochs", "2", "--resume", "ck3", "--save-checkpoint", "ck3"], dir);
     assert_eq!(shard_files(&ck3).len(), 2, "{:?}", shard_files(&ck3));
@@ -217,4 +228,12 @@ fn bad_sharded_checkpoints_and_disagreeing_ranks_are_typed_errors_on_every_rank(
     // so count the end of the message.
     assert!(err.contains("rank 1 has --zero = not given (DDP) but rank 0 has 2"), "{err}");
     assert!(count(&err, "--zero = not given (DDP) but rank 0 has 2") >= 2, "{err}");
+    // The same between ZeRO-3 and ZeRO-2.
+    let mut a = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()];
+    a.extend(train_args(&["--zero", "3", "--epochs", "1"]));
+    a.extend([":".into(), "-np".into(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()]);
+    a.extend(train_args(&["--zero", "2", "--epochs", "1"]));
+    let (_, out, err) = mpirun_every_rank(&a, dir);
+    assert!(!out.contains("test accuracy"), "{out}");
+    assert!(count(&err, "--zero = 2 but rank 0 has 3") >= 2, "{err}");
 }

@@ -1,8 +1,8 @@
-//! `ferrite plan --zero 1|2 --gpus-per-node N` predicts every rank's peak reserved memory of
-//! `mpirun -np N ferrite train --distributed --zero 1|2` on the same simulated GPU, within 2 %, for
-//! 2 and 3 ranks (3: an uneven partition, and parameters larger than a partition, so the ranks'
-//! shards differ); and at 3 ranks ZeRO-2's peak is below ZeRO-1's, which is below DDP's — planned
-//! and measured. Every mpirun is killed after a deadline. Skips loudly without MPI unless
+//! `ferrite plan --zero 1|2|3 --gpus-per-node N` predicts every rank's peak reserved memory of
+//! `mpirun -np N ferrite train --distributed --zero 1|2|3` on the same simulated GPU, within 2 %,
+//! for 2 and 3 ranks (3: an uneven partition, and parameters larger than a partition, so the
+//! ranks' shards differ); and at 3 ranks ZeRO-3's peak is below ZeRO-2's, which is below ZeRO-1's,
+//! which is below DDP's — planned and measured. Every mpirun is killed after a deadline. Skips loudly without MPI unless
 //! FERRITE_REQUIRE_SYSTEM_DEPS=1.
 
 mod common;
@@ -69,7 +69,7 @@ fn measured(stage: u8, ranks: usize, dir: &Path) -> Vec<f64> {
 fn check(test: &str, ranks: usize) -> Vec<(u8, f64, f64)> {
     let dir = tempfile::tempdir().unwrap();
     let mut maxima = Vec::new();
-    for stage in [0u8, 1, 2] {
+    for stage in [0u8, 1, 2, 3] {
         let p = predicted(stage, ranks, dir.path());
         let m = measured(stage, ranks, dir.path());
         let name = if stage == 0 { "DDP".to_string() } else { format!("ZeRO-{stage}") };
@@ -98,21 +98,30 @@ fn two_ranks_zero_peaks_are_predicted_per_rank() {
 }
 
 #[test]
-fn three_uneven_ranks_zero_peaks_are_predicted_per_rank_and_zero2_is_lowest() {
+fn three_uneven_ranks_zero_peaks_are_predicted_per_rank_and_zero3_is_lowest() {
     if !mpi_ready("three_ranks_zero_peaks") {
         return;
     }
     let m = check("three_ranks_zero_peaks", 3);
-    let (ddp, z1, z2) = (m[0], m[1], m[2]);
+    let (ddp, z1, z2, z3) = (m[0], m[1], m[2], m[3]);
     println!(
-        "three ranks, highest rank: ZeRO-1/DDP predicted {:.3} measured {:.3}; ZeRO-2/DDP predicted {:.3} measured {:.3}",
+        "three ranks, highest rank: ZeRO-1/DDP predicted {:.3} measured {:.3}; ZeRO-2/DDP predicted {:.3} measured {:.3}; ZeRO-3/DDP predicted {:.3} measured {:.3}",
         z1.1 / ddp.1,
         z1.2 / ddp.2,
         z2.1 / ddp.1,
-        z2.2 / ddp.2
+        z2.2 / ddp.2,
+        z3.1 / ddp.1,
+        z3.2 / ddp.2
     );
     for (what, i) in [("predicted", 1), ("measured", 2)] {
         let v = |t: (u8, f64, f64)| if i == 1 { t.1 } else { t.2 };
-        assert!(v(z2) < v(z1) && v(z1) < v(ddp), "{what}: ZeRO-2 {} < ZeRO-1 {} < DDP {}", v(z2), v(z1), v(ddp));
+        assert!(
+            v(z3) < v(z2) && v(z2) < v(z1) && v(z1) < v(ddp),
+            "{what}: ZeRO-3 {} < ZeRO-2 {} < ZeRO-1 {} < DDP {}",
+            v(z3),
+            v(z2),
+            v(z1),
+            v(ddp)
+        );
     }
 }

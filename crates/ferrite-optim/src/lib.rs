@@ -50,6 +50,7 @@ mod rmsprop;
 mod sgd;
 pub mod state_dict;
 mod update_target;
+mod zero3_units;
 
 pub use accumulation::Accumulator;
 pub use adagrad::{Adagrad, AdagradConfig, AdagradRule, AdagradState};
@@ -66,3 +67,4 @@ pub use optimizer::{GroupConfig, Optim, Optimizer, OptimizerId, ParamGroup, Para
 pub use rmsprop::{Rmsprop, RmspropConfig, RmspropRule, RmspropState};
 pub use sgd::{Sgd, SgdConfig, SgdRule, SgdState};
 pub use state_dict::{GroupState, HyperValue, OptimizerState, StateValue};
+pub use zero3_units::{zero3_unit_of, zero3_units};

@@ -78,6 +78,11 @@ pub enum ParallelError {
         "rank {rank}: parameter {index} of the optimizer's group {group} (shape {shape:?}) is not a trainable parameter of the model wrapped by ZeRO; build the optimizer from that model's parameters()"
     )]
     ZeroUnknownParameter { rank: usize, group: usize, index: usize, shape: Vec<usize> },
+    /// ZeRO-3 over a model whose parameters form no wrappable unit (no `name.<i>.…` blocks).
+    #[error(
+        "--zero 3: model {model} has no wrappable units (ZeRO-3 gathers and frees the parameters of each repeated block, found from parameter names like `blocks.3.…`, and this model has none); use --zero 2 (gradients and optimizer state sharded) or a model with blocks"
+    )]
+    ZeroNoUnits { model: String },
     /// A sharded checkpoint's state cannot be put into this rank's ZeRO shards.
     #[error("rank {rank}: the checkpoint's ZeRO state does not fit this run: {detail}")]
     ZeroState { rank: usize, detail: String },

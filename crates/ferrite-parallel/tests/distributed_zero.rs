@@ -1,9 +1,11 @@
-//! ZeRO-1 and ZeRO-2 under a real `mpirun -np 2` and `-np 3`: in one MPI job each rank trains the
+//! ZeRO-1, 2 and 3 under a real `mpirun -np 2` and `-np 3`: in one MPI job each rank trains the
 //! same model twice from the same start, once with `DistributedDataParallel` (the unsharded
-//! reference) and once with `ZeroRedundancy`, over the same batches, for several configurations;
-//! the test then checks that the two agree to 1e-6 relative and that every rank holds the same
-//! parameters. The model's 291 trainable values do not divide by 2 or 3, and its first weight
-//! (208 values) is larger than a partition at 3 ranks (97). Without MPI (or the `mpi` feature)
+//! reference) and once with `ZeroRedundancy` (stages 1, 2) or `FullySharded` (stage 3), over the
+//! same batches, for several configurations; the test then checks that the two agree to 1e-6
+//! relative and that every rank holds the same parameters. The model (two marked blocks, the
+//! ZeRO-3 units, and a head outside them, the root) has 359 trainable values, which do not divide
+//! by 2 or 3, and its first weight (208 values) is larger than a partition at 2 ranks (180) and
+//! at 3 (120). Without MPI (or the `mpi` feature)
 //! the tests skip loudly, unless FERRITE_REQUIRE_SYSTEM_DEPS=1, where they fail. Every mpirun
 //! is killed after a deadline: a hang fails the test, it never hangs it.
 
@@ -11,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferrite_nn::{Linear, Module, Sequential, Tanh};
+use ferrite_nn::{Linear, Module};
 use ferrite_tensor::{DType, Device, Generator, Tensor};
 
 const FEATURES: usize = 16;
@@ -19,7 +21,13 @@ const LOCAL_BATCH: usize = 8;
 const STEPS: usize = 5;
 
 /// `(name, optimizer, stage, clip, accumulation, scaler with an inf on the last rank at step 2)`.
+/// A name ending in `-ckpt` checkpoints the blocks (ZeRO-3 must gather them for the recompute).
 const CASES: &[(&str, &str, u32, bool, usize, bool)] = &[
+    ("adamw-groups-z3", "adamw", 3, false, 1, false),
+    ("sgd-clip-z3", "sgd", 3, true, 1, false),
+    ("rmsprop-accum-z3", "rmsprop", 3, false, 3, false),
+    ("adamw-clip-scaler-inf-z3", "adamw", 3, true, 2, true),
+    ("adagrad-clip-accum-z3-ckpt", "adagrad", 3, true, 2, false),
     ("adamw-groups-z1", "adamw", 1, false, 1, false),
     ("adamw-groups-z2", "adamw", 2, false, 1, false),
     ("sgd-clip-z1", "sgd", 1, true, 1, false),
@@ -31,13 +39,77 @@ const CASES: &[(&str, &str, u32, bool, usize, bool)] = &[
     ("adamw-clip-scaler-inf-z2", "adamw", 2, true, 2, true),
 ];
 
-fn model(seed: u64) -> Sequential {
+const TOTAL: usize = 359;
+
+/// Two blocks (`blocks.0`, `blocks.1`: Linear + tanh, each announced with `mark_layer` as the
+/// built-in models do) and a head; optionally each block checkpointed.
+#[derive(Clone)]
+struct Blocks {
+    blocks: Vec<Linear>,
+    head: Linear,
+    checkpoint: bool,
+    training: bool,
+}
+
+fn model(seed: u64) -> Blocks {
     let mut g = Generator::new(seed);
     let cpu = Device::Cpu;
-    Sequential::new()
-        .append(Linear::new_with(FEATURES, 13, true, &cpu, &mut g).unwrap())
-        .append(Tanh::new())
-        .append(Linear::new_with(13, 5, true, &cpu, &mut g).unwrap())
+    Blocks {
+        blocks: vec![
+            Linear::new_with(FEATURES, 13, true, &cpu, &mut g).unwrap(),
+            Linear::new_with(13, 7, true, &cpu, &mut g).unwrap(),
+        ],
+        head: Linear::new_with(7, 5, true, &cpu, &mut g).unwrap(),
+        checkpoint: false,
+        training: true,
+    }
+}
+
+impl Module for Blocks {
+    fn type_name(&self) -> &'static str {
+        "Blocks"
+    }
+    fn forward(&self, x: &Tensor) -> ferrite_nn::Result<Tensor> {
+        let mut h = x.clone();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let name = format!("blocks.{i}");
+            if self.checkpoint {
+                let b2 = b.clone();
+                let params = b.parameters();
+                h = ferrite_nn::checkpoint_with_params(
+                    move |xs| {
+                        ferrite_nn::mark_layer(&name);
+                        Ok(b2.forward(&xs[0])?.tanh()?)
+                    },
+                    &[&h],
+                    &params,
+                )?;
+            } else {
+                ferrite_nn::mark_layer(&name);
+                h = b.forward(&h)?.tanh()?;
+            }
+        }
+        ferrite_nn::mark_layer("head");
+        self.head.forward(&h)
+    }
+    fn children(&self) -> Vec<(String, &dyn Module)> {
+        let mut c: Vec<(String, &dyn Module)> =
+            self.blocks.iter().enumerate().map(|(i, b)| (format!("blocks.{i}"), b as &dyn Module)).collect();
+        c.push(("head".into(), &self.head));
+        c
+    }
+    fn children_mut(&mut self) -> Vec<(String, &mut dyn Module)> {
+        let mut c: Vec<(String, &mut dyn Module)> =
+            self.blocks.iter_mut().enumerate().map(|(i, b)| (format!("blocks.{i}"), b as &mut dyn Module)).collect();
+        c.push(("head".into(), &mut self.head));
+        c
+    }
+    fn is_training(&self) -> bool {
+        self.training
+    }
+    fn set_own_training(&mut self, training: bool) {
+        self.training = training;
+    }
 }
 
 fn data(rows: usize) -> (Tensor, Tensor) {
@@ -157,16 +229,22 @@ fn equality(ranks: usize) {
                 );
             }
             let facts = run.text(&format!("{name}.facts.rank{rank}"));
-            // Every rank holds ⌈291 / ranks⌉ values of optimizer state.
-            assert!(facts.contains(&format!("partition {}", 291usize.div_ceil(ranks))), "{name}: {facts}");
+            // Every rank holds ⌈359 / ranks⌉ values of optimizer state.
+            assert!(facts.contains(&format!("partition {}", TOTAL.div_ceil(ranks))), "{name}: {facts}");
             if name.starts_with("adamw") {
-                // AdamW's two moments for this rank's range only (DDP: 2 × 291 on every rank).
-                let per = 291usize.div_ceil(ranks);
-                let mine = per.min(291 - rank * per);
+                // AdamW's two moments for this rank's range only (DDP: 2 × 359 on every rank).
+                let per = TOTAL.div_ceil(ranks);
+                let mine = per.min(TOTAL - rank * per);
                 assert!(facts.contains(&format!("state values {}\n", 2 * mine)), "{name} rank {rank}: {facts}");
             }
-            if *stage == 2 {
+            if *stage >= 2 {
                 assert!(facts.contains("full gradients after step: none"), "{name} rank {rank}: {facts}");
+            }
+            if *stage == 3 {
+                // Between steps the blocks' parameters hold no bytes; the head (root) does.
+                assert!(facts.contains("released at rest [true, true, true, true, false, false]"), "{name}: {facts}");
+                // One unit's parameters hold bytes at a time (a prefetch waits in the comm buffer).
+                assert!(facts.contains("most units gathered 1\n"), "{name} rank {rank}: {facts}");
             }
             if *scaler {
                 // The inf was only in the last rank's shard: every rank skipped step 2.
@@ -178,12 +256,12 @@ fn equality(ranks: usize) {
 }
 
 #[test]
-fn zero_1_and_2_equal_ddp_on_2_ranks() {
+fn zero_1_2_and_3_equal_ddp_on_2_ranks() {
     equality(2);
 }
 
 #[test]
-fn zero_1_and_2_equal_ddp_on_3_ranks() {
+fn zero_1_2_and_3_equal_ddp_on_3_ranks() {
     equality(3);
 }
 
@@ -206,11 +284,11 @@ fn an_optimizer_over_foreign_tensors_is_a_typed_error_on_every_rank() {
 /// A rank that fails between backward and step (it announces its error, as a trainer does) stops
 /// the others inside their next step, with an error naming it, well within the deadline.
 #[test]
-fn a_failing_rank_stops_every_other_rank_naming_it_at_both_stages() {
+fn a_failing_rank_stops_every_other_rank_naming_it_at_every_stage() {
     if require_mpi("zero_failing_rank").is_none() {
         return;
     }
-    for stage in ["1", "2"] {
+    for stage in ["1", "2", "3"] {
         let run = launch(3, &format!("raise{stage}"), Duration::from_secs(120));
         assert!(!run.success, "stage {stage}: the failing rank exits non-zero:\n{}", run.log);
         for rank in [0, 2] {
@@ -219,6 +297,22 @@ fn a_failing_rank_stops_every_other_rank_naming_it_at_both_stages() {
         }
         assert!(run.elapsed < Duration::from_secs(60), "stage {stage} took {:?}", run.elapsed);
     }
+}
+
+/// ZeRO-3: a rank that dies while the others wait in a unit's all-gather: they stop with a typed
+/// error naming it within the deadline (20 s here), never hang.
+#[test]
+fn a_rank_dying_mid_gather_stops_the_others_naming_it() {
+    if require_mpi("zero3_dead_rank").is_none() {
+        return;
+    }
+    let run = launch(3, "die3", Duration::from_secs(120));
+    assert!(!run.success, "the dead rank fails the job:\n{}", run.log);
+    assert!(run.elapsed < Duration::from_secs(60), "took {:?}:\n{}", run.elapsed, run.log);
+    let named = [0, 2].iter().any(|r| {
+        std::fs::read_to_string(run.file(&format!("raise.error.rank{r}"))).is_ok_and(|e| e.contains("rank 1"))
+    });
+    assert!(named || run.log.contains("rank 1"), "no message names rank 1:\n{}", run.log);
 }
 
 /// The body of each rank (runs only under `launch`, which sets FERRITE_ZERO_CASE).
@@ -239,8 +333,48 @@ mod worker {
         RmspropConfig, RmspropRule, SgdConfig, SgdRule, UpdateRule, clip_grad_norm_,
     };
     use ferrite_parallel::distributed::{
-        DdpOptions, DistributedDataParallel, DistributedError, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage,
+        DdpOptions, DistributedDataParallel, DistributedError, FullySharded, NoSync, ProcessGroup, ZeroOptions,
+        ZeroRedundancy, ZeroStage, ZeroStepOutcome,
     };
+
+    /// ZeRO-1/2 or ZeRO-3 behind one face.
+    enum Z {
+        Redundancy(Box<ZeroRedundancy>),
+        Full(FullySharded),
+    }
+
+    impl Z {
+        fn zero(&self) -> &ZeroRedundancy {
+            match self {
+                Z::Redundancy(z) => z,
+                Z::Full(f) => f.zero(),
+            }
+        }
+        fn no_sync(&self) -> NoSync<'_> {
+            match self {
+                Z::Redundancy(z) => z.no_sync(),
+                Z::Full(f) => f.no_sync(),
+            }
+        }
+        fn backward(&self, loss: &Tensor) -> R<()> {
+            match self {
+                Z::Redundancy(z) => z.backward(loss),
+                Z::Full(f) => f.backward(loss),
+            }
+        }
+        fn step(&self, opt: &mut dyn Optimizer, clip: Option<f64>, sc: Option<&mut GradScaler>) -> R<ZeroStepOutcome> {
+            match self {
+                Z::Redundancy(z) => z.step(opt, clip, sc),
+                Z::Full(f) => f.step(opt, clip, sc),
+            }
+        }
+        fn finish(self) -> R<()> {
+            match self {
+                Z::Redundancy(z) => (*z).finish(),
+                Z::Full(f) => f.finish(),
+            }
+        }
+    }
 
     type R<T> = Result<T, DistributedError>;
 
@@ -257,9 +391,9 @@ mod worker {
             zero.finish().unwrap();
             return;
         }
-        if let Some(stage) = case.strip_prefix("raise") {
+        if let Some(stage) = case.strip_prefix("raise").or_else(|| case.strip_prefix("die")) {
             let stage = ZeroStage::from_number(stage.parse().unwrap()).unwrap();
-            if let Err(e) = raise(&group, stage) {
+            if let Err(e) = raise(&group, stage, case.starts_with("die")) {
                 std::fs::write(out.join(format!("raise.error.rank{rank}")), e.to_string()).unwrap();
             }
             return;
@@ -267,29 +401,37 @@ mod worker {
         for &(name, kind, stage, clip, accumulation, scaler) in CASES {
             let ddp = train_ddp(&group, kind, clip, accumulation, scaler).unwrap();
             write(out, &format!("{name}.ddp.rank{rank}"), &ddp);
-            let (zero, facts) = train_zero(&group, kind, stage, clip, accumulation, scaler).unwrap();
+            let (zero, facts) = train_zero(&group, name, kind, stage, clip, accumulation, scaler).unwrap();
             write(out, &format!("{name}.zero.rank{rank}"), &zero);
             std::fs::write(out.join(format!("{name}.facts.rank{rank}")), facts).unwrap();
         }
     }
 
-    /// Rank 1 fails after the backward of step 2; the others are then inside `step`.
-    fn raise(group: &ProcessGroup, stage: ZeroStage) -> R<()> {
+    /// Rank 1 fails after the backward of step 2; the others are then inside `step`. With `die`
+    /// (ZeRO-3) rank 1 instead aborts as the forward of step 2 starts: the others are then
+    /// inside the all-gather of the first unit.
+    fn raise(group: &ProcessGroup, stage: ZeroStage, die: bool) -> R<()> {
         let (rank, world) = (group.rank(), group.world_size());
         let m = model(100);
-        let zero = ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?;
-        let mut opt = shard(&zero, &Optim::<SgdRule>::new(m.parameters(), SgdConfig::new(0.1)).unwrap());
+        let zero = match stage {
+            ZeroStage::Three => Z::Full(FullySharded::new(&m, "Blocks", group.comm(), ZeroOptions::new(stage))?),
+            _ => Z::Redundancy(Box::new(ZeroRedundancy::new(&m, group.comm(), ZeroOptions::new(stage))?)),
+        };
+        let mut opt = shard(zero.zero(), &Optim::<SgdRule>::new(m.parameters(), SgdConfig::new(0.1)).unwrap());
         for s in 0..STEPS {
+            if die && s == 2 && rank == 1 {
+                std::process::abort();
+            }
             let (xb, yb) = batch(s, 0, 1, rank, world);
             zero.backward(&mse(&m.forward(&xb)?, &yb)?)?;
-            if s == 2 && rank == 1 {
-                zero.announce_failure("injected failure");
+            if !die && s == 2 && rank == 1 {
+                zero.zero().announce_failure("injected failure");
                 // Give the others time to report before mpirun ends the job on this exit.
                 std::thread::sleep(Duration::from_secs(2));
                 std::process::exit(1);
             }
             zero.step(opt.as_mut(), None, None)?;
-            zero.zero_grad(opt.as_mut())?;
+            zero.zero().zero_grad(opt.as_mut())?;
         }
         zero.finish()
     }
@@ -417,6 +559,7 @@ mod worker {
 
     fn train_zero(
         group: &ProcessGroup,
+        name: &str,
         kind: &str,
         stage: u32,
         clip: bool,
@@ -424,20 +567,25 @@ mod worker {
         scaler: bool,
     ) -> R<(Vec<f32>, String)> {
         let (rank, world) = (group.rank(), group.world_size());
-        let m = model(100 + rank as u64);
+        let mut m = model(100 + rank as u64);
+        m.checkpoint = name.ends_with("-ckpt");
         let stage = ZeroStage::from_number(stage).unwrap();
         // Small buckets: several all-reduces / reduce-scatters per step.
         let options = ZeroOptions::new(stage).ddp(DdpOptions::default().bucket_cap_mb(0.0005));
-        let zero = ZeroRedundancy::new(&m, group.comm(), options)?;
+        let zero = match stage {
+            ZeroStage::Three => Z::Full(FullySharded::new(&m, "Blocks", group.comm(), options)?),
+            _ => Z::Redundancy(Box::new(ZeroRedundancy::new(&m, group.comm(), options)?)),
+        };
         let mut opt = match optimizer(kind, &m) {
-            Opt::Adam(o) => shard(&zero, &o),
-            Opt::Sgd(o) => shard(&zero, &o),
-            Opt::Rms(o) => shard(&zero, &o),
-            Opt::Ada(o) => shard(&zero, &o),
+            Opt::Adam(o) => shard(zero.zero(), &o),
+            Opt::Sgd(o) => shard(zero.zero(), &o),
+            Opt::Rms(o) => shard(zero.zero(), &o),
+            Opt::Ada(o) => shard(zero.zero(), &o),
         };
         let mut sc = scaler_for(scaler);
         let mut stepped = Vec::new();
         let mut full_grads_after_step = "none";
+        let mut released = Vec::new();
         for s in 0..STEPS {
             for k in 0..accumulation {
                 let (xb, yb) = batch(s, k, accumulation, rank, world);
@@ -456,7 +604,7 @@ mod worker {
                 // Only the last rank sees it: it owns the last parameter's last value.
                 match stage {
                     ZeroStage::One => poison(&m.parameters().last().unwrap().grad().unwrap()),
-                    ZeroStage::Two => poison(&zero.shards().last().unwrap().grad().unwrap()),
+                    _ => poison(&zero.zero().shards().last().unwrap().grad().unwrap()),
                 }
             }
             let outcome = zero.step(opt.as_mut(), clip.then_some(0.05), sc.as_mut())?;
@@ -464,11 +612,16 @@ mod worker {
                 sc.update()?;
             }
             stepped.push(outcome.stepped);
-            if stage == ZeroStage::Two && m.parameters().iter().any(|p| p.grad().is_some()) {
+            if stage != ZeroStage::One && m.parameters().iter().any(|p| p.grad().is_some()) {
                 full_grads_after_step = "some";
             }
-            zero.zero_grad(opt.as_mut())?;
+            released = m.parameters().iter().map(Tensor::is_storage_released).collect::<Vec<_>>();
+            zero.zero().zero_grad(opt.as_mut())?;
         }
+        let most = match &zero {
+            Z::Full(f) => f.max_units_gathered(),
+            Z::Redundancy(_) => 0,
+        };
         let state_values: usize = opt
             .state_dict()?
             .state
@@ -480,8 +633,8 @@ mod worker {
             })
             .sum();
         let facts = format!(
-            "partition {}\nstate values {state_values}\nfull gradients after step: {full_grads_after_step}\nstepped {stepped:?}\nscale {}\n",
-            zero.partition_numel(),
+            "partition {}\nstate values {state_values}\nfull gradients after step: {full_grads_after_step}\nstepped {stepped:?}\nscale {}\nreleased at rest {released:?}\nmost units gathered {most}\n",
+            zero.zero().partition_numel(),
             sc.as_ref().map(|s| s.get_scale()).unwrap_or(0.0)
         );
         zero.finish()?;

@@ -21,6 +21,7 @@
 mod builtin;
 mod error;
 mod evaluate;
+mod fully_sharded_step;
 mod hf_workload;
 mod lora_workload;
 mod measure;

@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use crate::PlanError;
 use crate::evaluate::Target;
-use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::fully_sharded_step::run_layout_step;
+use crate::sharded_step::RankLayout;
 use crate::step::{CustomStep, run_step};
 use crate::workload::{StepConfig, Workload};
 
@@ -50,7 +51,7 @@ fn measure_with(
     if let Some(f) = target.memory_fraction {
         alloc.set_per_process_memory_fraction(f)?;
     }
-    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let rank_step = layout.map(|l| move |d: &Device| run_layout_step(workload, config, d, l));
     let result = run_step(workload, config, &device, None, rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let measured = Measured {
         peak_allocated_bytes: alloc.max_memory_allocated(),

@@ -152,7 +152,7 @@ mod tests {
     #[test]
     fn every_rank_is_predicted_within_two_percent_of_its_step_run_on_sim() {
         let (w, config, target) = (mlp(), StepConfig::new(32), t4());
-        for mode in [DataParallel::Ddp, DataParallel::Zero1, DataParallel::Zero2] {
+        for mode in [DataParallel::Ddp, DataParallel::Zero1, DataParallel::Zero2, DataParallel::Zero3] {
             for world in [2, 3] {
                 let plan = plan_ranks(&w, &config, &target, mode, world, None).unwrap();
                 for r in &plan.ranks {
@@ -173,10 +173,12 @@ mod tests {
     }
 
     #[test]
-    fn at_three_ranks_zero2_needs_less_than_zero1_which_needs_less_than_ddp() {
+    fn at_three_ranks_zero3_needs_less_than_zero2_than_zero1_than_ddp() {
         let (w, config, target) = (mlp(), StepConfig::new(32), t4());
         let peak = |mode| plan_ranks(&w, &config, &target, mode, 3, None).unwrap();
         let (ddp, z1, z2) = (peak(DataParallel::Ddp), peak(DataParallel::Zero1), peak(DataParallel::Zero2));
+        let z3 = peak(DataParallel::Zero3);
+        assert!(z3.peak_reserved_bytes < z2.peak_reserved_bytes, "{z3:?}\n{z2:?}");
         assert!(z2.peak_reserved_bytes < z1.peak_reserved_bytes, "{z2:?}\n{z1:?}");
         assert!(z1.peak_reserved_bytes < ddp.peak_reserved_bytes, "{z1:?}\n{ddp:?}");
         // The shards cover every trainable value once.

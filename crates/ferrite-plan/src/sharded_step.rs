@@ -1,4 +1,5 @@
-//! One rank's training step under data parallelism over MPI — DDP, ZeRO-1 or ZeRO-2 as
+//! One rank's training step under data parallelism over MPI — DDP, ZeRO-1 or ZeRO-2 (ZeRO-3:
+//! [`crate::fully_sharded_step`]) as
 //! `mpirun -np W ferrite train --distributed [--zero S]` runs it — with every allocation the
 //! rank's device sees, so the planner predicts each rank's own peak.
 //!
@@ -46,14 +47,18 @@ pub enum DataParallel {
     Zero1,
     /// Optimizer state and gradients partitioned; gradients reduce-scattered (`--zero 2`).
     Zero2,
+    /// Parameters partitioned too, each unit gathered around its forward and backward
+    /// (`--zero 3`; see [`crate::fully_sharded_step`]).
+    Zero3,
 }
 
 impl DataParallel {
-    /// `--zero 1|2`; `None` for any other stage (ZeRO-3 does not run in ferrite yet).
+    /// `--zero 1|2|3`; `None` for any other stage.
     pub fn zero_stage(stage: u8) -> Option<DataParallel> {
         match stage {
             1 => Some(DataParallel::Zero1),
             2 => Some(DataParallel::Zero2),
+            3 => Some(DataParallel::Zero3),
             _ => None,
         }
     }
@@ -64,6 +69,7 @@ impl DataParallel {
             DataParallel::Ddp => "DDP",
             DataParallel::Zero1 => "ZeRO-1",
             DataParallel::Zero2 => "ZeRO-2",
+            DataParallel::Zero3 => "ZeRO-3",
         }
     }
 
@@ -73,6 +79,7 @@ impl DataParallel {
             DataParallel::Ddp => vec![],
             DataParallel::Zero1 => vec!["--zero".into(), "1".into()],
             DataParallel::Zero2 => vec!["--zero".into(), "2".into()],
+            DataParallel::Zero3 => vec!["--zero".into(), "3".into()],
         }
     }
 
@@ -114,7 +121,36 @@ pub fn fullest_rank(numels: &[usize], world: usize) -> usize {
     (0..world.max(1)).max_by_key(|&r| (values(r), p.pieces(r).len(), std::cmp::Reverse(r))).unwrap_or(0)
 }
 
-/// Run one rank's step of `layout` on `device`; the parameter count, as `run_step_inner`.
+/// `replicate_from_rank0`: rank 0's values arrive as f64 and are copied into each parameter and
+/// buffer.
+pub(crate) fn replicate_from_rank0(
+    named: &[(String, Tensor)],
+    buffers: &[(String, Tensor)],
+    device: &Device,
+) -> Result<(), PlanError> {
+    let _g = no_grad();
+    for (_, t) in named.iter().chain(buffers) {
+        let src = Tensor::zeros(t.shape(), DType::F64, device)?;
+        t.copy_(&src)?;
+    }
+    Ok(())
+}
+
+/// The step's optimizer over `opt_params` (the model's parameters, or a rank's shards).
+pub(crate) fn make_optimizer(
+    config: &StepConfig,
+    opt_params: Vec<(String, Tensor)>,
+) -> Result<Box<dyn Optimizer>, PlanError> {
+    Ok(match config.optimizer {
+        OptimizerKind::Adamw => Box::new(Adam::named(opt_params, AdamConfig::adamw(1e-3).weight_decay(0.01))?),
+        OptimizerKind::Adam => Box::new(Adam::named(opt_params, AdamConfig::adam(1e-3))?),
+        OptimizerKind::Sgd => Box::new(Sgd::named(opt_params, SgdConfig::new(1e-2).momentum(0.9))?),
+        OptimizerKind::SgdPlain => Box::new(Sgd::named(opt_params, SgdConfig::new(1e-2))?),
+    })
+}
+
+/// Run one rank's step of `layout` (DDP, ZeRO-1 or ZeRO-2) on `device`; the parameter count, as
+/// `run_step_inner`. ZeRO-3: [`crate::fully_sharded_step::run_layout_step`] picks.
 pub(crate) fn run_rank_step(
     workload: &dyn Workload,
     config: &StepConfig,
@@ -129,15 +165,7 @@ pub(crate) fn run_rank_step(
     let trainable: Vec<(String, Tensor)> = named.iter().filter(|(_, t)| t.requires_grad()).cloned().collect();
     let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.clone()).collect();
     let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
-
-    // `replicate_from_rank0`: rank 0's values arrive as f64 and are copied into each tensor.
-    {
-        let _g = no_grad();
-        for (_, t) in named.iter().chain(model.named_buffers().iter()) {
-            let src = Tensor::zeros(t.shape(), DType::F64, device)?;
-            t.copy_(&src)?;
-        }
-    }
+    replicate_from_rank0(&named, &model.named_buffers(), device)?;
     // `Reducer::new` → `BucketBuffers::new`: per bucket, two buffers of values + one flag per
     // parameter, allocated one after the other.
     let mut buckets: Vec<(Vec<usize>, [Tensor; 2])> = Vec::new();
@@ -170,12 +198,7 @@ pub(crate) fn run_rank_step(
     } else {
         named.clone()
     };
-    let mut opt: Box<dyn Optimizer> = match config.optimizer {
-        OptimizerKind::Adamw => Box::new(Adam::named(opt_params, AdamConfig::adamw(1e-3).weight_decay(0.01))?),
-        OptimizerKind::Adam => Box::new(Adam::named(opt_params, AdamConfig::adam(1e-3))?),
-        OptimizerKind::Sgd => Box::new(Sgd::named(opt_params, SgdConfig::new(1e-2).momentum(0.9))?),
-        OptimizerKind::SgdPlain => Box::new(Sgd::named(opt_params, SgdConfig::new(1e-2))?),
-    };
+    let mut opt = make_optimizer(config, opt_params)?;
     let scaling = config.amp == Some(AmpMode::F16);
     let mut scaler = GradScaler::new(GradScalerConfig { enabled: scaling, ..GradScalerConfig::default() })?;
     let acc = Accumulator::new(config.accum_steps)?;
@@ -319,7 +342,8 @@ mod tests {
     fn a_rank_outside_the_run_is_refused() {
         let l = RankLayout { mode: DataParallel::Zero1, world: 2, rank: 2 };
         assert!(l.check().unwrap_err().to_string().contains("rank 2 of 2"));
-        assert_eq!(DataParallel::zero_stage(3), None);
+        assert_eq!(DataParallel::zero_stage(4), None);
+        assert_eq!(DataParallel::zero_stage(3).map(DataParallel::name), Some("ZeRO-3"));
         assert_eq!(DataParallel::zero_stage(2).map(DataParallel::train_flags), Some(vec!["--zero".into(), "2".into()]));
     }
 }

@@ -15,7 +15,8 @@ use ferrite_memory::{Device, TraceAction, allocator};
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::sharded_step::{RankLayout, run_rank_step};
+use crate::fully_sharded_step::run_layout_step;
+use crate::sharded_step::RankLayout;
 use crate::step::{CustomStep, MarkKind, Phase, run_step};
 use crate::workload::{StepConfig, Workload};
 
@@ -129,7 +130,7 @@ fn record_with(
     let _guard = PLAN_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let meta = allocator(&Device::Meta);
     meta.record_memory_history(Some(MAX_EVENTS));
-    let rank_step = layout.map(|l| move |d: &Device| run_rank_step(workload, config, d, l));
+    let rank_step = layout.map(|l| move |d: &Device| run_layout_step(workload, config, d, l));
     let run =
         run_step(workload, config, &Device::Meta, Some(meta.clone()), rank_step.as_ref().map(|f| f as &CustomStep<'_>));
     let history = meta.memory_history();

@@ -10,8 +10,9 @@
 //! ferrite runs (`mpirun -np N ferrite train --distributed --zero 1|2`) — one rank of ferrite's own
 //! sharded layout, planned rank by rank ([`crate::rank_plan`]): full f32 weights on every rank,
 //! AdamW's moments and an f32 master copy of the rank's partition (12 B/param over N), the full
-//! f32 gradients in DDP's buckets (ZeRO-1) or only during backward (ZeRO-2). ZeRO-3 (parameters
-//! partitioned) does not run in ferrite yet: its rows are DeepSpeed's alone.
+//! f32 gradients in DDP's buckets (ZeRO-1) or only during backward (ZeRO-2). ZeRO-3 (`--zero 3`)
+//! keeps only the shards and the root's weights resident; each block's weights and gradients
+//! exist while the block computes ([`crate::fully_sharded_step`]).
 //!
 //! DeepSpeed's formulas (`P` parameters, `L` largest layer's parameters, `N` GPUs in all, `n`
 //! GPUs per node, `k` nodes, buffer factor `f` = 1.5):
@@ -390,11 +391,17 @@ fn differences(
                 &format!("gathered largest layer (`{}`)", sizes.largest_layer),
                 layer,
                 0,
-                "ZeRO-3 gathers one layer's 16-bit weights and computes its 16-bit gradients at a time (4 B/param of \
-                 the largest module); ferrite never gathers, every weight is resident"
-                    .into(),
+                match sharded {
+                    Some((DataParallel::Zero3, _)) => "ZeRO-3 gathers one layer's 16-bit weights and computes its 16-bit \
+                        gradients at a time (4 B/param of the largest module); ferrite's ZeRO-3 gathers one block (unit) \
+                        in the weights' dtype and its f32 gradients, freed after the block's backward (in its peak)"
+                        .to_string(),
+                    _ => "ZeRO-3 gathers one layer's 16-bit weights and computes its 16-bit gradients at a time (4 B/param of \
+                          the largest module); ferrite never gathers, every weight is resident"
+                        .to_string(),
+                },
             ));
-            let sharded = ds.per_gpu_bytes - layer;
+            let ds_sharded = ds.per_gpu_bytes - layer;
             let what = match offload {
                 Offload::None => "sharded 16-bit weights (2 B/param) and fp32 states (16 B/param) over the GPUs",
                 Offload::Optimizer => "sharded 16-bit weights (2 B/param); the fp32 states are in CPU memory",
@@ -402,9 +409,19 @@ fn differences(
             };
             out.push(row(
                 "weights, gradients and optimizer state",
-                sharded,
+                ds_sharded,
                 fe.total,
-                format!("DeepSpeed: {what}; ZeRO-3 does not run in ferrite yet: its nearest run keeps f32 weights, f32 gradients and AdamW's m and v, 16 B/param, unsharded on every GPU (or --zero 1|2: the optimizer state sharded)"),
+                match sharded {
+                    Some((DataParallel::Zero3, world)) => format!(
+                        "DeepSpeed: {what}; ferrite's ZeRO-3 over {world} ranks keeps f32 master shards, f32 shard \
+                         gradients and AdamW's m and v (16 B/param over {world}) and the root's weights (outside every \
+                         block: embeddings, final norm, head) whole on every rank"
+                    ),
+                    _ => format!(
+                        "DeepSpeed: {what}; ferrite without --zero 3 keeps f32 weights, f32 gradients and AdamW's m and v, \
+                         16 B/param, unsharded on every GPU (or --zero 1|2: the optimizer state sharded)"
+                    ),
+                },
             ));
         }
     }

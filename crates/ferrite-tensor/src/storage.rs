@@ -1,16 +1,26 @@
 //! A tensor's bytes: one allocator block, shared by every view of it, plus the version counter
 //! that lets autograd notice in-place writes to something backward still needs.
+//!
+//! The block can be *released* and later *refilled* while the storage (and every handle and
+//! saved-for-backward alias of it) stays alive: PyTorch's `storage.resize_(0)` / re-allocation
+//! that FSDP (ZeRO-3) uses to free a unit's gathered parameters between its forward and its
+//! backward. A released storage keeps its size but has no bytes; kernels touching it get
+//! [`crate::TensorError::StorageReleased`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferrite_memory::{Block, CachingAllocator, Device};
+use parking_lot::RwLock;
 
 use crate::backend::{KernelBackend, kernels_for};
 use crate::error::Result;
 
 pub struct Storage {
-    block: Block,
+    /// `None` once released (see the module docs).
+    block: RwLock<Option<Block>>,
+    /// Bytes asked for at allocation (kept while released).
+    nbytes: usize,
     allocator: Arc<CachingAllocator>,
     /// The kernels that compute on this storage's device (resolved once, at allocation).
     kernels: &'static dyn KernelBackend,
@@ -28,7 +38,13 @@ impl Storage {
         }
         let block = allocator.allocate(nbytes)?;
         let kernels = kernels_for(allocator.device());
-        Ok(Arc::new(Storage { block, allocator: allocator.clone(), kernels, version: AtomicU64::new(0) }))
+        Ok(Arc::new(Storage {
+            nbytes: block.requested_size(),
+            block: RwLock::new(Some(block)),
+            allocator: allocator.clone(),
+            kernels,
+            version: AtomicU64::new(0),
+        }))
     }
 
     pub fn device(&self) -> &Device {
@@ -46,12 +62,35 @@ impl Storage {
 
     /// Bytes the allocator accounts for this storage.
     pub fn nbytes(&self) -> usize {
-        self.block.requested_size()
+        self.nbytes
     }
 
-    /// Host pointer to the first byte; `None` on `meta` (and for empty storages).
+    /// Host pointer to the first byte; `None` on `meta`, for empty and for released storages.
     pub(crate) fn ptr(&self) -> Option<*mut u8> {
-        self.block.host_ptr().map(|p| p.as_ptr())
+        self.block.read().as_ref().and_then(|b| b.host_ptr()).map(|p| p.as_ptr())
+    }
+
+    /// Whether [`release`](Self::release) gave the bytes back (and nothing refilled them yet).
+    pub fn is_released(&self) -> bool {
+        self.block.read().is_none()
+    }
+
+    /// Give the bytes back to the allocator now; the storage keeps its size and every handle to
+    /// it stays valid, but reading or writing it is an error until it is refilled.
+    pub(crate) fn release(&self) {
+        let block = self.block.write().take();
+        drop(block);
+    }
+
+    /// Take `other`'s bytes (same size, same device) as this storage's, leaving `other`
+    /// released. The version is not bumped: the caller puts back the values the storage held.
+    pub(crate) fn take_bytes_of(&self, other: &Storage) -> bool {
+        if other.nbytes != self.nbytes || !same_device(self, other) {
+            return false;
+        }
+        let Some(block) = other.block.write().take() else { return false };
+        *self.block.write() = Some(block);
+        true
     }
 
     pub fn version(&self) -> u64 {
@@ -65,12 +104,13 @@ impl Storage {
     /// Bytes of the allocator block (the request rounded up; kernels may touch the padding).
     #[cfg(feature = "gpu")]
     pub(crate) fn block_size(&self) -> usize {
-        self.block.size()
+        self.block.read().as_ref().map_or(0, Block::size)
     }
 
     /// The device address (distinct per live block, also on meta).
+    /// `0` while released.
     pub fn addr(&self) -> u64 {
-        self.block.addr()
+        self.block.read().as_ref().map_or(0, Block::addr)
     }
 }
 
@@ -101,5 +141,23 @@ mod tests {
             Err(e) => e,
         };
         assert!(matches!(e, TensorError::Memory(MemoryError::GpuNotCompiled { .. })), "{e:?}");
+    }
+
+    #[test]
+    fn a_released_storage_errors_when_used_and_a_refill_restores_it_without_a_version_bump() {
+        let w = crate::Tensor::from_vec(vec![1f32, 2.0, 3.0], &[3], &ferrite_memory::Device::Cpu).unwrap();
+        let version = w.storage().version();
+        w.release_storage();
+        assert!(w.is_storage_released());
+        let e = w.to_vec::<f32>().unwrap_err();
+        assert!(matches!(e, crate::error::TensorError::StorageReleased { .. }), "{e:?}");
+        let wrong = crate::Tensor::from_vec(vec![1f32, 2.0], &[2], &ferrite_memory::Device::Cpu).unwrap();
+        assert!(matches!(w.refill_storage_from(wrong), Err(crate::error::TensorError::StorageRefill { .. })));
+        w.refill_storage_from(
+            crate::Tensor::from_vec(vec![4f32, 5.0, 6.0], &[3], &ferrite_memory::Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(w.to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0]);
+        assert_eq!(w.storage().version(), version);
     }
 }

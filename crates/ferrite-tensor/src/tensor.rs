@@ -248,8 +248,53 @@ impl Tensor {
             // SAFETY: offset is within the storage (layouts are only built by checked view ops).
             Some(p) => Ok(unsafe { p.add(self.0.layout.offset * self.0.dtype.size_in_bytes()) as *mut T }),
             None if self.numel() == 0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
+            None if self.0.storage.is_released() => Err(TensorError::StorageReleased { op }),
             None => Err(TensorError::MetaHasNoData { op }),
         }
+    }
+
+    /// Give this tensor's bytes back to its allocator now, keeping the tensor (shape, autograd
+    /// identity, every view and every alias saved for backward) alive: what PyTorch's FSDP does
+    /// with `storage.resize_(0)` to free a unit's gathered parameters after its forward. Using
+    /// the tensor is then an error ([`TensorError::StorageReleased`]) until
+    /// [`refill_storage_from`](Self::refill_storage_from). Releasing twice is a no-op.
+    pub fn release_storage(&self) {
+        self.0.storage.release();
+    }
+
+    /// Whether this tensor's storage is released (see [`release_storage`](Self::release_storage)).
+    pub fn is_storage_released(&self) -> bool {
+        self.0.storage.is_released()
+    }
+
+    /// Make `src`'s bytes this tensor's storage (replacing what it held, e.g. refilling a released
+    /// one): `src` must be a contiguous tensor of the same dtype, device and storage size that
+    /// nothing else references (a fresh result). No copy is made and the storage's version is not
+    /// bumped: the caller puts back the values the storage held when autograd saved it (FSDP's
+    /// gather before a unit's backward), so saved tensors stay valid.
+    pub fn refill_storage_from(&self, src: Tensor) -> Result<()> {
+        let refuse = |detail: String| Err(TensorError::StorageRefill { detail });
+        if src.dtype() != self.dtype() || src.storage_offset() != 0 || !src.is_contiguous() {
+            return refuse(format!(
+                "source must be a contiguous {} tensor at offset 0 (got {} at offset {})",
+                self.dtype(),
+                src.dtype(),
+                src.storage_offset()
+            ));
+        }
+        if !src.is_exclusively_owned() {
+            return refuse("source is referenced elsewhere; pass a fresh tensor".into());
+        }
+        if !self.0.storage.take_bytes_of(&src.0.storage) {
+            return refuse(format!(
+                "source holds {} bytes on {}, the storage {} bytes on {}",
+                src.0.storage.nbytes(),
+                src.device(),
+                self.0.storage.nbytes(),
+                self.device()
+            ));
+        }
+        Ok(())
     }
 
     /// Where this contiguous tensor's first element sits in host memory, so a library that moves
@@ -277,6 +322,7 @@ impl Tensor {
         match self.0.storage.ptr() {
             Some(p) => Ok(p as *mut T),
             None if self.numel() == 0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
+            None if self.0.storage.is_released() => Err(TensorError::StorageReleased { op }),
             None => Err(TensorError::MetaHasNoData { op }),
         }
     }

@@ -24,7 +24,9 @@ use ferrite_tensor::{Generator, Tensor};
 use crate::error::TrainError;
 
 #[cfg(feature = "mpi")]
-use ferrite_parallel::distributed::{DdpOptions, GradientSync, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage};
+use ferrite_parallel::distributed::{
+    DdpOptions, FullySharded, GradientSync, ProcessGroup, ZeroOptions, ZeroRedundancy, ZeroStage,
+};
 
 /// This process's rank in a `--distributed` run.
 pub struct Distributed {
@@ -34,8 +36,9 @@ pub struct Distributed {
     world_size: usize,
 }
 
-/// Gradient averaging for the trainer's step (see `Stepper`): DDP's all-reduce, or ZeRO-1/2
-/// (optimizer state, and at stage 2 gradients, sharded over the ranks; the step itself then goes
+/// Gradient averaging for the trainer's step (see `Stepper`): DDP's all-reduce, or ZeRO-1/2/3
+/// (optimizer state, at stage 2 gradients and at stage 3 parameters too, sharded over the
+/// ranks; the step itself then goes
 /// through [`ZeroRedundancy::step`]: global-norm clipping, the inf verdict of every rank, the
 /// all-gather of the updated parameters).
 #[cfg(feature = "mpi")]
@@ -46,6 +49,8 @@ enum SyncKind {
     Ddp(GradientSync),
     // Boxed: ZeroRedundancy is several times GradientSync's size.
     Zero(Box<ZeroRedundancy>),
+    /// ZeRO-3: the units' parameters gathered around their forward and backward.
+    Fsdp(FullySharded),
 }
 
 /// Never built without MPI.
@@ -109,26 +114,32 @@ impl Distributed {
         }
     }
 
-    /// As [`sync_for`](Self::sync_for), with ZeRO stage `stage` (1 or 2; anything else is a
-    /// typed error naming `--zero`): build the optimizer through [`StepSync::optimizer`].
+    /// As [`sync_for`](Self::sync_for), with ZeRO stage `stage` (1, 2 or 3; anything else is a
+    /// typed error naming `--zero`): build the optimizer through [`StepSync::optimizer`]. Stage 3
+    /// needs a model with wrappable units (repeated blocks); the error names the model otherwise.
     pub fn zero_for(&self, model: &dyn Module, stage: u32) -> Result<StepSync, TrainError> {
-        if !(1..=2).contains(&stage) {
-            return Err(TrainError::InvalidArgument {
-                flag: "zero",
-                value: stage.to_string(),
-                expected: "1 (optimizer state sharded) or 2 (and gradients); ZeRO-3 is not implemented yet",
-            });
-        }
         #[cfg(feature = "mpi")]
         {
+            // Agree first, so a rank given another (even an invalid) --zero is named on every rank.
             self.same_zero_stage(stage)?;
-            let stage = ZeroStage::from_number(stage).unwrap_or(ZeroStage::One);
-            let zero = ZeroRedundancy::new(model, self.group.comm(), ZeroOptions::new(stage))?;
+            let Some(stage) = ZeroStage::from_number(stage) else {
+                return Err(TrainError::InvalidArgument {
+                    flag: "zero",
+                    value: stage.to_string(),
+                    expected: "1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters)",
+                });
+            };
+            let options = ZeroOptions::new(stage);
+            if stage == ZeroStage::Three {
+                let fsdp = FullySharded::new(model, model.type_name(), self.group.comm(), options)?;
+                return Ok(StepSync(SyncKind::Fsdp(fsdp)));
+            }
+            let zero = ZeroRedundancy::new(model, self.group.comm(), options)?;
             Ok(StepSync(SyncKind::Zero(Box::new(zero))))
         }
         #[cfg(not(feature = "mpi"))]
         {
-            let _ = model;
+            let _ = (model, stage);
             Err(ferrite_parallel::distributed::DistributedError::NotBuiltWithMpi.into())
         }
     }
@@ -318,6 +329,7 @@ impl StepSync {
         match &self.0 {
             SyncKind::Ddp(_) => Ok(Box::new(opt)),
             SyncKind::Zero(z) => Ok(Box::new(z.shard_optimizer(&opt)?)),
+            SyncKind::Fsdp(f) => Ok(Box::new(f.shard_optimizer(&opt)?)),
         }
         #[cfg(not(feature = "mpi"))]
         {
@@ -332,15 +344,45 @@ impl StepSync {
         match &self.0 {
             SyncKind::Ddp(_) => None,
             SyncKind::Zero(z) => Some(z),
+            SyncKind::Fsdp(f) => Some(f.zero()),
         }
     }
 
+    /// ZeRO-3: gather every unit (`true`) to read or write the whole model, or release them
+    /// again (`false`). Nothing for the other kinds. After training, call
+    /// [`gather_whole_model`](Self::gather_whole_model) before saving, evaluating or sampling.
     #[cfg(feature = "mpi")]
-    pub(crate) fn zero_mut(&mut self) -> Option<&mut ZeroRedundancy> {
-        match &mut self.0 {
-            SyncKind::Ddp(_) => None,
-            SyncKind::Zero(z) => Some(z),
+    pub(crate) fn whole_model(&self, gathered: bool) -> Result<(), TrainError> {
+        if let SyncKind::Fsdp(f) = &self.0 {
+            if gathered {
+                f.gather_all()?;
+            } else {
+                f.release_all();
+            }
         }
+        Ok(())
+    }
+
+    /// The end of training under ZeRO-3: every unit gathered and kept so (weights can be saved,
+    /// the model evaluated), on every rank. Nothing for DDP or ZeRO-1/2.
+    pub fn gather_whole_model(&self) -> Result<(), TrainError> {
+        #[cfg(feature = "mpi")]
+        {
+            self.whole_model(true)
+        }
+        #[cfg(not(feature = "mpi"))]
+        match *self {}
+    }
+
+    /// Shard the model again after [`gather_whole_model`](Self::gather_whole_model) (ZeRO-3;
+    /// nothing otherwise).
+    pub fn release_whole_model(&self) -> Result<(), TrainError> {
+        #[cfg(feature = "mpi")]
+        {
+            self.whole_model(false)
+        }
+        #[cfg(not(feature = "mpi"))]
+        match *self {}
     }
 
     /// The ZeRO stage (`None` for DDP).
@@ -349,6 +391,7 @@ impl StepSync {
         match &self.0 {
             SyncKind::Ddp(_) => None,
             SyncKind::Zero(z) => Some(z.stage().number()),
+            SyncKind::Fsdp(_) => Some(3),
         }
         #[cfg(not(feature = "mpi"))]
         match *self {}
@@ -370,6 +413,12 @@ impl StepSync {
                 let out = z.step(opt, clip, Some(&mut *scaler))?;
                 scaler.update()?;
                 z.zero_grad(opt)?;
+                Ok(Some(out.stepped))
+            }
+            SyncKind::Fsdp(f) => {
+                let out = f.step(opt, clip, Some(&mut *scaler))?;
+                scaler.update()?;
+                f.zero_grad(opt)?;
                 Ok(Some(out.stepped))
             }
         }
@@ -396,6 +445,11 @@ impl StepSync {
                     let _local = z.no_sync();
                     z.backward(loss)?;
                 }
+                SyncKind::Fsdp(f) if last_micro_step => f.backward(loss)?,
+                SyncKind::Fsdp(f) => {
+                    let _local = f.no_sync();
+                    f.backward(loss)?;
+                }
             }
             Ok(())
         }
@@ -413,6 +467,7 @@ impl StepSync {
             match &self.0 {
                 SyncKind::Ddp(d) => d.synchronize()?,
                 SyncKind::Zero(z) => z.synchronize()?,
+                SyncKind::Fsdp(f) => f.synchronize()?,
             }
             Ok(())
         }
@@ -427,6 +482,7 @@ impl StepSync {
             match self.0 {
                 SyncKind::Ddp(d) => d.finish()?,
                 SyncKind::Zero(z) => z.finish()?,
+                SyncKind::Fsdp(f) => f.finish()?,
             }
             Ok(())
         }

@@ -211,6 +211,12 @@ impl Stepper {
         device: &Device,
         settings: &[(String, String)],
     ) -> Result<TrainingState, TrainError> {
+        // ZeRO-3: the whole model gathered (every rank, before anything can fail on one) for the
+        // weights to go in, released after the ranks agreed.
+        #[cfg(feature = "mpi")]
+        if let Some(sync) = self.sync.as_ref() {
+            sync.whole_model(true)?;
+        }
         let opt = &mut *self.opt;
         let mut local = || -> Result<TrainingState, TrainError> {
             // A sharded checkpoint's directory (one with shards but no index: a save that
@@ -222,7 +228,9 @@ impl Stepper {
             };
             let sd: StateDict = std::mem::take(&mut state.model).into_iter().collect();
             #[cfg(feature = "mpi")]
-            if let Some(zero) = self.sync.as_mut().and_then(StepSync::zero_mut) {
+            if let Some(sync) = self.sync.as_ref()
+                && let Some(zero) = sync.zero()
+            {
                 // The weights into the model (the optimizer as it is), then this rank's pieces.
                 let current = opt.state_dict()?;
                 restore(&sd, &mut *opt, &current)?;
@@ -239,6 +247,9 @@ impl Stepper {
             let agreed = zero.agree_all(message.as_deref(), "resuming from the checkpoint");
             let state = local?;
             agreed?;
+            if let Some(sync) = self.sync.as_ref() {
+                sync.whole_model(false)?;
+            }
             return Ok(state);
         }
         local

@@ -936,6 +936,12 @@ impl<'a, M: Module> Trainer<'a, M> {
             // Reserved memory the evaluation added (blocks the caching allocator keeps for the next
             // epoch) is named on the epoch's line, so it is not mistaken for the training pass's.
             let reserved_before = ferrite_memory::allocator(&device).memory_reserved();
+            // ZeRO-3: the evaluation runs on the whole model (every rank may see a different
+            // number of test batches, and a block's gather needs every rank), sharded again after.
+            let whole = self.eval.is_some() && self.stepper.sync.as_ref().and_then(StepSync::zero_stage) == Some(3);
+            if let Some(sync) = self.stepper.sync.as_ref().filter(|_| whole) {
+                sync.gather_whole_model()?;
+            }
             let eval = match &mut self.eval {
                 Some(f) => f(self.model.get_mut()).during("evaluation", &device)?,
                 None => Metrics::new(),
@@ -976,6 +982,9 @@ impl<'a, M: Module> Trainer<'a, M> {
                 } else {
                     since_best += 1;
                 }
+            }
+            if let Some(sync) = self.stepper.sync.as_ref().filter(|_| whole) {
+                sync.release_whole_model()?;
             }
             // Rank 0 writes the checkpoint; under ZeRO every rank writes its shard.
             let writes = self.rank0 || self.stepper.every_rank_saves();

@@ -17,6 +17,8 @@ mod bucket;
 mod ddp;
 mod error;
 #[cfg(feature = "mpi")]
+mod fully_sharded;
+#[cfg(feature = "mpi")]
 mod grad_reduce_scatter;
 #[cfg(feature = "mpi")]
 mod liveness;
@@ -32,6 +34,8 @@ mod zero_checkpoint;
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
 pub use error::{DistributedError, Result};
+#[cfg(feature = "mpi")]
+pub use fully_sharded::FullySharded;
 #[cfg(feature = "mpi")]
 pub use process_group::{Comm, DEFAULT_TIMEOUT_S, Pending, ProcessGroup, RankStatus};
 #[cfg(feature = "mpi")]

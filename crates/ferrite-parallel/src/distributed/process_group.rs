@@ -451,6 +451,12 @@ impl Comm {
         self.queue("all-gather", |reply| Job::AllGatherF32 { data, reply })?.wait()
     }
 
+    /// [`all_gather_f32`](Self::all_gather_f32) started now (queued on the communication thread
+    /// behind earlier collectives) and finished by [`Pending::wait`]: ZeRO-3's prefetch.
+    pub fn start_all_gather_f32(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
+        self.queue("all-gather", |reply| Job::AllGatherF32 { data, reply })
+    }
+
     /// `MPI_Reduce_scatter_block` with a sum: `data` is `world_size` equal blocks; rank `r`
     /// receives the element-wise sum over ranks of every rank's block `r`. Started now, finished
     /// by [`Pending::wait`] (several queued back to back run in order on the communication thread).

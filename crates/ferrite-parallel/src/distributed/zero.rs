@@ -58,6 +58,9 @@ pub enum ZeroStage {
     One,
     /// Optimizer state and gradients sharded (reduce-scatter).
     Two,
+    /// Parameters sharded too: driven by [`super::FullySharded`], which gathers each unit's
+    /// parameters around its forward and backward.
+    Three,
 }
 
 impl ZeroStage {
@@ -66,6 +69,7 @@ impl ZeroStage {
         match n {
             1 => Some(ZeroStage::One),
             2 => Some(ZeroStage::Two),
+            3 => Some(ZeroStage::Three),
             _ => None,
         }
     }
@@ -74,6 +78,7 @@ impl ZeroStage {
         match self {
             ZeroStage::One => 1,
             ZeroStage::Two => 2,
+            ZeroStage::Three => 3,
         }
     }
 }
@@ -122,7 +127,7 @@ pub struct ZeroRedundancy {
     stage: ZeroStage,
     pub(super) names: Vec<String>,
     pub(super) params: Vec<Tensor>,
-    partition: FlatPartition,
+    pub(super) partition: FlatPartition,
     pub(super) pieces: Vec<ShardPiece>,
     pub(super) shards: Vec<Tensor>,
     /// How [`shard_optimizer`](Self::shard_optimizer) laid the sharded optimizer out (what a
@@ -133,7 +138,7 @@ pub struct ZeroRedundancy {
     /// Stage 2: values of one rank's block in one reduce-scatter.
     bucket_values: usize,
     find_unused: bool,
-    synchronizing: AtomicBool,
+    pub(super) synchronizing: AtomicBool,
     failed: AtomicBool,
     finished: bool,
 }
@@ -147,7 +152,9 @@ impl ZeroRedundancy {
                 let sync = GradientSync::new(module, comm.clone(), options.ddp.clone())?;
                 (module.named_parameters(), Some(sync))
             }
-            ZeroStage::Two => (replicate_from_rank0(module, &comm, options.ddp.broadcast_buffers)?, None),
+            ZeroStage::Two | ZeroStage::Three => {
+                (replicate_from_rank0(module, &comm, options.ddp.broadcast_buffers)?, None)
+            }
         };
         let (names, params): (Vec<String>, Vec<Tensor>) = named.into_iter().filter(|(_, t)| t.requires_grad()).unzip();
         let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
@@ -174,7 +181,7 @@ impl ZeroRedundancy {
 
     /// Copy the parameters' current values into this rank's shards again: after changing the
     /// parameters by hand (loading weights) on every rank.
-    pub fn reload_shards(&mut self) -> Result<()> {
+    pub fn reload_shards(&self) -> Result<()> {
         let _g = no_grad();
         for (k, piece) in self.pieces.iter().enumerate() {
             let fresh = read_piece(&self.params, piece)?;
@@ -451,6 +458,10 @@ impl ZeroRedundancy {
         let _g = no_grad();
         let write = || -> Result<()> {
             for (i, p) in self.params.iter().enumerate() {
+                // ZeRO-3: a unit's parameters rest released; its next gather reads the shards.
+                if p.is_storage_released() {
+                    continue;
+                }
                 let off = self.partition.offset(i);
                 let values: Vec<f32> =
                     (off..off + p.numel()).map(|j| all[(j / per) * (per + 1) + 1 + j % per]).collect();
@@ -467,7 +478,7 @@ impl ZeroRedundancy {
 
     /// After a collective that carried every rank's status: `Ok` when all were healthy; else
     /// every rank stops (this one with its own error, the others naming the first failed rank).
-    fn agree(&self, local: Result<()>, healthy: impl Iterator<Item = bool>, what: &str) -> Result<()> {
+    pub(super) fn agree(&self, local: Result<()>, healthy: impl Iterator<Item = bool>, what: &str) -> Result<()> {
         let first_bad = healthy.enumerate().find(|(_, ok)| !ok).map(|(r, _)| r);
         match (local, first_bad) {
             (Ok(()), None) => Ok(()),
@@ -503,14 +514,14 @@ impl ZeroRedundancy {
         Ok(())
     }
 
-    fn check_not_failed(&self) -> Result<()> {
+    pub(super) fn check_not_failed(&self) -> Result<()> {
         if self.failed.load(Ordering::SeqCst) {
             return Err(DistributedError::AlreadyFailed { rank: self.rank() });
         }
         Ok(())
     }
 
-    fn check_peers(&self) -> Result<()> {
+    pub(super) fn check_peers(&self) -> Result<()> {
         let statuses = self.comm.all_gather_status(None).inspect_err(|_| self.mark_failed())?;
         if let Some(e) = Comm::first_failure(&statuses) {
             self.mark_failed();
@@ -521,7 +532,7 @@ impl ZeroRedundancy {
 
     /// A local error outside a status-carrying collective: tell the others (their next status
     /// exchange names this rank), return `e`.
-    fn fail_with(&self, e: DistributedError) -> DistributedError {
+    pub(super) fn fail_with(&self, e: DistributedError) -> DistributedError {
         self.announce_failure(&e.to_string());
         e
     }

@@ -99,7 +99,7 @@ impl ZeroRedundancy {
     /// copy them into this rank's shards and load into `opt` (the sharded optimizer) this rank's
     /// pieces of `full`, the optimizer state in the full single-device layout. Tensors of a
     /// parameter's size are cut element-wise; scalars (step counts) are copied to every piece.
-    pub fn import_full_state(&mut self, full: &OptimizerState, opt: &mut dyn Optimizer) -> Result<()> {
+    pub fn import_full_state(&self, full: &OptimizerState, opt: &mut dyn Optimizer) -> Result<()> {
         self.reload_shards()?;
         let layout = self.layout()?;
         let mine = opt.state_dict()?;

@@ -135,6 +135,7 @@ pub fn backward(roots: &[(Tensor, Tensor)], retain_graph: bool) -> Result<()> {
                 }
             }
         }
+        super::node_hook::before_node(node.seq)?;
         let grads_in = {
             let mut f = node.backward.lock();
             let Some(func) = f.as_mut() else {

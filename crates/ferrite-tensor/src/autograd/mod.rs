@@ -13,9 +13,11 @@
 mod engine;
 mod grad_mode;
 mod node;
+mod node_hook;
 mod saved;
 
 pub use engine::backward;
 pub use grad_mode::{GradModeGuard, enable_grad, is_grad_enabled, no_grad, set_grad_enabled};
 pub use node::{BackwardFn, Edge, GradReadyHook, GradSlot, Node};
+pub use node_hook::{BackwardNodeHook, BackwardNodeHookGuard, next_node_seq, set_backward_node_hook};
 pub use saved::SavedTensor;

@@ -55,6 +55,11 @@ impl GradSlot {
 
 static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The sequence number the next node will get.
+pub(crate) fn next_seq() -> u64 {
+    NEXT_SEQ.load(Ordering::Relaxed)
+}
+
 /// One recorded op.
 pub struct Node {
     pub(crate) name: Cow<'static, str>,
@@ -77,6 +82,11 @@ impl Node {
             seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
             retained: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Creation order (backward runs nodes in decreasing order).
+    pub fn seq(&self) -> u64 {
+        self.seq
     }
 
     /// The op name, e.g. `MulBackward0`.

@@ -117,6 +117,14 @@ pub enum TensorError {
         "{op}: tensor on device meta has no data (meta tensors carry shapes only); move real data with to_device or run on cpu/sim"
     )]
     MetaHasNoData { op: &'static str },
+    /// A tensor whose storage was released (a ZeRO-3 / FSDP parameter outside its unit's gather).
+    #[error(
+        "{op}: the tensor's storage was released (a fully sharded parameter used outside its unit's gather); gather the unit first, or mark the layer that uses it with ferrite_nn::mark_layer"
+    )]
+    StorageReleased { op: &'static str },
+    /// `refill_storage_from` with a source that cannot hand its bytes over.
+    #[error("refill_storage_from: {detail}")]
+    StorageRefill { detail: String },
     /// A host buffer whose length does not match the requested shape.
     #[error("{op}: {len} elements cannot fill shape {shape:?} ({numel} elements)")]
     DataLength { op: &'static str, len: usize, shape: Vec<usize>, numel: usize },

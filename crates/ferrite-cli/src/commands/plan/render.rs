@@ -434,7 +434,7 @@ fn zero(z: &ZeroReport) {
     let s = &z.setup;
     let stage = match s.stage {
         ZeroStage::Two => "ZeRO-2 (and ZeRO-1)",
-        ZeroStage::Three => "ZeRO-3 (DeepSpeed's rows only: ferrite does not run ZeRO-3 yet)",
+        ZeroStage::Three => "ZeRO-3",
     };
     let plural = |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(

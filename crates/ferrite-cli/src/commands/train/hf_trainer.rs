@@ -273,6 +273,10 @@ impl<'d> HfRun<'d> {
             println!("{note}");
         }
         let sync = trainer.take_gradient_sync();
+        // ZeRO-3: the model whole again before it is saved or evaluated.
+        if let Some(s) = &sync {
+            s.gather_whole_model()?;
+        }
         let run = trainer.take_run_observer();
         Ok((trainer.into_model(), RunEnd { report, sync, run, start }))
     }

@@ -197,6 +197,10 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
             .after_step(move || Ok(vec![("correct".to_string(), count_correct(&logits, &y)? as f64)])))
     })?;
     let sync = trainer.take_gradient_sync();
+    // ZeRO-3: the model whole again before it is evaluated or saved.
+    if let Some(s) = &sync {
+        s.gather_whole_model()?;
+    }
     if let Some(note) = &report.checkpoint_not_written {
         println!("{note}");
     }

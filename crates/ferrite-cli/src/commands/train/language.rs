@@ -293,6 +293,10 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     };
     let report = trainer.fit(&mut train_loader, step)?;
     let sync = trainer.take_gradient_sync();
+    // ZeRO-3: the model whole again before it is evaluated or saved.
+    if let Some(s) = &sync {
+        s.gather_whole_model()?;
+    }
     if let Some(note) = &report.checkpoint_not_written {
         println!("{note}");
     }

@@ -186,9 +186,10 @@ pub struct TrainArgs {
     /// `--snapshot` (its own allocator's). Needs a build with `--features mpi`.
     #[arg(long)]
     pub distributed: bool,
-    /// With --distributed: ZeRO stage 1 (AdamW's state sharded over the ranks) or 2 (its
-    /// gradients too, reduce-scattered), instead of every rank holding a full copy (DDP). Same
-    /// result as DDP; less memory per rank. No checkpoint flags with it yet.
+    /// With --distributed: ZeRO stage 1 (AdamW's state sharded over the ranks), 2 (its
+    /// gradients too, reduce-scattered) or 3 (the parameters too: each block gathered for its
+    /// forward and backward, then freed; PyTorch FSDP's FULL_SHARD), instead of every rank
+    /// holding a full copy (DDP). Same result as DDP; less memory per rank.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u32>,
     #[command(flatten)]

@@ -122,7 +122,7 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
 }
 
 /// `--zero` shards what DDP replicates across MPI ranks: it needs `--distributed` and a stage
-/// this build has (1 or 2). `--save-checkpoint` then names a directory of shards (see
+/// this build has (1, 2 or 3). `--save-checkpoint` then names a directory of shards (see
 /// `ferrite_train::sharded`), which `--resume` reads at any world size.
 fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
     let Some(stage) = args.zero else { return Ok(()) };
@@ -133,8 +133,8 @@ fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
             "--distributed as well: ZeRO shards training state over the ranks of an MPI job (mpirun -np N ferrite train --distributed --zero 1)",
         );
     }
-    if !(1..=2).contains(&stage) {
-        return refuse("1 (optimizer state sharded) or 2 (and gradients); ZeRO-3 is not implemented yet");
+    if !(1..=3).contains(&stage) {
+        return refuse("1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters)");
     }
     Ok(())
 }
