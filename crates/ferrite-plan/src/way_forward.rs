@@ -7,7 +7,7 @@
 //! autocast, activation checkpointing, allocator settings); changes that need another model or
 //! another kind of run — LoRA adapters, sharding over several GPUs — come in as [`Variant`]s that
 //! the caller builds, each a [`Workload`] the planner runs through the same step on `meta`; a
-//! sharded variant (ZeRO-1/2 over N GPUs, [`zero_variants`] finds the smallest N) runs the step of
+//! sharded variant (ZeRO-1/2/3 over N GPUs, [`zero_variants`] finds the smallest N) runs the step of
 //! its fullest rank ([`crate::sharded_step`]), with the effective batch shared out over the ranks.
 //!
 //! Ranking: first what the change does to the training — the same model on one GPU, then the
@@ -49,7 +49,7 @@ pub struct Variant {
     /// Compute per effective batch relative to the unchanged step (LoRA: about 2/3, no weight
     /// gradients; sharding: 1, the same work spread over the GPUs).
     pub compute: f64,
-    /// Data parallelism over the `gpus` (ZeRO-1/2): the planned peak is one rank's, the fullest.
+    /// Data parallelism over the `gpus` (ZeRO-1/2/3): the planned peak is one rank's, the fullest.
     pub sharding: Option<DataParallel>,
 }
 
