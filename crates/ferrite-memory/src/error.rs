@@ -63,8 +63,15 @@ pub enum MemoryError {
     )]
     CudaDriverTooOld { device: String, found: String, required: String },
     /// A CUDA driver call failed where it should not (initialisation, creating the context).
-    #[error("{device} is not available: the CUDA driver call {call} failed with {name} ({code}). {advice}")]
-    CudaDriverFailed { device: String, call: String, code: i32, name: String, advice: String },
+    /// (The driver's error is boxed: this enum is carried inside every crate's error, which must
+    /// stay small.)
+    #[error(
+        "{device} is not available: the CUDA driver call {} failed with {} ({}). {advice}",
+        error.call,
+        error.name,
+        error.code
+    )]
+    CudaDriverFailed { device: String, error: Box<crate::cuda::CudaDriverError>, advice: &'static str },
     /// A `cuda:N` past the CUDA devices this process sees (after `CUDA_VISIBLE_DEVICES` and
     /// `FERRITE_VISIBLE_DEVICES`).
     #[error("{device} does not exist: {reason}")]

@@ -132,13 +132,7 @@ pub(crate) fn driver_failed(device: &str, e: &CudaDriverError) -> MemoryError {
             "`nvidia-smi` shows whether the driver and the GPU are healthy; if it fails too, reinstall the driver or reboot"
         }
     };
-    MemoryError::CudaDriverFailed {
-        device: device.to_string(),
-        call: e.call.to_string(),
-        code: e.code,
-        name: e.name.clone(),
-        advice: advice.to_string(),
-    }
+    MemoryError::CudaDriverFailed { device: device.to_string(), error: Box::new(e.clone()), advice }
 }
 
 static DRIVER: OnceLock<Result<CudaDriverInfo, DriverProblem>> = OnceLock::new();
