@@ -15,7 +15,8 @@ use crate::error::{IoError, Result};
 #[derive(Debug, Clone, PartialEq, Default)]
 pub enum MapLocation {
     /// Restore where saved: `cpu` and ferrite device strings (`sim:a100-40gb:1`, `meta`) are
-    /// honoured; `cuda:N` is an error (ferrite has no CUDA device) naming this option.
+    /// honoured; `cuda:N` is an error (ferrite cannot hold tensors on CUDA devices yet) naming
+    /// this option.
     #[default]
     Saved,
     /// Every tensor onto this device (PyTorch: `map_location="cpu"` or a `torch.device`).
@@ -74,7 +75,7 @@ fn restore(tag: &str) -> Result<Device> {
         return Err(IoError::Device {
             device: tag.to_string(),
             reason: format!(
-                "the tensor was saved on `{tag}` and ferrite has no such device; choose where it goes with a map location, e.g. `MapLocation::To(Device::Cpu)` or `MapLocation::parse(\"{tag}=cpu\")`"
+                "the tensor was saved on `{tag}` and ferrite cannot hold tensors there (it has no such device, or no CUDA kernels yet); choose where it goes with a map location, e.g. `MapLocation::To(Device::Cpu)` or `MapLocation::parse(\"{tag}=cpu\")`"
             ),
         });
     }
@@ -100,7 +101,8 @@ mod tests {
         assert_eq!(m.resolve("cuda:0").unwrap(), Device::Cpu);
         assert_eq!(m.resolve("cpu").unwrap(), Device::Cpu);
         assert_eq!(MapLocation::parse("meta").unwrap().resolve("cuda:3").unwrap(), Device::Meta);
-        assert!(MapLocation::parse("cuda:0").is_err(), "cuda is not a ferrite device");
+        // `cuda:0` names ferrite's CUDA device; its tensors are refused when they are created.
+        assert_eq!(MapLocation::parse("cuda:0").unwrap(), MapLocation::To(Device::Cuda { index: 0 }));
         assert!(MapLocation::parse("cuda:1=").is_err());
         assert!(MapLocation::parse("x").is_err());
     }

@@ -77,6 +77,7 @@ fn default_backend(device: &Device) -> Result<Box<dyn RawMemory>, MemoryError> {
         Device::Gpu { index } => Box::new(crate::gpu::memory::WgpuMemory::new(crate::gpu::context(*index)?)),
         #[cfg(not(feature = "gpu"))]
         Device::Gpu { .. } => return Err(crate::gpu::not_compiled(&device.to_string())),
+        Device::Cuda { index } => Box::new(crate::cuda::open_memory(*index)?),
     })
 }
 
@@ -130,6 +131,13 @@ impl CachingAllocator {
             },
             #[cfg(not(feature = "gpu"))]
             Device::Gpu { .. } => Box::new(MetaMemory::new()),
+            // The card's capacity when the driver can tell it (no context is created for it).
+            Device::Cuda { index } => {
+                match crate::cuda::cuda_devices(false).ok().and_then(|d| d.into_iter().nth(*index)) {
+                    Some(c) => Box::new(SimMemory::unbacked(&crate::GpuProfile::custom(c.total_bytes))),
+                    None => Box::new(MetaMemory::new()),
+                }
+            }
         };
         Self::with_backend(device, config, raw)
     }

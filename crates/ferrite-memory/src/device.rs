@@ -1,4 +1,4 @@
-//! Device names: where memory lives (`cpu`, `sim:<gpu>[:index]`, `meta`).
+//! Device names: where memory lives (`cpu`, `sim:<gpu>[:index]`, `meta`, `gpu:N`, `cuda:N`).
 use std::fmt;
 use std::str::FromStr;
 
@@ -6,7 +6,8 @@ use crate::capacity::parse_capacity;
 use crate::device_kind::DeviceKind;
 use crate::{GpuProfile, MemoryError};
 
-/// Where memory lives: `cpu`, `sim:<gpu-profile|capacity>[:index]`, `meta` or `gpu:<index>`.
+/// Where memory lives: `cpu`, `sim:<gpu-profile|capacity>[:index]`, `meta`, `gpu:<index>` or
+/// `cuda:<index>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Device {
     Cpu,
@@ -21,13 +22,18 @@ pub enum Device {
     Gpu {
         index: usize,
     },
+    /// An NVIDIA GPU through the CUDA driver (loaded at run time), numbered as CUDA numbers it
+    /// after `CUDA_VISIBLE_DEVICES`, then renumbered by `FERRITE_VISIBLE_DEVICES`/`--devices`.
+    Cuda {
+        index: usize,
+    },
 }
 
 impl Device {
     /// The device index (`N` of `sim:<gpu>:N`; 0 for `cpu` and `meta`).
     pub fn index(&self) -> usize {
         match self {
-            Device::Sim { index, .. } | Device::Gpu { index } => *index,
+            Device::Sim { index, .. } | Device::Gpu { index } | Device::Cuda { index } => *index,
             _ => 0,
         }
     }
@@ -38,12 +44,14 @@ impl Device {
             Device::Sim { .. } => DeviceKind::Sim,
             Device::Meta => DeviceKind::Meta,
             Device::Gpu { .. } => DeviceKind::Gpu,
+            Device::Cuda { .. } => DeviceKind::Cuda,
         }
     }
 
     /// Parse a device string such as `cpu`, `meta`, `gpu`, `gpu:1`, `sim:a100-40gb`,
-    /// `sim:a100-40gb:1`, `sim:1GiB`. (Whether a `gpu:N` exists is checked when it is first used;
-    /// in a build without the `gpu` feature a `gpu:N` is [`MemoryError::GpuNotCompiled`].)
+    /// `sim:a100-40gb:1`, `sim:1GiB`, `cuda`, `cuda:1`. (Whether a `gpu:N` or `cuda:N` exists is
+    /// checked when it is first used; in a build without the `gpu` feature a `gpu:N` is
+    /// [`MemoryError::GpuNotCompiled`].)
     pub fn parse(spec: &str) -> Result<Device, MemoryError> {
         let bad = |reason: &str| MemoryError::InvalidDevice { spec: spec.to_string(), reason: reason.to_string() };
         let s = spec.trim();
@@ -51,14 +59,25 @@ impl Device {
             "cpu" => return Ok(Device::Cpu),
             "meta" => return Ok(Device::Meta),
             "gpu" => return Device::gpu(0, s),
+            "cuda" => return Ok(Device::Cuda { index: 0 }),
             _ => {}
         }
         if let Some(i) = s.strip_prefix("gpu:") {
             let index = i.parse::<usize>().map_err(|_| bad("GPU index must be a non-negative integer (`gpu:0`)"))?;
             return Device::gpu(index, s);
         }
+        if let Some(i) = s.strip_prefix("cuda:") {
+            // `usize::from_str` accepts a leading `+`; a device name is digits only.
+            let index = i
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| i.parse::<usize>().ok())
+                .flatten()
+                .ok_or_else(|| bad("CUDA device index must be a non-negative integer (`cuda:0`)"))?;
+            return Ok(Device::Cuda { index });
+        }
         let Some(rest) = s.strip_prefix("sim:") else {
-            return Err(bad("expected `cpu`, `meta`, `gpu[:index]` or `sim:<gpu>[:index]`"));
+            return Err(bad("expected `cpu`, `meta`, `gpu[:index]`, `cuda[:index]` or `sim:<gpu>[:index]`"));
         };
         let (name, index) = match rest.rsplit_once(':') {
             Some((n, i)) => (n, i.parse::<usize>().map_err(|_| bad("device index must be a non-negative integer"))?),
@@ -105,6 +124,7 @@ impl fmt::Display for Device {
             Device::Meta => write!(f, "meta"),
             Device::Sim { profile, index } => write!(f, "sim:{}:{}", profile.key, index),
             Device::Gpu { index } => write!(f, "gpu:{index}"),
+            Device::Cuda { index } => write!(f, "cuda:{index}"),
         }
     }
 }
@@ -145,7 +165,6 @@ mod tests {
         }
         assert!(Device::parse("sim:nope").is_err());
         assert!(Device::parse("sim:a100-40gb:x").is_err());
-        assert!(Device::parse("cuda:0").is_err());
         assert!(Device::parse("gpu:x").is_err());
         assert!(Device::parse("gpu:-1").is_err());
         assert!(Device::parse("sim:0GiB").is_err());
@@ -170,6 +189,29 @@ mod tests {
         }
         // A malformed index is still a malformed device name, not a missing feature.
         assert!(matches!(Device::parse("gpu:x"), Err(MemoryError::InvalidDevice { .. })));
+    }
+
+    /// `cuda:N` parses in every build (the driver is looked for when the device is first used)
+    /// and prints back as it was written.
+    #[test]
+    fn cuda_devices_parse_and_print_back() {
+        assert_eq!(Device::parse("cuda").unwrap(), Device::Cuda { index: 0 });
+        assert_eq!(Device::parse(" cuda:1 ").unwrap(), Device::Cuda { index: 1 });
+        assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::Cuda { index: 1 });
+        for i in [0usize, 1, 7, 15, 1000] {
+            let d = Device::Cuda { index: i };
+            assert_eq!(d.to_string(), format!("cuda:{i}"));
+            assert_eq!(Device::parse(&d.to_string()).unwrap(), d);
+            assert_eq!(d.index(), i);
+            assert_eq!(d.kind(), DeviceKind::Cuda);
+        }
+        for bad in ["cuda:", "cuda:x", "cuda:-1", "cuda:+1", "cuda:1.0", "cuda:0:1", "cuda0", "CUDA:0"] {
+            let e = Device::parse(bad).unwrap_err();
+            assert!(matches!(&e, MemoryError::InvalidDevice { spec, .. } if spec == bad), "{bad}: {e:?}");
+        }
+        let msg = Device::parse("cuda:x").unwrap_err().to_string();
+        assert!(msg.contains("`cuda:0`"), "{msg}");
+        assert!(Device::parse("tpu:0").unwrap_err().to_string().contains("`cuda[:index]`"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The kinds of device (`cpu`, `sim`, `meta`, `gpu`) as a plain enum. A leaf of its own because
+//! The kinds of device (`cpu`, `sim`, `meta`, `gpu`, `cuda`) as a plain enum. A leaf of its own because
 //! the out-of-memory report (`oom.rs`) records the kind of the device that ran out, and the
 //! device names (`device.rs`) return errors that carry that report: with the enum in
 //! `device.rs`, the device, the error and the report imported each other.
@@ -11,4 +11,5 @@ pub enum DeviceKind {
     Sim,
     Meta,
     Gpu,
+    Cuda,
 }

@@ -50,6 +50,52 @@ pub enum MemoryError {
         "invalid device list `{list}`: {reason}; valid indices: {valid} (write e.g. `--devices 0,1` or FERRITE_VISIBLE_DEVICES=0,1)"
     )]
     InvalidDeviceList { list: String, reason: String, valid: String },
+    /// `cuda:N` (or a CUDA listing) where the NVIDIA driver library cannot be loaded: no NVIDIA
+    /// driver on this machine, or not on the loader's path. `tried` lists the library names.
+    #[error(
+        "{device} is not available: the NVIDIA CUDA driver library was not found (tried {tried}). On a machine with an NVIDIA GPU, install the NVIDIA driver (it provides libcuda.so.1; `nvidia-smi` works once it is in place) or add the directory holding libcuda.so.1 to LD_LIBRARY_PATH; without an NVIDIA GPU use `gpu:N` (any GPU through Vulkan, Metal or DX12), `cpu`, or `sim:<gpu>` to simulate one"
+    )]
+    CudaDriverNotFound { device: String, tried: String },
+    /// The NVIDIA driver is older than ferrite needs (its CUDA version, or an entry point it
+    /// lacks).
+    #[error(
+        "{device} is not available: {found}, and ferrite needs a driver for CUDA {required} or newer. Update the NVIDIA driver (`nvidia-smi` shows the installed version and the CUDA version it supports)"
+    )]
+    CudaDriverTooOld { device: String, found: String, required: String },
+    /// A CUDA driver call failed where it should not (initialisation, creating the context).
+    /// (The driver's error is boxed: this enum is carried inside every crate's error, which must
+    /// stay small.)
+    #[error(
+        "{device} is not available: the CUDA driver call {} failed with {} ({}). {advice}",
+        error.call,
+        error.name,
+        error.code
+    )]
+    CudaDriverFailed { device: String, error: Box<crate::cuda::CudaDriverError>, advice: &'static str },
+    /// A `cuda:N` past the CUDA devices this process sees (after `CUDA_VISIBLE_DEVICES` and
+    /// `FERRITE_VISIBLE_DEVICES`).
+    #[error("{device} does not exist: {reason}")]
+    CudaDeviceMissing { device: String, visible: usize, reason: String },
+    /// `CUDA_VISIBLE_DEVICES` is set and makes no GPU visible; `reason` names the entry that ended
+    /// the list, read as CUDA reads it.
+    #[error(
+        "{device} is not available: CUDA_VISIBLE_DEVICES=`{value}` makes no GPU visible: {reason}. Set it to indices or UUIDs of this machine's GPUs (`nvidia-smi -L` lists them), or unset it"
+    )]
+    CudaNoVisibleDevice { device: String, value: String, reason: String },
+    /// A tensor on `cuda:N`: the device, its driver and its caching allocator exist, the CUDA
+    /// kernels that would compute on it do not yet.
+    #[error(
+        "tensors on {device} are not available yet: this version of ferrite has the CUDA device and its caching allocator, but not the CUDA kernels that compute on it. Use `gpu:N` (the same NVIDIA card through Vulkan; `ferrite devices` lists it), or `cpu`"
+    )]
+    CudaTensorsUnavailable { device: String },
+    /// Pinned (page-locked) host memory the driver refused, after the pinned cache was freed and
+    /// the request retried (or after an earlier driver failure).
+    #[error(
+        "cannot allocate {} of pinned host memory ({} held by ferrite's pinned cache): {reason}. Stage fewer or smaller batches in pinned memory, or free the cache (empty_cache)",
+        crate::format_size(*requested),
+        crate::format_size(*held)
+    )]
+    PinnedHostFailed { requested: u64, held: u64, reason: String },
     /// An allocation trace that cannot be replayed.
     #[error("invalid allocation trace: {reason}")]
     InvalidTrace { reason: String },

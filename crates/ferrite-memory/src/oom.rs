@@ -378,6 +378,9 @@ impl fmt::Display for OutOfMemoryReport {
             DeviceKind::Gpu => {
                 ("GPU out of memory", format!("GPU {} ({}, {})", self.device_index, self.device, self.device_name))
             }
+            DeviceKind::Cuda => {
+                ("CUDA out of memory", format!("GPU {} ({}, {})", self.device_index, self.device, self.device_name))
+            }
         };
         write!(f, "{prefix}. Tried to allocate {}. ", format_size(self.segment_bytes))?;
         match (self.total_capacity, self.device_free) {

@@ -217,6 +217,10 @@ fn replay_observed_with(
         #[cfg(not(feature = "gpu"))]
         return Err(crate::gpu::not_compiled(&format!("gpu:{index}")));
     }
+    if let Device::Cuda { index } = &device {
+        // The same for a CUDA device: replayed at its capacity, or the error saying why not.
+        crate::cuda::cuda_ordinal(*index)?;
+    }
     let alloc = CachingAllocator::unbacked(device.clone(), config.clone());
     if history.is_some() {
         alloc.record_memory_history(history);

@@ -11,6 +11,8 @@
 //! - Simulated GPUs: `sim:<gpu>` models a box of [`SIM_BOX_GPUS`] identical cards. Without a list
 //!   the process uses one of them; `--device sim:a100-40gb --devices 0,1,2,3` gives four, each
 //!   with its own caching allocator and statistics (`sim:a100-40gb:0` … `:3`).
+//! - CUDA devices: the driver has already applied `CUDA_VISIBLE_DEVICES`; the list chooses among
+//!   the devices it shows, so `cuda:N` is numbered like PyTorch's `cuda:N` and then renumbered.
 //! - `cpu` and `meta` are one device each; a list does not apply to them.
 //!
 //! A bad list (garbage, an empty entry, a duplicate, an index the machine does not have) is a
@@ -66,6 +68,37 @@ fn valid_indices(available: usize) -> String {
         1 => "0".to_string(),
         n => format!("0..={} ({n} devices)", n - 1),
     }
+}
+
+/// The visible CUDA device list chosen on the command line (`--device cuda:0 --devices 1,3`).
+static CUDA_SELECTION: OnceLock<Result<Option<Vec<usize>>, MemoryError>> = OnceLock::new();
+
+/// The CUDA ordinals visible to this process as `cuda:0`, `cuda:1`, … (`None`: all `physical` of
+/// them, the devices the driver shows after `CUDA_VISIBLE_DEVICES`), from
+/// [`set_visible_cuda_devices`] or else `FERRITE_VISIBLE_DEVICES`.
+pub(crate) fn cuda_selection(physical: usize) -> Result<Option<Vec<usize>>, MemoryError> {
+    CUDA_SELECTION
+        .get_or_init(|| match std::env::var(VISIBLE_DEVICES_ENV) {
+            Ok(l) => parse_device_list(&l, physical).map(Some),
+            Err(_) => Ok(None),
+        })
+        .clone()
+}
+
+/// Choose and renumber the CUDA devices this process uses (`--devices 1,3` with `--device
+/// cuda:0`), over the devices the driver shows (`physical`), overriding `FERRITE_VISIBLE_DEVICES`.
+/// A second call with a different list is an error.
+pub(crate) fn set_cuda_selection(list: &str, physical: usize) -> Result<(), MemoryError> {
+    let parsed = parse_device_list(list, physical).map(Some);
+    let stored = CUDA_SELECTION.get_or_init(|| parsed.clone());
+    if *stored != parsed {
+        return Err(MemoryError::InvalidDeviceList {
+            list: list.to_string(),
+            reason: "the visible CUDA devices were already chosen for this process (set the list once, before the first CUDA device is used)".into(),
+            valid: valid_indices(physical),
+        });
+    }
+    stored.clone().map(|_| ())
 }
 
 /// The visible GPU list chosen on the command line (set once, before any GPU is opened).

@@ -110,16 +110,29 @@ fn a_rejected_setting_changes_nothing() {
 }
 
 fn device_seeds() -> Vec<String> {
-    ["cpu", "meta", "gpu", "gpu:1", "sim:a100-40gb", "sim:h100-80gb:3", "sim:1GiB", "sim:512MiB:1", "sim:2.5GB"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    [
+        "cpu",
+        "meta",
+        "gpu",
+        "gpu:1",
+        "cuda",
+        "cuda:2",
+        "sim:a100-40gb",
+        "sim:h100-80gb:3",
+        "sim:1GiB",
+        "sim:512MiB:1",
+        "sim:2.5GB",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 const DEVICE_TOKENS: &[&str] = &[
     ":",
     "sim",
     "gpu",
+    "cuda",
     "cpu",
     "meta",
     "cuda",
@@ -226,9 +239,12 @@ fn traces_parse_and_replay_or_say_why() {
         if trace.events.len() > MAX_REPLAY_EVENTS {
             return Ok(());
         }
-        // A real GPU is never the target of a fuzz replay (no adapter in CI): map it to a card.
+        // A real GPU is never the target of a fuzz replay (no adapter or driver in CI): map it to
+        // a card.
         let device = match trace.device.as_deref().map(Device::parse) {
-            Some(Ok(Device::Gpu { .. })) | None => Device::parse("sim:4GiB").map_err(|e| e.to_string())?,
+            Some(Ok(Device::Gpu { .. } | Device::Cuda { .. })) | None => {
+                Device::parse("sim:4GiB").map_err(|e| e.to_string())?
+            }
             Some(Ok(d)) => d,
             Some(Err(_)) => return Ok(()),
         };

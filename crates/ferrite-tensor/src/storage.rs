@@ -36,6 +36,12 @@ impl Storage {
             // Whatever its raw memory, no kernels compute on a GPU in this build.
             return Err(ferrite_memory::gpu::not_compiled(&allocator.device().to_string()).into());
         }
+        if let Device::Cuda { .. } = allocator.device() {
+            // The allocator works on a CUDA device; no kernels compute on it yet.
+            return Err(
+                ferrite_memory::MemoryError::CudaTensorsUnavailable { device: allocator.device().to_string() }.into()
+            );
+        }
         let block = allocator.allocate(nbytes)?;
         let kernels = kernels_for(allocator.device());
         Ok(Arc::new(Storage {
@@ -159,5 +165,33 @@ mod tests {
         .unwrap();
         assert_eq!(w.to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0]);
         assert_eq!(w.storage().version(), version);
+    }
+
+    /// Until CUDA kernels exist, a tensor on `cuda:N` is the typed error saying so and naming the
+    /// devices to use instead — whether or not this machine has the driver, and whatever
+    /// allocator backs the device (never a storage that pretends to compute).
+    #[test]
+    fn a_tensor_on_cuda_is_a_typed_error_naming_the_devices_to_use() {
+        use ferrite_memory::{AllocatorConfig, CachingAllocator, Device, MemoryError};
+
+        use crate::error::TensorError;
+        use crate::{DType, Tensor};
+
+        for index in [0, 3] {
+            let cuda = Device::Cuda { index };
+            let e = Tensor::zeros(&[4], DType::F32, &cuda).unwrap_err();
+            assert!(
+                matches!(&e, TensorError::Memory(MemoryError::CudaTensorsUnavailable { device }) if *device == cuda.to_string()),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("tensors on cuda:{index} are not available yet")), "{msg}");
+            assert!(msg.contains("`gpu:N`") && msg.contains("`cpu`"), "{msg}");
+            let unbacked = std::sync::Arc::new(CachingAllocator::unbacked(cuda, AllocatorConfig::default()));
+            assert!(matches!(
+                super::Storage::new(&unbacked, 16),
+                Err(TensorError::Memory(MemoryError::CudaTensorsUnavailable { .. }))
+            ));
+        }
     }
 }

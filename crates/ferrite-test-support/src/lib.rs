@@ -139,6 +139,25 @@ pub fn gpu_adapter_or_skip() -> bool {
         && present_or_skip(!ferrite_memory::gpu::list_adapters().is_empty(), "no GPU adapter", GPU_REMEDY)
 }
 
+/// Whether the devices under test ask for a CUDA device (`FERRITE_TEST_DEVICES=cuda:0`): only
+/// then is a missing NVIDIA driver a missing system dependency (CI has no NVIDIA GPU).
+pub fn cuda_requested() -> bool {
+    std::env::var(devices::TEST_DEVICES_ENV).is_ok_and(|l| l.split(',').any(|d| d.trim().starts_with("cuda")))
+}
+
+/// `true` when `cuda:0` is usable here (the NVIDIA driver loads and shows a GPU); otherwise a
+/// `SKIPPED` line with the typed error that says why, which fails the test instead under
+/// `FERRITE_REQUIRE_SYSTEM_DEPS=1` only when [`cuda_requested`].
+pub fn cuda_or_skip() -> bool {
+    let Err(e) = ferrite_memory::cuda::cuda_ordinal(0) else { return true };
+    let remedy = "install the NVIDIA driver on a machine with an NVIDIA GPU (`nvidia-smi` must work)";
+    if cuda_requested() {
+        return present_or_skip(false, &format!("no usable CUDA device ({e})"), remedy);
+    }
+    eprintln!("SKIPPED: no usable CUDA device ({e}); {remedy}");
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

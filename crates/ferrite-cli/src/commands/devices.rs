@@ -1,7 +1,8 @@
 //! `ferrite devices`: what this machine can compute on. A user choosing `--device` (or wondering
 //! why `gpu:0` is refused) needs the list ferrite itself sees: the CPU, every GPU adapter with the
 //! limits that decide which tensors fit one kernel binding, and where each GPU's capacity comes
-//! from (wgpu does not report VRAM size).
+//! from (wgpu does not report VRAM size), and the CUDA devices with the driver and NVRTC (or why
+//! there are none: the driver library names looked for).
 
 use ferrite_memory::format_size;
 use ferrite_memory::gpu::{AdapterSummary, GPU_MEMORY_ENV, list_adapters};
@@ -37,13 +38,16 @@ pub fn run(args: DevicesArgs) -> CliResult {
         sims.into_iter().filter(|d| matches!(d, ferrite_memory::Device::Sim { .. })).collect();
     let visible = ferrite_memory::list_devices(&sims)?;
     let adapters = list_adapters();
+    let cuda = super::doctor::cuda::CudaFacts::observe();
     if args.json {
         let mut v = json(&adapters);
         v["visible"] = visible_json(&visible);
+        v["cuda"] = cuda.json();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", visible_table(&visible));
         print!("{}", table(&adapters));
+        print!("{}", cuda.text());
     }
     Ok(())
 }

@@ -6,12 +6,29 @@
 //! that hold back a block used on another stream — must be right before any GPU runs it, and a
 //! machine without a GPU (CI, every developer laptop) must be able to check it. [`CudaDriver`]
 //! is the handful of driver calls the allocator makes; [`CudaMemory`] is the allocator's
-//! [`crate::raw_memory::RawMemory`] backend over any driver. The real driver (libcuda, loaded
-//! at run time) implements the trait in the CUDA backend; tests implement it with a fake driver
-//! that checks every call sequence (no double free, no memory returned while a stream may use it,
-//! mappings balanced).
+//! [`crate::raw_memory::RawMemory`] backend over any driver. The real driver ([`LibCuda`]:
+//! libcuda through cudarc, loaded at run time, so nothing CUDA is needed to build) implements
+//! the trait; tests implement it with a fake driver that checks every call sequence (no double
+//! free, no memory returned while a stream may use it, mappings balanced).
+//!
+//! Around the driver: [`library`] finds and checks libcuda once per process (a typed error for
+//! no driver, an old one, a failed initialisation — never cudarc's panic), [`system`] numbers
+//! the `cuda:N` devices (after `CUDA_VISIBLE_DEVICES`, then `FERRITE_VISIBLE_DEVICES`) and
+//! describes them, [`visible`] reads `CUDA_VISIBLE_DEVICES` as CUDA does, to explain a list
+//! that hides every GPU. [`PinnedHostAllocator`] caches page-locked host memory for staging
+//! copies (PyTorch's `CachingHostAllocator`), over [`PinnedHostDriver`].
 mod driver;
+mod libcuda;
+pub mod library;
 mod memory;
+mod pinned;
+pub mod system;
+pub mod visible;
 
 pub use driver::{CudaDriver, CudaDriverError};
+pub use libcuda::{LibCuda, open_memory, open_pinned};
+pub use library::{CudaDriverInfo, DriverProblem, MIN_DRIVER_VERSION, driver};
 pub use memory::CudaMemory;
+pub use pinned::{PinnedBlock, PinnedHostAllocator, PinnedHostDriver, PinnedStats, pinned_round_size};
+pub use system::{CUDA_VISIBLE_DEVICES_ENV, CudaDeviceInfo, cuda_device_count, cuda_devices, cuda_ordinal};
+pub use visible::{CudaVisible, parse_cuda_visible_devices};

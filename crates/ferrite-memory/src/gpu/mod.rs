@@ -51,6 +51,12 @@ impl crate::Device {
                 Some(a) => a.name,
                 None => format!("gpu:{index} (no such adapter)"),
             },
+            crate::Device::Cuda { index } => {
+                match crate::cuda::cuda_devices(false).ok().and_then(|d| d.into_iter().nth(*index)) {
+                    Some(c) => c.name,
+                    None => format!("cuda:{index} (not available)"),
+                }
+            }
         }
     }
 }

@@ -8,7 +8,10 @@
 //! now the order is one way: `device.rs` (names) ← `visible_devices.rs` (the list) ← `gpu/`
 //! (adapters) ← this file. Everything here is re-exported from `visible_devices`.
 
-use super::{GPU_SELECTION, SIM_BOX_GPUS, VISIBLE_DEVICES_ENV, gpu_selection, parse_device_list, valid_indices};
+use super::{
+    GPU_SELECTION, SIM_BOX_GPUS, VISIBLE_DEVICES_ENV, gpu_selection, parse_device_list, set_cuda_selection,
+    valid_indices,
+};
 use crate::{Device, MemoryError, format_size, gpu};
 
 /// One device this process may use, as `ferrite devices` and `ferrite::devices()` list it.
@@ -70,6 +73,25 @@ pub fn select_devices(base: &Device, list: Option<&str>) -> Result<Vec<Device>, 
                 Ok((0..chosen.len()).map(|i| Device::Sim { profile: profile.clone(), index: i }).collect())
             }
         },
+        Device::Cuda { index } => {
+            // A list chooses among the devices the driver shows (after CUDA_VISIBLE_DEVICES). No
+            // driver, or a driver showing nothing, is the error of the device asked for.
+            let shown = crate::cuda::driver().map_err(|p| p.for_device(&base.to_string()))?.device_count;
+            if shown == 0 {
+                crate::cuda::cuda_ordinal(*index)?;
+            }
+            if let Some(l) = list {
+                set_cuda_selection(l, shown)?;
+                let n = crate::cuda::cuda_device_count()?;
+                return Ok((0..n).map(|index| Device::Cuda { index }).collect());
+            }
+            if from_env.is_some() {
+                let n = crate::cuda::cuda_device_count()?;
+                return Ok((0..n).map(|index| Device::Cuda { index }).collect());
+            }
+            crate::cuda::cuda_ordinal(*index)?;
+            Ok(vec![base.clone()])
+        }
         Device::Gpu { .. } => {
             if !gpu::COMPILED {
                 return Err(gpu::not_compiled(&base.to_string()));
@@ -124,7 +146,8 @@ pub fn devices() -> Result<Vec<DeviceInfo>, MemoryError> {
 }
 
 /// [`devices`] with the simulated GPUs given explicitly (for `ferrite devices --device sim:…
-/// --devices 0,1`): `cpu`, then `sims`, then the visible real GPUs.
+/// --devices 0,1`): `cpu`, then `sims`, then the visible real GPUs (`gpu:N`), then the visible
+/// CUDA devices (`cuda:N`; none without the NVIDIA driver, which [`crate::cuda::driver`] explains).
 pub fn list_devices(sims: &[Device]) -> Result<Vec<DeviceInfo>, MemoryError> {
     let (host_total, host_free) = host_memory();
     let mut out = vec![DeviceInfo {
@@ -152,8 +175,24 @@ pub fn list_devices(sims: &[Device]) -> Result<Vec<DeviceInfo>, MemoryError> {
         let device = Device::Gpu { index: a.index };
         let phys = selection.as_ref().map_or(a.index, |s| s[a.index]);
         // Free memory needs the GPU's context; only report it for GPUs already opened.
-        let free = a.capacity.map(|c| c.saturating_sub(reserved_if_open(a.index)));
+        let free = a.capacity.map(|c| c.saturating_sub(reserved_if_open(&Device::Gpu { index: a.index })));
         out.push(DeviceInfo { device, physical_index: Some(phys), name: a.name, capacity: a.capacity, free });
+    }
+    // CUDA devices only where a driver shows some: no driver is not an error of the listing.
+    if crate::cuda::driver().is_ok_and(|d| d.device_count > 0) {
+        // Free memory needs the device's context: known only for devices already in use (a
+        // listing that created a context on every GPU would take their memory, as
+        // `torch.cuda.mem_get_info` on every device of a DDP rank does).
+        for c in crate::cuda::cuda_devices(false)? {
+            let free = c.free_bytes;
+            out.push(DeviceInfo {
+                device: c.device.clone(),
+                physical_index: Some(c.ordinal),
+                name: c.name,
+                capacity: Some(c.total_bytes),
+                free,
+            });
+        }
     }
     Ok(out)
 }
@@ -171,11 +210,11 @@ fn host_memory() -> (Option<u64>, Option<u64>) {
     (field("MemTotal:"), field("MemAvailable:"))
 }
 
-/// Bytes the caching allocator of `gpu:<index>` reserves, if that GPU was opened (0 otherwise;
+/// Bytes the caching allocator of `device` reserves, if that device was opened (0 otherwise;
 /// listing devices never opens one).
-fn reserved_if_open(index: usize) -> u64 {
-    let opened = crate::registry::registered_devices().contains(&crate::Device::Gpu { index });
-    if opened { crate::registry::allocator(&crate::Device::Gpu { index }).memory_reserved() } else { 0 }
+fn reserved_if_open(device: &Device) -> u64 {
+    let opened = crate::registry::registered_devices().contains(device);
+    if opened { crate::registry::allocator(device).memory_reserved() } else { 0 }
 }
 
 #[cfg(test)]

@@ -109,7 +109,8 @@ pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
 ///
 /// In a build without the `gpu` feature no storage can live on a `gpu:N` (`Storage::new` refuses
 /// it with `GpuNotCompiled` before asking for kernels, and the allocator refuses it too); the
-/// arm answers the meta backend, which computes nothing, so that this function stays total.
+/// arm answers the meta backend, which computes nothing, so that this function stays total. The
+/// same holds for `cuda:N` until its kernel backend exists.
 pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
     match device {
         Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
@@ -118,5 +119,8 @@ pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
         Device::Gpu { index } => gpu::backend(*index),
         #[cfg(not(feature = "gpu"))]
         Device::Gpu { .. } => &meta::MetaBackend,
+        // No CUDA kernels yet: `Storage::new` refuses a `cuda:N` storage
+        // (`MemoryError::CudaTensorsUnavailable`) before asking for kernels.
+        Device::Cuda { .. } => &meta::MetaBackend,
     }
 }

@@ -1,7 +1,7 @@
 //! `ferrite doctor`: what is wrong with this setup? One report of ferrite's build (with MPI:
 //! compiled in or not, the library loaded, `mpirun`, the rank under `mpirun`), the CPU and its
-//! vector extensions, memory, container limits (cgroups), devices (GPU adapters through the same
-//! code as `ferrite devices`), datasets and the environment variables that change behaviour, each
+//! vector extensions, memory, container limits (cgroups), devices (GPU adapters and CUDA devices,
+//! with the driver and NVRTC, through the same code as `ferrite devices`), datasets and the environment variables that change behaviour, each
 //! line with a verdict (`ok`, `note`, `warning`, `error`) and, when it is not ok, the fix.
 //! `--json` gives the same for bug reports, with the MPI facts as fields (`mpi`).
 //!
@@ -15,10 +15,12 @@
 pub mod cgroup;
 pub mod check;
 mod cpu;
+pub mod cuda;
 mod datasets;
 mod devices;
 mod environment;
 mod host_memory;
+mod kernels;
 pub mod mpi;
 
 use serde::Serialize;
@@ -32,6 +34,11 @@ pub struct DoctorArgs {
     /// bug reports.
     #[arg(long)]
     pub json: bool,
+    /// Also compile every CUDA kernel source of this binary with NVRTC, for each CUDA device's
+    /// architecture (`sm_80` and `sm_90` without one): one line per source with its registers and
+    /// spills. Needs NVRTC (`pip install nvidia-cuda-nvrtc`, or FERRITE_NVRTC), not a GPU.
+    #[arg(long)]
+    pub compile_kernels: bool,
 }
 
 /// The whole report.
@@ -39,6 +46,8 @@ pub struct DoctorArgs {
 pub struct Report {
     pub ferrite: BuildInfo,
     pub mpi: mpi::MpiFacts,
+    /// The CUDA facts (driver, devices, NVRTC) as `ferrite devices --json` gives them.
+    pub cuda: serde_json::Value,
     pub checks: Vec<Check>,
     pub summary: Summary,
 }
@@ -65,7 +74,7 @@ pub struct Summary {
 pub struct DoctorFoundErrors(pub usize);
 
 pub fn run(args: DoctorArgs) -> CliResult {
-    let report = collect();
+    let report = collect_with(args.compile_kernels);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -87,6 +96,8 @@ fn build_info() -> BuildInfo {
             if cfg!(feature = "gpu") {
                 f.push("gpu (wgpu)");
             }
+            // Always compiled: the driver is loaded at run time.
+            f.push("cuda (driver loaded at run time; allocator only, no kernels yet)");
             f.push("metrics (Prometheus)");
             if cfg!(feature = "mpi") {
                 f.push("mpi");
@@ -98,6 +109,11 @@ fn build_info() -> BuildInfo {
 
 /// Run every check on this machine.
 pub fn collect() -> Report {
+    collect_with(false)
+}
+
+/// Run every check on this machine; `compile_kernels`: also compile the CUDA kernel sources.
+pub fn collect_with(compile_kernels: bool) -> Report {
     let ferrite = build_info();
     let mut checks = vec![Check::ok(
         "ferrite",
@@ -133,6 +149,12 @@ pub fn collect() -> Report {
         crate::headless::device_select_quieted(),
         xdg.as_deref(),
     ));
+    let cuda = cuda::CudaFacts::observe();
+    checks.extend(cuda.checks());
+    if compile_kernels {
+        let devices = cuda.devices.as_deref().unwrap_or_default();
+        checks.extend(kernels::checks(&kernels::arches(devices)));
+    }
     checks.extend(datasets::checks());
     let mut vars: Vec<(String, Option<String>)> =
         std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()))).collect();
@@ -147,7 +169,7 @@ pub fn collect() -> Report {
             Verdict::Error => summary.error += 1,
         }
     }
-    Report { ferrite, mpi, checks, summary }
+    Report { ferrite, mpi, cuda: cuda.json(), checks, summary }
 }
 
 /// The human-readable report: sections, one line per check, the fix indented below.
