@@ -214,7 +214,7 @@ mod tests {
         for isa in Isa::ALL.into_iter().filter(|i| i.supported()) {
             let mut want = vec![f32::NAN; m * ldc];
             // SAFETY: the buffers hold the matrices the pointers and strides describe.
-            unsafe { sgemm_with(isa, Strategy::Packed { threads: 1 }, m, n, k, am, bm, want.as_mut_ptr(), ldc) };
+            unsafe { sgemm_with(isa, super::Strategy::Packed { threads: 1 }, m, n, k, am, bm, want.as_mut_ptr(), ldc) };
             // SAFETY: as above.
             let packed = unsafe { pack_b(isa, k, n, bm, threads) };
             let mut got = vec![f32::NAN; m * ldc];
