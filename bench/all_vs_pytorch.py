@@ -2,7 +2,8 @@
 """Every CPU workload of ferrite next to PyTorch, in one table: one command, one line per row.
 
 Rows: the tensor workloads (matmul, attention's two batched products, the elementwise chain,
-softmax / layer norm / row sums at three shapes, a tiny add), the training steps of the
+softmax / layer norm / row sums and the backward passes of softmax and layer norm at three
+shapes, a tiny add), the training steps of the
 `ferrite-nn` benches (conv at three shapes, the ResNet basic block, the LSTM at three widths and
 two sequence lengths, the transformer block), and — with `--all` — the digits CNN epoch and the
 Hugging Face GPT-2-shaped training step (`bench/hf_vs_transformers.py`).
@@ -122,6 +123,16 @@ elif key in ("softmax", "layer_norm", "sum_rows"):
          "layer_norm": lambda: torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5),
          "sum_rows": lambda: x.sum(0)}[key]
     print(best_of(5, 50, f) * 1e3)
+elif key in ("softmax_bwd", "layer_norm_bwd"):
+    rows, cols = (int(v) for v in os.environ.get("FERRITE_BENCH_ROWS", "4096x256").split("x"))
+    x, w, b, g = torch.randn(rows, cols), torch.randn(cols), torch.randn(cols), torch.randn(rows, cols)
+    params = [x.requires_grad_()] + ([w.requires_grad_(), b.requires_grad_()] if key == "layer_norm_bwd" else [])
+    y = torch.softmax(x, -1) if key == "softmax_bwd" else torch.nn.functional.layer_norm(x, (cols,), w, b, 1e-5)
+    def bwd():
+        y.backward(g, retain_graph=True)
+        for p in params:
+            p.grad = None
+    print(best_of(5, 50, bwd) * 1e3)
 elif key == "tiny_add":
     a, b = torch.randn(4), torch.randn(4)
     print(best_of(5, 200_000, lambda: a + b) * 1e9)
@@ -133,7 +144,8 @@ def ops_row(label, key, arg, unit, env=None):
     higher_better = unit == "GFLOP/s"
 
     def ferrite(exes):
-        filt = {"softmax": "rows", "layer_norm": "rows", "sum_rows": "rows", "bmm_qk": "bmm", "bmm_pv": "bmm"}.get(key, key)
+        filt = {"softmax": "rows", "layer_norm": "rows", "sum_rows": "rows", "softmax_bwd": "rows",
+                "layer_norm_bwd": "rows", "bmm_qk": "bmm", "bmm_pv": "bmm"}.get(key, key)
         return ops_value(run([exes["ops_vs_pytorch"], filt], env), key, None if key == "tiny_add" else arg)
 
     def pytorch():
@@ -171,6 +183,8 @@ def rows():
         out.append(ops_row(f"softmax [{rows_},{cols}]", "softmax", rows_, "ms", env))
         out.append(ops_row(f"layer norm [{rows_},{cols}]", "layer_norm", rows_, "ms", env))
         out.append(ops_row(f"row sums [{rows_},{cols}]", "sum_rows", rows_, "ms", env))
+        out.append(ops_row(f"softmax backward [{rows_},{cols}]", "softmax_bwd", rows_, "ms", env))
+        out.append(ops_row(f"layer norm backward [{rows_},{cols}]", "layer_norm_bwd", rows_, "ms", env))
     out.append(ops_row("tiny add (ns/op)", "tiny_add", None, "ns"))
     for cin, cout, hw in ((3, 64, 32), (1, 32, 28), (64, 64, 56)):
         env = {"FERRITE_BENCH_CONV": f"{cin},{cout},{hw}"}

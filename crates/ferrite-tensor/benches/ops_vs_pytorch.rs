@@ -7,7 +7,8 @@
 //! key view and `[B·H, S, S] × [B·H, S, 64]`, B·H = 128), `chain <elements> <ms>`,
 //! `softmax|layer_norm|sum_rows <rows> <ms>` (the transformer's row kernels over `[rows, 256]`:
 //! softmax over the last dim, layer norm with weight and bias, a sum over the rows as in a bias
-//! gradient), `tiny_add <ns per op>`. `FERRITE_BENCH_SEQ=S` and `FERRITE_BENCH_ROWS=RxC` change the
+//! gradient), `softmax_bwd|layer_norm_bwd <rows> <ms>` (their backward passes, replayed on a
+//! kept graph with a fixed output gradient), `tiny_add <ns per op>`. `FERRITE_BENCH_SEQ=S` and `FERRITE_BENCH_ROWS=RxC` change the
 //! attention and row shapes (`bench/all_vs_pytorch.py` reports several).
 
 use std::time::Instant;
@@ -106,6 +107,25 @@ fn main() {
             std::hint::black_box(x.sum_dims(&[0], false).unwrap());
         });
         println!("sum_rows {rows} {:.3}", t * 1e3);
+        // Backward passes: the graph is kept and replayed with a fixed output gradient; the
+        // input's (and norm parameters') gradients are cleared each time, as in a training step.
+        let gy = Tensor::randn_with(&[rows, cols], DType::F32, &d, &mut g).unwrap();
+        let xg = x.detach().requires_grad_(true).unwrap();
+        let y = xg.softmax(-1).unwrap();
+        let t = best_of(5, 50, || {
+            y.backward_with(&gy, true).unwrap();
+            xg.set_grad(None).unwrap();
+        });
+        println!("softmax_bwd {rows} {:.3}", t * 1e3);
+        let (wg, bg) = (w.detach().requires_grad_(true).unwrap(), b.detach().requires_grad_(true).unwrap());
+        let y = ferrite_tensor::functional::layer_norm(&xg, &[cols], Some(&wg), Some(&bg), 1e-5).unwrap();
+        let t = best_of(5, 50, || {
+            y.backward_with(&gy, true).unwrap();
+            for p in [&xg, &wg, &bg] {
+                p.set_grad(None).unwrap();
+            }
+        });
+        println!("layer_norm_bwd {rows} {:.3}", t * 1e3);
     }
     if want("tiny_add") {
         let a = Tensor::randn_with(&[4], DType::F32, &d, &mut g).unwrap();

@@ -190,6 +190,22 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()>;
     /// Its gradient (see [`CellBackward`]).
     fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()>;
+
+    /// The 2-D `b [k, n]` made ready for many products `a [m, k] @ b` with the same `b` (a
+    /// recurrent layer multiplies every time step's state by the same weight), or `None` when
+    /// this backend has nothing faster than one [`matmul`](Self::matmul) per product (the
+    /// default). The caller leaves `b` unmodified while it holds the result.
+    fn prepare_rhs(&self, b: &Tensor) -> Result<Option<Box<dyn PreparedRhs>>> {
+        let _ = b;
+        Ok(None)
+    }
+}
+
+/// A right-hand side made ready by [`KernelBackend::prepare_rhs`].
+pub trait PreparedRhs: Send + Sync {
+    /// `out [m, n] = a [m, k] @ b`: `a` a 2-D view of `b`'s dtype and device (any strides),
+    /// `out` fresh and contiguous.
+    fn matmul(&self, out: &Tensor, a: &Tensor) -> Result<()>;
 }
 
 /// The `[rows, cols]` a row kernel (softmax, layer norm) sees in its contiguous operand `t`:

@@ -60,7 +60,7 @@ pub use elementwise_ops::{BinaryOp, CompareOp, Distribution, LogicalOp, UnaryOp}
 pub use fused_kernel::{FUSED_CHUNK, FusedKernel, NormKind};
 pub(crate) use index_dtypes::INDEX_DTYPES;
 pub(crate) use kernel_backend::check_host_len;
-pub use kernel_backend::{KernelBackend, rows_cols};
+pub use kernel_backend::{KernelBackend, PreparedRhs, rows_cols};
 pub use loss_operands::{LossGrad, LossOperands, PointwiseLoss};
 pub use norm_args::{
     BatchNormArgs, BatchNormBackwardArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs,

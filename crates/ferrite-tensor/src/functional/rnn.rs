@@ -11,7 +11,8 @@
 //! few gate values backward needs. Backward walks the steps in reverse with the same two pieces
 //! (cell-backward kernel, one product with `W_hh`) and ends with one GEMM for `W_hh`'s gradient
 //! over all steps, so the recorded graph is one node per layer and direction whatever the
-//! sequence length.
+//! sequence length. The step's weight is made ready once per scan (`StepProduct`: the CPU
+//! packs it for its GEMM once, not at every step).
 //!
 //! Layout. The sequence is *time-major packed rows* `[N, features]`: step `t` owns
 //! `batch_sizes[t]` consecutive rows, the first `batch_sizes[t]` sequences of a batch sorted by
@@ -23,7 +24,7 @@ use std::borrow::Cow;
 
 use crate::Tensor;
 use crate::autograd::{BackwardFn, SavedTensor, no_grad};
-use crate::backend::{BinaryOp, CellBackward, CellForward};
+use crate::backend::{BinaryOp, CellBackward, CellForward, PreparedRhs};
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::ops::binary::arith_inplace_raw;
 use crate::ops::check_same_device;
@@ -336,6 +337,32 @@ impl Steps {
     }
 }
 
+/// The weight every step of a scan multiplies by (`W_hhᵀ` forward, `W_hh` backward), made ready
+/// once per scan where the backend can (the CPU packs it for its GEMM once instead of at every
+/// step: `kernels/gemm/prepacked.rs`), else one plain product per step.
+struct StepProduct {
+    b: Tensor,
+    prepared: Option<Box<dyn PreparedRhs>>,
+}
+
+impl StepProduct {
+    fn new(b: &Tensor) -> Result<StepProduct> {
+        Ok(StepProduct { b: b.clone(), prepared: b.kernels().prepare_rhs(b)? })
+    }
+
+    /// `a @ b`.
+    fn apply(&self, a: &Tensor) -> Result<Tensor> {
+        match &self.prepared {
+            None => matmul_raw(a, &self.b),
+            Some(p) => {
+                let out = a.empty_like_shape(&[a.shape()[0], self.b.shape()[1]], self.b.dtype())?;
+                p.matmul(&out, a)?;
+                Ok(out)
+            }
+        }
+    }
+}
+
 /// One layer and direction of a recurrent scan.
 struct Scan {
     cell: RecurrentCell,
@@ -378,7 +405,7 @@ impl Scan {
         };
         let h_n = gi.empty_like_shape(&[batch, hidden], dtype)?;
         let c_n = c0.map(|_| gi.empty_like_shape(&[batch, hidden], dtype)).transpose()?;
-        let w_hh_t = w_hh.t()?;
+        let w_hh_t = StepProduct::new(&w_hh.t()?)?;
         // The previous step's cell state when `c_all` is not kept.
         let mut c_last: Option<Tensor> = None;
         for t in steps.order() {
@@ -389,7 +416,7 @@ impl Scan {
                 (None, Some(init)) => Some(steps.start_state(c_last.as_ref(), init, t)?),
                 _ => None,
             };
-            let gh = matmul_raw(&h_prev, &w_hh_t)?;
+            let gh = w_hh_t.apply(&h_prev)?;
             let h = steps.of(&out, t)?;
             let c = match (&c_all, c0) {
                 (Some(a), _) => Some(steps.of(a, t)?),
@@ -486,6 +513,7 @@ impl BackwardFn for ScanBackward {
             if cell == RecurrentCell::Gru { Some(out.empty_like_shape(&[rows, width], dtype)?) } else { None };
         let grad_h0 = out.empty_like_shape(&[batch, hidden], dtype)?;
         let grad_c0 = c0.map(|_| out.empty_like_shape(&[batch, hidden], dtype)).transpose()?;
+        let w_hh_step = StepProduct::new(w_hh)?;
         let mut carry_h: Option<Tensor> = None;
         let mut carry_c: Option<Tensor> = None;
         for t in steps.order().into_iter().rev() {
@@ -531,7 +559,7 @@ impl BackwardFn for ScanBackward {
                 dc_prev: dc_prev.as_ref(),
             };
             out.kernels().recurrent_cell_backward(cell, &args)?;
-            let dh_prev = matmul_raw(dgh.as_ref().unwrap_or(&dgi), w_hh)?;
+            let dh_prev = w_hh_step.apply(dgh.as_ref().unwrap_or(&dgi))?;
             if let Some(d) = &dh_direct {
                 arith_inplace_raw(BinaryOp::Add, &dh_prev, d)?;
             }

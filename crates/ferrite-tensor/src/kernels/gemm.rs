@@ -18,6 +18,8 @@
 //!   contiguous), on the calling thread or split over the team by tiles.
 //! - **One row** (`m = 1`, `gemm/gemv.rs`): a decoding step's linears; B is read once in place,
 //!   not packed (the product is bound by memory bandwidth).
+//! - **Prepacked** B (`gemm/prepacked.rs`): a right-hand side packed once for many products (a
+//!   recurrent layer's `W_hh` over its time steps), each product one hand-off to the team.
 //! - Batches of small products (attention's `[B·H, S, d] × [B·H, d, S]`) are spread over the
 //!   team one product per task (`backend/cpu/matmul.rs`), each product on one thread.
 //!
@@ -42,6 +44,7 @@ mod avx512;
 mod gemv;
 mod generic;
 mod micro_kernel;
+pub(crate) mod prepacked;
 mod scalar;
 pub(crate) mod vector;
 

@@ -11,14 +11,60 @@
 use faer::{Accum, MatMut, MatRef, Par};
 use smallvec::SmallVec;
 
+use crate::backend::PreparedRhs;
 use crate::error::{Result, TensorError};
-use crate::kernels::gemm::{self, Isa};
+use crate::kernels::gemm::{self, Isa, prepacked};
 use crate::kernels::strided::SendPtr;
 use crate::layout::Layout;
 use crate::{DType, Tensor};
 
 pub(super) fn matmul(out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
     bmm_kernel(a, b, out, batch)
+}
+
+/// `b` packed once for the products of every step of a recurrent scan (f32 on x86-64, where
+/// ferrite's own GEMM runs); `None` elsewhere, and while a test forces a GEMM path.
+pub(super) fn prepare_rhs(b: &Tensor) -> Result<Option<Box<dyn PreparedRhs>>> {
+    if b.dtype() != DType::F32 || b.rank() != 2 || gemm::forced().is_some() {
+        return Ok(None);
+    }
+    let Some(isa) = Isa::best() else { return Ok(None) };
+    let (k, n) = (b.shape()[0], b.shape()[1]);
+    let bm = gemm::MatPtr { ptr: b.ptr::<f32>("matmul")?, rs: b.strides()[0] as isize, cs: b.strides()[1] as isize };
+    // SAFETY: `bm` describes the initialised `k × n` tensor `b` (its layout was validated
+    // against its storage); `isa` is this CPU's (`best`).
+    let packed = unsafe { prepacked::pack_b(isa, k, n, bm, crate::kernels::team::threads()) };
+    Ok(Some(Box::new(CpuPreparedRhs { b: b.clone(), packed })))
+}
+
+/// A prepacked f32 right-hand side, and the tensor itself for the products too small for it.
+struct CpuPreparedRhs {
+    b: Tensor,
+    packed: prepacked::PackedB,
+}
+
+impl PreparedRhs for CpuPreparedRhs {
+    fn matmul(&self, out: &Tensor, a: &Tensor) -> Result<()> {
+        let (k, n) = (self.packed.k(), self.packed.n());
+        if a.rank() != 2 || a.shape()[1] != k || a.dtype() != DType::F32 || out.shape() != [a.shape()[0], n] {
+            return Err(TensorError::MatmulShapeMismatch {
+                op: "matmul",
+                lhs: a.shape().to_vec(),
+                rhs: self.b.shape().to_vec(),
+            });
+        }
+        let m = a.shape()[0];
+        if !prepacked::applies(m, n, k) {
+            return bmm_kernel(a, &self.b, out, &[]);
+        }
+        let am =
+            gemm::MatPtr { ptr: a.ptr::<f32>("matmul")?, rs: a.strides()[0] as isize, cs: a.strides()[1] as isize };
+        let threads = prepacked::threads_for(m, n, k, crate::kernels::team::threads());
+        // SAFETY: `am` describes the initialised `m × k` tensor `a`; `out` is a fresh contiguous
+        // `m × n` buffer distinct from `a` and from the packed copy of `b`.
+        unsafe { prepacked::sgemm_prepacked(m, am, &self.packed, out.ptr::<f32>("matmul")?, n, threads) };
+        Ok(())
+    }
 }
 
 /// Below this many multiply-adds a faer product runs on the calling thread.
@@ -214,6 +260,38 @@ mod tests {
         let mut shape = batch.to_vec();
         shape.extend([m, n]);
         (shape, c, s)
+    }
+
+    /// A right-hand side prepared once (the recurrent scan's `W_hhᵀ` and `W_hh`) gives the same
+    /// bits as `Tensor::matmul` with it, for products on the packed path, the small path (a few
+    /// rows) and one row (gemv), from row-block views of a larger tensor as the scan passes them.
+    #[test]
+    fn prepared_right_hand_sides_give_the_bits_of_matmul() {
+        let d = Device::Cpu;
+        let mut g = Generator::new(11);
+        for (k, n, transposed) in [(512usize, 2048usize, true), (128, 512, true), (512, 128, false), (65, 33, false)] {
+            let w = if transposed {
+                Tensor::randn_with(&[n, k], DType::F32, &d, &mut g).unwrap().t().unwrap()
+            } else {
+                Tensor::randn_with(&[k, n], DType::F32, &d, &mut g).unwrap()
+            };
+            let Some(prep) = super::prepare_rhs(&w).unwrap() else {
+                eprintln!("SKIPPED: no prepared products off x86-64");
+                return;
+            };
+            let states = Tensor::randn_with(&[80, k], DType::F32, &d, &mut g).unwrap();
+            for (start, rows) in [(0usize, 32usize), (40, 32), (3, 7), (9, 1), (0, 80)] {
+                let a = states.narrow(0, start, rows).unwrap();
+                let out = Tensor::zeros(&[rows, n], DType::F32, &d).unwrap();
+                prep.matmul(&out, &a).unwrap();
+                let want = a.matmul(&w).unwrap().to_vec::<f32>().unwrap();
+                let got = out.to_vec::<f32>().unwrap();
+                assert!(
+                    got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "k {k} n {n} transposed {transposed} rows {start}+{rows}"
+                );
+            }
+        }
     }
 
     /// Batched, broadcast, transposed and strided operands through `Tensor::matmul` on every

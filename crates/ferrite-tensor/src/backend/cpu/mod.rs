@@ -273,4 +273,8 @@ impl KernelBackend for CpuBackend {
     fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
         recurrent::backward(cell, x)
     }
+
+    fn prepare_rhs(&self, b: &Tensor) -> Result<Option<Box<dyn crate::backend::PreparedRhs>>> {
+        matmul::prepare_rhs(b)
+    }
 }
