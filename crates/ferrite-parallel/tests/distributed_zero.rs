@@ -265,6 +265,55 @@ fn zero_1_2_and_3_equal_ddp_on_3_ranks() {
     equality(3);
 }
 
+/// `--zero-comm-dtype bf16`: the collectives carry bf16 and sum in bf16 (each partial sum
+/// rounded, as NCCL sums bf16), the model's parameters are bf16 and the f32 masters live in the
+/// shards. At 2 ranks the bf16 sum of two values has one rounding whatever the bucketing, so
+/// ZeRO-2 and ZeRO-3 must agree bit for bit; each is close to the same run with an f32 wire but
+/// not equal to it (the wire is really bf16); every parameter is its f32 master rounded to bf16.
+#[test]
+fn a_bf16_wire_sums_in_bf16_and_keeps_f32_masters_in_the_shards() {
+    if require_mpi("zero_bf16_wire").is_none() {
+        return;
+    }
+    let run = launch(2, "bf16", Duration::from_secs(240));
+    assert!(run.success, "mpirun failed:\n{}", run.log);
+    // The collectives themselves: 256 + 1 is not a bf16 (an f32 wire would deliver 257).
+    let got = run.floats("bf16.reduce_scatter.rank0");
+    assert_eq!(got, vec![256.0, bf16_round(bf16_round(1.0 / 3.0) + bf16_round(2.0 / 3.0))], "reduce-scatter");
+    let gathered = run.floats("bf16.all_gather.rank1");
+    let sent: Vec<f32> = (0..2).map(|r| 1.0 + 1.0 / 512.0 + r as f32 * (1.0 + 3.0 / 256.0)).collect();
+    assert_eq!(gathered, sent.iter().map(|v| bf16_round(*v)).collect::<Vec<_>>(), "all-gather");
+    let mut trained = Vec::new();
+    for stage in [1, 2, 3] {
+        let bf = run.floats(&format!("bf16.z{stage}.bf16.rank0"));
+        let f32_wire = run.floats(&format!("bf16.z{stage}.f32.rank0"));
+        assert_eq!(bf, run.floats(&format!("bf16.z{stage}.bf16.rank1")), "ZeRO-{stage}: ranks differ");
+        for rank in 0..2 {
+            let masters = run.floats(&format!("bf16.z{stage}.masters.rank{rank}"));
+            let params = run.floats(&format!("bf16.z{stage}.mine.rank{rank}"));
+            assert_eq!(params, masters.iter().map(|v| bf16_round(*v)).collect::<Vec<_>>(), "ZeRO-{stage} rank {rank}");
+            assert!(masters.iter().any(|m| bf16_round(*m) != *m), "ZeRO-{stage}: the masters are f32, not rounded");
+        }
+        ferrite_test_support::assert_slices_close(
+            &format!("ZeRO-{stage} bf16 vs f32 wire"),
+            &bf,
+            &f32_wire,
+            2e-2,
+            1e-3,
+        );
+        if stage > 1 {
+            assert_ne!(bf, f32_wire, "ZeRO-{stage}: a bf16 wire must round the sums somewhere");
+        }
+        trained.push(bf);
+    }
+    assert_eq!(trained[1], trained[2], "ZeRO-2 and ZeRO-3 sum the same bf16 values once at 2 ranks");
+}
+
+/// `v` rounded to bf16 (round to nearest even), as f32.
+fn bf16_round(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
 #[test]
 fn an_optimizer_over_foreign_tensors_is_a_typed_error_on_every_rank() {
     if require_mpi("foreign_optimizer").is_none() {
@@ -333,8 +382,8 @@ mod worker {
         RmspropConfig, RmspropRule, SgdConfig, SgdRule, UpdateRule, clip_grad_norm_,
     };
     use ferrite_parallel::distributed::{
-        DdpOptions, DistributedDataParallel, DistributedError, FullySharded, NoSync, ProcessGroup, ZeroOptions,
-        ZeroRedundancy, ZeroStage, ZeroStepOutcome,
+        CommDtype, DdpOptions, DistributedDataParallel, DistributedError, FullySharded, NoSync, ProcessGroup,
+        ZeroOptions, ZeroRedundancy, ZeroStage, ZeroStepOutcome,
     };
 
     /// ZeRO-1/2 or ZeRO-3 behind one face.
@@ -391,6 +440,10 @@ mod worker {
             zero.finish().unwrap();
             return;
         }
+        if case == "bf16" {
+            bf16_wire(&group, out).unwrap();
+            return;
+        }
         if let Some(stage) = case.strip_prefix("raise").or_else(|| case.strip_prefix("die")) {
             let stage = ZeroStage::from_number(stage.parse().unwrap()).unwrap();
             if let Err(e) = raise(&group, stage, case.starts_with("die")) {
@@ -434,6 +487,74 @@ mod worker {
             zero.zero().zero_grad(opt.as_mut())?;
         }
         zero.finish()
+    }
+
+    /// The bf16 collectives on fixed values, then ZeRO-1/2/3 with bf16 parameters trained with a
+    /// bf16 and an f32 wire (2 ranks).
+    fn bf16_wire(group: &ProcessGroup, out: &Path) -> R<()> {
+        let (rank, world) = (group.rank(), group.world_size());
+        let comm = group.comm();
+        let mine = if rank == 0 { [256.0, 1.0 / 3.0] } else { [1.0, 2.0 / 3.0] };
+        let send: Vec<f32> = (0..world).flat_map(|_| mine).collect();
+        write(
+            out,
+            &format!("bf16.reduce_scatter.rank{rank}"),
+            &comm.reduce_scatter_sum(send, CommDtype::Bf16)?.wait()?,
+        );
+        let value = 1.0 + 1.0 / 512.0 + rank as f32 * (1.0 + 3.0 / 256.0);
+        write(
+            out,
+            &format!("bf16.all_gather.rank{rank}"),
+            &comm.start_all_gather(vec![value], CommDtype::Bf16)?.wait()?,
+        );
+        for stage in [1, 2, 3] {
+            for wire in [CommDtype::Bf16, CommDtype::F32] {
+                let mut m = model(100 + rank as u64);
+                m.to_dtype(DType::BF16)?;
+                let stage = ZeroStage::from_number(stage).unwrap();
+                let options = ZeroOptions::new(stage).ddp(DdpOptions::default().bucket_cap_mb(0.0005)).comm_dtype(wire);
+                let zero = match stage {
+                    ZeroStage::Three => Z::Full(FullySharded::new(&m, "Blocks", group.comm(), options)?),
+                    _ => Z::Redundancy(Box::new(ZeroRedundancy::new(&m, group.comm(), options)?)),
+                };
+                let Opt::Adam(full) = optimizer("adamw", &m) else { unreachable!() };
+                let mut opt = shard(zero.zero(), &full);
+                for s in 0..STEPS {
+                    let (xb, yb) = batch(s, 0, 1, rank, world);
+                    let loss = {
+                        let _amp = ferrite_nn::autocast(DType::BF16)?;
+                        mse(&m.forward(&xb)?.to_dtype(DType::F32)?, &yb)?
+                    };
+                    zero.backward(&loss)?;
+                    zero.step(opt.as_mut(), Some(1.0), None)?;
+                    zero.zero().zero_grad(opt.as_mut())?;
+                }
+                if let Z::Full(f) = &zero {
+                    f.gather_all()?;
+                }
+                let params: Vec<f32> = m
+                    .parameters()
+                    .iter()
+                    .flat_map(|p| p.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap())
+                    .collect();
+                let tag = format!("bf16.z{}", stage.number());
+                write(out, &format!("{tag}.{}.rank{rank}", wire.name()), &params);
+                if wire == CommDtype::Bf16 {
+                    // This rank's masters, and the same values of its parameters.
+                    let z = zero.zero();
+                    let masters: Vec<f32> = z.shards().iter().flat_map(|t| t.to_vec::<f32>().unwrap()).collect();
+                    let per = z.partition_numel();
+                    let hi = (rank * per + per).min(params.len());
+                    write(out, &format!("{tag}.masters.rank{rank}"), &masters);
+                    write(out, &format!("{tag}.mine.rank{rank}"), &params[rank * per..hi]);
+                }
+                if let Z::Full(f) = &zero {
+                    f.release_all();
+                }
+                zero.finish()?;
+            }
+        }
+        Ok(())
     }
 
     fn write(out: &Path, name: &str, v: &[f32]) {

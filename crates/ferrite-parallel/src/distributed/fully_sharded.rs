@@ -40,10 +40,11 @@ use std::sync::{Arc, Mutex};
 use ferrite_nn::{LayerMarkGuard, Module, listen_for_layer_marks};
 use ferrite_optim::{GradScaler, Optim, Optimizer, UpdateRule};
 use ferrite_tensor::autograd::{BackwardNodeHookGuard, next_node_seq, set_backward_node_hook};
-use ferrite_tensor::{DType, Tensor, no_grad};
+use ferrite_tensor::{Tensor, no_grad};
 
 use super::ddp::NoSync;
 use super::error::{DistributedError, Result};
+use super::host_values::{fresh_like, read_f32};
 use super::process_group::{Comm, Pending};
 use super::zero::{ZeroOptions, ZeroRedundancy, ZeroStage, ZeroStepOutcome};
 
@@ -532,7 +533,7 @@ impl Inner {
         } else {
             block[1..].iter_mut().for_each(|v| *v = 0.0);
         }
-        let pending = self.zero.comm.start_all_gather_f32(block)?;
+        let pending = self.zero.comm.start_all_gather(block, self.zero.comm_dtype)?;
         local?;
         Ok(pending)
     }
@@ -559,9 +560,9 @@ impl Inner {
             for i in run.first..=run.last {
                 let p = &self.zero.params[i];
                 let at = self.zero.partition.offset(i) - run.lo;
-                let t = Tensor::from_vec(flat[at..at + p.numel()].to_vec(), p.shape(), p.device())?;
-                let t = if p.dtype() == DType::F32 { t } else { t.to_dtype(p.dtype())? };
-                p.refill_storage_from(t)?;
+                // Rounded to the parameter's dtype on the host: the device allocates the
+                // parameter's own bytes only.
+                p.refill_storage_from(fresh_like(p, flat[at..at + p.numel()].to_vec())?)?;
             }
         }
         let mut s = self.lock();
@@ -581,9 +582,8 @@ impl Inner {
         for i in run.first..=run.last {
             let p = &self.zero.params[i];
             if let Some(g) = p.grad() {
-                let g = if g.dtype() == DType::F32 { g } else { g.to_dtype(DType::F32)? };
                 let at = self.zero.partition.offset(i) - run.lo;
-                flat[at..at + p.numel()].copy_from_slice(&g.contiguous()?.to_vec::<f32>()?);
+                flat[at..at + p.numel()].copy_from_slice(&read_f32(&g)?);
                 p.set_grad(None)?;
             }
         }
@@ -593,7 +593,7 @@ impl Inner {
             send[r * m..r * m + n].copy_from_slice(&flat[lo - run.lo..lo - run.lo + n]);
         }
         drop(flat);
-        let pending = self.zero.comm.reduce_scatter_sum_f32(send)?;
+        let pending = self.zero.comm.reduce_scatter_sum(send, self.zero.comm_dtype)?;
         self.lock().scatters.push_back((run.clone(), pending));
         self.wait_scatters(2)
     }

@@ -13,9 +13,11 @@
 //! the same f32 factor DDP uses (`1 / world_size`), so the result equals DDP's all-reduce up to
 //! MPI's order of summation.
 
-use ferrite_tensor::{DType, Tensor, no_grad};
+use ferrite_tensor::{Tensor, no_grad};
 
+use super::comm_dtype::CommDtype;
 use super::error::{DistributedError, Result};
+use super::host_values::read_f32;
 use super::process_group::{Comm, Pending};
 use ferrite_optim::FlatPartition;
 
@@ -38,6 +40,7 @@ pub(crate) fn reduce_scatter_grads(
     params: &[Tensor],
     bucket_values: usize,
     zeros: bool,
+    dtype: CommDtype,
 ) -> Result<(ScatteredGrads, Option<DistributedError>)> {
     let _g = no_grad();
     let mut local_error = None;
@@ -86,7 +89,7 @@ pub(crate) fn reduce_scatter_grads(
             let got = p.wait()?;
             values[at..at + got.len()].copy_from_slice(&got);
         }
-        in_flight.push_back((lo, comm.reduce_scatter_sum_f32(send)?));
+        in_flight.push_back((lo, comm.reduce_scatter_sum(send, dtype)?));
         lo = hi;
     }
     while let Some((at, p)) = in_flight.pop_front() {
@@ -99,12 +102,6 @@ pub(crate) fn reduce_scatter_grads(
     Ok((ScatteredGrads { values, used_by_any, unused_here }, local_error))
 }
 
-/// A gradient as a flat f32 tensor of `numel` values.
-fn flatten(g: &Tensor, numel: usize) -> Result<Tensor> {
-    let g = if g.dtype() == DType::F32 { g.clone() } else { g.to_dtype(DType::F32)? };
-    Ok(g.contiguous()?.reshape_usize(&[numel])?)
-}
-
 /// Copy the flat values `[start, start + out.len())` of the gradients into `out` (zeros where a
 /// gradient is missing or past the last parameter).
 fn read_flat(partition: &FlatPartition, flat: &[Option<Tensor>], start: usize, out: &mut [f32]) -> Result<()> {
@@ -112,9 +109,15 @@ fn read_flat(partition: &FlatPartition, flat: &[Option<Tensor>], start: usize, o
     for (i, a, b) in partition.overlapping(start, end.min(partition.total())) {
         if let Some(g) = &flat[i] {
             let off = partition.offset(i);
-            let v = g.narrow(0, a - off, b - a)?.to_vec::<f32>()?;
+            let v = read_f32(&g.narrow(0, a - off, b - a)?)?;
             out[a - start..b - start].copy_from_slice(&v);
         }
     }
     Ok(())
+}
+
+/// A gradient as a flat tensor of `numel` values in its own dtype (a view when contiguous; a
+/// bf16 gradient is widened slice by slice on the host, never as a whole on the device).
+fn flatten(g: &Tensor, numel: usize) -> Result<Tensor> {
+    Ok(g.contiguous()?.reshape_usize(&[numel])?)
 }

@@ -13,6 +13,7 @@
 
 #[cfg(feature = "mpi")]
 mod bucket;
+mod comm_dtype;
 #[cfg(feature = "mpi")]
 mod ddp;
 mod error;
@@ -20,6 +21,8 @@ mod error;
 mod fully_sharded;
 #[cfg(feature = "mpi")]
 mod grad_reduce_scatter;
+#[cfg(feature = "mpi")]
+mod host_values;
 #[cfg(feature = "mpi")]
 mod liveness;
 #[cfg(feature = "mpi")]
@@ -31,6 +34,7 @@ mod zero;
 #[cfg(feature = "mpi")]
 mod zero_checkpoint;
 
+pub use comm_dtype::CommDtype;
 #[cfg(feature = "mpi")]
 pub use ddp::{DdpOptions, DistributedDataParallel, GradientSync, NoSync};
 pub use error::{DistributedError, Result};

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use ferrite_io::{FaultPoint, fault_point};
 use mpi::Threading;
-use mpi::collective::SystemOperation;
+use mpi::collective::{SystemOperation, UnsafeUserOperation};
 use mpi::datatype::Equivalence;
 use mpi::environment::Universe;
 use mpi::ffi;
@@ -30,6 +30,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
 use super::bucket::BucketBuffers;
+use super::comm_dtype::{self, CommDtype};
 use super::error::{DistributedError, Result};
 use super::liveness::{self, ENDPOINT_BYTES, Liveness};
 
@@ -63,14 +64,47 @@ pub struct Comm {
 }
 
 enum Job {
-    AllReduceSumF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
-    AllReduceBucket { buffers: BucketBuffers, reply: Sender<Result<BucketBuffers>> },
-    AllGatherF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
-    AllGatherF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
-    ReduceScatterF32 { data: Vec<f32>, reply: Sender<Vec<f32>> },
-    AllGatherBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
-    BroadcastF64 { data: Vec<f64>, reply: Sender<Vec<f64>> },
-    BroadcastBytes { data: Vec<u8>, reply: Sender<Vec<u8>> },
+    AllReduceSumF32 {
+        data: Vec<f32>,
+        reply: Sender<Vec<f32>>,
+    },
+    AllReduceBucket {
+        buffers: BucketBuffers,
+        reply: Sender<Result<BucketBuffers>>,
+    },
+    AllGatherF64 {
+        data: Vec<f64>,
+        reply: Sender<Vec<f64>>,
+    },
+    AllGatherF32 {
+        data: Vec<f32>,
+        reply: Sender<Vec<f32>>,
+    },
+    ReduceScatterF32 {
+        data: Vec<f32>,
+        reply: Sender<Vec<f32>>,
+    },
+    /// f32 values in and out, bf16 on the wire (see `comm_dtype`).
+    AllGatherBf16 {
+        data: Vec<f32>,
+        reply: Sender<Vec<f32>>,
+    },
+    ReduceScatterBf16 {
+        data: Vec<f32>,
+        reply: Sender<Vec<f32>>,
+    },
+    AllGatherBytes {
+        data: Vec<u8>,
+        reply: Sender<Vec<u8>>,
+    },
+    BroadcastF64 {
+        data: Vec<f64>,
+        reply: Sender<Vec<f64>>,
+    },
+    BroadcastBytes {
+        data: Vec<u8>,
+        reply: Sender<Vec<u8>>,
+    },
     Shutdown,
 }
 
@@ -154,6 +188,9 @@ fn comm_thread(rx: Receiver<Job>) {
     // MPI_COMM_WORLD; only this thread calls MPI after initialization.
     let world = SimpleCommunicator::world();
     let root = world.process_at_rank(0);
+    // SAFETY: `bf16_sum` reads and writes `len` u16 values, and it is only used below with
+    // `u16` buffers (MPI_UNSIGNED_SHORT).
+    let bf16_sum = unsafe { UnsafeUserOperation::commutative(comm_dtype::bf16_sum) };
     while let Ok(job) = rx.recv() {
         match job {
             Job::AllReduceSumF32 { data, reply } => {
@@ -196,6 +233,19 @@ fn comm_thread(rx: Receiver<Job>) {
                 let mut out = vec![0f32; data.len() / world.size() as usize];
                 world.reduce_scatter_block_into(&data[..], &mut out[..], SystemOperation::sum());
                 let _ = reply.send(out);
+            }
+            Job::AllGatherBf16 { data, reply } => {
+                let send = comm_dtype::pack(&data);
+                let mut out = vec![0u16; send.len() * world.size() as usize];
+                world.all_gather_into(&send[..], &mut out[..]);
+                let _ = reply.send(comm_dtype::unpack(&out));
+            }
+            Job::ReduceScatterBf16 { data, reply } => {
+                // `Comm::reduce_scatter_sum` checked that the length divides by the world size.
+                let send = comm_dtype::pack(&data);
+                let mut out = vec![0u16; send.len() / world.size() as usize];
+                world.reduce_scatter_block_into(&send[..], &mut out[..], &bf16_sum);
+                let _ = reply.send(comm_dtype::unpack(&out));
             }
             Job::AllGatherBytes { data, reply } => {
                 let mut out = vec![0u8; data.len() * world.size() as usize];
@@ -457,20 +507,45 @@ impl Comm {
         self.queue("all-gather", |reply| Job::AllGatherF32 { data, reply })
     }
 
-    /// `MPI_Reduce_scatter_block` with a sum: `data` is `world_size` equal blocks; rank `r`
-    /// receives the element-wise sum over ranks of every rank's block `r`. Started now, finished
-    /// by [`Pending::wait`] (several queued back to back run in order on the communication thread).
-    pub fn reduce_scatter_sum_f32(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
-        if !data.len().is_multiple_of(self.size) {
+    /// [`start_all_gather_f32`](Self::start_all_gather_f32) with the values carried as `dtype`
+    /// (bf16: rounded before they leave; what arrives is exact in f32).
+    pub fn start_all_gather(&self, data: Vec<f32>, dtype: CommDtype) -> Result<Pending<Vec<f32>>> {
+        match dtype {
+            CommDtype::F32 => self.start_all_gather_f32(data),
+            CommDtype::Bf16 => self.queue("all-gather", |reply| Job::AllGatherBf16 { data, reply }),
+        }
+    }
+
+    /// [`reduce_scatter_sum_f32`](Self::reduce_scatter_sum_f32) with the values carried and
+    /// summed as `dtype` (bf16: every partial sum rounded to bf16, as NCCL sums bf16).
+    pub fn reduce_scatter_sum(&self, data: Vec<f32>, dtype: CommDtype) -> Result<Pending<Vec<f32>>> {
+        match dtype {
+            CommDtype::F32 => self.reduce_scatter_sum_f32(data),
+            CommDtype::Bf16 => {
+                self.check_divides(data.len())?;
+                self.queue("reduce-scatter", |reply| Job::ReduceScatterBf16 { data, reply })
+            }
+        }
+    }
+
+    fn check_divides(&self, len: usize) -> Result<()> {
+        if !len.is_multiple_of(self.size) {
             return Err(DistributedError::CommunicationStopped {
                 rank: self.rank,
                 detail: format!(
-                    "a reduce-scatter of {} values does not divide into {} equal blocks (a bug in the caller)",
-                    data.len(),
+                    "a reduce-scatter of {len} values does not divide into {} equal blocks (a bug in the caller)",
                     self.size
                 ),
             });
         }
+        Ok(())
+    }
+
+    /// `MPI_Reduce_scatter_block` with a sum: `data` is `world_size` equal blocks; rank `r`
+    /// receives the element-wise sum over ranks of every rank's block `r`. Started now, finished
+    /// by [`Pending::wait`] (several queued back to back run in order on the communication thread).
+    pub fn reduce_scatter_sum_f32(&self, data: Vec<f32>) -> Result<Pending<Vec<f32>>> {
+        self.check_divides(data.len())?;
         self.queue("reduce-scatter", |reply| Job::ReduceScatterF32 { data, reply })
     }
 

@@ -32,10 +32,12 @@ use ferrite_nn::Module;
 use ferrite_optim::{GradScaler, Optim, Optimizer, ParamGroup, UpdateRule, clip_grads_with_norm_};
 use ferrite_tensor::{DType, Tensor, no_grad};
 
+use super::comm_dtype::CommDtype;
 use super::ddp::{DdpOptions, GradientSync, NoSync, replicate_from_rank0};
 use super::error::{DistributedError, Result};
 use super::grad_reduce_scatter::reduce_scatter_grads;
-use super::process_group::Comm;
+use super::host_values::{read_f32, write_f32};
+use super::process_group::{Comm, Pending};
 use ferrite_optim::{FlatPartition, ShardPiece};
 
 /// How [`ZeroRedundancy::shard_optimizer`] laid the sharded optimizer out.
@@ -90,11 +92,20 @@ pub struct ZeroOptions {
     /// Buckets, unused parameters and buffers as for DDP. Stage 2 uses `bucket_cap_bytes` as
     /// the size of one reduce-scatter (all ranks' blocks together).
     pub ddp: DdpOptions,
+    /// What the reduce-scatters and all-gathers carry (`--zero-comm-dtype`): f32, or bf16 (half
+    /// the bytes; the f32 masters in the shards are never rounded). Stage 1's all-reduce is
+    /// DDP's, in f32 buckets, whatever this says.
+    pub comm_dtype: CommDtype,
 }
 
 impl ZeroOptions {
     pub fn new(stage: ZeroStage) -> ZeroOptions {
-        ZeroOptions { stage, ddp: DdpOptions::default() }
+        ZeroOptions { stage, ddp: DdpOptions::default(), comm_dtype: CommDtype::F32 }
+    }
+
+    pub fn comm_dtype(mut self, dtype: CommDtype) -> ZeroOptions {
+        self.comm_dtype = dtype;
+        self
     }
 
     pub fn ddp(mut self, ddp: DdpOptions) -> ZeroOptions {
@@ -125,6 +136,7 @@ pub struct ZeroStepOutcome {
 pub struct ZeroRedundancy {
     pub(super) comm: Comm,
     stage: ZeroStage,
+    pub(super) comm_dtype: CommDtype,
     pub(super) names: Vec<String>,
     pub(super) params: Vec<Tensor>,
     pub(super) partition: FlatPartition,
@@ -165,6 +177,7 @@ impl ZeroRedundancy {
             bucket_values: (options.ddp.bucket_cap_bytes / 4 / comm.world_size()).max(1),
             comm,
             stage: options.stage,
+            comm_dtype: options.comm_dtype,
             names,
             params,
             partition,
@@ -200,6 +213,11 @@ impl ZeroRedundancy {
 
     pub fn stage(&self) -> ZeroStage {
         self.stage
+    }
+
+    /// What the collectives carry (see [`ZeroOptions::comm_dtype`]).
+    pub fn comm_dtype(&self) -> CommDtype {
+        self.comm_dtype
     }
 
     /// Stage 1: where the time of the last synchronizing backward went (DDP's buckets; see
@@ -312,7 +330,7 @@ impl ZeroRedundancy {
     fn scatter(&self, local: Option<DistributedError>, allow_unused: bool) -> Result<()> {
         let zeros = local.is_some();
         let (got, read_error) =
-            reduce_scatter_grads(&self.comm, &self.partition, &self.params, self.bucket_values, zeros)
+            reduce_scatter_grads(&self.comm, &self.partition, &self.params, self.bucket_values, zeros, self.comm_dtype)
                 .inspect_err(|_| self.failed.store(true, Ordering::SeqCst))?;
         if let Some(e) = local.or(read_error) {
             return Err(self.fail_with(e));
@@ -410,8 +428,9 @@ impl ZeroRedundancy {
                 shard.set_grad(None)?;
                 continue;
             };
-            let g = if g.dtype() == DType::F32 { g } else { g.to_dtype(DType::F32)? };
             let view = g.contiguous()?.reshape_usize(&[p.numel()])?.narrow(0, piece.param_start, piece.len)?;
+            // A narrower gradient (bf16 parameters): only this rank's piece becomes f32.
+            let view = if view.dtype() == DType::F32 { view } else { view.to_dtype(DType::F32)? };
             shard.set_grad(Some(view))?;
         }
         Ok(())
@@ -450,7 +469,11 @@ impl ZeroRedundancy {
                 }
             }
         }
-        let all = self.comm.all_gather_f32(block).inspect_err(|_| self.mark_failed())?;
+        let all = self
+            .comm
+            .start_all_gather(block, self.comm_dtype)
+            .and_then(Pending::wait)
+            .inspect_err(|_| self.mark_failed())?;
         self.agree(local, all.chunks(per + 1).map(|c| c[0] != 0.0), "its optimizer step")?;
         if !stepped {
             return Ok(());
@@ -465,11 +488,8 @@ impl ZeroRedundancy {
                 let off = self.partition.offset(i);
                 let values: Vec<f32> =
                     (off..off + p.numel()).map(|j| all[(j / per) * (per + 1) + 1 + j % per]).collect();
-                if p.dtype() == DType::F32 && p.is_contiguous() {
-                    p.copy_from_slice(&values)?;
-                } else {
-                    p.copy_(&Tensor::from_vec(values, p.shape(), p.device())?.to_dtype(p.dtype())?)?;
-                }
+                // Rounded to the parameter's dtype on the host: nothing allocated on the device.
+                write_f32(p, &values)?;
             }
             Ok(())
         };
@@ -577,8 +597,8 @@ fn read_piece(params: &[Tensor], piece: &ShardPiece) -> Result<Tensor> {
     let p = &params[piece.param];
     let flat = p.detach().contiguous()?.reshape_usize(&[p.numel()])?;
     let part = flat.narrow(0, piece.param_start, piece.len)?;
-    let part = if part.dtype() == DType::F32 { part } else { part.to_dtype(DType::F32)? };
-    Ok(Tensor::from_vec(part.to_vec::<f32>()?, &[piece.len], p.device())?)
+    // Widened on the host: a bf16 parameter's piece costs the device only its f32 shard.
+    Ok(Tensor::from_vec(read_f32(&part)?, &[piece.len], p.device())?)
 }
 
 /// Same tensor: the same elements of the same storage.
