@@ -196,19 +196,8 @@ pub(crate) fn run_zero3_rank_step(
         } else {
             opt.step()?;
         }
-        // `gather_params`: the root's parameters written from the host (a cast on the device
-        // when narrower than f32).
-        {
-            let _g = no_grad();
-            let root = z.borrow().root.clone();
-            for i in root {
-                let p = &params[i];
-                if p.dtype() != DType::F32 || !p.is_contiguous() {
-                    let t = Tensor::zeros(p.shape(), DType::F32, device)?.to_dtype(p.dtype())?;
-                    p.copy_(&t)?;
-                }
-            }
-        }
+        // `gather_params`: the root's parameters written from the host, rounded to their dtype
+        // there (`host_values::write_f32`): nothing allocated on the device.
         scaler.update()?;
         opt.zero_grad()?;
         let _g = no_grad();
@@ -361,16 +350,15 @@ fn gather(z: &Shared, k: usize) -> Result<(), PlanError> {
     };
     for i in members {
         let p = &params[i];
-        let t = Tensor::zeros(p.shape(), DType::F32, &device)?;
-        let t = if p.dtype() == DType::F32 { t } else { t.to_dtype(p.dtype())? };
-        p.refill_storage_from(t)?;
+        // `host_values::fresh_like`: rounded on the host, one allocation of the parameter's size.
+        p.refill_storage_from(Tensor::zeros(p.shape(), p.dtype(), &device)?)?;
     }
     z.borrow_mut().gathered[k] = true;
     Ok(())
 }
 
-/// `scatter`: the gradients read to the host (a cast first when not f32) and freed; the share
-/// comes back when waited for.
+/// `scatter`: the gradients read to the host (widened there: `host_values::read_f32`) and
+/// freed; the share comes back when waited for.
 fn scatter(z: &Shared, members: Vec<usize>) -> Result<(), PlanError> {
     let _g = no_grad();
     let params = z.borrow().params.clone();
@@ -385,9 +373,6 @@ fn scatter(z: &Shared, members: Vec<usize>) -> Result<(), PlanError> {
     for run in runs {
         for &i in &run {
             if let Some(g) = params[i].grad() {
-                if g.dtype() != DType::F32 {
-                    drop(g.to_dtype(DType::F32)?);
-                }
                 drop(g);
                 params[i].set_grad(None)?;
             }

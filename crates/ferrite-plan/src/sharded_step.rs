@@ -262,6 +262,16 @@ pub(crate) fn run_rank_step(
                                 false
                             }
                         };
+                        // `write_back`: an f32 parameter's gradient becomes the view; a narrower
+                        // one (bf16 parameters) keeps its own tensor, the average copied in.
+                        if used && p.dtype() != DType::F32 {
+                            if let Some(g) = p.grad() {
+                                g.copy_(&r)?;
+                            }
+                            views.push(None);
+                            off += p.numel();
+                            continue;
+                        }
                         views.push(used.then_some(r));
                         off += p.numel();
                     }
@@ -285,6 +295,8 @@ pub(crate) fn run_rank_step(
                             }
                             None => continue,
                         };
+                        // A narrower gradient: only the piece becomes f32.
+                        let g = if g.dtype() == DType::F32 { g } else { g.to_dtype(DType::F32)? };
                         shard.set_grad(Some(g))?;
                     }
                 }

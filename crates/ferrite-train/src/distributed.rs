@@ -19,6 +19,7 @@ use ferrite_data::{DistributedSampler, Sampler};
 use ferrite_memory::{Device, allocator, format_size};
 use ferrite_nn::Module;
 use ferrite_optim::{GradScaler, Optim, Optimizer, UpdateRule};
+use ferrite_parallel::distributed::CommDtype;
 use ferrite_tensor::{Generator, Tensor};
 
 use crate::error::TrainError;
@@ -84,16 +85,28 @@ impl Distributed {
     /// Every rank must run the same ZeRO stage (`0`: DDP): a rank started with another `--zero`
     /// would pair its collectives with the wrong ones. Every rank gets the same error, naming the
     /// first rank that differs from rank 0.
+    /// So must the communication dtype (a bf16 block paired with an f32 one is garbage).
     #[cfg(feature = "mpi")]
-    fn same_zero_stage(&self, stage: u32) -> Result<(), TrainError> {
-        let all = self.group.comm().all_gather_f64(vec![f64::from(stage)])?;
+    fn same_zero_stage(&self, stage: u32, comm: CommDtype) -> Result<(), TrainError> {
+        let wire = |d: CommDtype| f64::from(d.size_in_bytes() as u32);
+        let all = self.group.comm().all_gather_f64(vec![f64::from(stage), wire(comm)])?;
         let name = |v: f64| if v == 0.0 { "not given (DDP)".to_string() } else { format!("{v}") };
-        if let Some((rank, v)) = all.iter().enumerate().find(|(_, v)| **v != all[0]) {
+        if let Some((rank, v)) = all.chunks(2).enumerate().find(|(_, v)| v[0] != all[0]) {
             return Err(ferrite_parallel::ParallelError::SettingMismatch {
                 rank,
                 setting: "--zero",
-                value: name(*v),
+                value: name(v[0]),
                 rank0: name(all[0]),
+            }
+            .into());
+        }
+        let dtype = |v: f64| if v == 2.0 { "bf16".to_string() } else { "f32".to_string() };
+        if let Some((rank, v)) = all.chunks(2).enumerate().find(|(_, v)| v[1] != all[1]) {
+            return Err(ferrite_parallel::ParallelError::SettingMismatch {
+                rank,
+                setting: "--zero-comm-dtype",
+                value: dtype(v[1]),
+                rank0: dtype(all[1]),
             }
             .into());
         }
@@ -104,7 +117,7 @@ impl Distributed {
     pub fn sync_for(&self, model: &dyn Module) -> Result<StepSync, TrainError> {
         #[cfg(feature = "mpi")]
         {
-            self.same_zero_stage(0)?;
+            self.same_zero_stage(0, CommDtype::F32)?;
             Ok(StepSync(SyncKind::Ddp(GradientSync::new(model, self.group.comm(), DdpOptions::default())?)))
         }
         #[cfg(not(feature = "mpi"))]
@@ -117,11 +130,13 @@ impl Distributed {
     /// As [`sync_for`](Self::sync_for), with ZeRO stage `stage` (1, 2 or 3; anything else is a
     /// typed error naming `--zero`): build the optimizer through [`StepSync::optimizer`]. Stage 3
     /// needs a model with wrappable units (repeated blocks); the error names the model otherwise.
-    pub fn zero_for(&self, model: &dyn Module, stage: u32) -> Result<StepSync, TrainError> {
+    /// `comm` is what the collectives carry (`--zero-comm-dtype`); with bf16 the caller builds
+    /// the model's parameters in bf16 (the shards keep f32 masters of them).
+    pub fn zero_for(&self, model: &dyn Module, stage: u32, comm: CommDtype) -> Result<StepSync, TrainError> {
         #[cfg(feature = "mpi")]
         {
             // Agree first, so a rank given another (even an invalid) --zero is named on every rank.
-            self.same_zero_stage(stage)?;
+            self.same_zero_stage(stage, comm)?;
             let Some(stage) = ZeroStage::from_number(stage) else {
                 return Err(TrainError::InvalidArgument {
                     flag: "zero",
@@ -129,7 +144,7 @@ impl Distributed {
                     expected: "1 (optimizer state sharded), 2 (and gradients) or 3 (and parameters)",
                 });
             };
-            let options = ZeroOptions::new(stage);
+            let options = ZeroOptions::new(stage).comm_dtype(comm);
             if stage == ZeroStage::Three {
                 let fsdp = FullySharded::new(model, model.type_name(), self.group.comm(), options)?;
                 return Ok(StepSync(SyncKind::Fsdp(fsdp)));
@@ -139,7 +154,7 @@ impl Distributed {
         }
         #[cfg(not(feature = "mpi"))]
         {
-            let _ = (model, stage);
+            let _ = (model, stage, comm);
             Err(ferrite_parallel::distributed::DistributedError::NotBuiltWithMpi.into())
         }
     }

@@ -235,6 +235,8 @@ impl Stepper {
                 let current = opt.state_dict()?;
                 restore(&sd, &mut *opt, &current)?;
                 zero.import_full_state(&state.optimizer, &mut *opt)?;
+                // The saved f32 masters, not the model's (maybe bf16) rounding of them.
+                zero.load_masters(|name| sd.get(name))?;
                 return Ok(state);
             }
             restore(&sd, &mut *opt, &state.optimizer)?;

@@ -99,6 +99,33 @@ impl ZeroRedundancy {
     /// copy them into this rank's shards and load into `opt` (the sharded optimizer) this rank's
     /// pieces of `full`, the optimizer state in the full single-device layout. Tensors of a
     /// parameter's size are cut element-wise; scalars (step counts) are copied to every piece.
+    /// Overwrite this rank's f32 masters with their values in `weights` (named as the model's
+    /// parameters; full precision, as a sharded checkpoint stores them). Needed when the model's
+    /// parameters are narrower than the masters (`--zero-comm-dtype bf16`): the masters
+    /// [`import_full_state`](Self::import_full_state) re-reads from the parameters would be the
+    /// rounded values. A name missing from `weights` keeps what the parameter gave.
+    pub fn load_masters<'a>(&self, weights: impl Fn(&str) -> Option<&'a Tensor>) -> Result<()> {
+        let _g = no_grad();
+        for (piece, shard) in self.pieces.iter().zip(&self.shards) {
+            let Some(w) = weights(&self.names[piece.param]) else { continue };
+            let numel = self.params[piece.param].numel();
+            if w.numel() != numel {
+                return Err(DistributedError::ZeroState {
+                    rank: self.rank(),
+                    detail: format!(
+                        "the saved `{}` has {} values, the parameter {numel}",
+                        self.names[piece.param],
+                        w.numel()
+                    ),
+                });
+            }
+            let part = w.contiguous()?.reshape_usize(&[numel])?.narrow(0, piece.param_start, piece.len)?;
+            let part = if part.dtype() == DType::F32 { part } else { part.to_dtype(DType::F32)? };
+            shard.copy_(&part)?;
+        }
+        Ok(())
+    }
+
     pub fn import_full_state(&self, full: &OptimizerState, opt: &mut dyn Optimizer) -> Result<()> {
         self.reload_shards()?;
         let layout = self.layout()?;

@@ -11,6 +11,7 @@ mod render;
 
 use std::path::PathBuf;
 
+use ferrite_parallel::distributed::CommDtype;
 use ferrite_plan::{OptimizerKind, PlanError, StepConfig, Target, Workload};
 
 pub use ferrite_plan::Builtin;
@@ -133,6 +134,10 @@ pub struct ZeroArgs {
     /// Nodes for --zero (at least 1; default 1).
     #[arg(long, value_name = "K")]
     pub nodes: Option<usize>,
+    /// What ferrite's ZeRO collectives carry, as `train --zero-comm-dtype` (with --amp bf16):
+    /// `bf16` plans the model's parameters and gradients in bf16 with f32 master shards.
+    #[arg(long, value_name = "DTYPE", value_parser = crate::commands::train::parse_comm_dtype)]
+    pub zero_comm_dtype: Option<ferrite_parallel::distributed::CommDtype>,
     /// What ZeRO offloads to CPU memory (default none).
     #[arg(long, value_enum)]
     pub offload: Option<OffloadArg>,
@@ -154,6 +159,7 @@ impl ZeroArgs {
         let Some(stage) = self.zero else {
             let given = [
                 self.gpus_per_node.map(|n| format!("--gpus-per-node {n}")),
+                self.zero_comm_dtype.map(|d| format!("--zero-comm-dtype {}", d.name())),
                 self.nodes.map(|n| format!("--nodes {n}")),
                 self.offload.map(|o| format!("--offload {}", offload_name(o))),
             ];
@@ -344,6 +350,15 @@ impl PlanArgs {
 
 pub fn run(args: PlanArgs) -> CliResult {
     let zero = args.zero.setup()?;
+    if args.zero.zero_comm_dtype == Some(CommDtype::Bf16) && args.amp != Some(Amp::Bf16) {
+        return Err(PlanError::InvalidSetting {
+            what: "--zero-comm-dtype bf16".into(),
+            reason:
+                "train runs it only with --amp bf16 (bf16 parameters need the step autocast to bf16): add --amp bf16"
+                    .into(),
+        }
+        .into());
+    }
     // An unsupported --plot extension is refused before the step is planned.
     let plot_format = args.plot.as_deref().map(crate::plot::PlotFormat::from_path).transpose()?;
     // --plot draws, and --zero estimates, the plan of one step: the other questions do not print
@@ -427,7 +442,10 @@ pub fn run(args: PlanArgs) -> CliResult {
         let effective = config.batch * config.accum_steps;
         Some(ferrite_plan::way_forward(w, &args.variants(effective)?, &config, &target, None)?)
     };
-    let command = args.train_command();
+    let mut command = args.train_command();
+    if let Some(d) = args.zero.zero_comm_dtype {
+        command.push_str(&format!(" --zero-comm-dtype {}", d.name()));
+    }
     match &zero {
         Some(setup) => {
             let sizes = ferrite_plan::ModelSizes::of_workload(w, &config)?;
@@ -435,7 +453,16 @@ pub fn run(args: PlanArgs) -> CliResult {
             // ZeRO-1/2 run in ferrite: every rank of its own layout is planned, and DDP beside it.
             let (report, ddp) = match args.zero.zero.and_then(ferrite_plan::DataParallel::zero_stage) {
                 Some(mode) => {
-                    let sharded = ferrite_plan::plan_ranks(w, &config, &target, mode, world, None)?;
+                    // `--zero-comm-dtype bf16`: the ranks hold bf16 parameters (and gradients),
+                    // the shards f32 masters, as `train` builds them; DDP beside it stays f32.
+                    let bf16;
+                    let ws: &dyn Workload = if args.zero.zero_comm_dtype == Some(CommDtype::Bf16) {
+                        bf16 = ferrite_plan::with_lora(args.workload()?, None, Some(ferrite_tensor::DType::BF16));
+                        &*bf16
+                    } else {
+                        w
+                    };
+                    let sharded = ferrite_plan::plan_ranks(ws, &config, &target, mode, world, None)?;
                     let ddp =
                         ferrite_plan::plan_ranks(w, &config, &target, ferrite_plan::DataParallel::Ddp, world, None)?;
                     (ferrite_plan::zero_report_sharded(&sizes, &trace, setup, sharded), Some(ddp))

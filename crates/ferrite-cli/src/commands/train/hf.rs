@@ -12,7 +12,7 @@
 use ferrite_data::{Dataset, TokenBlocks, read_documents, tokenize_documents};
 use ferrite_models::{HfLoadOptions, HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
-use ferrite_tensor::{DType, Device};
+use ferrite_tensor::Device;
 use ferrite_train::distributed::Distributed;
 use ferrite_train::{CausalLmStep, evaluate_causal_lm};
 
@@ -64,7 +64,7 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
     // ---- model
     // `--base-dtype bf16|f16`: the weights are built and read in that dtype from the start, so
     // the peak never holds an f32 copy of a base that LoRA keeps frozen.
-    let load = HfLoadOptions { dtype: args.lora.lora.base_dtype.unwrap_or(DType::F32), strict: true };
+    let load = HfLoadOptions { dtype: super::hf_weights_dtype(args), strict: true };
     let mut model = dir.folder.load_decoder(run.model_device(device), &load)?.0;
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());

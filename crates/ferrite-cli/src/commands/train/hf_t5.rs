@@ -14,7 +14,7 @@
 use ferrite_data::{Dataset, Seq2SeqExamples, read_seq2seq_pairs};
 use ferrite_models::{HfLoadOptions, HfSaveOptions, parse_shard_size};
 use ferrite_nn::Module;
-use ferrite_tensor::{DType, Device};
+use ferrite_tensor::Device;
 use ferrite_train::distributed::Distributed;
 use ferrite_train::{Seq2SeqStep, evaluate_seq2seq};
 
@@ -57,7 +57,7 @@ pub(super) fn train(
 
     // ---- model
     // `--base-dtype`: built and read in that dtype from the start (see hf.rs).
-    let load = HfLoadOptions { dtype: args.lora.lora.base_dtype.unwrap_or(DType::F32), strict: true };
+    let load = HfLoadOptions { dtype: super::hf_weights_dtype(args), strict: true };
     let mut model = dir.folder.load_t5(run.model_device(device), &load)?.0;
     // The config's dropouts draw from the trainer's generator, which checkpoints save.
     let dropout_rng = ferrite_nn::RngHandle::new(run.seeds.next_u64());

@@ -141,7 +141,7 @@ impl<'d> HfRun<'d> {
     /// sharded at stage 2). `None` in a single process.
     pub fn gradient_sync(&self, args: &TrainArgs, model: &dyn Module) -> Result<Option<StepSync>, TrainError> {
         Ok(match (self.dist, args.zero) {
-            (Some(d), Some(stage)) => Some(d.zero_for(model, stage)?),
+            (Some(d), Some(stage)) => Some(d.zero_for(model, stage, args.zero_comm_dtype.unwrap_or_default())?),
             (Some(d), None) => Some(d.sync_for(model)?),
             (None, _) => None,
         })

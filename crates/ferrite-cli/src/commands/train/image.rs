@@ -136,15 +136,19 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         format_size(param_bytes),
         format_size(state_bytes)
     ));
-    let built: ferrite_nn::Result<Box<dyn Module>> = match &spec {
-        ImageSpec::Mlp(m) => build_mlp(m, device, &mut init, &dropout_rng).map(|m| Box::new(m) as Box<dyn Module>),
-        ImageSpec::Cnn(c) => build_cnn(c, device, &mut init).map(|m| Box::new(m) as Box<dyn Module>),
-    };
-    let model = built.during_hint("building the model", device, too_big)?;
+    let built: ferrite_nn::Result<Box<dyn Module>> =
+        ferrite_nn::with_parameter_dtype(super::params_dtype(args), || match &spec {
+            ImageSpec::Mlp(m) => build_mlp(m, device, &mut init, &dropout_rng).map(|m| Box::new(m) as Box<dyn Module>),
+            ImageSpec::Cnn(c) => build_cnn(c, device, &mut init).map(|m| Box::new(m) as Box<dyn Module>),
+        });
+    let mut model = built.during_hint("building the model", device, too_big)?;
+    super::zero_params_dtype(args, &mut *model)?;
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
     // With --zero: AdamW over this rank's shards only, and gradients sharded at stage 2.
     let sync = match args.zero {
-        Some(stage) => dist.map(|d| d.zero_for(&*model, stage)).transpose()?,
+        Some(stage) => {
+            dist.map(|d| d.zero_for(&*model, stage, args.zero_comm_dtype.unwrap_or_default())).transpose()?
+        }
         None => dist.map(|d| d.sync_for(&*model)).transpose()?,
     };
     let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;

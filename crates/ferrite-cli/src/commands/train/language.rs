@@ -242,12 +242,17 @@ pub fn train(args: &TrainArgs, device: &Device, dist: Option<&Distributed>) -> R
         format_size(param_bytes),
         format_size(state_bytes)
     ));
-    let model =
-        build_model(args, vocab, device, &mut init, &dropout_rng).during_hint("building the model", device, too_big)?;
+    let mut model = ferrite_nn::with_parameter_dtype(super::params_dtype(args), || {
+        build_model(args, vocab, device, &mut init, &dropout_rng)
+    })
+    .during_hint("building the model", device, too_big)?;
+    super::zero_params_dtype(args, model.module_mut())?;
     // Distributed: rank 0's weights are broadcast now, and gradients are averaged in backward.
     // With --zero: AdamW over this rank's shards only, and gradients sharded at stage 2.
     let sync = match args.zero {
-        Some(stage) => dist.map(|d| d.zero_for(model.module(), stage)).transpose()?,
+        Some(stage) => {
+            dist.map(|d| d.zero_for(model.module(), stage, args.zero_comm_dtype.unwrap_or_default())).transpose()?
+        }
         None => dist.map(|d| d.sync_for(model.module())).transpose()?,
     };
     let opt = Adam::named(model.named_parameters(), AdamConfig::adamw(args.lr).weight_decay(args.weight_decay))?;

@@ -40,6 +40,7 @@ mod settings;
 use std::path::PathBuf;
 
 use ferrite_memory::Device;
+use ferrite_parallel::distributed::CommDtype;
 pub use ferrite_train::{During, Hint, TrainError};
 
 pub use super::model_args::{Amp, ModelArgs, ModelKind};
@@ -192,6 +193,13 @@ pub struct TrainArgs {
     /// holding a full copy (DDP). Same result as DDP; less memory per rank.
     #[arg(long, value_name = "STAGE")]
     pub zero: Option<u32>,
+    /// With --zero and --amp bf16: `bf16` keeps the model's parameters (and so its gradients)
+    /// in bf16 and sends bf16 over MPI (half the bytes; reduce-scatters sum in bf16), while each
+    /// rank's optimizer updates f32 master copies of its shard (DeepSpeed's bf16 layout: 2 + 2
+    /// bytes per parameter on every rank, 12 / ranks for the masters and AdamW's moments).
+    /// `f32` (the default): f32 parameters and an exact f32 exchange.
+    #[arg(long, value_name = "DTYPE", value_parser = parse_comm_dtype)]
+    pub zero_comm_dtype: Option<CommDtype>,
     #[command(flatten)]
     pub observe: ObserveArgs,
     /// LoRA (--lora-rank, --lora-alpha, --lora-dropout, --lora-targets, --lora-rslora,
@@ -275,6 +283,7 @@ impl TrainArgs {
             snapshot: None,
             distributed: false,
             zero: None,
+            zero_comm_dtype: None,
             observe: ObserveArgs::default(),
             lora: Default::default(),
             devices: None,
@@ -290,5 +299,41 @@ impl TrainArgs {
     /// `--layers`, or the model's default depth.
     pub(crate) fn layers(&self) -> usize {
         self.shape.layers(self.model)
+    }
+}
+
+/// `--zero-comm-dtype`: `bf16` or `f32`.
+pub(crate) fn parse_comm_dtype(s: &str) -> Result<CommDtype, String> {
+    CommDtype::parse(&s.to_ascii_lowercase())
+        .ok_or_else(|| format!("'{s}' is not a communication dtype: use bf16 (half the bytes) or f32 (exact)"))
+}
+
+/// The dtype the built-in models are built in: bf16 under `--zero-comm-dtype bf16` (no f32 copy
+/// exists first, as the planner builds them), else f32.
+pub(crate) fn params_dtype(args: &TrainArgs) -> ferrite_tensor::DType {
+    match args.zero_comm_dtype {
+        Some(CommDtype::Bf16) => ferrite_tensor::DType::BF16,
+        _ => ferrite_tensor::DType::F32,
+    }
+}
+
+/// `--zero-comm-dtype bf16`: the model's floating-point parameters and buffers in bf16 (as
+/// DeepSpeed's engine casts the module), before ZeRO cuts its f32 master shards from them: the
+/// buffers, and any parameter a layer made outside [`params_dtype`]'s scope. The Hugging Face
+/// paths read the weights in bf16 instead (no f32 copy first).
+pub(crate) fn zero_params_dtype(args: &TrainArgs, model: &mut dyn ferrite_nn::Module) -> Result<(), TrainError> {
+    if args.zero_comm_dtype == Some(CommDtype::Bf16) {
+        model.to_dtype(ferrite_tensor::DType::BF16).map_err(ferrite_train::TrainError::from)?;
+    }
+    Ok(())
+}
+
+/// The dtype the Hugging Face paths read the weights in: `--base-dtype`, else bf16 under
+/// `--zero-comm-dtype bf16`, else f32.
+pub(crate) fn hf_weights_dtype(args: &TrainArgs) -> ferrite_tensor::DType {
+    match (args.lora.lora.base_dtype, args.zero_comm_dtype) {
+        (Some(d), _) => d,
+        (None, Some(CommDtype::Bf16)) => ferrite_tensor::DType::BF16,
+        _ => ferrite_tensor::DType::F32,
     }
 }

@@ -5,10 +5,11 @@
 //! Why apart from `mod.rs`: the flags (`TrainArgs`) are read by every run mode, and the dispatch
 //! calls every run mode — in one file they would import each other.
 use ferrite_memory::allocator;
+use ferrite_parallel::distributed::CommDtype;
 use ferrite_tensor::Device;
 use ferrite_train::distributed;
 
-use super::{BATCH_SIZE_AUTO, TrainArgs, TrainError, data_parallel, hf, image, language, plan_context};
+use super::{Amp, BATCH_SIZE_AUTO, TrainArgs, TrainError, data_parallel, hf, image, language, plan_context};
 use crate::commands::CliResult;
 
 /// More hidden layers than any MLP worth training; bounds the work done before the first
@@ -125,6 +126,26 @@ fn check_own_data(args: &TrainArgs) -> Result<(), TrainError> {
 /// this build has (1, 2 or 3). `--save-checkpoint` then names a directory of shards (see
 /// `ferrite_train::sharded`), which `--resume` reads at any world size.
 fn check_zero(args: &TrainArgs) -> Result<(), TrainError> {
+    if let Some(dtype) = args.zero_comm_dtype {
+        let refuse = |expected: &'static str| {
+            Err(TrainError::InvalidArgument { flag: "zero-comm-dtype", value: dtype.name().into(), expected })
+        };
+        if args.zero.is_none() {
+            return refuse(
+                "--zero 1|2|3 as well: it sets what ZeRO's collectives carry (DDP's all-reduce is always f32)",
+            );
+        }
+        if dtype == CommDtype::Bf16 && args.amp != Some(Amp::Bf16) {
+            return refuse(
+                "--amp bf16 as well: bf16 parameters and gradients need the step autocast to bf16 (or use --zero-comm-dtype f32)",
+            );
+        }
+        if dtype == CommDtype::Bf16 && args.lora.lora.lora_rank.is_some() {
+            return refuse(
+                "no LoRA: with --lora-rank only the f32 adapters train (use --base-dtype bf16 for a bf16 base)",
+            );
+        }
+    }
     let Some(stage) = args.zero else { return Ok(()) };
     let refuse =
         |expected: &'static str| Err(TrainError::InvalidArgument { flag: "zero", value: stage.to_string(), expected });
