@@ -107,6 +107,34 @@ fn a_sharded_checkpoint_resumes_at_the_same_and_at_other_world_sizes() {
             worst_relative(&r, &u, false)
         );
     }
+    // bf16 parameters (`--zero-comm-dtype bf16`): the checkpoint keeps the f32 masters, and a
+    // resume starts from them, not from the parameters' bf16 rounding: the masters at the end
+    // (consolidated by `convert`) equal the uninterrupted run's bit for bit, as do the weights.
+    for stage in ["2", "3"] {
+        let bf16 = ["--zero", stage, "--amp", "bf16", "--zero-comm-dtype", "bf16"];
+        let with = |more: &[&'static str]| -> Vec<&'static str> { [&bf16[..], more].concat() };
+        run_ok(2, &with(&["--epochs", "2", "--save-checkpoint", "ubf", "--out", "ubf.safetensors"]), dir);
+        run_ok(2, &with(&["--epochs", "1", "--save-checkpoint", "cbf"]), dir);
+        run_ok(
+            2,
+            &with(&["--epochs", "2", "--resume", "cbf", "--save-checkpoint", "rbf", "--out", "rbf.safetensors"]),
+            dir,
+        );
+        for (ck, out) in [("ubf", "ubf_m.safetensors"), ("rbf", "rbf_m.safetensors")] {
+            let o = common::ferrite(&["convert", ck, out, "--key", "model"], dir);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+        let (u, r) = (weights(&dir.join("ubf_m.safetensors")), weights(&dir.join("rbf_m.safetensors")));
+        assert!(
+            bits(&u) == bits(&r),
+            "{test}: ZeRO-{stage} bf16: resumed masters differ: {:?}",
+            worst_relative(&r, &u, false)
+        );
+        // A bf16 value is an f32 whose low 16 bits are zero.
+        assert!(u.iter().flat_map(|(_, v)| v).any(|m| m.to_bits() & 0xffff != 0), "the masters are f32");
+        let (u, r) = (weights(&dir.join("ubf.safetensors")), weights(&dir.join("rbf.safetensors")));
+        assert!(bits(&u) == bits(&r), "{test}: ZeRO-{stage} bf16: resumed weights differ");
+    }
     // Saved on 3 ranks: 3 shards and an index.
     run_ok(3, &["--zero", "2", "--epochs", "1", "--save-checkpoint", "ck3"], dir);
     let ck3 = dir.join("ck3");
@@ -236,4 +264,12 @@ fn bad_sharded_checkpoints_and_disagreeing_ranks_are_typed_errors_on_every_rank(
     let (_, out, err) = mpirun_every_rank(&a, dir);
     assert!(!out.contains("test accuracy"), "{out}");
     assert!(count(&err, "--zero = 2 but rank 0 has 3") >= 2, "{err}");
+    // Ranks disagreeing on what the collectives carry.
+    let mut a = vec!["-np".to_string(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()];
+    a.extend(train_args(&["--zero", "2", "--amp", "bf16", "--zero-comm-dtype", "bf16", "--epochs", "1"]));
+    a.extend([":".into(), "-np".into(), "1".into(), env!("CARGO_BIN_EXE_ferrite").into()]);
+    a.extend(train_args(&["--zero", "2", "--amp", "bf16", "--epochs", "1"]));
+    let (_, out, err) = mpirun_every_rank(&a, dir);
+    assert!(!out.contains("test accuracy"), "{out}");
+    assert!(count(&err, "--zero-comm-dtype = f32 but rank 0 has bf16") >= 2, "{err}");
 }

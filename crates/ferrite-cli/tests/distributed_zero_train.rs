@@ -101,6 +101,15 @@ fn zero_needs_distributed_and_a_known_stage() {
     for (args, expect) in [
         (&["train", "--zero", "1", "--epochs", "1"][..], "--distributed as well"),
         (&["train", "--distributed", "--zero", "4", "--epochs", "1"][..], "3 (and parameters)"),
+        (&["train", "--zero-comm-dtype", "bf16", "--epochs", "1"][..], "--zero 1|2|3 as well"),
+        (
+            &["train", "--distributed", "--zero", "2", "--zero-comm-dtype", "bf16", "--epochs", "1"][..],
+            "--amp bf16 as well",
+        ),
+        (
+            &["train", "--distributed", "--zero", "2", "--zero-comm-dtype", "f16", "--epochs", "1"][..],
+            "not a communication dtype",
+        ),
     ] {
         let o = common::ferrite(args, dir.path());
         let err = String::from_utf8_lossy(&o.stderr);

@@ -135,7 +135,10 @@ pub fn consolidate(dir: &Path) -> Result<TrainingState, TrainError> {
             ));
         }
         let values = std::mem::take(&mut masters[i]);
-        model.push((p.name.clone(), Tensor::from_vec(values, &p.shape, &Device::Cpu)?.to_dtype(p.dtype)?));
+        // The f32 masters, also when the run's parameters were narrower (`--zero-comm-dtype
+        // bf16`): a resume continues from them, and `convert` gives full precision (DeepSpeed's
+        // zero_to_fp32); loading into a bf16 model rounds as the run itself did.
+        model.push((p.name.clone(), Tensor::from_vec(values, &p.shape, &Device::Cpu)?));
         let Some(index) = p.opt_index else { continue };
         if slots[i].is_empty() {
             continue;
@@ -212,7 +215,6 @@ enum Slot {
 struct ParamRow {
     name: String,
     shape: Vec<usize>,
-    dtype: DType,
     opt_index: Option<usize>,
 }
 
@@ -236,9 +238,11 @@ fn param_table(index: &Checkpoint) -> Result<Vec<ParamRow>, TrainError> {
                 .iter()
                 .map(|d| d.as_int().and_then(|d| usize::try_from(d).ok()).ok_or_else(|| bad("shape")))
                 .collect::<Result<Vec<_>, _>>()?;
-            let dtype = r.get("dtype").and_then(Value::as_str).and_then(DType::parse).ok_or_else(|| bad("dtype"))?;
+            // Checked for a well-formed index; the masters come back in f32 whatever the run's
+            // parameters were (see `consolidate`).
+            r.get("dtype").and_then(Value::as_str).and_then(DType::parse).ok_or_else(|| bad("dtype"))?;
             let opt_index = r.get("opt_index").and_then(Value::as_int).ok_or_else(|| bad("opt_index"))?;
-            Ok(ParamRow { name, shape, dtype, opt_index: usize::try_from(opt_index).ok() })
+            Ok(ParamRow { name, shape, opt_index: usize::try_from(opt_index).ok() })
         })
         .collect()
 }

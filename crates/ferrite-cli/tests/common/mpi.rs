@@ -72,7 +72,8 @@ pub fn weights(path: &Path) -> Vec<(String, Vec<f32>)> {
     ferrite_io::load_state_dict(path, &ferrite_io::LoadOptions::default())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .into_iter()
-        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
+        // bf16 weights (`--zero-comm-dtype bf16`) widen exactly.
+        .map(|(n, t)| (n, t.to_dtype(ferrite_tensor::DType::F32).unwrap().to_vec::<f32>().unwrap()))
         .collect()
 }
 
