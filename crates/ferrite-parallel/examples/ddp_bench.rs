@@ -22,7 +22,7 @@
 
 use std::time::Instant;
 
-use ferrite_nn::{Module, Sequential};
+use ferrite_nn::Module;
 use ferrite_optim::{AdamConfig, AdamRule, Optim, Optimizer};
 use ferrite_parallel::distributed::{DdpOptions, DistributedDataParallel, ProcessGroup, StepTimings};
 use ferrite_tensor::Tensor;
@@ -70,7 +70,7 @@ fn main() -> Res<()> {
     let bytes: usize = params.iter().map(|p| p.numel() * 4).sum();
     let mut opt = Optim::<AdamRule>::new(params.clone(), AdamConfig::adamw(1e-3))?;
     let (x, y) = rank_batch(rank)?;
-    let loss_of = |ddp: &DistributedDataParallel<Sequential>| -> Res<Tensor> {
+    let loss_of = |ddp: &DistributedDataParallel<bench_common::Blocks>| -> Res<Tensor> {
         let d = ddp.forward(&x)?.sub(&y)?;
         Ok(d.mul(&d)?.mean()?)
     };

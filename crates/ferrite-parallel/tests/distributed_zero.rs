@@ -309,6 +309,22 @@ fn a_bf16_wire_sums_in_bf16_and_keeps_f32_masters_in_the_shards() {
     assert_eq!(trained[1], trained[2], "ZeRO-2 and ZeRO-3 sum the same bf16 values once at 2 ranks");
 }
 
+/// ZeRO-3 over a model whose forward never announces its units (a plain `Sequential`: units
+/// `0`, `1` by name, no `mark_layer`): the first layer meets its released weight and every rank
+/// gets the typed error that says what to do — no panic, no hang.
+#[test]
+fn zero3_over_a_model_that_never_marks_its_units_is_a_typed_error_on_every_rank() {
+    if require_mpi("zero3_unmarked").is_none() {
+        return;
+    }
+    let run = launch(2, "unmarked", Duration::from_secs(120));
+    assert!(run.success, "mpirun failed:\n{}", run.log);
+    for rank in 0..2 {
+        let e = run.text(&format!("unmarked.error.rank{rank}"));
+        assert!(e.contains("storage was released") && e.contains("mark_layer"), "rank {rank}: {e}");
+    }
+}
+
 /// `v` rounded to bf16 (round to nearest even), as f32.
 fn bf16_round(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
@@ -438,6 +454,18 @@ mod worker {
             let e = zero.shard_optimizer(&full).expect_err("an error");
             std::fs::write(out.join(format!("foreign.error.rank{rank}")), e.to_string()).unwrap();
             zero.finish().unwrap();
+            return;
+        }
+        if case == "unmarked" {
+            let mut g = Generator::new(3);
+            let m = ferrite_nn::Sequential::new()
+                .append(Linear::new_with(FEATURES, 13, true, &Device::Cpu, &mut g).unwrap())
+                .append(Linear::new_with(13, 5, true, &Device::Cpu, &mut g).unwrap());
+            let f = FullySharded::new(&m, "Sequential", group.comm(), ZeroOptions::new(ZeroStage::Three)).unwrap();
+            let (xb, _) = batch(0, 0, 1, rank, group.world_size());
+            let e = m.forward(&xb).expect_err("a released weight");
+            std::fs::write(out.join(format!("unmarked.error.rank{rank}")), e.to_string()).unwrap();
+            f.finish().unwrap();
             return;
         }
         if case == "bf16" {

@@ -89,6 +89,9 @@ struct State {
     error: Option<DistributedError>,
     /// Most units gathered at once (for the tests and the memory summary).
     max_gathered: usize,
+    /// Time the training thread spent blocked on gathers and reduce-scatters (see
+    /// [`FullySharded::take_waited`]).
+    waited: std::time::Duration,
     /// After [`FullySharded::gather_all`]: the whole model stays gathered (marks and backward
     /// change nothing) until [`FullySharded::release_all`].
     pinned: bool,
@@ -177,6 +180,13 @@ impl FullySharded {
     /// The units' names, in parameter order.
     pub fn unit_names(&self) -> Vec<String> {
         self.inner.units.iter().map(|u| u.name.clone()).collect()
+    }
+
+    /// The time the training thread spent blocked on unit gathers and reduce-scatters since the
+    /// last call (the communication not hidden behind forward and backward; the step's own
+    /// collectives are not counted here), reset to zero.
+    pub fn take_waited(&self) -> std::time::Duration {
+        std::mem::take(&mut self.inner.lock().waited)
     }
 
     /// The most units gathered at the same time so far (2 with prefetch).
@@ -543,7 +553,10 @@ impl Inner {
         let _g = no_grad();
         let world = self.zero.world_size();
         for (run, p) in self.units[k].runs.iter().zip(pending) {
-            let all = p.wait()?;
+            let t = std::time::Instant::now();
+            let all = p.wait();
+            self.lock().waited += t.elapsed();
+            let all = all?;
             let m = self.block_len(run);
             if let Some(rank) = (0..world).find(|r| all[r * (m + 1)] == 0.0) {
                 return Err(DistributedError::PeerFailed {
@@ -610,7 +623,10 @@ impl Inner {
                 s.scatters.pop_front()
             };
             let Some((run, pending)) = next else { return Ok(()) };
-            let got = pending.wait()?;
+            let t = std::time::Instant::now();
+            let got = pending.wait();
+            self.lock().waited += t.elapsed();
+            let got = got?;
             let scale = 1.0 / self.zero.world_size() as f32;
             let (lo, _) = self.my_part(&run, self.zero.rank());
             let _g = no_grad();

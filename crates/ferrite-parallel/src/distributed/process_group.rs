@@ -13,7 +13,7 @@
 //! skipped, as it would wait for the dead peer too).
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -61,6 +61,9 @@ pub struct Comm {
     broken: Arc<AtomicBool>,
     /// Every rank's liveness listener, exchanged when the group starts.
     liveness: Arc<OnceLock<Liveness>>,
+    /// Nanoseconds the communication thread has spent inside collectives (see
+    /// [`Comm::busy_time`]).
+    busy: Arc<AtomicU64>,
 }
 
 enum Job {
@@ -127,10 +130,12 @@ impl ProcessGroup {
             .unwrap_or(DEFAULT_TIMEOUT_S);
         let (jobs, rx) = mpsc::channel::<Job>();
         let (stopped_tx, stopped) = mpsc::channel::<()>();
+        let busy = Arc::new(AtomicU64::new(0));
+        let busy_thread = busy.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ferrite-mpi-rank{rank}"))
             .spawn(move || {
-                comm_thread(rx);
+                comm_thread(rx, &busy_thread);
                 let _ = stopped_tx.send(());
             })
             .map_err(|e| DistributedError::CommunicationStopped { rank, detail: format!("cannot start it: {e}") })?;
@@ -141,6 +146,7 @@ impl ProcessGroup {
             timeout: Duration::from_secs(timeout_s),
             broken: Arc::default(),
             liveness: Arc::default(),
+            busy,
         };
         let group = ProcessGroup { comm, thread: Some(thread), stopped, universe: ManuallyDrop::new(universe) };
         // Every rank's liveness listener, so that a rank that later waits in vain can name a dead
@@ -184,7 +190,7 @@ impl Drop for ProcessGroup {
     }
 }
 
-fn comm_thread(rx: Receiver<Job>) {
+fn comm_thread(rx: Receiver<Job>, busy: &AtomicU64) {
     // MPI_COMM_WORLD; only this thread calls MPI after initialization.
     let world = SimpleCommunicator::world();
     let root = world.process_at_rank(0);
@@ -192,6 +198,10 @@ fn comm_thread(rx: Receiver<Job>) {
     // `u16` buffers (MPI_UNSIGNED_SHORT).
     let bf16_sum = unsafe { UnsafeUserOperation::commutative(comm_dtype::bf16_sum) };
     while let Ok(job) = rx.recv() {
+        let started = Instant::now();
+        if matches!(job, Job::Shutdown) {
+            break;
+        }
         match job {
             Job::AllReduceSumF32 { data, reply } => {
                 let mut out = vec![0f32; data.len()];
@@ -272,6 +282,7 @@ fn comm_thread(rx: Receiver<Job>) {
             }
             Job::Shutdown => break,
         }
+        busy.fetch_add(u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 }
 
@@ -417,6 +428,14 @@ impl Comm {
         } else {
             DistributedError::PeerDied { rank: self.rank, dead, op, waited_s }
         }
+    }
+
+    /// How long the communication thread has spent inside collectives since the group started
+    /// (queued jobs only; a bucket started on the training thread with non-blocking MPI is not
+    /// counted). The difference over a step, against the time the training thread waited for
+    /// replies, is how much communication was hidden behind computation.
+    pub fn busy_time(&self) -> Duration {
+        Duration::from_nanos(self.busy.load(Ordering::Relaxed))
     }
 
     /// Whether a collective timed out or the thread stopped (no further collective is safe).
