@@ -256,7 +256,9 @@ impl FullySharded {
         self.inner.end_backward(true).map_err(|e| z.fail_with(e))
     }
 
-    /// See [`ZeroRedundancy::step`]; afterwards only the root's parameters hold values.
+    /// See [`ZeroRedundancy::step`]; afterwards only the root's parameters hold values. Only
+    /// the root (and any unit held whole, after [`gather_all`](Self::gather_all)) is
+    /// all-gathered: a released unit's next gather reads the updated shards.
     pub fn step(
         &self,
         opt: &mut dyn Optimizer,
@@ -264,8 +266,16 @@ impl FullySharded {
         scaler: Option<&mut GradScaler>,
     ) -> Result<ZeroStepOutcome> {
         self.inner.drain_prefetch()?;
-        self.inner.lock().ranges.clear();
-        self.inner.zero.step(opt, max_grad_norm, scaler)
+        let spans: Vec<(usize, usize)> = {
+            let mut s = self.inner.lock();
+            s.ranges.clear();
+            let held = self.inner.units.iter().enumerate().filter(|(k, _)| s.gathered[*k]);
+            let mut spans: Vec<(usize, usize)> = self.inner.root.iter().map(|r| (r.lo, r.hi)).collect();
+            spans.extend(held.flat_map(|(_, u)| u.runs.iter().map(|r| (r.lo, r.hi))));
+            spans.sort_unstable();
+            spans
+        };
+        self.inner.zero.step_gathering(opt, max_grad_norm, scaler, Some(&spans))
     }
 
     pub fn zero_grad(&self, opt: &mut dyn Optimizer) -> Result<()> {

@@ -371,7 +371,21 @@ impl ZeroRedundancy {
         &self,
         opt: &mut dyn Optimizer,
         max_grad_norm: Option<f64>,
+        scaler: Option<&mut GradScaler>,
+    ) -> Result<ZeroStepOutcome> {
+        self.step_gathering(opt, max_grad_norm, scaler, None)
+    }
+
+    /// [`step`](Self::step), all-gathering afterwards only the flat spans `[lo, hi)` in
+    /// `gather` (every parameter when `None`): ZeRO-3 gathers the root and any unit held whole,
+    /// not the released units, whose next gather reads the shards anyway. Every rank must pass
+    /// the same spans.
+    pub(super) fn step_gathering(
+        &self,
+        opt: &mut dyn Optimizer,
+        max_grad_norm: Option<f64>,
         mut scaler: Option<&mut GradScaler>,
+        gather: Option<&[(usize, usize)]>,
     ) -> Result<ZeroStepOutcome> {
         self.check_not_failed()?;
         // Pairs with the announcement of a rank whose backward failed.
@@ -415,7 +429,7 @@ impl ZeroRedundancy {
             }
         })();
         let stepped = matches!(phase2, Ok(true));
-        self.gather_params(phase2.map(|_| ()), stepped)?;
+        self.gather_params(phase2.map(|_| ()), stepped, gather)?;
         Ok(ZeroStepOutcome { stepped, grad_norm })
     }
 
@@ -447,25 +461,45 @@ impl ZeroRedundancy {
         Ok(sum)
     }
 
-    /// The all-gather of the updated shards into every rank's parameters; each rank's block
-    /// starts with its status, so a rank whose step failed stops every rank. `stepped` is the
-    /// same on every rank (the skip decision is global), and nothing is written when false.
-    fn gather_params(&self, local: Result<()>, stepped: bool) -> Result<()> {
-        let per = self.partition.per_rank();
-        let mut block = vec![0f32; per + 1];
+    /// The all-gather of the updated shards into every rank's parameters (those within
+    /// `spans`, all when `None`); each rank's block starts with its status, so a rank whose step
+    /// failed stops every rank. `stepped` is the same on every rank (the skip decision is
+    /// global), and nothing is written when false.
+    fn gather_params(&self, local: Result<()>, stepped: bool, spans: Option<&[(usize, usize)]>) -> Result<()> {
+        let (per, world, rank) = (self.partition.per_rank(), self.world_size(), self.rank());
+        let whole = [(0, self.partition.total())];
+        let spans = spans.unwrap_or(&whole);
+        // Rank r's part of the flat span [lo, hi): (first flat index, count).
+        let part = |r: usize, (lo, hi): (usize, usize)| {
+            let a = lo.max(r * per).min(hi);
+            (a, hi.min((r + 1) * per).saturating_sub(a))
+        };
+        // Each span takes the most any rank owns of it in every rank's block.
+        let widths: Vec<usize> = spans.iter().map(|&s| (0..world).map(|r| part(r, s).1).max().unwrap_or(0)).collect();
+        let len = 1 + widths.iter().sum::<usize>();
+        let mut block = vec![0f32; len];
         let mut local = local;
         if local.is_ok() {
             block[0] = 1.0;
             if stepped {
+                let mut mine = vec![0f32; per];
                 for (piece, shard) in self.pieces.iter().zip(&self.shards) {
                     match shard.to_vec::<f32>() {
-                        Ok(v) => block[1 + piece.rank_start..1 + piece.rank_start + piece.len].copy_from_slice(&v),
+                        Ok(v) => mine[piece.rank_start..piece.rank_start + piece.len].copy_from_slice(&v),
                         Err(e) => {
                             block[0] = 0.0;
                             local = Err(e.into());
                             break;
                         }
                     }
+                }
+                let mut at = 1;
+                for (&span, w) in spans.iter().zip(&widths) {
+                    let (a, n) = part(rank, span);
+                    if n > 0 {
+                        block[at..at + n].copy_from_slice(&mine[a - rank * per..a - rank * per + n]);
+                    }
+                    at += w;
                 }
             }
         }
@@ -474,22 +508,29 @@ impl ZeroRedundancy {
             .start_all_gather(block, self.comm_dtype)
             .and_then(Pending::wait)
             .inspect_err(|_| self.mark_failed())?;
-        self.agree(local, all.chunks(per + 1).map(|c| c[0] != 0.0), "its optimizer step")?;
+        self.agree(local, all.chunks(len).map(|c| c[0] != 0.0), "its optimizer step")?;
         if !stepped {
             return Ok(());
         }
         let _g = no_grad();
         let write = || -> Result<()> {
-            for (i, p) in self.params.iter().enumerate() {
-                // ZeRO-3: a unit's parameters rest released; its next gather reads the shards.
-                if p.is_storage_released() {
-                    continue;
+            let mut at = 1;
+            for (&(lo, hi), w) in spans.iter().zip(&widths) {
+                let mut flat = vec![0f32; hi - lo];
+                for r in 0..world {
+                    let (a, n) = part(r, (lo, hi));
+                    flat[a - lo..a - lo + n].copy_from_slice(&all[r * len + at..r * len + at + n]);
                 }
-                let off = self.partition.offset(i);
-                let values: Vec<f32> =
-                    (off..off + p.numel()).map(|j| all[(j / per) * (per + 1) + 1 + j % per]).collect();
-                // Rounded to the parameter's dtype on the host: nothing allocated on the device.
-                write_f32(p, &values)?;
+                at += w;
+                for (i, p) in self.params.iter().enumerate() {
+                    let off = self.partition.offset(i);
+                    // ZeRO-3: a unit's parameters rest released; its next gather reads the shards.
+                    if off < lo || off + p.numel() > hi || p.is_storage_released() {
+                        continue;
+                    }
+                    // Rounded to the parameter's dtype on the host: nothing allocated on the device.
+                    write_f32(p, &flat[off - lo..off - lo + p.numel()])?;
+                }
             }
             Ok(())
         };
