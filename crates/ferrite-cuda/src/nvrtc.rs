@@ -129,17 +129,17 @@ fn find_and_load() -> Result<Nvrtc, String> {
         let on_loader_path = unsafe { sys::is_culib_present() };
         searched.push("the loader's path (libnvrtc.so.13, .so.12, …)".to_string());
         if !on_loader_path {
-            for file in candidate_files() {
-                searched.push(file.display().to_string());
+            let files = candidate_files();
+            for file in &files {
                 if file.is_file() {
-                    load_path(&file)?;
-                    path = Some(file);
+                    load_path(file)?;
+                    path = Some(file.clone());
                     break;
                 }
             }
             if path.is_none() {
-                searched.push("site-packages/nvidia/{cu13,cu12,cuda_nvrtc}/lib of the Python environments".into());
-                return Err(searched.join(", "));
+                searched.extend(places(&files));
+                return Err(searched.join("; "));
             }
         }
     }
@@ -161,6 +161,36 @@ fn load_path(path: &Path) -> Result<(), String> {
         }
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
+}
+
+/// Where `files` are, said briefly: each CUDA directory once, and the Python environments as
+/// their `site-packages` (the wheels' `nvidia/{cu13,cu12,cuda_nvrtc}/lib` under each), so the
+/// message names the places to look rather than every file name tried.
+fn places(files: &[PathBuf]) -> Vec<String> {
+    let mut cuda: Vec<String> = Vec::new();
+    let mut pythons: Vec<String> = Vec::new();
+    for f in files {
+        let Some(dir) = f.parent() else { continue };
+        let text = dir.display().to_string();
+        match text.find("/nvidia/") {
+            Some(at) => {
+                let packages = text[..at].to_string();
+                if !pythons.contains(&packages) {
+                    pythons.push(packages);
+                }
+            }
+            None if !cuda.contains(&text) => cuda.push(text),
+            None => {}
+        }
+    }
+    let mut out = Vec::new();
+    if !cuda.is_empty() {
+        out.push(format!("{} (libnvrtc.so.13, .so.12, .so)", cuda.join(", ")));
+    }
+    if !pythons.is_empty() {
+        out.push(format!("nvidia/{{cu13,cu12,cuda_nvrtc}}/lib under {}", pythons.join(", ")));
+    }
+    out
 }
 
 /// Files that may be libnvrtc, most specific first.
@@ -205,6 +235,26 @@ fn candidate_files() -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_places_searched_are_named_once_each() {
+        let files: Vec<PathBuf> = [
+            "/usr/local/cuda/lib64/libnvrtc.so.13",
+            "/usr/local/cuda/lib64/libnvrtc.so",
+            "/usr/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so.13",
+            "/usr/lib/python3.11/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+            "/usr/lib/python3.11/dist-packages/nvidia/cu12/lib/libnvrtc.so",
+        ]
+        .map(PathBuf::from)
+        .to_vec();
+        assert_eq!(
+            places(&files),
+            vec![
+                "/usr/local/cuda/lib64 (libnvrtc.so.13, .so.12, .so)".to_string(),
+                "nvidia/{cu13,cu12,cuda_nvrtc}/lib under /usr/lib/python3.11/site-packages, /usr/lib/python3.11/dist-packages".to_string(),
+            ]
+        );
+    }
 
     #[test]
     fn ptxas_reports_are_not_warnings_but_warnings_are() {

@@ -90,12 +90,34 @@ pub enum DriverProblem {
     Failed { error: CudaDriverError },
 }
 
+/// The first few names of `tried` and how many more (cudarc knows two dozen spellings of
+/// libcuda; the message names the ones that matter).
+fn brief(tried: &[String]) -> String {
+    const SHOWN: usize = 3;
+    if tried.len() <= SHOWN + 1 {
+        return tried.join(", ");
+    }
+    // The names a Linux driver installs first, then the list's own order.
+    let mut shown: Vec<&String> =
+        ["libcuda.so.1", "libcuda.so"].iter().filter_map(|n| tried.iter().find(|t| t == n)).collect();
+    for t in tried {
+        if shown.len() >= SHOWN {
+            break;
+        }
+        if !shown.contains(&t) {
+            shown.push(t);
+        }
+    }
+    let names: Vec<&str> = shown.iter().map(|s| s.as_str()).collect();
+    format!("{} and {} other names", names.join(", "), tried.len() - shown.len())
+}
+
 impl DriverProblem {
     /// The typed error for `device` (`cuda:0`, or `cuda` for a listing).
     pub fn for_device(&self, device: &str) -> MemoryError {
         let device = device.to_string();
         match self {
-            DriverProblem::NotFound { tried } => MemoryError::CudaDriverNotFound { device, tried: tried.join(", ") },
+            DriverProblem::NotFound { tried } => MemoryError::CudaDriverNotFound { device, tried: brief(tried) },
             DriverProblem::TooOld { library, version, missing } => {
                 let mut found = match version {
                     Some(v) => format!("the NVIDIA driver ({library}) supports CUDA {}", cuda_version_text(*v)),
@@ -243,6 +265,16 @@ mod tests {
 
     /// A driver that is not there: the error lists every name tried, in order (really opened,
     /// not simulated: the files do not exist).
+    #[test]
+    fn a_long_list_of_names_is_said_briefly_with_the_usual_ones_first() {
+        let tried: Vec<String> =
+            ["libcuda.so", "libcuda64.so", "libcuda64_13.so", "libcuda.so.12", "libcuda.so.1", "libnvcuda.so"]
+                .map(String::from)
+                .to_vec();
+        assert_eq!(brief(&tried), "libcuda.so.1, libcuda.so, libcuda64.so and 3 other names");
+        assert_eq!(brief(&tried[..3]), "libcuda.so, libcuda64.so, libcuda64_13.so");
+    }
+
     #[test]
     fn a_missing_library_lists_every_name_tried() {
         let tried = vec!["/nonexistent/libcuda.so.1".to_string(), "libcuda-ferrite-test.so.9".to_string()];
