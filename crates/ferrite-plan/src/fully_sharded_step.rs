@@ -25,7 +25,7 @@ use ferrite_tensor::autograd::{next_node_seq, set_backward_node_hook};
 use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::PlanError;
-use crate::sharded_step::{DataParallel, RankLayout, make_optimizer, replicate_from_rank0, run_rank_step};
+use crate::sharded_step::{DataParallel, RankLayout, RankModel, make_optimizer, run_rank_step};
 use crate::step::{MarkKind, Phase, STEPS, mark};
 use crate::workload::{AmpMode, StepConfig, Workload};
 
@@ -71,47 +71,30 @@ pub(crate) fn run_zero3_rank_step(
     device: &Device,
     layout: RankLayout,
 ) -> Result<u64, PlanError> {
-    layout.check()?;
-    mark(MarkKind::Phase { phase: Phase::Build, step: 0 });
-    let model = workload.build(config, device)?;
-    let named = model.named_parameters();
-    let parameters: u64 = named.iter().map(|(_, p)| p.numel() as u64).sum();
-    let trainable: Vec<(String, Tensor)> = named.iter().filter(|(_, t)| t.requires_grad()).cloned().collect();
-    let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.clone()).collect();
-    let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
-    let names: Vec<String> = trainable.iter().map(|(n, _)| n.clone()).collect();
+    let rm = RankModel::build(workload, config, device, layout)?;
+    let params = rm.params.clone();
+    let names: Vec<String> = rm.trainable.iter().map(|(n, _)| n.clone()).collect();
     let units = zero3_units(&names);
     if units.is_empty() {
         return Err(PlanError::setting(
             "--zero 3",
             format!(
                 "model {} has no wrappable units (repeated blocks named like `blocks.3.…`); plan --zero 2",
-                model.type_name()
+                rm.model.type_name()
             ),
         ));
     }
-    replicate_from_rank0(&named, &model.named_buffers(), device)?;
-    let partition = FlatPartition::new(&numels, layout.world);
+    rm.replicate(device)?;
+    let partition = FlatPartition::new(&rm.numels, layout.world);
     let pieces = partition.pieces(layout.rank);
-    let mut shards = Vec::with_capacity(pieces.len());
-    for piece in &pieces {
-        shards.push(Tensor::zeros(&[piece.len], DType::F32, device)?);
-    }
+    let shards = RankModel::shards(&pieces, device)?;
     let in_unit: Vec<bool> = (0..params.len()).map(|i| units.iter().any(|(_, m)| m.contains(&i))).collect();
     for (i, p) in params.iter().enumerate() {
         if in_unit[i] {
             p.release_storage();
         }
     }
-    let opt_params: Vec<(String, Tensor)> = {
-        let mut v: Vec<(String, Tensor)> =
-            pieces.iter().zip(&shards).map(|(p, s)| (trainable[p.param].0.clone(), s.clone())).collect();
-        if v.is_empty() {
-            v.push((String::new(), Tensor::zeros(&[0], DType::F32, device)?));
-        }
-        v
-    };
-    let mut opt = make_optimizer(config, opt_params)?;
+    let mut opt = make_optimizer(config, rm.shard_opt_params(&pieces, &shards, device)?)?;
     let n_units = units.len();
     let z: Shared = Rc::new(RefCell::new(Z3 {
         device: device.clone(),
@@ -161,7 +144,7 @@ pub(crate) fn run_zero3_rank_step(
             let (x, y) = workload.batch(config, device)?;
             let (loss, keep) = {
                 let _amp = config.amp.map(|a| autocast(a.dtype())).transpose()?;
-                workload.loss(&*model, &x, &y)?
+                workload.loss(&*rm.model, &x, &y)?
             };
             take_error(&z)?;
             mark(MarkKind::Phase { phase: Phase::Backward, step });
@@ -213,9 +196,8 @@ pub(crate) fn run_zero3_rank_step(
     drop(opt);
     drop(shards);
     drop(params);
-    drop(trainable);
-    drop(named);
-    drop(model);
+    let parameters = rm.parameters;
+    drop(rm);
     Ok(parameters)
 }
 

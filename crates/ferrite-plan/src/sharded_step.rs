@@ -121,6 +121,64 @@ pub fn fullest_rank(numels: &[usize], world: usize) -> usize {
     (0..world.max(1)).max_by_key(|&r| (values(r), p.pieces(r).len(), std::cmp::Reverse(r))).unwrap_or(0)
 }
 
+/// A rank's model as every layout starts from it: built on the device, its named parameters, and
+/// the trainable ones (what the partition cuts), in registration order.
+pub(crate) struct RankModel {
+    pub(crate) model: Box<dyn ferrite_nn::Module>,
+    pub(crate) named: Vec<(String, Tensor)>,
+    /// Every parameter's count (the plan's parameter total).
+    pub(crate) parameters: u64,
+    pub(crate) trainable: Vec<(String, Tensor)>,
+    pub(crate) params: Vec<Tensor>,
+    pub(crate) numels: Vec<usize>,
+}
+
+impl RankModel {
+    /// Check `layout`, mark the build phase and build the model on `device`.
+    pub(crate) fn build(
+        workload: &dyn Workload,
+        config: &StepConfig,
+        device: &Device,
+        layout: RankLayout,
+    ) -> Result<RankModel, PlanError> {
+        layout.check()?;
+        mark(MarkKind::Phase { phase: Phase::Build, step: 0 });
+        let model = workload.build(config, device)?;
+        let named = model.named_parameters();
+        let parameters: u64 = named.iter().map(|(_, p)| p.numel() as u64).sum();
+        let trainable: Vec<(String, Tensor)> = named.iter().filter(|(_, t)| t.requires_grad()).cloned().collect();
+        let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.clone()).collect();
+        let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
+        Ok(RankModel { model, named, parameters, trainable, params, numels })
+    }
+
+    /// `replicate_from_rank0` over this model's parameters and buffers.
+    pub(crate) fn replicate(&self, device: &Device) -> Result<(), PlanError> {
+        replicate_from_rank0(&self.named, &self.model.named_buffers(), device)
+    }
+
+    /// `ZeroRedundancy::new` → `read_piece`: one f32 shard per owned piece.
+    pub(crate) fn shards(pieces: &[ferrite_optim::ShardPiece], device: &Device) -> Result<Vec<Tensor>, PlanError> {
+        pieces.iter().map(|piece| Ok(Tensor::zeros(&[piece.len], DType::F32, device)?)).collect()
+    }
+
+    /// `shard_optimizer`'s parameters: the shards, named after their parameters; a rank with
+    /// nothing holds one empty tensor (a group is never empty).
+    pub(crate) fn shard_opt_params(
+        &self,
+        pieces: &[ferrite_optim::ShardPiece],
+        shards: &[Tensor],
+        device: &Device,
+    ) -> Result<Vec<(String, Tensor)>, PlanError> {
+        let mut v: Vec<(String, Tensor)> =
+            pieces.iter().zip(shards).map(|(p, s)| (self.trainable[p.param].0.clone(), s.clone())).collect();
+        if v.is_empty() {
+            v.push((String::new(), Tensor::zeros(&[0], DType::F32, device)?));
+        }
+        Ok(v)
+    }
+}
+
 /// `replicate_from_rank0`: rank 0's values arrive as f64 and are copied into each parameter and
 /// buffer.
 pub(crate) fn replicate_from_rank0(
@@ -157,47 +215,28 @@ pub(crate) fn run_rank_step(
     device: &Device,
     layout: RankLayout,
 ) -> Result<u64, PlanError> {
-    layout.check()?;
-    mark(MarkKind::Phase { phase: Phase::Build, step: 0 });
-    let model = workload.build(config, device)?;
-    let named = model.named_parameters();
-    let parameters: u64 = named.iter().map(|(_, p)| p.numel() as u64).sum();
-    let trainable: Vec<(String, Tensor)> = named.iter().filter(|(_, t)| t.requires_grad()).cloned().collect();
-    let params: Vec<Tensor> = trainable.iter().map(|(_, t)| t.clone()).collect();
-    let numels: Vec<usize> = params.iter().map(Tensor::numel).collect();
-    replicate_from_rank0(&named, &model.named_buffers(), device)?;
+    let rm = RankModel::build(workload, config, device, layout)?;
+    rm.replicate(device)?;
+    let (params, numels) = (&rm.params, &rm.numels);
     // `Reducer::new` → `BucketBuffers::new`: per bucket, two buffers of values + one flag per
     // parameter, allocated one after the other.
     let mut buckets: Vec<(Vec<usize>, [Tensor; 2])> = Vec::new();
     if layout.mode != DataParallel::Zero2 {
-        for b in ddp_buckets(&numels, DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES) {
+        for b in ddp_buckets(numels, DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES) {
             let len = b.iter().map(|&i| numels[i]).sum::<usize>() + b.len();
             let a = Tensor::zeros(&[len], DType::F32, device)?;
             let c = Tensor::zeros(&[len], DType::F32, device)?;
             buckets.push((b, [a, c]));
         }
     }
-    // `ZeroRedundancy::new` → `read_piece`: one f32 shard per owned piece.
-    let partition = FlatPartition::new(&numels, layout.world);
+    let partition = FlatPartition::new(numels, layout.world);
     let pieces = if layout.mode.sharded() { partition.pieces(layout.rank) } else { Vec::new() };
-    let mut shards = Vec::with_capacity(pieces.len());
-    for piece in &pieces {
-        shards.push(Tensor::zeros(&[piece.len], DType::F32, device)?);
-    }
+    let shards = RankModel::shards(&pieces, device)?;
     // The buckets hold gradients (their views become the parameters' gradients).
     mark(MarkKind::Grads(buckets.iter().flat_map(|(_, f)| f.iter().map(|t| t.storage().addr())).collect()));
 
-    let opt_params: Vec<(String, Tensor)> = if layout.mode.sharded() {
-        let mut v: Vec<(String, Tensor)> =
-            pieces.iter().zip(&shards).map(|(p, s)| (trainable[p.param].0.clone(), s.clone())).collect();
-        if v.is_empty() {
-            // `shard_optimizer`: a group with nothing on this rank holds one empty tensor.
-            v.push((String::new(), Tensor::zeros(&[0], DType::F32, device)?));
-        }
-        v
-    } else {
-        named.clone()
-    };
+    let opt_params: Vec<(String, Tensor)> =
+        if layout.mode.sharded() { rm.shard_opt_params(&pieces, &shards, device)? } else { rm.named.clone() };
     let mut opt = make_optimizer(config, opt_params)?;
     let scaling = config.amp == Some(AmpMode::F16);
     let mut scaler = GradScaler::new(GradScalerConfig { enabled: scaling, ..GradScalerConfig::default() })?;
@@ -211,7 +250,7 @@ pub(crate) fn run_rank_step(
             let (x, y) = workload.batch(config, device)?;
             let (loss, keep) = {
                 let _amp = config.amp.map(|a| autocast(a.dtype())).transpose()?;
-                workload.loss(&*model, &x, &y)?
+                workload.loss(&*rm.model, &x, &y)?
             };
             mark(MarkKind::Phase { phase: Phase::Backward, step });
             scaler.scale(&acc.scale_loss(&loss)?)?.backward()?;
@@ -237,7 +276,7 @@ pub(crate) fn run_rank_step(
                     shard_grads.push(g.storage().addr());
                 }
                 mark(MarkKind::Grads(shard_grads));
-                for p in &params {
+                for p in params {
                     p.set_grad(None)?;
                 }
             } else {
@@ -330,10 +369,8 @@ pub(crate) fn run_rank_step(
     drop(opt);
     drop(shards);
     drop(buckets);
-    drop(params);
-    drop(trainable);
-    drop(named);
-    drop(model);
+    let parameters = rm.parameters;
+    drop(rm);
     Ok(parameters)
 }
 
