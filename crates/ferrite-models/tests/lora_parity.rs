@@ -179,38 +179,12 @@ fn count(name: &str) -> usize {
 
 // ---------------------------------------------------------------- folders PEFT loads
 
-fn python() -> String {
-    std::env::var("FERRITE_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn python_ready() -> bool {
-    Command::new(python())
-        .args(["-c", "import torch, transformers, peft, safetensors"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Whether the Python side can run. CI installs no torch/transformers/peft (hundreds of MB), so
-/// without `FERRITE_PYTHON` the check skips loudly even under `FERRITE_REQUIRE_SYSTEM_DEPS=1`;
-/// naming an interpreter in `FERRITE_PYTHON` makes it required.
-fn require_python() -> bool {
-    if python_ready() {
-        return true;
-    }
-    let why = format!("{} with torch, transformers, peft and safetensors missing", python());
-    assert!(
-        std::env::var_os("FERRITE_PYTHON").is_none(),
-        "FERRITE_PYTHON is set but {why}: pip install torch transformers peft safetensors into it"
-    );
-    eprintln!(
-        "skipped: {why}; set FERRITE_PYTHON to an interpreter that has them to check that PEFT and transformers load ferrite's folders (or run tests/data/check_lora_folders.py by hand)"
-    );
-    false
-}
-
-fn check_in_python(args: &[&Path]) {
+/// Run `tests/data/check_lora_folders.py` with `python` (from
+/// `ferrite_test_support::python_or_skip`: `FERRITE_PYTHON`, required to have the libraries once
+/// named; without it the check skips loudly, as CI installs no torch).
+fn check_in_python(python: &str, args: &[&Path]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/check_lora_folders.py");
-    let out = Command::new(python()).arg(&script).args(args).output().expect("run python");
+    let out = Command::new(python).arg(&script).args(args).output().expect("run python");
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
@@ -221,9 +195,9 @@ fn write_expected(path: &Path, ids: &Tensor, logits: &Tensor) {
 
 #[test]
 fn adapter_and_merged_folders_ferrite_writes_load_in_peft_and_transformers() {
-    if !require_python() {
+    let Some(python) = ferrite_test_support::python_or_skip("torch, transformers, peft, safetensors") else {
         return;
-    }
+    };
     use ferrite_optim::{Adam, AdamConfig, Optimizer};
     for name in MODELS {
         let e = Expected::read(name);
@@ -245,10 +219,10 @@ fn adapter_and_merged_folders_ferrite_writes_load_in_peft_and_transformers() {
             (dir.path().join("adapter"), dir.path().join("merged"), dir.path().join("expected.safetensors"));
         write_expected(&expected, &ids, &logits);
         save_lora_adapter(&m, &config.lora, &hf_fixtures().join(name).display().to_string(), &adapter).unwrap();
-        check_in_python(&[Path::new("adapter"), &hf_fixtures().join(name), &adapter, &expected]);
+        check_in_python(&python, &[Path::new("adapter"), &hf_fixtures().join(name), &adapter, &expected]);
         merge_lora(&mut m).unwrap();
         save_decoder(&m, &HfFolder::open(hf_fixtures().join(name)).unwrap().config_text, &merged).unwrap();
-        check_in_python(&[Path::new("merged"), &merged, &expected]);
+        check_in_python(&python, &[Path::new("merged"), &merged, &expected]);
         // And ferrite reads its own adapter folder back to the same logits.
         let back = {
             let mut b = base(name);
