@@ -4,18 +4,15 @@
 //! `FERRITE_HF_FIXTURES=DIR` runs the same tests on a twin set).
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{ferrite, ok};
+use common::{err_of, json, ok};
 use ferrite_io::LoadOptions;
 use ferrite_models::{HfFolder, HfLoadOptions};
 use ferrite_tensor::{Device, Tensor};
 
 fn fixtures() -> PathBuf {
-    match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf"),
-    }
+    common::hf_fixtures()
 }
 
 fn model(name: &str) -> String {
@@ -30,16 +27,6 @@ fn expected(name: &str, key: &str) -> Tensor {
     let sd =
         ferrite_io::load_state_dict(fixtures().join(name).join("expected.safetensors"), &LoadOptions::new()).unwrap();
     sd.into_iter().find(|(k, _)| k == key).map(|(_, t)| t).unwrap()
-}
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-fn err_of(args: &[&str], dir: &Path) -> String {
-    let o = ferrite(args, dir);
-    assert!(!o.status.success(), "{args:?} should fail");
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

@@ -8,14 +8,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ferrite, ok};
+use common::{err_of, json, ok};
 
 fn hf(name: &str) -> String {
-    let d = match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf"),
-    };
-    d.join(name).display().to_string()
+    common::hf_fixtures().join(name).display().to_string()
 }
 
 fn peft_adapter(name: &str) -> String {
@@ -28,16 +24,6 @@ fn peft_adapter(name: &str) -> String {
 
 fn text() -> String {
     hf("text.txt")
-}
-
-fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
-}
-
-fn err_of(args: &[&str], dir: &Path) -> String {
-    let o = ferrite(args, dir);
-    assert!(!o.status.success(), "{args:?} should fail");
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn eval_loss(model: &str, lora: Option<&str>, dir: &Path) -> f64 {

@@ -12,6 +12,27 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The tiny Hugging Face folders of `ferrite-models/tests/data/hf` (made with transformers), or
+/// the twin set `FERRITE_HF_FIXTURES` names.
+pub fn hf_fixtures() -> std::path::PathBuf {
+    match std::env::var_os("FERRITE_HF_FIXTURES") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf"),
+    }
+}
+
+/// A command's output parsed as JSON, or a panic that shows it.
+pub fn json(out: &str) -> serde_json::Value {
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// The stderr of `ferrite ARGS`, which must fail.
+pub fn err_of(args: &[&str], dir: &Path) -> String {
+    let o = ferrite(args, dir);
+    assert!(!o.status.success(), "{args:?} should fail");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// Runs `ferrite ARGS` in `dir` to completion.
 pub fn ferrite(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ferrite")).args(args).current_dir(dir).output().expect("the ferrite binary runs")
