@@ -15,11 +15,7 @@ fn hf(name: &str) -> String {
 }
 
 fn peft_adapter(name: &str) -> String {
-    let d = match std::env::var_os("FERRITE_LORA_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/lora"),
-    };
-    d.join(name).join("adapter").display().to_string()
+    ferrite_test_support::lora_fixtures().join(name).join("adapter").display().to_string()
 }
 
 fn text() -> String {

@@ -6,7 +6,6 @@
 //! measures on `sim` the peak `ferrite plan` predicts for that folder.
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 fn ferrite(args: &[&str]) -> (bool, String, String) {
@@ -244,11 +243,7 @@ fn sharded_routes_replanned_as_zero_plans_fit_with_the_promised_per_rank_peak() 
 }
 
 fn hf(name: &str) -> String {
-    let d = match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf"),
-    };
-    d.join(name).display().to_string()
+    ferrite_test_support::hf_fixtures().join(name).display().to_string()
 }
 
 /// Mistral-7B (config of `mistral-7b.json`) at seq 2048 on an RTX 4090: its f32 weights alone are

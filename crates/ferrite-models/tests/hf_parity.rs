@@ -20,10 +20,7 @@ use ferrite_nn::Module;
 use ferrite_tensor::{Device, Tensor};
 
 fn fixtures() -> PathBuf {
-    match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf"),
-    }
+    ferrite_test_support::hf_fixtures()
 }
 
 struct Expected {

@@ -22,19 +22,7 @@ use ferrite_models::{
 use ferrite_nn::{LoraTargets, Module, NnError, apply_lora, has_lora, merge_lora, trainable_parameters};
 use ferrite_tensor::{Device, Generator, Tensor};
 
-fn hf_fixtures() -> PathBuf {
-    match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf"),
-    }
-}
-
-fn lora_fixtures() -> PathBuf {
-    match std::env::var_os("FERRITE_LORA_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/lora"),
-    }
-}
+use ferrite_test_support::{hf_fixtures, lora_fixtures};
 
 const MODELS: [&str; 2] = ["gpt2", "llama"];
 

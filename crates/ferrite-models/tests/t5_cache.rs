@@ -23,10 +23,7 @@ use ferrite_tensor::{Device, Tensor, no_grad};
 const T5_MODELS: [&str; 2] = ["t5", "t5v11"];
 
 fn fixtures() -> PathBuf {
-    match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf"),
-    }
+    ferrite_test_support::hf_fixtures()
 }
 
 struct Fixture {

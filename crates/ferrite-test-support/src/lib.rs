@@ -81,6 +81,25 @@ pub fn pytorch_file_or_skip(name: &str) -> Option<PathBuf> {
     reference_or_skip("pytorch").map(|d| d.join("pytorch").join(name))
 }
 
+/// The tiny Hugging Face folders made with transformers (`ferrite-models/tests/data/hf`, by its
+/// `make_hf_fixtures.py`), or the twin set `FERRITE_HF_FIXTURES` names.
+pub fn hf_fixtures() -> PathBuf {
+    fixture_set("FERRITE_HF_FIXTURES", "hf")
+}
+
+/// The PEFT adapters made with peft (`ferrite-models/tests/data/lora`), or the twin set
+/// `FERRITE_LORA_FIXTURES` names.
+pub fn lora_fixtures() -> PathBuf {
+    fixture_set("FERRITE_LORA_FIXTURES", "lora")
+}
+
+fn fixture_set(var: &str, dir: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data").join(dir),
+    }
+}
+
 /// The interpreter that checks ferrite's files with the Python libraries themselves
 /// (transformers, PEFT): `FERRITE_PYTHON`, when it imports every module of `modules`
 /// (`"torch, transformers, peft"`). CI installs no torch (hundreds of MB), so without

@@ -15,10 +15,7 @@ use std::time::Duration;
 /// The tiny Hugging Face folders of `ferrite-models/tests/data/hf` (made with transformers), or
 /// the twin set `FERRITE_HF_FIXTURES` names.
 pub fn hf_fixtures() -> std::path::PathBuf {
-    match std::env::var_os("FERRITE_HF_FIXTURES") {
-        Some(d) => std::path::PathBuf::from(d),
-        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ferrite-models/tests/data/hf"),
-    }
+    ferrite_test_support::hf_fixtures()
 }
 
 /// A command's output parsed as JSON, or a panic that shows it.
