@@ -187,7 +187,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         let per_product = if spread { 1 } else { threads };
         let strategy = match forced.and_then(|f| f.strategy) {
             Some(s) => s.with_threads(if spread { 1 } else { s_threads(s) }),
-            None => gemm::strategy_in_batch(m, n, k, per_product, spread, bcs == 1),
+            None => gemm::strategy_in_batch(m, n, k, per_product, spread, bcs == 1 || brs == 1),
         };
         let product = |bi: usize, ao: usize, bo: usize| {
             let (ap, bp, cp) = (ap, bp, cp);
