@@ -9,8 +9,8 @@
 use crate::Tensor;
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardArgs, BinaryOp, CellBackward, CellForward, CompareOp, ConvGeometry, Distribution,
-    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LogicalOp, LossGrad, LossOperands, Plan,
-    PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
+    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LogicalOp,
+    LossGrad, LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;

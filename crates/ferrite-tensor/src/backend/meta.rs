@@ -6,8 +6,8 @@ use crate::Tensor;
 use crate::backend::ConvGeometry;
 use crate::backend::Plan;
 use crate::backend::{
-    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LogicalOp,
-    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs,
+    LayerNormBackwardArgs, LayerNormGrads, LogicalOp, LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;

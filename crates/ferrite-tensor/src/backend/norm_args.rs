@@ -158,7 +158,9 @@ impl LayerNormBackwardArgs<'_> {
     /// The uninitialised outputs of the gradients asked for, on `x`'s device and dtype (every
     /// backend allocates the same ones, so memory plans agree).
     pub fn outputs(&self) -> crate::error::Result<LayerNormGrads> {
-        let (rows, cols) = super::rows_cols(self.x);
+        // `rows_cols`'s bookkeeping, spelled out: `kernel_backend.rs` depends on this file.
+        let cols = self.x.shape().last().copied().unwrap_or(1);
+        let rows = self.x.numel().checked_div(cols).unwrap_or(0);
         let dtype = self.x.dtype();
         let alloc = |on: bool, shape: &[usize]| on.then(|| self.x.empty_like_shape(shape, dtype)).transpose();
         Ok(LayerNormGrads {

@@ -16,8 +16,7 @@ use std::borrow::Cow;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs, GroupNormParams, LayerNormArgs,
-    LayerNormBackwardArgs,
-    LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
+    LayerNormBackwardArgs, LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
 };
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;

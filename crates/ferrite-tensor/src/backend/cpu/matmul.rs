@@ -294,6 +294,44 @@ mod tests {
         }
     }
 
+    /// Attention's batches (`Q·Kᵀ` from a transposed key view, `P·V`) have the same bits whether
+    /// the batch is spread over the team, one product per thread on the small path (as with 2+
+    /// threads), or not (as with one thread, where the larger products take the packed path):
+    /// depths up to one depth block run the same multiply-add chain on both paths.
+    #[test]
+    fn spread_and_unspread_attention_batches_give_the_same_bits() {
+        let d = Device::Cpu;
+        let mut g = Generator::new(3);
+        let mut r = |shape: &[usize]| Tensor::randn_with(shape, DType::F32, &d, &mut g).unwrap();
+        let cases: Vec<(Tensor, Tensor)> = vec![
+            (r(&[8, 128, 64]), r(&[8, 128, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 64, 64]), r(&[8, 64, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 100, 64]), r(&[8, 100, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 128, 128]), r(&[8, 128, 64])),
+            (r(&[6, 37, 200]), r(&[6, 200, 45])),
+        ];
+        for isa in Isa::ALL {
+            if !isa.supported() {
+                eprintln!("SKIPPED: {isa:?} kernels (this CPU lacks the instructions)");
+                continue;
+            }
+            for (a, b) in &cases {
+                let run = |spread| {
+                    with_forced(Forced { isa, strategy: None, spread: Some(spread) }, || a.matmul(b).unwrap())
+                        .to_vec::<f32>()
+                        .unwrap()
+                };
+                let (spread, single) = (run(true), run(false));
+                assert!(
+                    spread.iter().zip(&single).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{isa:?} {:?} x {:?}",
+                    a.shape(),
+                    b.shape()
+                );
+            }
+        }
+    }
+
     /// Batched, broadcast, transposed and strided operands through `Tensor::matmul` on every
     /// instruction set this CPU runs, every strategy, with and without spreading the batch
     /// over the team: the same products as an f64 reference.
