@@ -329,3 +329,50 @@ fn leading_dim_f32_sum_follows_the_fixed_block_order_bit_for_bit() {
         assert_eq!(got, want, "[{rows}, {cols}]");
     }
 }
+
+/// Layer norm's weight and bias gradients are summed down the rows in an order fixed by the
+/// shape alone — f32 within groups of 64 rows, f64 across the groups in order — so they have
+/// the same bits on any thread count. Rows of `±s` pairs have mean 0 and variance 1 exactly, so
+/// `x̂ = x · 1/√(1 + eps)` is known here bit for bit.
+#[test]
+fn layer_norm_parameter_gradients_follow_the_fixed_group_order_bit_for_bit() {
+    for (rows, cols) in [(2 * 64 + 5, 70usize), (4096, 256), (3 * 64, 8), (1, 2)] {
+        let mut g = Generator::new(5);
+        let signs = Tensor::randn_with(&[rows, cols / 2], DType::F32, &Device::Cpu, &mut g).unwrap();
+        let signs = signs.to_vec::<f32>().unwrap();
+        let xv: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let s = if signs[i / 2] < 0.0 { -1.0 } else { 1.0 };
+                if i % 2 == 0 { s } else { -s }
+            })
+            .collect();
+        let x = Tensor::from_vec(xv.clone(), &[rows, cols], &Device::Cpu).unwrap().requires_grad_(true).unwrap();
+        let w = Tensor::randn_with(&[cols], DType::F32, &Device::Cpu, &mut g).unwrap().requires_grad_(true).unwrap();
+        let b = Tensor::randn_with(&[cols], DType::F32, &Device::Cpu, &mut g).unwrap().requires_grad_(true).unwrap();
+        let dy = Tensor::randn_with(&[rows, cols], DType::F32, &Device::Cpu, &mut g).unwrap();
+        let y = ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap();
+        y.backward_with(&dy, false).unwrap();
+        let dyv = dy.to_vec::<f32>().unwrap();
+        let rstd = 1.0f32 / (1.0f32 + 1e-5f32).sqrt();
+        let order = |term: &dyn Fn(usize) -> f32| -> Vec<f32> {
+            (0..cols)
+                .map(|c| {
+                    let mut total = 0f64;
+                    for g0 in (0..rows).step_by(64) {
+                        let mut group = 0f32;
+                        for r in g0..(g0 + 64).min(rows) {
+                            group += term(r * cols + c);
+                        }
+                        total += group as f64;
+                    }
+                    total as f32
+                })
+                .collect()
+        };
+        let want_b = order(&|i| dyv[i]);
+        let want_w = order(&|i| dyv[i] * (xv[i] * rstd));
+        assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), want_b, "bias [{rows}, {cols}]");
+        assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), want_w, "weight [{rows}, {cols}]");
+        assert!(x.grad().is_some());
+    }
+}

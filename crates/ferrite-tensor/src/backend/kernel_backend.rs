@@ -9,8 +9,8 @@
 use crate::Tensor;
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardArgs, BinaryOp, CellBackward, CellForward, CompareOp, ConvGeometry, Distribution,
-    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs, LogicalOp, LossGrad, LossOperands, Plan,
-    PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
+    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LogicalOp,
+    LossGrad, LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;
@@ -86,6 +86,13 @@ pub trait KernelBackend: Send + Sync + 'static {
     fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()>;
     /// Layer norm over the last dim (see [`LayerNormArgs`]).
     fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()>;
+    /// The gradients of [`layer_norm`](Self::layer_norm) in one fused kernel (see
+    /// [`LayerNormBackwardArgs`]; the backend allocates the outputs), or `None` when this backend
+    /// has none (the default): the caller then composes them from tensor ops.
+    fn layer_norm_backward(&self, args: &LayerNormBackwardArgs<'_>) -> Result<Option<LayerNormGrads>> {
+        let _ = args;
+        Ok(None)
+    }
 
     // ------------------------------------------------------------------ products
 

@@ -6,8 +6,8 @@ use crate::Tensor;
 use crate::backend::ConvGeometry;
 use crate::backend::Plan;
 use crate::backend::{
-    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
-    LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs,
+    LayerNormBackwardArgs, LayerNormGrads, LogicalOp, LossGrad, LossOperands, PointwiseLoss, RecurrentCell, UnaryOp,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;
@@ -94,6 +94,10 @@ impl KernelBackend for MetaBackend {
     }
     fn layer_norm(&self, _args: &LayerNormArgs<'_>) -> Result<()> {
         Ok(())
+    }
+    fn layer_norm_backward(&self, args: &LayerNormBackwardArgs<'_>) -> Result<Option<LayerNormGrads>> {
+        // The CPU's fused kernel allocates exactly these.
+        Ok(Some(args.outputs()?))
     }
     fn matmul(&self, _out: &Tensor, _a: &Tensor, _b: &Tensor, _batch: &[usize]) -> Result<()> {
         Ok(())

@@ -64,8 +64,8 @@ pub use kernel_backend::{KernelBackend, PreparedRhs, rows_cols};
 pub use loss_operands::{LossGrad, LossOperands, PointwiseLoss};
 pub use norm_args::{
     BatchNormArgs, BatchNormBackwardArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs,
-    GroupNormBackwardArgs, GroupNormParams, LayerNormArgs, LayerNormParams, NormArgs, NormBackwardArgs, RmsNormArgs,
-    RmsNormBackwardArgs, RunningStats, ncs,
+    GroupNormBackwardArgs, GroupNormParams, LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LayerNormParams,
+    NormArgs, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats, ncs,
 };
 pub use pool_window::{AvgWindow, Pool2d, PoolKind, adaptive_end, adaptive_start, pool_output_size};
 pub use recurrent_operands::{CellBackward, CellForward, RecurrentCell};

@@ -138,6 +138,47 @@ pub struct RmsNormBackwardArgs<'a> {
     pub weight: Option<&'a Tensor>,
 }
 
+/// Operands of [`KernelBackend::layer_norm_backward`](super::KernelBackend::layer_norm_backward):
+/// the contiguous `grad_output` and `x` `[rows, cols]` (`x`'s dtype), the statistics the forward
+/// pass saved, `mean` and `rstd` `[rows]` (f32; f64 for f64 input), the `weight` `[cols]` when
+/// present, and which gradients are wanted (`need`: input, weight, bias). With `x̂ = (x - mean)·rstd`
+/// and `g = dy·w`: `dx = rstd·(g - mean(g) - x̂·mean(g·x̂))` per row, `grad_weight = Σrows dy·x̂`,
+/// `grad_bias = Σrows dy`.
+#[derive(Clone, Copy)]
+pub struct LayerNormBackwardArgs<'a> {
+    pub grad_output: &'a Tensor,
+    pub x: &'a Tensor,
+    pub mean: &'a Tensor,
+    pub rstd: &'a Tensor,
+    pub weight: Option<&'a Tensor>,
+    pub need: [bool; 3],
+}
+
+impl LayerNormBackwardArgs<'_> {
+    /// The uninitialised outputs of the gradients asked for, on `x`'s device and dtype (every
+    /// backend allocates the same ones, so memory plans agree).
+    pub fn outputs(&self) -> crate::error::Result<LayerNormGrads> {
+        // `rows_cols`'s bookkeeping, spelled out: `kernel_backend.rs` depends on this file.
+        let cols = self.x.shape().last().copied().unwrap_or(1);
+        let rows = self.x.numel().checked_div(cols).unwrap_or(0);
+        let dtype = self.x.dtype();
+        let alloc = |on: bool, shape: &[usize]| on.then(|| self.x.empty_like_shape(shape, dtype)).transpose();
+        Ok(LayerNormGrads {
+            input: alloc(self.need[0], &[rows, cols])?,
+            weight: alloc(self.need[1], &[cols])?,
+            bias: alloc(self.need[2], &[cols])?,
+        })
+    }
+}
+
+/// The gradients a fused [`KernelBackend::layer_norm_backward`](super::KernelBackend::layer_norm_backward)
+/// returns: `input` `[rows, cols]`, `weight` and `bias` `[cols]`, each present when asked for.
+pub struct LayerNormGrads {
+    pub input: Option<Tensor>,
+    pub weight: Option<Tensor>,
+    pub bias: Option<Tensor>,
+}
+
 /// The `(N, C, S)` a channel kernel sees in its contiguous `[N, C, S]` operand.
 pub fn ncs(t: &Tensor) -> (usize, usize, usize) {
     match *t.shape() {

@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use crate::autograd::{BackwardFn, SavedTensor};
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardParams, BatchNormStats, GroupNormArgs, GroupNormParams, LayerNormArgs,
-    LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
+    LayerNormBackwardArgs, LayerNormParams, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, RunningStats,
 };
 use crate::error::{ExpectedShape, Result, TensorError};
 use crate::layout::Shape;
@@ -50,6 +50,37 @@ impl BackwardFn for LayerNormBackward {
         };
         let cols = self.cols;
         let rows = x.numel().checked_div(cols).unwrap_or(0);
+        if rows > 0 && cols > 0 {
+            // One fused kernel where the backend has it (the CPU's; meta allocates the same).
+            let (gc, xc) = (contiguous_as(g, x.dtype())?, contiguous_as(x, x.dtype())?);
+            let wf = match &w {
+                Some(w) => Some(contiguous_as(w, x.dtype())?.contiguous_view_as(&[cols])),
+                None => None,
+            };
+            let need = [self.need[0], w.is_some() && self.need[1], self.has_bias && self.need[2]];
+            let args = LayerNormBackwardArgs {
+                grad_output: &gc.contiguous_view_as(&[rows, cols]),
+                x: &xc.contiguous_view_as(&[rows, cols]),
+                mean,
+                rstd,
+                weight: wf.as_ref(),
+                need,
+            };
+            if let Some(grads) = x.kernels().layer_norm_backward(&args)? {
+                let mut out = vec![grads.input.map(|t| t.contiguous_view_as(x.shape()))];
+                if let Some(w) = &w {
+                    out.push(grads.weight.map(|t| t.contiguous_view_as(w.shape())));
+                }
+                if self.has_bias {
+                    let shape: Shape = match &w {
+                        Some(w) => w.shape_vec(),
+                        None => Shape::from_slice(&[cols]),
+                    };
+                    out.push(grads.bias.map(|t| t.contiguous_view_as(&shape)));
+                }
+                return Ok(out);
+            }
+        }
         let g = materialize(g, x.dtype())?;
         let xc = if x.is_contiguous() { x.clone() } else { materialize(x, x.dtype())? };
         // xhat = (x - mean) * rstd, rows x cols

@@ -14,8 +14,8 @@
 //!   tall, by register tiles over a shared packed A block when it is short.
 //! - **Small** products ([`Strategy::Small`]): below a size chosen by measurement, packing and
 //!   the blocking bookkeeping cost more than they save; the small path runs register tiles
-//!   straight from A and B (B copied once into a row-major scratch only when its rows are not
-//!   contiguous), on the calling thread or split over the team by tiles.
+//!   straight from A and B (B packed once into `k × NR` panels, from its own strides, only when
+//!   its rows are not contiguous), on the calling thread or split over the team by tiles.
 //! - **One row** (`m = 1`, `gemm/gemv.rs`): a decoding step's linears; B is read once in place,
 //!   not packed (the product is bound by memory bandwidth).
 //! - **Prepacked** B (`gemm/prepacked.rs`): a right-hand side packed once for many products (a
@@ -126,23 +126,31 @@ pub(crate) fn strategy(m: usize, n: usize, k: usize, threads: usize) -> Strategy
 }
 
 /// Largest product (multiply-adds) of a batch spread one per task that still takes the small path
-/// when B's rows are contiguous: attention's `P·V` (`[S, S] × [S, 64]`, S = 128) ran at 62–70
+/// when B has a unit stride: attention's `P·V` (`[S, S] × [S, 64]`, S = 128) ran at 62–70
 /// GFLOP/s packed and 63–94 small on the 2-core AVX2 machine (same minutes; BENCHMARKS.md), since
-/// packing A's 128×128 costs more than it saves for one 64-wide output. B with strided rows (a
-/// transposed key) would be copied first, and stays packed.
+/// packing A's 128×128 costs more than it saves for one 64-wide output. A transposed key
+/// (`Q·Kᵀ`) is packed into panels by the small path as the packed path would pack it, so it
+/// saves the packing of A the same way (issue 32).
 const SPREAD_SMALL_FLOPS: usize = 128 * 128 * 128;
 
 /// [`strategy`] for one product of a batch: `spread` says the batch is spread one product per
-/// task, `b_rows_contiguous` that B's rows are contiguous (its column stride is 1).
+/// task, `b_packs_fast` that B's rows or columns are contiguous (a unit stride: B read in place,
+/// or a transposed key packed through in-register transposes; issue 32 — the packed path
+/// would pack the same B *and* A's rows).
+///
+/// Only depths up to one depth block (`KC` = 256) take this rule: there the small and the
+/// packed path run the same multiply-add chain per element from zero, so a batch gives the same
+/// bits whether it is spread (several threads) or not (one thread, where `strategy` may pick the
+/// packed path).
 pub(crate) fn strategy_in_batch(
     m: usize,
     n: usize,
     k: usize,
     threads: usize,
     spread: bool,
-    b_rows_contiguous: bool,
+    b_packs_fast: bool,
 ) -> Strategy {
-    if spread && b_rows_contiguous && m.saturating_mul(n).saturating_mul(k) <= SPREAD_SMALL_FLOPS {
+    if spread && b_packs_fast && k <= 256 && m.saturating_mul(n).saturating_mul(k) <= SPREAD_SMALL_FLOPS {
         return Strategy::Small { threads: 1 };
     }
     strategy(m, n, k, threads)
@@ -288,35 +296,31 @@ unsafe fn small<K: MicroKernel>(
 ) {
     if b.cs == 1 {
         // SAFETY: forwarded; B's rows are contiguous.
-        return unsafe { small_tiles::<K>(m, n, k, a, b.ptr, b.rs, c, ldc, threads) };
+        return unsafe { small_tiles::<K>(m, n, k, a, b.ptr, b.rs, K::NR as isize, c, ldc, threads) };
     }
-    // B's rows are not contiguous (`x @ W.T` has B = Wᵀ): copy it once, row-major, into this
-    // thread's scratch — k·n values against m·n·k multiply-adds.
-    with_scratch(&PACK_B, k * n, |buf| {
-        // SAFETY: the scratch holds k*n values; reads stay inside B (caller's contract).
+    // B's rows are not contiguous (`x @ W.T` has B = Wᵀ, attention's scores B = Kᵀ): pack it
+    // once, straight from its strides, into `k × NR` panels in this thread's scratch (the
+    // packed path's panel packing: in-register transposes when B's columns run along the
+    // depth) — k·n values against m·n·k multiply-adds. Each column tile then reads its own
+    // panel, `NR` values per depth step; the sums are the same as from B in place.
+    let panels = n.div_ceil(K::NR);
+    with_scratch(&PACK_B, panels * K::NR * k, |buf| {
+        // SAFETY: the scratch holds `panels` panels of k*NR values; reads stay inside B
+        // (caller's contract).
         unsafe {
-            if b.rs == 1 {
-                // Each column of B is contiguous along the depth: transpose blocks of them.
-                let mut j = 0;
-                while j < n {
-                    let lines = K::TRANSPOSE_LINES.min(n - j);
-                    K::transpose(b.ptr.offset(j as isize * b.cs), b.cs, lines, k, buf.0.add(j), n);
-                    j += lines;
-                }
-            } else {
-                for p in 0..k {
-                    for j in 0..n {
-                        *buf.0.add(p * n + j) = *b.ptr.offset(p as isize * b.rs + j as isize * b.cs);
-                    }
-                }
+            for p in 0..panels {
+                let j0 = p * K::NR;
+                K::pack_b(b, 0, k, j0, K::NR.min(n - j0), buf.0.add(p * K::NR * k));
             }
-            small_tiles::<K>(m, n, k, a, buf.0, n as isize, c, ldc, threads)
+            small_tiles::<K>(m, n, k, a, buf.0, K::NR as isize, (K::NR * k) as isize, c, ldc, threads)
         }
     });
 }
 
-/// Every `SMALL_MR × NR` tile of C from unpacked A and row-contiguous B (row stride `ldb`),
-/// split into equal runs of tiles over `threads` threads.
+/// Every `SMALL_MR × NR` tile of C from unpacked A and row-contiguous B, split into equal runs
+/// of tiles over `threads` threads. The tile of columns `j0..j0+NR` reads B from
+/// `b + (j0/NR)·tile_stride` at row stride `ldb`: B in place has `tile_stride = NR`, B packed
+/// into `k × NR` panels has `ldb = NR`, `tile_stride = NR·k`.
 ///
 /// # Safety
 /// As [`run`], with B's columns at unit stride.
@@ -327,6 +331,7 @@ unsafe fn small_tiles<K: MicroKernel>(
     a: MatPtr,
     b: *const f32,
     ldb: isize,
+    tile_stride: isize,
     c: *mut f32,
     ldc: usize,
     threads: usize,
@@ -343,7 +348,8 @@ unsafe fn small_tiles<K: MicroKernel>(
             // operands; tiles are disjoint between tasks.
             unsafe {
                 let at = MatPtr { ptr: a.ptr.offset(i0 as isize * a.rs), ..a };
-                K::small_tile(k, at, bp.0.add(j0), ldb, cp.0.add(i0 * ldc + j0), ldc, mr, nr);
+                let bt = bp.0.offset((j0 / K::NR) as isize * tile_stride);
+                K::small_tile(k, at, bt, ldb, cp.0.add(i0 * ldc + j0), ldc, mr, nr);
             }
         }
     });
@@ -821,7 +827,6 @@ mod blocking {
         const MC: usize = MC;
         const NC: usize = NC;
         const SMALL_MR: usize = avx2::Avx2Gemm::SMALL_MR;
-        const TRANSPOSE_LINES: usize = avx2::Avx2Gemm::TRANSPOSE_LINES;
         unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
             // SAFETY: forwarded.
             unsafe { avx2::Avx2Gemm::pack_a(a, i0, mr, p0, kc, dst) }
@@ -855,10 +860,6 @@ mod blocking {
         ) {
             // SAFETY: forwarded.
             unsafe { avx2::Avx2Gemm::small_tile(k, a, b, ldb, c, ldc, mr, nr) }
-        }
-        unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
-            // SAFETY: forwarded.
-            unsafe { avx2::Avx2Gemm::transpose(src, stride, lines, kc, dst, dst_stride) }
         }
     }
 

@@ -187,7 +187,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         let per_product = if spread { 1 } else { threads };
         let strategy = match forced.and_then(|f| f.strategy) {
             Some(s) => s.with_threads(if spread { 1 } else { s_threads(s) }),
-            None => gemm::strategy_in_batch(m, n, k, per_product, spread, bcs == 1),
+            None => gemm::strategy_in_batch(m, n, k, per_product, spread, bcs == 1 || brs == 1),
         };
         let product = |bi: usize, ao: usize, bo: usize| {
             let (ap, bp, cp) = (ap, bp, cp);
@@ -289,6 +289,44 @@ mod tests {
                 assert!(
                     got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
                     "k {k} n {n} transposed {transposed} rows {start}+{rows}"
+                );
+            }
+        }
+    }
+
+    /// Attention's batches (`Q·Kᵀ` from a transposed key view, `P·V`) have the same bits whether
+    /// the batch is spread over the team, one product per thread on the small path (as with 2+
+    /// threads), or not (as with one thread, where the larger products take the packed path):
+    /// depths up to one depth block run the same multiply-add chain on both paths.
+    #[test]
+    fn spread_and_unspread_attention_batches_give_the_same_bits() {
+        let d = Device::Cpu;
+        let mut g = Generator::new(3);
+        let mut r = |shape: &[usize]| Tensor::randn_with(shape, DType::F32, &d, &mut g).unwrap();
+        let cases: Vec<(Tensor, Tensor)> = vec![
+            (r(&[8, 128, 64]), r(&[8, 128, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 64, 64]), r(&[8, 64, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 100, 64]), r(&[8, 100, 64]).transpose(-1, -2).unwrap()),
+            (r(&[8, 128, 128]), r(&[8, 128, 64])),
+            (r(&[6, 37, 200]), r(&[6, 200, 45])),
+        ];
+        for isa in Isa::ALL {
+            if !isa.supported() {
+                eprintln!("SKIPPED: {isa:?} kernels (this CPU lacks the instructions)");
+                continue;
+            }
+            for (a, b) in &cases {
+                let run = |spread| {
+                    with_forced(Forced { isa, strategy: None, spread: Some(spread) }, || a.matmul(b).unwrap())
+                        .to_vec::<f32>()
+                        .unwrap()
+                };
+                let (spread, single) = (run(true), run(false));
+                assert!(
+                    spread.iter().zip(&single).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{isa:?} {:?} x {:?}",
+                    a.shape(),
+                    b.shape()
                 );
             }
         }

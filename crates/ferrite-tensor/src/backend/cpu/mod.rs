@@ -154,6 +154,13 @@ impl KernelBackend for CpuBackend {
         norm::layer_norm(args)
     }
 
+    fn layer_norm_backward(
+        &self,
+        args: &crate::backend::LayerNormBackwardArgs<'_>,
+    ) -> Result<Option<crate::backend::LayerNormGrads>> {
+        norm::layer_norm_backward(args).map(Some)
+    }
+
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
         matmul::matmul(out, a, b, batch)
     }

@@ -65,13 +65,37 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
             lanes[k] = if v > lanes[k] || v.is_nan() { v } else { lanes[k] };
         }
     }
-    let mut m = T::Acc::neg_infinity();
-    for v in lanes.into_iter().chain(rest.iter().map(|v| v.to_acc())) {
+    // Pairwise across the lanes (vector maxima, not a scalar chain of 16 compares per row: on
+    // the [65536, 64] rows that chain cost as much as the row's own loads), then the tail.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for k in 0..width {
+            let v = lanes[k + width];
+            lanes[k] = if v > lanes[k] || v.is_nan() { v } else { lanes[k] };
+        }
+    }
+    let mut m = lanes[0];
+    for v in rest.iter().map(|v| v.to_acc()) {
         if v > m || v.is_nan() {
             m = v;
         }
     }
     m
+}
+
+/// Σ of the lanes, pairwise (vector additions, not a scalar chain of 16 per row).
+#[inline(always)]
+fn fold_lanes<A: AccFloat>(mut lanes: [A; LANES]) -> A {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for k in 0..width {
+            let v = lanes[k + width];
+            lanes[k] += v;
+        }
+    }
+    lanes[0]
 }
 
 /// Σ exp(x - m) in lanes.
@@ -89,7 +113,7 @@ fn sum_exp<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
     for v in rest {
         s += (v.to_acc() - m).vexp();
     }
-    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b) + s
+    fold_lanes(lanes) + s
 }
 
 #[inline(always)]
@@ -138,7 +162,7 @@ fn exp_into<T: Float>(x: &[T], out: &mut [T], m: T::Acc) -> T::Acc {
         *o = T::from_acc(e);
         s += e;
     }
-    lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b) + s
+    fold_lanes(lanes) + s
 }
 
 /// Σ f(x) in lanes.
@@ -152,7 +176,7 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T) -> T::Acc) -> T::Acc {
             lanes[k] += f(ch[k]);
         }
     }
-    let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
+    let mut s = fold_lanes(lanes);
     for &v in rest {
         s += f(v);
     }
@@ -198,7 +222,7 @@ fn backward_kernel<T: Float>(
                                 lanes[k] += gch[k].to_acc() * ych[k].to_acc();
                             }
                         }
-                        let mut s = lanes.into_iter().fold(T::Acc::zero(), |a, b| a + b);
+                        let mut s = fold_lanes(lanes);
                         for (gv, yv) in gr.iter().zip(yr) {
                             s += gv.to_acc() * yv.to_acc();
                         }

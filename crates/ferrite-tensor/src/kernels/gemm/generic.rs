@@ -412,7 +412,6 @@ macro_rules! simd_micro_kernel {
             const MC: usize = $mc;
             const NC: usize = $nc;
             const SMALL_MR: usize = [$($small),+][[$($small),+].len() - 1];
-            const TRANSPOSE_LINES: usize = <$V as super::vector::Vector>::LANES;
 
             #[inline]
             unsafe fn pack_a(a: super::MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
@@ -469,19 +468,6 @@ macro_rules! simd_micro_kernel {
                         small::<M, 2>(k, a, b, ldb, c, ldc, nr)
                     })
                 }
-            }
-
-            #[inline]
-            unsafe fn transpose(
-                src: *const f32,
-                stride: isize,
-                lines: usize,
-                kc: usize,
-                dst: *mut f32,
-                dst_stride: usize,
-            ) {
-                // SAFETY: forwarded.
-                unsafe { $transpose(src, stride, lines, kc, dst, dst_stride) }
             }
         }
 

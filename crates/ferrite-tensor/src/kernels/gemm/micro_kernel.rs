@@ -34,8 +34,6 @@ pub(crate) trait MicroKernel {
     const NC: usize;
     /// Most rows of a small-product tile.
     const SMALL_MR: usize;
-    /// Most lines one [`MicroKernel::transpose`] call takes.
-    const TRANSPOSE_LINES: usize;
     /// Pack rows `i0..i0+mr` (≤ MR), depth `p0..p0+kc` of A as `[p][i]`, `MR` values per step,
     /// rows past `mr` zero. `dst` holds `kc * MR` values.
     unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32);
@@ -48,6 +46,4 @@ pub(crate) trait MicroKernel {
     /// `C[mr×nr] = A[mr×k] · B[k×nr]` from unpacked operands: A at any strides, B with unit
     /// column stride and row stride `ldb`; `1 <= mr <= SMALL_MR`, `nr <= NR`.
     unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize);
-    /// `dst[p*dst_stride + l] = src[l*stride + p]` for `l < lines` (≤ TRANSPOSE_LINES), `p < kc`.
-    unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize);
 }

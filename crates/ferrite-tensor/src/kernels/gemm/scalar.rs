@@ -25,7 +25,6 @@ impl MicroKernel for ScalarGemm {
     const MC: usize = MR * 32;
     const NC: usize = NR * 256;
     const SMALL_MR: usize = MR;
-    const TRANSPOSE_LINES: usize = 8;
 
     #[inline]
     unsafe fn pack_a(a: MatPtr, i0: usize, mr: usize, p0: usize, kc: usize, dst: *mut f32) {
@@ -64,11 +63,5 @@ impl MicroKernel for ScalarGemm {
                 generic::small_tile::<Portable, M, 2>(k, a, b, ldb, c, ldc, nr)
             })
         }
-    }
-
-    #[inline]
-    unsafe fn transpose(src: *const f32, stride: isize, lines: usize, kc: usize, dst: *mut f32, dst_stride: usize) {
-        // SAFETY: forwarded.
-        unsafe { generic::transpose_scalar(src, stride, lines, kc, dst, dst_stride) }
     }
 }
