@@ -84,31 +84,25 @@ impl Distributed {
 
     /// Every rank must run the same ZeRO stage (`0`: DDP): a rank started with another `--zero`
     /// would pair its collectives with the wrong ones. Every rank gets the same error, naming the
-    /// first rank that differs from rank 0.
-    /// So must the communication dtype (a bf16 block paired with an f32 one is garbage).
+    /// first rank that differs from rank 0. So must `--zero-comm-dtype` (a bf16 block paired
+    /// with an f32 one is garbage).
     #[cfg(feature = "mpi")]
     fn same_zero_stage(&self, stage: u32, comm: CommDtype) -> Result<(), TrainError> {
         let wire = |d: CommDtype| f64::from(d.size_in_bytes() as u32);
         let all = self.group.comm().all_gather_f64(vec![f64::from(stage), wire(comm)])?;
-        let name = |v: f64| if v == 0.0 { "not given (DDP)".to_string() } else { format!("{v}") };
-        if let Some((rank, v)) = all.chunks(2).enumerate().find(|(_, v)| v[0] != all[0]) {
-            return Err(ferrite_parallel::ParallelError::SettingMismatch {
-                rank,
-                setting: "--zero",
-                value: name(v[0]),
-                rank0: name(all[0]),
+        let stage_name: fn(f64) -> String = |v| if v == 0.0 { "not given (DDP)".into() } else { format!("{v}") };
+        let dtype_name: fn(f64) -> String = |v| if v == 2.0 { "bf16".into() } else { "f32".into() };
+        // The stage first: a rank on another stage is named for that, whatever its dtype.
+        for (k, (setting, say)) in [("--zero", stage_name), ("--zero-comm-dtype", dtype_name)].into_iter().enumerate() {
+            if let Some((rank, v)) = all.chunks(2).enumerate().find(|(_, v)| v[k] != all[k]) {
+                return Err(ferrite_parallel::ParallelError::SettingMismatch {
+                    rank,
+                    setting,
+                    value: say(v[k]),
+                    rank0: say(all[k]),
+                }
+                .into());
             }
-            .into());
-        }
-        let dtype = |v: f64| if v == 2.0 { "bf16".to_string() } else { "f32".to_string() };
-        if let Some((rank, v)) = all.chunks(2).enumerate().find(|(_, v)| v[1] != all[1]) {
-            return Err(ferrite_parallel::ParallelError::SettingMismatch {
-                rank,
-                setting: "--zero-comm-dtype",
-                value: dtype(v[1]),
-                rank0: dtype(all[1]),
-            }
-            .into());
         }
         Ok(())
     }

@@ -636,10 +636,15 @@ impl Drop for ZeroRedundancy {
 fn read_piece(params: &[Tensor], piece: &ShardPiece) -> Result<Tensor> {
     let _g = no_grad();
     let p = &params[piece.param];
-    let flat = p.detach().contiguous()?.reshape_usize(&[p.numel()])?;
-    let part = flat.narrow(0, piece.param_start, piece.len)?;
-    // Widened on the host: a bf16 parameter's piece costs the device only its f32 shard.
-    Ok(Tensor::from_vec(read_f32(&part)?, &[piece.len], p.device())?)
+    Ok(Tensor::from_vec(piece_values(p, p.numel(), piece)?, &[piece.len], p.device())?)
+}
+
+/// The values of `piece` of `t`, a tensor holding a whole parameter of `numel` values (the
+/// parameter itself, its saved weight or an optimizer state of its size), as f32. Widened on the
+/// host: a bf16 parameter's piece costs the device nothing beyond what the caller makes of it.
+pub(super) fn piece_values(t: &Tensor, numel: usize, piece: &ShardPiece) -> Result<Vec<f32>> {
+    let flat = t.detach().contiguous()?.reshape_usize(&[numel])?;
+    read_f32(&flat.narrow(0, piece.param_start, piece.len)?)
 }
 
 /// Same tensor: the same elements of the same storage.

@@ -16,10 +16,10 @@
 //! naming it — never a hang.
 
 use ferrite_optim::{GroupState, Optimizer, OptimizerState, StateValue};
-use ferrite_tensor::{DType, Tensor, no_grad};
+use ferrite_tensor::{Tensor, no_grad};
 
 use super::error::{DistributedError, Result};
-use super::zero::{OptimizerLayout, ZeroRedundancy};
+use super::zero::{OptimizerLayout, ZeroRedundancy, piece_values};
 
 /// One piece of this rank's shard, as a checkpoint stores it.
 #[derive(Debug, Clone)]
@@ -95,10 +95,6 @@ impl ZeroRedundancy {
             .collect())
     }
 
-    /// Resume: with the model's parameters already holding the saved weights (on every rank),
-    /// copy them into this rank's shards and load into `opt` (the sharded optimizer) this rank's
-    /// pieces of `full`, the optimizer state in the full single-device layout. Tensors of a
-    /// parameter's size are cut element-wise; scalars (step counts) are copied to every piece.
     /// Overwrite this rank's f32 masters with their values in `weights` (named as the model's
     /// parameters; full precision, as a sharded checkpoint stores them). Needed when the model's
     /// parameters are narrower than the masters (`--zero-comm-dtype bf16`): the masters
@@ -119,13 +115,15 @@ impl ZeroRedundancy {
                     ),
                 });
             }
-            let part = w.contiguous()?.reshape_usize(&[numel])?.narrow(0, piece.param_start, piece.len)?;
-            let part = if part.dtype() == DType::F32 { part } else { part.to_dtype(DType::F32)? };
-            shard.copy_(&part)?;
+            shard.copy_from_slice(&piece_values(w, numel, piece)?)?;
         }
         Ok(())
     }
 
+    /// Resume: with the model's parameters already holding the saved weights (on every rank),
+    /// copy them into this rank's shards and load into `opt` (the sharded optimizer) this rank's
+    /// pieces of `full`, the optimizer state in the full single-device layout. Tensors of a
+    /// parameter's size are cut element-wise; scalars (step counts) are copied to every piece.
     pub fn import_full_state(&self, full: &OptimizerState, opt: &mut dyn Optimizer) -> Result<()> {
         self.reload_shards()?;
         let layout = self.layout()?;
@@ -157,9 +155,7 @@ impl ZeroRedundancy {
             for (name, v) in entries {
                 let v = match v {
                     StateValue::Tensor(t) if t.numel() == numel && t.rank() > 0 => {
-                        let flat = t.contiguous()?.reshape_usize(&[numel])?.narrow(0, piece.param_start, piece.len)?;
-                        let flat = if flat.dtype() == DType::F32 { flat } else { flat.to_dtype(DType::F32)? };
-                        StateValue::Tensor(Tensor::from_vec(flat.to_vec::<f32>()?, &[piece.len], &device)?)
+                        StateValue::Tensor(Tensor::from_vec(piece_values(t, numel, &piece)?, &[piece.len], &device)?)
                     }
                     StateValue::Tensor(t) if t.numel() != 1 => {
                         return Err(DistributedError::ZeroState {
