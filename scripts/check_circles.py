@@ -51,6 +51,7 @@ LEVELS = {
     "ferrite-data": 3,
     "ferrite-io": 3,
     "ferrite-models": 4,
+    "ferrite-conformance": 4,
     "ferrite-plan": 5,
     "ferrite-parallel": 5,
     "ferrite-train": 6,

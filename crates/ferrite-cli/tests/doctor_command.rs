@@ -87,3 +87,66 @@ fn json_for_bug_reports() {
     assert_eq!(v["summary"]["warning"], count("warning"));
     assert_eq!(v["summary"]["error"], 0);
 }
+
+/// The reference fixture folder, or `None` after the shared skip-or-fail rule.
+fn fixtures() -> Option<String> {
+    ferrite_test_support::reference_or_skip("ops/manifest.json").map(|d| d.display().to_string())
+}
+
+#[test]
+fn check_device_runs_every_reference_case_on_the_cpu_and_every_gpu_adapter() {
+    let Some(dir) = fixtures() else { return };
+    let mut devices = vec!["cpu".to_string()];
+    devices.extend(ferrite_memory::gpu::list_adapters().iter().map(|a| format!("gpu:{}", a.index)));
+    for device in devices {
+        let (code, out, err) = doctor(&["--check-device", &device, "--fixtures", &dir], &[]);
+        assert_eq!(code, 0, "{out}{err}");
+        let summary = out.lines().last().unwrap_or_default();
+        assert!(summary.starts_with(&format!("{device}: ")) && summary.contains(" passed, 0 failed"), "{out}");
+        for suite in ["ops", "convolution", "norm/pool", "losses", "recurrent", "optimizers", "grad_scaler"] {
+            assert!(
+                out.lines().any(|l| l.split_whitespace().nth(1) == Some(suite) && l.contains(" ok (max |diff|")),
+                "{suite}: {out}"
+            );
+        }
+        // The same check as JSON, for scripts: one object per case.
+        let (code, json, err) = doctor(&["--check-device", &device, "--fixtures", &dir, "--json"], &[]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let cases = v["cases"].as_array().unwrap();
+        assert_eq!(cases.len() + 1, out.lines().count(), "one JSON case per text line");
+        assert!(cases.iter().all(|c| c["verdict"] == "passed" && c["max_abs_diff"].is_number()), "{json}");
+    }
+}
+
+#[test]
+fn check_device_failures_are_typed_errors_that_say_what_to_do() {
+    let Some(dir) = fixtures() else { return };
+    let (code, _, err) = doctor(&["--check-device", "tpu:0", "--fixtures", &dir], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("`--check-device tpu:0`") && err.contains("cuda:N"), "{err}");
+    let (code, _, err) = doctor(&["--check-device", "cpu", "--fixtures", "/nonexistent/fixtures"], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("/nonexistent/fixtures is not a PyTorch reference fixture folder"), "{err}");
+    // No folder given, none in the usual places (the test runs in an empty directory).
+    let empty = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_ferrite"))
+        .args(["doctor", "--check-device", "cpu"])
+        .current_dir(empty.path())
+        .env_remove("FERRITE_PYTORCH_REFERENCE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("no PyTorch reference fixture folder found") && err.contains("--fixtures DIR"), "{err}");
+    // `--fixtures` belongs to `--check-device`.
+    let (code, _, err) = doctor(&["--fixtures", &dir], &[]);
+    assert_eq!(code, 2, "{err}");
+    // A CUDA device where none is usable (CI: no driver): one error, not a failure per case.
+    if ferrite_memory::cuda::cuda_ordinal(0).is_err() {
+        let (code, out, err) = doctor(&["--check-device", "cuda:0", "--fixtures", &dir], &[]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(err.contains("cannot put a tensor on cuda:0"), "{err}");
+        assert!(out.is_empty(), "{out}");
+    }
+}

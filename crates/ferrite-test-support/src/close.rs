@@ -5,40 +5,10 @@
 #[cfg(feature = "tensor")]
 use ferrite_tensor::Tensor;
 
-/// The largest |got − want| when every element is within `atol + rtol·|want|`; otherwise `Err`
-/// naming the worst element (a NaN on either side counts as the worst possible).
+/// The largest |got − want| when every element is within `atol + rtol·|want|`, else `Err` naming
+/// the worst element: ferrite-conformance's check, the one `ferrite doctor --check-device` uses.
 #[cfg(feature = "tensor")]
-pub fn check_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<f64, String> {
-    if got.shape() != want.shape() {
-        return Err(format!("{what}: shape {:?}, expected {:?}", got.shape(), want.shape()));
-    }
-    let g = got.to_vec_f64().map_err(|e| format!("{what}: {e}"))?;
-    let w = want.to_vec_f64().map_err(|e| format!("{what}: {e}"))?;
-    let mut largest = 0.0f64;
-    let mut worst: Option<(usize, f64)> = None;
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let d = (a - b).abs();
-        let tol = atol + rtol * b.abs();
-        if d.is_nan() || d > tol {
-            let excess = if d.is_nan() { f64::INFINITY } else { d / tol };
-            if worst.is_none_or(|(_, e)| excess > e) {
-                worst = Some((i, excess));
-            }
-        } else {
-            largest = largest.max(d);
-        }
-    }
-    match worst {
-        None => Ok(largest),
-        Some((i, _)) => Err(format!(
-            "{what}: element {i} is {} but {} is expected (|diff| {:.3e}, allowed {:.3e})",
-            g[i],
-            w[i],
-            (g[i] - w[i]).abs(),
-            atol + rtol * w[i].abs()
-        )),
-    }
-}
+pub use ferrite_conformance::check_close;
 
 /// [`check_close`], panicking with its message; returns the largest |difference|.
 #[cfg(feature = "tensor")]

@@ -4,37 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use ferrite_tensor::{DType, Device, Tensor};
+use ferrite_tensor::{DType, Tensor};
 use serde_json::Value;
 
 /// Every tensor of a safetensors file (F32 and I64) on the CPU, in file order; `Err` naming the
-/// file or tensor when it cannot be read.
+/// file or tensor when it cannot be read (ferrite-conformance's reader, which the conformance
+/// check and `ferrite doctor --check-device` use too).
 pub fn try_load(path: &Path) -> Result<Vec<(String, Tensor)>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut named = st.tensors();
-    named.sort_by_key(|(_, v)| v.data().as_ptr() as usize);
-    let mut out = Vec::with_capacity(named.len());
-    for (name, view) in named {
-        let data = view.data();
-        let t = match view.dtype() {
-            safetensors::Dtype::F32 => {
-                let v: Vec<f32> = data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-                Tensor::from_vec(v, view.shape(), &Device::Cpu)
-            }
-            safetensors::Dtype::I64 => {
-                let v: Vec<i64> = data
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                    .collect();
-                Tensor::from_vec(v, view.shape(), &Device::Cpu)
-            }
-            other => return Err(format!("{}: {name}: unexpected dtype {other:?}", path.display())),
-        }
-        .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
-        out.push((name, t));
-    }
-    Ok(out)
+    ferrite_conformance::read_safetensors(path).map_err(|e| e.to_string())
 }
 
 /// [`try_load`], panicking with its message.
@@ -76,15 +53,7 @@ pub fn model_cases(ops: &[&str]) -> Option<(PathBuf, Vec<Value>)> {
 }
 
 /// A nested JSON list of numbers (a case attribute such as a target or a weight) as its values in
-/// row-major order and its shape (`[]` for a single number).
+/// row-major order and its shape (`[]` for a single number); panics on anything else.
 pub fn nested(v: &Value) -> (Vec<f64>, Vec<usize>) {
-    match v.as_array() {
-        None => (vec![v.as_f64().expect("a number")], vec![]),
-        Some(items) => {
-            let parts: Vec<(Vec<f64>, Vec<usize>)> = items.iter().map(nested).collect();
-            let mut shape = vec![items.len()];
-            shape.extend(parts.first().map(|p| p.1.clone()).unwrap_or_default());
-            (parts.into_iter().flat_map(|p| p.0).collect(), shape)
-        }
-    }
+    ferrite_conformance::nested(v).unwrap_or_else(|| panic!("not a nested list of numbers: {v}"))
 }

@@ -4,6 +4,7 @@
 //! with the driver and NVRTC, through the same code as `ferrite devices`), datasets and the environment variables that change behaviour, each
 //! line with a verdict (`ok`, `note`, `warning`, `error`) and, when it is not ok, the fix.
 //! `--json` gives the same for bug reports, with the MPI facts as fields (`mpi`).
+//! `--check-device DEVICE` runs the PyTorch reference cases on a device instead ([`check_device`]).
 //!
 //! Every line states what was observed on this machine, for this binary: nothing is a constant
 //! that could be true of one build and false of another.
@@ -14,6 +15,7 @@
 
 pub mod cgroup;
 pub mod check;
+pub mod check_device;
 mod cpu;
 pub mod cuda;
 mod datasets;
@@ -39,6 +41,15 @@ pub struct DoctorArgs {
     /// spills. Needs NVRTC (`pip install nvidia-cuda-nvrtc`, or FERRITE_NVRTC), not a GPU.
     #[arg(long)]
     pub compile_kernels: bool,
+    /// Instead of the report: run every PyTorch reference case (ops, layers, losses, recurrent
+    /// layers, optimizer trajectories, GradScaler) on this device (`cpu`, `gpu:0`, `cuda:0`), one
+    /// line per case; exit status 1 when one differs from PyTorch beyond its tolerance.
+    #[arg(long, value_name = "DEVICE")]
+    pub check_device: Option<String>,
+    /// The PyTorch reference fixture folder for `--check-device` (default: $FERRITE_PYTORCH_REFERENCE,
+    /// else `fixtures/` beside the executable, `./fixtures`, `shared/fixtures/pytorch-reference`).
+    #[arg(long, value_name = "DIR", requires = "check_device")]
+    pub fixtures: Option<std::path::PathBuf>,
 }
 
 /// The whole report.
@@ -74,6 +85,9 @@ pub struct Summary {
 pub struct DoctorFoundErrors(pub usize);
 
 pub fn run(args: DoctorArgs) -> CliResult {
+    if let Some(device) = &args.check_device {
+        return check_device::run(device, args.fixtures.as_deref(), args.json);
+    }
     let report = collect_with(args.compile_kernels);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
