@@ -1,7 +1,7 @@
 //! The loss modules (`BCELoss`, `BCEWithLogitsLoss`, `SmoothL1Loss`, `HuberLoss`, `KLDivLoss`,
 //! `NLLLoss`, `CrossEntropyLoss`) on the loss cases of the PyTorch reference fixtures' `models/`
 //! folder, configured from each case's attributes: loss and input gradients within the case's
-//! rtol/atol (the kernels themselves run on every device in ferrite-tensor's `loss_parity`).
+//! rtol/atol (the kernels themselves run on every device in ferrite-conformance's check).
 //! Every value is read from the fixture files; `attrs.applied_to` is applied to `input.0` first.
 
 mod common;

@@ -1,5 +1,5 @@
 //! Behaviour of `RNN`, `GRU`, `LSTM` and the packing functions beyond the PyTorch numbers
-//! (`recurrent_parity.rs` has those): PyTorch's parameter names and initialisation range,
+//! (ferrite-conformance's check runs those on every device): PyTorch's parameter names and initialisation range,
 //! packed and padded runs agreeing, sorted/unsorted indices (final states in the caller's
 //! order), unbatched input, initial states and their gradients, inter-layer dropout, and every
 //! bad input as a typed error naming the layer, the argument and the numbers — never a panic.

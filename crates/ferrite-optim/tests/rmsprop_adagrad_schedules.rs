@@ -3,8 +3,6 @@
 //! states bit-identically, memory on the allocator, meta runs, and typed errors for bad settings
 //! (including a OneCycleLR stepped past its end, which must leave everything unchanged).
 
-mod common;
-
 use ferrite_memory::allocator;
 use ferrite_optim::{
     Adagrad, AdagradConfig, Adam, AdamConfig, CosineAnnealingWarmRestarts, HyperValue, LrScheduler, OneCycleConfig,
