@@ -7,7 +7,8 @@
 //! `kernels/*.cu` ([`KERNEL_SOURCES`]); NVRTC is loaded at run time ([`Nvrtc::load`]) from a CUDA
 //! installation or from the `nvidia-cuda-nvrtc` Python wheel, so CI — with no GPU and no driver —
 //! compiles every kernel for `sm_80` and `sm_90` on every submission and fails on any error or
-//! warning (`tests/nvrtc_compile.rs`).
+//! warning (`tests/nvrtc_compile.rs`), and runs every kernel on the CPU through
+//! `emulator/cuda_on_host.h` against PyTorch's numbers (`tests/kernels_on_host.rs`).
 //!
 //! The memory side of CUDA (the caching allocator on the driver API) is
 //! `ferrite_memory::cuda`. The `cuda:N` device that launches these kernels is not in ferrite yet.

@@ -1,0 +1,520 @@
+//! What the CUDA kernels compute, checked without a GPU: every kernel source of `kernels/` is
+//! compiled for the CPU with `emulator/cuda_on_host.h` (blocks one after another, a block's threads
+//! on OS threads sharing `__shared__` memory and a `__syncthreads` barrier) and run on the PyTorch
+//! reference cases — elementwise ops with broadcasting, row reductions, softmax and its backward,
+//! cross entropy, layer norm (forward, input and affine gradients), RMS norm, embedding and its
+//! gradient — within each case's tolerances, plus the device-side error flags (a class or an
+//! index out of range) and the fused optimizer steps against PyTorch's update rules written out
+//! in f64. Launches use small grids and blocks so the grid-stride loops run more than once.
+//!
+//! Skips loudly without a C++20 compiler (fails under `FERRITE_REQUIRE_SYSTEM_DEPS=1`; CI
+//! installs g++) and without the fixtures.
+
+mod emulator;
+
+use std::path::{Path, PathBuf};
+
+use emulator::{HostKernels, Launch, Shared};
+use ferrite_tensor::Tensor;
+use ferrite_test_support::assert_slices_close;
+use ferrite_test_support::fixtures::{get, load};
+use serde_json::Value;
+
+/// The fixture folder, or `None` after the skip rule (also when there is no C++ compiler).
+fn setup() -> Option<PathBuf> {
+    if !emulator::compiler_or_skip() {
+        return None;
+    }
+    ferrite_test_support::reference_or_skip("ops/manifest.json")
+}
+
+/// The `ops/` case `name`: its tensors, attributes and tolerances.
+struct Case {
+    fx: Vec<(String, Tensor)>,
+    attrs: Value,
+    rtol: f32,
+    atol: f32,
+}
+
+fn case(dir: &Path, folder: &str, name: &str) -> Case {
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(folder).join("manifest.json")).unwrap()).unwrap();
+    let c =
+        m["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no case {name}"));
+    Case {
+        fx: load(&dir.join(folder).join(format!("{name}.safetensors"))),
+        attrs: c["attrs"].clone(),
+        rtol: c["rtol"].as_f64().unwrap() as f32,
+        atol: c["atol"].as_f64().unwrap() as f32,
+    }
+}
+
+impl Case {
+    fn f32s(&self, name: &str) -> Vec<f32> {
+        get(&self.fx, name).to_vec::<f32>().unwrap()
+    }
+    fn shape(&self, name: &str) -> Vec<usize> {
+        get(&self.fx, name).shape().to_vec()
+    }
+    fn check(&self, what: &str, got: &[f32], name: &str) {
+        assert_slices_close(what, got, &self.f32s(name), self.rtol, self.atol);
+    }
+}
+
+fn p<T>(v: &[T]) -> Shared<T> {
+    Shared(v.as_ptr() as *mut T)
+}
+fn pm<T>(v: &mut [T]) -> Shared<T> {
+    Shared(v.as_mut_ptr())
+}
+
+const GRID_STRIDE: Launch = Launch { grid: 2, block: 32 };
+/// The row kernels' block (`FERRITE_BLOCK` in the sources), two blocks so rows stride too.
+const ROWS: Launch = Launch { grid: 2, block: 256 };
+
+type Unary = unsafe extern "C" fn(i64, *const f32, *mut f32);
+
+#[test]
+fn unary_kernels_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("elementwise.cu");
+    for (name, kernel) in [
+        ("neg", "neg_f32"),
+        ("exp", "exp_f32"),
+        ("log", "log_f32"),
+        ("sqrt", "sqrt_f32"),
+        ("relu", "relu_f32"),
+        ("sigmoid", "sigmoid_f32"),
+        ("tanh", "tanh_f32"),
+        ("silu", "silu_f32"),
+        ("gelu__erf", "gelu_f32"),
+        ("gelu__tanh", "gelu_tanh_f32"),
+    ] {
+        let c = case(&dir, "ops", name);
+        let x = c.f32s("input.0");
+        let mut y = vec![f32::NAN; x.len()];
+        // SAFETY: the kernel's signature; the buffers hold n elements.
+        let f: Unary = unsafe { k.kernel(kernel) };
+        let (xp, yp, n) = (p(&x), pm(&mut y), x.len() as i64);
+        // SAFETY: as above.
+        k.launch(GRID_STRIDE, || unsafe { f(n, xp.get(), yp.get()) });
+        c.check(name, &y, "output");
+        println!("{kernel:<14} on {name}: ok ({} elements)", x.len());
+    }
+}
+
+/// `Broadcast` of elementwise.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Broadcast {
+    ndim: i32,
+    shape: [i64; 6],
+    a_stride: [i64; 6],
+    b_stride: [i64; 6],
+}
+
+/// Element strides of `shape` read through broadcasting to `out` (0 where it broadcasts).
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> [i64; 6] {
+    let mut strides = [0i64; 6];
+    let offset = out.len() - shape.len();
+    let mut stride = 1i64;
+    for d in (0..shape.len()).rev() {
+        strides[offset + d] = if shape[d] == 1 { 0 } else { stride };
+        stride *= shape[d] as i64;
+    }
+    strides
+}
+
+fn broadcast(a: &[usize], b: &[usize], out: &[usize]) -> Broadcast {
+    let mut shape = [1i64; 6];
+    for (d, s) in out.iter().enumerate() {
+        shape[d] = *s as i64;
+    }
+    Broadcast {
+        ndim: out.len() as i32,
+        shape,
+        a_stride: broadcast_strides(a, out),
+        b_stride: broadcast_strides(b, out),
+    }
+}
+
+type Binary = unsafe extern "C" fn(i64, Broadcast, *const f32, *const f32, *mut f32);
+
+#[test]
+fn binary_kernels_broadcast_as_pytorch_does() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("elementwise.cu");
+    for (name, kernel) in [
+        ("add__bcast", "add_f32"),
+        ("sub__bcast", "sub_f32"),
+        ("mul__bcast", "mul_f32"),
+        ("div__bcast", "div_f32"),
+        ("pow__scalar", "pow_f32"),
+    ] {
+        let c = case(&dir, "ops", name);
+        let a = c.f32s("input.0");
+        let (b, b_shape) = match c.attrs.get("exponent") {
+            Some(e) => (vec![e.as_f64().unwrap() as f32], vec![1]),
+            None => (c.f32s("input.1"), c.shape("input.1")),
+        };
+        let out_shape = c.shape("output");
+        let g = broadcast(&c.shape("input.0"), &b_shape, &out_shape);
+        let n: usize = out_shape.iter().product();
+        let mut y = vec![f32::NAN; n];
+        // SAFETY: the kernel's signature; the strides stay inside both inputs.
+        let f: Binary = unsafe { k.kernel(kernel) };
+        let (ap, bp, yp) = (p(&a), p(&b), pm(&mut y));
+        // SAFETY: as above.
+        k.launch(GRID_STRIDE, || unsafe { f(n as i64, g, ap.get(), bp.get(), yp.get()) });
+        c.check(name, &y, "output");
+        println!("{kernel:<14} on {name}: ok ({:?} with {:?} -> {out_shape:?})", c.shape("input.0"), b_shape);
+    }
+}
+
+type Rows = unsafe extern "C" fn(i64, i64, *const f32, *mut f32);
+
+/// (rows, cols) of a buffer reduced over its last dimension.
+fn rows_cols(shape: &[usize]) -> (usize, usize) {
+    let cols = *shape.last().unwrap_or(&1);
+    (shape.iter().product::<usize>() / cols.max(1), cols)
+}
+
+#[test]
+fn row_reductions_and_softmax_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("reduce.cu");
+    // SAFETY: the kernels' signatures.
+    let (sum_rows, max_rows, softmax): (Rows, Rows, Rows) =
+        unsafe { (k.kernel("sum_rows_f32"), k.kernel("max_rows_f32"), k.kernel("softmax_rows_f32")) };
+    let run = |f: Rows, x: &[f32], rows: usize, cols: usize, out_len: usize| {
+        let mut y = vec![f32::NAN; out_len];
+        let (xp, yp) = (p(x), pm(&mut y));
+        // SAFETY: the buffers hold rows·cols inputs and out_len outputs.
+        k.launch(ROWS, || unsafe { f(rows as i64, cols as i64, xp.get(), yp.get()) });
+        y
+    };
+    // sum over everything: one row.
+    let c = case(&dir, "ops", "sum__all");
+    let x = c.f32s("input.0");
+    c.check("sum__all", &run(sum_rows, &x, 1, x.len(), 1), "output");
+    // mean over the last dimension: row sums / cols.
+    let c = case(&dir, "ops", "mean__dim_last");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let sums = run(sum_rows, &c.f32s("input.0"), rows, cols, rows);
+    c.check("mean__dim_last", &sums.iter().map(|s| s / cols as f32).collect::<Vec<_>>(), "output");
+    // max over the last dimension (exact): against the host's max of the same rows.
+    let want: Vec<f32> =
+        c.f32s("input.0").chunks(cols).map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max)).collect();
+    assert_eq!(run(max_rows, &c.f32s("input.0"), rows, cols, rows), want);
+    // A row longer than the block: 300 columns, each thread sums two.
+    let long: Vec<f32> = (0..3 * 300).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let want: Vec<f32> = long.chunks(300).map(|r| r.iter().map(|v| *v as f64).sum::<f64>() as f32).collect();
+    assert_slices_close("sum of 300-column rows", &run(sum_rows, &long, 3, 300, 3), &want, 1e-5, 1e-4);
+
+    // softmax and its backward.
+    let c = case(&dir, "ops", "softmax__dim_last");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let y = run(softmax, &c.f32s("input.0"), rows, cols, rows * cols);
+    c.check("softmax", &y, "output");
+    // SAFETY: the kernel's signature.
+    let backward: unsafe extern "C" fn(i64, i64, *const f32, *const f32, *mut f32) =
+        unsafe { k.kernel("softmax_rows_backward_f32") };
+    let dy = c.f32s("grad_output");
+    let mut dx = vec![f32::NAN; rows * cols];
+    let (yp, dyp, dxp) = (p(&y), p(&dy), pm(&mut dx));
+    // SAFETY: rows·cols elements in each buffer.
+    k.launch(ROWS, || unsafe { backward(rows as i64, cols as i64, yp.get(), dyp.get(), dxp.get()) });
+    c.check("softmax backward", &dx, "grad_input.0");
+    println!("sum_rows, max_rows, softmax_rows and its backward: ok");
+}
+
+type CrossEntropy = unsafe extern "C" fn(i64, i64, *const f32, *const i64, i64, *mut f32, *mut u64);
+
+#[test]
+fn cross_entropy_matches_pytorch_and_flags_the_first_bad_class() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("reduce.cu");
+    // SAFETY: the kernel's signature.
+    let f: CrossEntropy = unsafe { k.kernel("cross_entropy_rows_f32") };
+    let c = case(&dir, "ops", "cross_entropy");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let logits = c.f32s("input.0");
+    let run = |target: &[i64], ignore: i64| {
+        let mut loss = vec![f32::NAN; rows];
+        let mut bad = vec![0u64; 1];
+        let (lp, tp, op, bp) = (p(&logits), p(target), pm(&mut loss), pm(&mut bad));
+        // SAFETY: rows·cols logits, rows targets and losses, one flag word.
+        k.launch(ROWS, || unsafe { f(rows as i64, cols as i64, lp.get(), tp.get(), ignore, op.get(), bp.get()) });
+        (loss, bad[0])
+    };
+    let target: Vec<i64> = c.attrs["target"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let (loss, bad) = run(&target, -100);
+    assert_eq!(bad, 0);
+    let mean = (loss.iter().map(|l| *l as f64).sum::<f64>() / rows as f64) as f32;
+    c.check("cross_entropy (mean of the rows)", &[mean], "output");
+    // ignore_index: that row's loss is 0; a class out of range: its row + 1 is flagged, the
+    // first such row when several are.
+    let mut t = target.clone();
+    t[1] = 7777;
+    let (loss, bad) = run(&t, 7777);
+    assert_eq!((loss[1], bad), (0.0, 0));
+    t[1] = cols as i64;
+    t[3] = -1;
+    let (_, bad) = run(&t, -100);
+    assert!(bad == 2 || bad == 4, "flag {bad}: row 1 or row 3, + 1");
+    let mut only = target.clone();
+    only[rows - 1] = -5;
+    assert_eq!(run(&only, -100).1, rows as u64);
+}
+
+#[test]
+fn layer_norm_forward_and_both_gradients_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("layer_norm.cu");
+    let c = case(&dir, "ops", "layer_norm");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let eps = c.attrs["eps"].as_f64().unwrap() as f32;
+    let (x, w, b) = (c.f32s("input.0"), c.f32s("input.1"), c.f32s("input.2"));
+    let (mut y, mut mean, mut rstd) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows], vec![f32::NAN; rows]);
+    type Forward =
+        unsafe extern "C" fn(i64, i64, f32, *const f32, *const f32, *const f32, *mut f32, *mut f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let forward: Forward = unsafe { k.kernel("layer_norm_f32") };
+    let (xp, wp, bp, yp, mp, rp) = (p(&x), p(&w), p(&b), pm(&mut y), pm(&mut mean), pm(&mut rstd));
+    // SAFETY: rows·cols inputs and outputs, cols weights, rows statistics.
+    k.launch(ROWS, || unsafe {
+        forward(rows as i64, cols as i64, eps, xp.get(), wp.get(), bp.get(), yp.get(), mp.get(), rp.get())
+    });
+    c.check("layer_norm", &y, "output");
+
+    let dy = c.f32s("grad_output");
+    let mut dx = vec![f32::NAN; rows * cols];
+    type Input = unsafe extern "C" fn(i64, i64, *const f32, *const f32, *const f32, *const f32, *const f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let input: Input = unsafe { k.kernel("layer_norm_backward_input_f32") };
+    let (mp, rp, dyp, dxp) = (p(&mean), p(&rstd), p(&dy), pm(&mut dx));
+    // SAFETY: as above.
+    k.launch(ROWS, || unsafe {
+        input(rows as i64, cols as i64, xp.get(), wp.get(), mp.get(), rp.get(), dyp.get(), dxp.get())
+    });
+    c.check("layer_norm grad input", &dx, "grad_input.0");
+
+    let (mut dw, mut db) = (vec![f32::NAN; cols], vec![f32::NAN; cols]);
+    type Affine = unsafe extern "C" fn(i64, i64, *const f32, *const f32, *const f32, *const f32, *mut f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let affine: Affine = unsafe { k.kernel("layer_norm_backward_affine_f32") };
+    let (dwp, dbp) = (pm(&mut dw), pm(&mut db));
+    // A grid-stride launch: one thread per column.
+    // SAFETY: as above.
+    k.launch(Launch { grid: 2, block: 4 }, || unsafe {
+        affine(rows as i64, cols as i64, xp.get(), mp.get(), rp.get(), dyp.get(), dwp.get(), dbp.get())
+    });
+    c.check("layer_norm grad weight", &dw, "grad_input.1");
+    c.check("layer_norm grad bias", &db, "grad_input.2");
+
+    // elementwise_affine=False: null weight and bias give the normalised input (PyTorch's
+    // output minus the bias, divided by the weight).
+    let mut plain = vec![f32::NAN; rows * cols];
+    let pp = pm(&mut plain);
+    let null = std::ptr::null::<f32>();
+    let nullp = Shared(null as *mut f32);
+    // SAFETY: null weight and bias are the kernel's "no affine".
+    k.launch(ROWS, || unsafe {
+        forward(rows as i64, cols as i64, eps, xp.get(), nullp.get(), nullp.get(), pp.get(), mp.get(), rp.get())
+    });
+    let want: Vec<f32> = c.f32s("output").iter().enumerate().map(|(i, o)| (o - b[i % cols]) / w[i % cols]).collect();
+    assert_slices_close("layer_norm without affine", &plain, &want, 1e-3, 1e-4);
+    println!("layer_norm forward, input and affine gradients, without affine: ok");
+}
+
+#[test]
+fn rms_norm_matches_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("layer_norm.cu");
+    let c = case(&dir, "models", "rms_norm");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let eps = c.attrs["eps"].as_f64().unwrap() as f32;
+    let (x, w) = (c.f32s("input.0"), c.f32s("input.1"));
+    let (mut y, mut rstd) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows]);
+    type Rms = unsafe extern "C" fn(i64, i64, f32, *const f32, *const f32, *mut f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let f: Rms = unsafe { k.kernel("rms_norm_f32") };
+    let (xp, wp, yp, rp) = (p(&x), p(&w), pm(&mut y), pm(&mut rstd));
+    // SAFETY: rows·cols inputs and outputs, cols weights, rows statistics.
+    k.launch(ROWS, || unsafe { f(rows as i64, cols as i64, eps, xp.get(), wp.get(), yp.get(), rp.get()) });
+    c.check("rms_norm", &y, "output");
+}
+
+#[test]
+fn embedding_and_its_gradient_match_pytorch_and_a_bad_index_is_flagged() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("embedding.cu");
+    let c = case(&dir, "ops", "embedding");
+    let table = c.f32s("input.0");
+    let (rows, dim) = (c.shape("input.0")[0], c.shape("input.0")[1]);
+    let mut indices: Vec<i64> = c.attrs["indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect::<Vec<_>>())
+        .collect();
+    let count = indices.len();
+    type Forward = unsafe extern "C" fn(i64, i64, i64, *const i64, *const f32, *mut f32, *mut u64);
+    // SAFETY: the kernel's signature.
+    let forward: Forward = unsafe { k.kernel("embedding_f32") };
+    let run = |indices: &[i64]| {
+        let mut out = vec![f32::NAN; count * dim];
+        let mut bad = vec![0u64];
+        let (ip, tp, op, bp) = (p(indices), p(&table), pm(&mut out), pm(&mut bad));
+        // SAFETY: count indices, rows·dim table, count·dim outputs, one flag word.
+        k.launch(GRID_STRIDE, || unsafe {
+            forward(count as i64, rows as i64, dim as i64, ip.get(), tp.get(), op.get(), bp.get())
+        });
+        (out, bad[0])
+    };
+    let (out, bad) = run(&indices);
+    assert_eq!(bad, 0);
+    c.check("embedding", &out, "output");
+
+    let go = c.f32s("grad_output");
+    let mut grad = vec![0.0f32; rows * dim];
+    type Backward = unsafe extern "C" fn(i64, i64, i64, *const i64, *const f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let backward: Backward = unsafe { k.kernel("embedding_backward_f32") };
+    let (ip, gp, tp) = (p(&indices), p(&go), pm(&mut grad));
+    // SAFETY: count indices and gradient rows, a zeroed rows·dim table gradient.
+    k.launch(Launch { grid: 1, block: 4 }, || unsafe {
+        backward(count as i64, rows as i64, dim as i64, ip.get(), gp.get(), tp.get())
+    });
+    c.check("embedding grad", &grad, "grad_input.0");
+
+    indices[4] = rows as i64;
+    let (out, bad) = run(&indices);
+    assert_eq!(bad, 5, "position 4 + 1");
+    assert!(out[4 * dim..5 * dim].iter().all(|v| *v == 0.0), "the bad position's row is zero");
+}
+
+type Adamw =
+    unsafe extern "C" fn(i64, *mut f32, *const f32, *mut f32, *mut f32, f32, f32, f32, f32, f32, f32, f32, *const f32);
+
+#[test]
+fn fused_adamw_and_sgd_follow_pytorchs_update_rules_and_skip_on_inf() {
+    if !emulator::compiler_or_skip() {
+        return;
+    }
+    let k = HostKernels::compile("optimizer.cu");
+    let n = 70;
+    let grads: Vec<Vec<f32>> =
+        (0..3).map(|s| (0..n).map(|i| ((i * 13 + s * 7) % 17) as f32 / 17.0 - 0.4).collect()).collect();
+    let init: Vec<f32> = (0..n).map(|i| (i % 9) as f32 / 9.0 - 0.5).collect();
+
+    // torch.optim.AdamW (amsgrad=False), _single_tensor_adamw, in f64.
+    let (lr, b1, b2, eps, wd) = (1e-2f64, 0.9f64, 0.999f64, 1e-8f64, 0.01f64);
+    let mut want: Vec<f64> = init.iter().map(|v| *v as f64).collect();
+    let (mut m, mut v) = (vec![0.0f64; n], vec![0.0f64; n]);
+    // SAFETY: the kernel's signature.
+    let adamw: Adamw = unsafe { k.kernel("adamw_step_f32") };
+    let mut param = init.clone();
+    let (mut em, mut ev) = (vec![0.0f32; n], vec![0.0f32; n]);
+    for (s, g) in grads.iter().enumerate() {
+        let step = (s + 1) as i32;
+        for i in 0..n {
+            want[i] *= 1.0 - lr * wd;
+            m[i] += (g[i] as f64 - m[i]) * (1.0 - b1);
+            v[i] = v[i] * b2 + (g[i] as f64) * (g[i] as f64) * (1.0 - b2);
+            let bc1 = 1.0 - b1.powi(step);
+            let bc2 = 1.0 - b2.powi(step);
+            want[i] -= lr / bc1 * m[i] / (v[i].sqrt() / bc2.sqrt() + eps);
+        }
+        let (bc1, bc2s) = ((1.0 - b1.powi(step)) as f32, (1.0 - b2.powi(step)).sqrt() as f32);
+        let (pp, gp, mp, vp) = (pm(&mut param), p(g), pm(&mut em), pm(&mut ev));
+        let nf = Shared(std::ptr::null_mut::<f32>());
+        // SAFETY: n elements in every buffer; no found_inf flag.
+        k.launch(GRID_STRIDE, || unsafe {
+            adamw(
+                n as i64,
+                pp.get(),
+                gp.get(),
+                mp.get(),
+                vp.get(),
+                lr as f32,
+                b1 as f32,
+                b2 as f32,
+                eps as f32,
+                wd as f32,
+                bc1,
+                bc2s,
+                nf.get(),
+            )
+        });
+    }
+    let want32: Vec<f32> = want.iter().map(|v| *v as f32).collect();
+    assert_slices_close("adamw after 3 steps", &param, &want32, 1e-5, 1e-6);
+
+    // A set found_inf flag skips the step entirely.
+    let before = param.clone();
+    let flag = vec![1.0f32];
+    let (pp, gp, mp, vp, fp) = (pm(&mut param), p(&grads[0]), pm(&mut em), pm(&mut ev), p(&flag));
+    // SAFETY: as above, with a flag word.
+    k.launch(GRID_STRIDE, || unsafe {
+        adamw(n as i64, pp.get(), gp.get(), mp.get(), vp.get(), 0.1, 0.9, 0.999, 1e-8, 0.0, 0.1, 0.1, fp.get())
+    });
+    assert_eq!(param, before);
+
+    // torch.optim.SGD with momentum, dampening, weight decay, nesterov: the first step copies the
+    // gradient into the buffer.
+    type SgdStep = unsafe extern "C" fn(i64, *mut f32, *const f32, *mut f32, f32, f32, f32, f32, i32, i32, *const f32);
+    // SAFETY: the kernel's signature.
+    let sgd: SgdStep = unsafe { k.kernel("sgd_step_f32") };
+    for nesterov in [false, true] {
+        let (lr, mom, damp, wd) = (0.1f64, 0.9f64, 0.1f64, 1e-3f64);
+        let mut want: Vec<f64> = init.iter().map(|v| *v as f64).collect();
+        let mut buf = vec![0.0f64; n];
+        let mut param = init.clone();
+        let mut kbuf = vec![0.0f32; n];
+        for (s, g) in grads.iter().enumerate() {
+            for i in 0..n {
+                let gi = g[i] as f64 + wd * want[i];
+                buf[i] = if s == 0 { gi } else { buf[i] * mom + (1.0 - damp) * gi };
+                want[i] -= lr * if nesterov { gi + mom * buf[i] } else { buf[i] };
+            }
+            let (pp, gp, bp) = (pm(&mut param), p(g), pm(&mut kbuf));
+            let nf = Shared(std::ptr::null_mut::<f32>());
+            // SAFETY: n elements in every buffer; no found_inf flag.
+            k.launch(GRID_STRIDE, || unsafe {
+                sgd(
+                    n as i64,
+                    pp.get(),
+                    gp.get(),
+                    bp.get(),
+                    lr as f32,
+                    mom as f32,
+                    damp as f32,
+                    wd as f32,
+                    nesterov as i32,
+                    (s == 0) as i32,
+                    nf.get(),
+                )
+            });
+        }
+        let want32: Vec<f32> = want.iter().map(|v| *v as f32).collect();
+        assert_slices_close(&format!("sgd (nesterov {nesterov}) after 3 steps"), &param, &want32, 1e-5, 1e-6);
+    }
+
+    // GradScaler's unscale-and-check: grads *= 1/scale, the flag set by an inf.
+    type Unscale = unsafe extern "C" fn(i64, *mut f32, f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let unscale: Unscale = unsafe { k.kernel("unscale_and_check_f32") };
+    for (poison, expect_flag) in [(None, 0.0f32), (Some(f32::INFINITY), 1.0), (Some(f32::NAN), 1.0)] {
+        let mut g: Vec<f32> = grads[0].iter().map(|v| v * 1024.0).collect();
+        if let Some(x) = poison {
+            g[n - 1] = x;
+        }
+        let mut flag = vec![0.0f32];
+        let (gp, fp) = (pm(&mut g), pm(&mut flag));
+        // SAFETY: n gradients and one flag.
+        k.launch(GRID_STRIDE, || unsafe { unscale(n as i64, gp.get(), 1.0 / 1024.0, fp.get()) });
+        assert_eq!(flag[0], expect_flag, "{poison:?}");
+        assert_slices_close("unscaled", &g[..n - 1], &grads[0][..n - 1], 0.0, 0.0);
+    }
+}
