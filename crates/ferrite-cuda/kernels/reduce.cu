@@ -114,3 +114,49 @@ cross_entropy_rows_f32(long long rows, long long cols, const float* __restrict__
         }
     }
 }
+
+// Gradient of cross entropy (class indices, no label smoothing) for each row:
+// dlogits = (softmax(x) - onehot(target)) * scale[r], where the host sets scale[r] to the
+// upstream gradient over the number of non-ignored rows (reduction mean), or the upstream
+// gradient itself (sum), and 0 for an ignored row. Rows with an out-of-range class were flagged by
+// the forward pass and get a zero gradient.
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+cross_entropy_rows_backward_f32(long long rows, long long cols, const float* __restrict__ logits,
+                                const long long* __restrict__ target, const float* __restrict__ scale,
+                                float* __restrict__ dlogits) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = logits + r * cols;
+        float* d = dlogits + r * cols;
+        long long t = target[r];
+        bool valid = t >= 0 && t < cols;
+        float k = valid ? scale[r] : 0.0f;
+        float m = FERRITE_NEG_INF;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
+        m = block_max(m, shared);
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
+        s = block_sum(s, shared);
+        float inv = 1.0f / s;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
+            d[c] = (expf(x[c] - m) * inv - (c == t ? 1.0f : 0.0f)) * k;
+        }
+    }
+}
+
+// Sums over the middle dimension of an [outer, rows, cols] buffer into [outer, cols]: the
+// gradient of a broadcast (a bias, an expanded dimension). One thread per output element walks its
+// rows in order, so the result does not depend on the launch (deterministic, no atomics).
+extern "C" __global__ void sum_middle_f32(long long outer, long long rows, long long cols,
+                                          const float* __restrict__ in, float* __restrict__ out) {
+    long long total = outer * cols;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long o = i / cols;
+        long long c = i % cols;
+        const float* base = in + o * rows * cols + c;
+        float acc = 0.0f;
+        for (long long r = 0; r < rows; ++r) acc += base[r * cols];
+        out[i] = acc;
+    }
+}

@@ -48,8 +48,23 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "softmax_rows_f32",
             "softmax_rows_backward_f32",
             "cross_entropy_rows_f32",
+            "cross_entropy_rows_backward_f32",
+            "sum_middle_f32",
         ],
     },
+    KernelSource {
+        name: "activation_backward.cu",
+        code: include_str!("../kernels/activation_backward.cu"),
+        kernels: &[
+            "relu_backward_f32",
+            "sigmoid_backward_f32",
+            "tanh_backward_f32",
+            "silu_backward_f32",
+            "gelu_backward_f32",
+            "gelu_tanh_backward_f32",
+        ],
+    },
+    KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
         name: "layer_norm.cu",
         code: include_str!("../kernels/layer_norm.cu"),

@@ -518,3 +518,160 @@ fn fused_adamw_and_sgd_follow_pytorchs_update_rules_and_skip_on_inf() {
         assert_slices_close("unscaled", &g[..n - 1], &grads[0][..n - 1], 0.0, 0.0);
     }
 }
+
+type ActBackward = unsafe extern "C" fn(i64, *const f32, *const f32, *mut f32);
+
+#[test]
+fn activation_gradients_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("activation_backward.cu");
+    // The case, the kernel, and what the forward saved for it (its input or its output).
+    for (name, kernel, saved) in [
+        ("relu", "relu_backward_f32", "input.0"),
+        ("sigmoid", "sigmoid_backward_f32", "output"),
+        ("tanh", "tanh_backward_f32", "output"),
+        ("silu", "silu_backward_f32", "input.0"),
+        ("gelu__erf", "gelu_backward_f32", "input.0"),
+        ("gelu__tanh", "gelu_tanh_backward_f32", "input.0"),
+    ] {
+        let c = case(&dir, "ops", name);
+        let (s, dy) = (c.f32s(saved), c.f32s("grad_output"));
+        let mut dx = vec![f32::NAN; s.len()];
+        // SAFETY: the kernel's signature; n elements in each buffer.
+        let f: ActBackward = unsafe { k.kernel(kernel) };
+        let (sp, gp, dp) = (p(&s), p(&dy), pm(&mut dx));
+        // SAFETY: as above.
+        k.launch(GRID_STRIDE, || unsafe { f(s.len() as i64, sp.get(), gp.get(), dp.get()) });
+        c.check(&format!("{name} backward"), &dx, "grad_input.0");
+        println!("{kernel:<24} on {name}: ok");
+    }
+}
+
+/// `Strided` of copy.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Strided {
+    ndim: i32,
+    offset: i64,
+    shape: [i64; 8],
+    stride: [i64; 8],
+}
+
+fn strided(offset: usize, shape: &[usize], stride: &[i64]) -> Strided {
+    let mut s = Strided { ndim: shape.len() as i32, offset: offset as i64, shape: [1; 8], stride: [0; 8] };
+    for d in 0..shape.len() {
+        s.shape[d] = shape[d] as i64;
+        s.stride[d] = stride[d];
+    }
+    s
+}
+
+fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut out = vec![1i64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        out[d] = out[d + 1] * shape[d + 1] as i64;
+    }
+    out
+}
+
+#[test]
+fn strided_copies_materialise_views_as_pytorch_does() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("copy.cu");
+    type Copy = unsafe extern "C" fn(i64, Strided, *const f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let f: Copy = unsafe { k.kernel("strided_copy_f32") };
+    let copy = |src: Strided, input: &[f32], n: usize| {
+        let mut out = vec![f32::NAN; n];
+        let (ip, op) = (p(input), pm(&mut out));
+        // SAFETY: every offset the view names lies inside `input`; n outputs.
+        k.launch(GRID_STRIDE, || unsafe { f(n as i64, src, ip.get(), op.get()) });
+        out
+    };
+    let dims = |c: &Case, key: &str| -> Vec<usize> {
+        c.attrs[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect()
+    };
+    // permute and transpose: the output's dimension d reads the input's dimension perm[d].
+    for (name, perm) in [("permute__2_0_1", None), ("transpose__0_1", Some([1usize, 0]))] {
+        let c = case(&dir, "ops", name);
+        let (shape, strides) = (c.shape("input.0"), contiguous_strides(&c.shape("input.0")));
+        let perm: Vec<usize> = match perm {
+            None => dims(&c, "dims"),
+            Some(p) => {
+                let mut all: Vec<usize> = (0..shape.len()).collect();
+                all.swap(p[0], p[1]);
+                all
+            }
+        };
+        let out_shape: Vec<usize> = perm.iter().map(|d| shape[*d]).collect();
+        let out_strides: Vec<i64> = perm.iter().map(|d| strides[*d]).collect();
+        let n = out_shape.iter().product();
+        c.check(name, &copy(strided(0, &out_shape, &out_strides), &c.f32s("input.0"), n), "output");
+    }
+    // narrow: an offset and a shorter dimension.
+    let c = case(&dir, "ops", "narrow__dim1");
+    let (dim, start, len) = (
+        c.attrs["dim"].as_u64().unwrap() as usize,
+        c.attrs["start"].as_u64().unwrap() as usize,
+        c.attrs["length"].as_u64().unwrap() as usize,
+    );
+    let strides = contiguous_strides(&c.shape("input.0"));
+    let mut shape = c.shape("input.0");
+    shape[dim] = len;
+    let n = shape.iter().product();
+    c.check(
+        "narrow__dim1",
+        &copy(strided(start * strides[dim] as usize, &shape, &strides), &c.f32s("input.0"), n),
+        "output",
+    );
+    // expand: a stride of 0 repeats [4, 1, 4] along the middle dimension five times.
+    let x: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let got = copy(strided(0, &[4, 5, 4], &[4, 0, 1]), &x, 80);
+    let want: Vec<f32> = (0..80).map(|i| x[(i / 20) * 4 + i % 4]).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn cross_entropy_gradient_and_broadcast_sums_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("reduce.cu");
+    // Cross entropy, mean over the rows: scale = grad_output / rows.
+    let c = case(&dir, "ops", "cross_entropy");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let logits = c.f32s("input.0");
+    let target: Vec<i64> = c.attrs["target"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect();
+    let scale = vec![c.f32s("grad_output")[0] / rows as f32; rows];
+    let mut d = vec![f32::NAN; rows * cols];
+    type Backward = unsafe extern "C" fn(i64, i64, *const f32, *const i64, *const f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let f: Backward = unsafe { k.kernel("cross_entropy_rows_backward_f32") };
+    let (lp, tp, sp, dp) = (p(&logits), p(&target), p(&scale), pm(&mut d));
+    // SAFETY: rows·cols logits and gradients, rows targets and scales.
+    k.launch(ROWS, || unsafe { f(rows as i64, cols as i64, lp.get(), tp.get(), sp.get(), dp.get()) });
+    c.check("cross_entropy backward", &d, "grad_input.0");
+
+    // Sums over a middle dimension: sum(dim=1, keepdim) and both gradients of a broadcast add.
+    type Middle = unsafe extern "C" fn(i64, i64, i64, *const f32, *mut f32);
+    // SAFETY: the kernel's signature.
+    let middle: Middle = unsafe { k.kernel("sum_middle_f32") };
+    let sum = |x: &[f32], outer: usize, rows: usize, cols: usize| {
+        let mut out = vec![f32::NAN; outer * cols];
+        let (xp, op) = (p(x), pm(&mut out));
+        // SAFETY: outer·rows·cols inputs, outer·cols outputs.
+        k.launch(GRID_STRIDE, || unsafe { middle(outer as i64, rows as i64, cols as i64, xp.get(), op.get()) });
+        out
+    };
+    let c = case(&dir, "ops", "sum__dim1_keepdim");
+    let s = c.shape("input.0");
+    c.check("sum__dim1_keepdim", &sum(&c.f32s("input.0"), s[0], s[1], s[2]), "output");
+    let c = case(&dir, "ops", "add__bcast");
+    let (a, b, out) = (c.shape("input.0"), c.shape("input.1"), c.shape("output"));
+    assert_eq!(
+        (a.as_slice(), b.as_slice(), out.as_slice()),
+        ([4, 1, 4].as_slice(), [5, 4].as_slice(), [4, 5, 4].as_slice()),
+        "the case's shapes"
+    );
+    let g = c.f32s("grad_output");
+    c.check("add__bcast grad a", &sum(&g, 4, 5, 4), "grad_input.0");
+    c.check("add__bcast grad b", &sum(&g, 1, 4, 20), "grad_input.1");
+}
