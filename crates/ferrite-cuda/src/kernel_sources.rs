@@ -66,6 +66,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
+        name: "random.cu",
+        code: include_str!("../kernels/random.cu"),
+        kernels: &["uniform_f32", "bernoulli_f32", "dropout_f32", "normal_f32"],
+    },
+    KernelSource {
         name: "layer_norm.cu",
         code: include_str!("../kernels/layer_norm.cu"),
         kernels: &["layer_norm_f32", "layer_norm_backward_input_f32", "layer_norm_backward_affine_f32", "rms_norm_f32"],

@@ -675,3 +675,97 @@ fn cross_entropy_gradient_and_broadcast_sums_match_pytorch() {
     c.check("add__bcast grad a", &sum(&g, 4, 5, 4), "grad_input.0");
     c.check("add__bcast grad b", &sum(&g, 1, 4, 20), "grad_input.1");
 }
+
+/// `ChachaKey` of random.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ChachaKey {
+    k: [u32; 8],
+}
+
+/// The ChaCha8 key `Generator::new(seed)` runs on: rand_core's `seed_from_u64`, PCG32 outputs as
+/// the key's eight words.
+fn chacha_key(mut state: u64) -> ChachaKey {
+    let mut k = [0u32; 8];
+    for w in &mut k {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(11634580027462260723);
+        let xorshifted = (((state >> 18) ^ state) >> 27) as u32;
+        *w = xorshifted.rotate_right((state >> 59) as u32);
+    }
+    ChachaKey { k }
+}
+
+#[test]
+fn random_kernels_draw_the_cpu_generators_values_bit_for_bit() {
+    if !emulator::compiler_or_skip() {
+        return;
+    }
+    use ferrite_tensor::{DType, Device, Generator};
+    let k = HostKernels::compile("random.cu");
+    type Uniform = unsafe extern "C" fn(i64, ChachaKey, u64, u32, f64, f64, *mut f32);
+    type Bernoulli = unsafe extern "C" fn(i64, ChachaKey, u64, u32, f64, *mut f32);
+    type Dropout = unsafe extern "C" fn(i64, ChachaKey, u64, u32, f64, f32, *const f32, *mut f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (uniform, bernoulli, dropout, normal): (Uniform, Bernoulli, Dropout, Uniform) = unsafe {
+        (k.kernel("uniform_f32"), k.kernel("bernoulli_f32"), k.kernel("dropout_f32"), k.kernel("normal_f32"))
+    };
+    let n = 333;
+    // Seeds, and words drawn before: an odd position makes 64-bit draws straddle ChaCha blocks.
+    for (seed, skip) in [(0u64, 0u32), (42, 1), (0x5eed_f00d, 37)] {
+        let mut g = Generator::new(seed);
+        for _ in 0..skip {
+            g.next_u32();
+        }
+        let pos = g.state().word_pos;
+        let (key, block, word) = (chacha_key(seed), (pos >> 4) as u64, (pos & 15) as u32);
+        let run = |f: &dyn Fn(Shared<f32>)| {
+            let mut out = vec![f32::NAN; n];
+            let op = pm(&mut out);
+            f(op);
+            out
+        };
+        let want = Tensor::uniform_with(&[n], -2.0, 3.0, DType::F32, &Device::Cpu, &mut g.clone()).unwrap();
+        let got =
+            run(&|o| k.launch(GRID_STRIDE, || unsafe { uniform(n as i64, key, block, word, -2.0, 3.0, o.get()) }));
+        assert_eq!(got, want.to_vec::<f32>().unwrap(), "uniform, seed {seed}, {skip} words drawn before");
+        let want = Tensor::bernoulli_with(&[n], 0.3, DType::F32, &Device::Cpu, &mut g.clone()).unwrap();
+        let got = run(&|o| k.launch(GRID_STRIDE, || unsafe { bernoulli(n as i64, key, block, word, 0.3, o.get()) }));
+        assert_eq!(got, want.to_vec::<f32>().unwrap(), "bernoulli, seed {seed}");
+        // Dropout as ferrite_tensor::functional::dropout computes it on the CPU.
+        let x: Vec<f32> = (0..n).map(|i| (i as f32 - 150.0) / 37.0).collect();
+        let xt = Tensor::from_vec(x.clone(), &[n], &Device::Cpu).unwrap();
+        let drop = 0.1;
+        let want =
+            ferrite_tensor::functional::dropout(&xt, drop, true, &mut g.clone()).unwrap().to_vec::<f32>().unwrap();
+        let mut mask = vec![f32::NAN; n];
+        let (xp, mp) = (p(&x), pm(&mut mask));
+        let got = run(&|o| {
+            k.launch(GRID_STRIDE, || unsafe {
+                dropout(
+                    n as i64,
+                    key,
+                    block,
+                    word,
+                    1.0 - drop,
+                    (1.0 / (1.0 - drop)) as f32,
+                    xp.get(),
+                    o.get(),
+                    mp.get(),
+                )
+            })
+        });
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "dropout, seed {seed} (signed zeros included)");
+        // Normal: Box-Muller in double through the C library's log and cos, as Rust's; the GPU's
+        // may differ in the last bit of the double, so within one float ulp.
+        let want = Tensor::normal_with(&[n], 0.5, 2.0, DType::F32, &Device::Cpu, &mut g.clone()).unwrap();
+        let got = run(&|o| k.launch(GRID_STRIDE, || unsafe { normal(n as i64, key, block, word, 0.5, 2.0, o.get()) }));
+        assert_slices_close(
+            &format!("normal, seed {seed}"),
+            &got,
+            &want.to_vec::<f32>().unwrap(),
+            2.0 * f32::EPSILON,
+            0.0,
+        );
+    }
+}
