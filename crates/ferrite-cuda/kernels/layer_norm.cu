@@ -112,3 +112,39 @@ rms_norm_f32(long long rows, long long cols, float eps, const float* __restrict_
         if (threadIdx.x == 0) rstd_out[r] = rstd;
     }
 }
+
+// Gradient of RMS norm's input: with xhat = x * rstd and g = dy * weight,
+// dx = rstd * (g - xhat * mean(g * xhat)).
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+rms_norm_backward_input_f32(long long rows, long long cols, const float* __restrict__ x,
+                            const float* __restrict__ weight, const float* __restrict__ rstd,
+                            const float* __restrict__ dy, float* __restrict__ dx) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* xr = x + r * cols;
+        const float* gr = dy + r * cols;
+        float rs = rstd[r];
+        float sgx = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
+            float g = gr[c] * (weight ? weight[c] : 1.0f);
+            sgx += g * xr[c] * rs;
+        }
+        float mgx = norm_block_sum(sgx, shared) / (float)cols;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
+            float g = gr[c] * (weight ? weight[c] : 1.0f);
+            dx[r * cols + c] = rs * (g - xr[c] * rs * mgx);
+        }
+    }
+}
+
+// Gradient of RMS norm's weight: column sums over rows of dy * x * rstd, rows in order.
+extern "C" __global__ void rms_norm_backward_weight_f32(long long rows, long long cols, const float* __restrict__ x,
+                                                        const float* __restrict__ rstd, const float* __restrict__ dy,
+                                                        float* __restrict__ dweight) {
+    for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < cols;
+         c += (long long)gridDim.x * blockDim.x) {
+        float dw = 0.0f;
+        for (long long r = 0; r < rows; ++r) dw += dy[r * cols + c] * x[r * cols + c] * rstd[r];
+        dweight[c] = dw;
+    }
+}

@@ -160,3 +160,83 @@ extern "C" __global__ void sum_middle_f32(long long outer, long long rows, long 
         out[i] = acc;
     }
 }
+
+// log_softmax over each row: x - max - log(sum(exp(x - max))).
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+log_softmax_rows_f32(long long rows, long long cols, const float* __restrict__ in, float* __restrict__ out) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = in + r * cols;
+        float* y = out + r * cols;
+        float m = FERRITE_NEG_INF;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
+        m = block_max(m, shared);
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
+        float lse = logf(block_sum(s, shared)) + m;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) y[c] = x[c] - lse;
+    }
+}
+
+// Backward of log_softmax from its output y: dx = dy - exp(y) * sum(dy).
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+log_softmax_rows_backward_f32(long long rows, long long cols, const float* __restrict__ y,
+                              const float* __restrict__ dy, float* __restrict__ dx) {
+    __shared__ float shared[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* yr = y + r * cols;
+        const float* gr = dy + r * cols;
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += gr[c];
+        s = block_sum(s, shared);
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) dx[r * cols + c] = gr[c] - expf(yr[c]) * s;
+    }
+}
+
+// Max of each row with the index of its first occurrence (PyTorch's max(dim) on the CPU; a NaN is
+// the max, as in PyTorch). The block reduces (value, index) pairs with a fixed tree; ties keep the
+// smaller index, so the result does not depend on the launch.
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
+max_rows_with_index_f32(long long rows, long long cols, const float* __restrict__ in, float* __restrict__ out,
+                        long long* __restrict__ index) {
+    __shared__ float vals[FERRITE_BLOCK];
+    __shared__ long long idxs[FERRITE_BLOCK];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float* x = in + r * cols;
+        float best = FERRITE_NEG_INF;
+        long long at = cols;  // "none yet": larger than any index
+        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
+            float v = x[c];
+            bool better = (v != v) ? !(best != best) : (v > best || at == cols);
+            if (better) {
+                best = v;
+                at = c;
+            }
+        }
+        vals[threadIdx.x] = best;
+        idxs[threadIdx.x] = at;
+        __syncthreads();
+        for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
+            if (threadIdx.x < s) {
+                float a = vals[threadIdx.x], b = vals[threadIdx.x + s];
+                long long ia = idxs[threadIdx.x], ib = idxs[threadIdx.x + s];
+                bool a_nan = a != a, b_nan = b != b;
+                bool take_b;
+                if (ib == cols) take_b = false;
+                else if (ia == cols) take_b = true;
+                else if (a_nan || b_nan) take_b = b_nan && (!a_nan || ib < ia);
+                else take_b = b > a || (b == a && ib < ia);
+                if (take_b) {
+                    vals[threadIdx.x] = b;
+                    idxs[threadIdx.x] = ib;
+                }
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            out[r] = vals[0];
+            index[r] = idxs[0];
+        }
+        __syncthreads();
+    }
+}

@@ -50,6 +50,9 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "cross_entropy_rows_f32",
             "cross_entropy_rows_backward_f32",
             "sum_middle_f32",
+            "log_softmax_rows_f32",
+            "log_softmax_rows_backward_f32",
+            "max_rows_with_index_f32",
         ],
     },
     KernelSource {
@@ -66,6 +69,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
+        name: "cast.cu",
+        code: include_str!("../kernels/cast.cu"),
+        kernels: &["f32_to_bf16", "bf16_to_f32", "f32_to_f16", "f16_to_f32"],
+    },
+    KernelSource {
         name: "random.cu",
         code: include_str!("../kernels/random.cu"),
         kernels: &["uniform_f32", "bernoulli_f32", "dropout_f32", "normal_f32"],
@@ -73,7 +81,14 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "layer_norm.cu",
         code: include_str!("../kernels/layer_norm.cu"),
-        kernels: &["layer_norm_f32", "layer_norm_backward_input_f32", "layer_norm_backward_affine_f32", "rms_norm_f32"],
+        kernels: &[
+            "layer_norm_f32",
+            "layer_norm_backward_input_f32",
+            "layer_norm_backward_affine_f32",
+            "rms_norm_f32",
+            "rms_norm_backward_input_f32",
+            "rms_norm_backward_weight_f32",
+        ],
     },
     KernelSource {
         name: "optimizer.cu",

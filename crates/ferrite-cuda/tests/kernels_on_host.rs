@@ -769,3 +769,168 @@ fn random_kernels_draw_the_cpu_generators_values_bit_for_bit() {
         );
     }
 }
+
+#[test]
+fn log_softmax_and_max_with_index_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("reduce.cu");
+    let c = case(&dir, "ops", "log_softmax__dim_last");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let x = c.f32s("input.0");
+    let mut y = vec![f32::NAN; rows * cols];
+    // SAFETY: the kernels' signatures.
+    let (forward, backward): (Rows, unsafe extern "C" fn(i64, i64, *const f32, *const f32, *mut f32)) =
+        unsafe { (k.kernel("log_softmax_rows_f32"), k.kernel("log_softmax_rows_backward_f32")) };
+    let (xp, yp) = (p(&x), pm(&mut y));
+    // SAFETY: rows·cols elements each.
+    k.launch(ROWS, || unsafe { forward(rows as i64, cols as i64, xp.get(), yp.get()) });
+    c.check("log_softmax", &y, "output");
+    let dy = c.f32s("grad_output");
+    let mut dx = vec![f32::NAN; rows * cols];
+    let (yp, dyp, dxp) = (p(&y), p(&dy), pm(&mut dx));
+    // SAFETY: as above.
+    k.launch(ROWS, || unsafe { backward(rows as i64, cols as i64, yp.get(), dyp.get(), dxp.get()) });
+    c.check("log_softmax backward", &dx, "grad_input.0");
+
+    type MaxIndex = unsafe extern "C" fn(i64, i64, *const f32, *mut f32, *mut i64);
+    // SAFETY: the kernel's signature.
+    let max: MaxIndex = unsafe { k.kernel("max_rows_with_index_f32") };
+    let run = |x: &[f32], rows: usize, cols: usize| {
+        let (mut v, mut i) = (vec![f32::NAN; rows], vec![-1i64; rows]);
+        let (xp, vp, ip) = (p(x), pm(&mut v), pm(&mut i));
+        // SAFETY: rows·cols inputs, rows values and indices.
+        k.launch(ROWS, || unsafe { max(rows as i64, cols as i64, xp.get(), vp.get(), ip.get()) });
+        (v, i)
+    };
+    // max(dim=0) of the fixture: the rows of the transposed input.
+    let c = case(&dir, "ops", "max__dim0");
+    let s = c.shape("input.0");
+    let (d0, rest) = (s[0], s[1..].iter().product::<usize>());
+    let x = c.f32s("input.0");
+    let xt: Vec<f32> = (0..rest * d0).map(|i| x[(i % d0) * rest + i / d0]).collect();
+    let (v, _) = run(&xt, rest, d0);
+    c.check("max__dim0", &v, "output");
+    // Ties keep the first index, a NaN is the max (its first occurrence), and a row longer than
+    // the block reduces across threads.
+    let mut long = vec![0.0f32; 600];
+    long[450] = 9.0;
+    long[301] = 9.0;
+    let rows_in = [vec![1.0, 3.0, 3.0, 2.0], vec![1.0, f32::NAN, 5.0, f32::NAN], vec![f32::NEG_INFINITY; 4]];
+    for (row, (want_v, want_i)) in rows_in.iter().zip([(3.0f32, 1i64), (f32::NAN, 1), (f32::NEG_INFINITY, 0)]) {
+        let (v, i) = run(row, 1, 4);
+        assert!(v[0] == want_v || (v[0].is_nan() && want_v.is_nan()), "{row:?}: {}", v[0]);
+        assert_eq!(i[0], want_i, "{row:?}");
+    }
+    assert_eq!(run(&long, 1, 600), (vec![9.0], vec![301]));
+}
+
+#[test]
+fn rms_norm_gradients_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("layer_norm.cu");
+    let c = case(&dir, "models", "rms_norm");
+    let (rows, cols) = rows_cols(&c.shape("input.0"));
+    let eps = c.attrs["eps"].as_f64().unwrap() as f32;
+    let (x, w, dy) = (c.f32s("input.0"), c.f32s("input.1"), c.f32s("grad_output"));
+    let (mut y, mut rstd) = (vec![f32::NAN; rows * cols], vec![f32::NAN; rows]);
+    type Rms = unsafe extern "C" fn(i64, i64, f32, *const f32, *const f32, *mut f32, *mut f32);
+    type Input = unsafe extern "C" fn(i64, i64, *const f32, *const f32, *const f32, *const f32, *mut f32);
+    type Weight = unsafe extern "C" fn(i64, i64, *const f32, *const f32, *const f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (forward, input, weight): (Rms, Input, Weight) = unsafe {
+        (k.kernel("rms_norm_f32"), k.kernel("rms_norm_backward_input_f32"), k.kernel("rms_norm_backward_weight_f32"))
+    };
+    let (xp, wp, yp, rp) = (p(&x), p(&w), pm(&mut y), pm(&mut rstd));
+    // SAFETY: rows·cols inputs and outputs, cols weights, rows statistics.
+    k.launch(ROWS, || unsafe { forward(rows as i64, cols as i64, eps, xp.get(), wp.get(), yp.get(), rp.get()) });
+    let (mut dx, mut dw) = (vec![f32::NAN; rows * cols], vec![f32::NAN; cols]);
+    let (rp, dyp, dxp, dwp) = (p(&rstd), p(&dy), pm(&mut dx), pm(&mut dw));
+    // SAFETY: as above.
+    k.launch(ROWS, || unsafe { input(rows as i64, cols as i64, xp.get(), wp.get(), rp.get(), dyp.get(), dxp.get()) });
+    // SAFETY: as above; one thread per column.
+    k.launch(Launch { grid: 2, block: 4 }, || unsafe {
+        weight(rows as i64, cols as i64, xp.get(), rp.get(), dyp.get(), dwp.get())
+    });
+    c.check("rms_norm grad input", &dx, "grad_input.0");
+    c.check("rms_norm grad weight", &dw, "grad_input.1");
+}
+
+#[test]
+fn casts_to_and_from_bf16_and_f16_give_the_cpu_backends_bits() {
+    if !emulator::compiler_or_skip() {
+        return;
+    }
+    use ferrite_tensor::{DType, Device};
+    let k = HostKernels::compile("cast.cu");
+    // Every kind of f32: zeros, subnormals, normals around each rounding boundary, the f16 range's
+    // edges, infinities, NaNs (quiet and signalling); then a sweep of bit patterns.
+    let mut bits: Vec<u32> = vec![
+        0,
+        0x8000_0000,
+        1,
+        0x0000_1000,
+        0x33000000,
+        0x33000001,
+        0x337f_ffff,
+        0x3380_0000,
+        0x3880_0000,
+        0x387f_ffff,
+        0x3f80_0000,
+        0x3f80_8000,
+        0x3f81_8000,
+        0x3f80_1000,
+        0x3f80_3000,
+        0x477f_e000,
+        0x477f_efff,
+        0x477f_f000,
+        0x4780_0000,
+        0x7f7f_ffff,
+        0x7f80_0000,
+        0xff80_0000,
+        0x7fc0_0000,
+        0x7f80_0001,
+        0xffc0_1234,
+    ];
+    let mut s = 0x1234_5678u32;
+    for _ in 0..20_000 {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        bits.push(s);
+    }
+    let x: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+    let n = x.len();
+    let xt = Tensor::from_vec(x.clone(), &[n], &Device::Cpu).unwrap();
+    type Down = unsafe extern "C" fn(i64, *const f32, *mut u16);
+    type Up = unsafe extern "C" fn(i64, *const u16, *mut f32);
+    let wide_launch = Launch { grid: 4, block: 64 };
+    for (dtype, down, up) in [(DType::BF16, "f32_to_bf16", "bf16_to_f32"), (DType::F16, "f32_to_f16", "f16_to_f32")] {
+        // SAFETY: the kernels' signatures.
+        let (down_k, up_k): (Down, Up) = unsafe { (k.kernel(down), k.kernel(up)) };
+        let mut h = vec![0u16; n];
+        let (xp, hp) = (p(&x), pm(&mut h));
+        // SAFETY: n elements each.
+        k.launch(wide_launch, || unsafe { down_k(n as i64, xp.get(), hp.get()) });
+        let want_half = xt.to_dtype(dtype).unwrap();
+        let want_bits: Vec<u16> = match dtype {
+            DType::BF16 => want_half.to_vec::<half::bf16>().unwrap().iter().map(|v| v.to_bits()).collect(),
+            _ => want_half.to_vec::<half::f16>().unwrap().iter().map(|v| v.to_bits()).collect(),
+        };
+        for i in 0..n {
+            assert_eq!(
+                h[i], want_bits[i],
+                "{down} of {:#010x}: {:#06x}, ferrite's {:#06x}",
+                bits[i], h[i], want_bits[i]
+            );
+        }
+        let mut back = vec![f32::NAN; n];
+        let (hp, bp) = (p(&h), pm(&mut back));
+        // SAFETY: as above.
+        k.launch(wide_launch, || unsafe { up_k(n as i64, hp.get(), bp.get()) });
+        let want_back = want_half.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for i in 0..n {
+            assert_eq!(back[i].to_bits(), want_back[i].to_bits(), "{up} of {:#06x}", h[i]);
+        }
+        println!("{down} / {up}: {n} values bit for bit");
+    }
+}
