@@ -69,6 +69,18 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
+        name: "pool.cu",
+        code: include_str!("../kernels/pool.cu"),
+        kernels: &[
+            "max_pool2d_f32",
+            "max_pool2d_backward_f32",
+            "avg_pool2d_f32",
+            "avg_pool2d_backward_f32",
+            "adaptive_avg_pool2d_f32",
+            "adaptive_avg_pool2d_backward_f32",
+        ],
+    },
+    KernelSource {
         name: "cast.cu",
         code: include_str!("../kernels/cast.cu"),
         kernels: &["f32_to_bf16", "bf16_to_f32", "f32_to_f16", "f16_to_f32"],

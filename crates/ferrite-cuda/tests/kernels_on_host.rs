@@ -934,3 +934,201 @@ fn casts_to_and_from_bf16_and_f16_give_the_cpu_backends_bits() {
         println!("{down} / {up}: {n} values bit for bit");
     }
 }
+
+/// `Pool2d` of pool.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Pool2d {
+    planes: i64,
+    h: i64,
+    w: i64,
+    out_h: i64,
+    out_w: i64,
+    kh: i32,
+    kw: i32,
+    sh: i32,
+    sw: i32,
+    ph: i32,
+    pw: i32,
+    dh: i32,
+    dw: i32,
+    count_include_pad: i32,
+    divisor_override: i32,
+}
+
+#[test]
+fn pooling_and_its_gradients_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("pool.cu");
+    type MaxF = unsafe extern "C" fn(Pool2d, *const f32, *mut f32, *mut i64);
+    type MaxB = unsafe extern "C" fn(Pool2d, *const i64, *const f32, *mut f32);
+    type AvgF = unsafe extern "C" fn(Pool2d, *const f32, *mut f32);
+    type AvgB = unsafe extern "C" fn(Pool2d, *const f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (max_f, max_b, avg_f, avg_b, ada_f, ada_b): (MaxF, MaxB, AvgF, AvgB, AvgF, AvgB) = unsafe {
+        (
+            k.kernel("max_pool2d_f32"),
+            k.kernel("max_pool2d_backward_f32"),
+            k.kernel("avg_pool2d_f32"),
+            k.kernel("avg_pool2d_backward_f32"),
+            k.kernel("adaptive_avg_pool2d_f32"),
+            k.kernel("adaptive_avg_pool2d_backward_f32"),
+        )
+    };
+    let pair = |a: &Value, key: &str, default: i32| -> [i32; 2] {
+        match a.get(key) {
+            Some(Value::Array(v)) => [v[0].as_i64().unwrap() as i32, v[1].as_i64().unwrap() as i32],
+            Some(Value::Number(n)) => [n.as_i64().unwrap() as i32; 2],
+            _ => [default; 2],
+        }
+    };
+    for name in [
+        "max_pool2d__k2_s2",
+        "max_pool2d__k3_s2_p1",
+        "avg_pool2d__k2_s2",
+        "adaptive_avg_pool2d__1x1",
+        "adaptive_avg_pool2d__3x3",
+    ] {
+        let c = case(&dir, "models", name);
+        let (s, o) = (c.shape("input.0"), c.shape("output"));
+        let a = &c.attrs;
+        let (ks, st, pd) = (pair(a, "kernel_size", 1), pair(a, "stride", 0), pair(a, "padding", 0));
+        let st = if st == [0, 0] { ks } else { st };
+        let g = Pool2d {
+            planes: (s[0] * s[1]) as i64,
+            h: s[2] as i64,
+            w: s[3] as i64,
+            out_h: o[2] as i64,
+            out_w: o[3] as i64,
+            kh: ks[0],
+            kw: ks[1],
+            sh: st[0],
+            sw: st[1],
+            ph: pd[0],
+            pw: pd[1],
+            dh: 1,
+            dw: 1,
+            count_include_pad: a.get("count_include_pad").and_then(Value::as_bool).unwrap_or(true) as i32,
+            divisor_override: a.get("divisor_override").and_then(Value::as_i64).unwrap_or(0) as i32,
+        };
+        let (x, dy) = (c.f32s("input.0"), c.f32s("grad_output"));
+        let mut y = vec![f32::NAN; dy.len()];
+        let mut dx = vec![0.0f32; x.len()];
+        let mut arg = vec![-1i64; dy.len()];
+        let (xp, yp, dyp, dxp, ap) = (p(&x), pm(&mut y), p(&dy), pm(&mut dx), pm(&mut arg));
+        // SAFETY: every buffer has the size its shape names (planes · h · w, planes · out_h · out_w).
+        match name.split("__").next().unwrap() {
+            "max_pool2d" => {
+                k.launch(GRID_STRIDE, || unsafe { max_f(g, xp.get(), yp.get(), ap.get()) });
+                k.launch(Launch { grid: 2, block: 2 }, || unsafe { max_b(g, ap.get(), dyp.get(), dxp.get()) });
+            }
+            "avg_pool2d" => {
+                k.launch(GRID_STRIDE, || unsafe { avg_f(g, xp.get(), yp.get()) });
+                k.launch(Launch { grid: 2, block: 2 }, || unsafe { avg_b(g, dyp.get(), dxp.get()) });
+            }
+            _ => {
+                k.launch(GRID_STRIDE, || unsafe { ada_f(g, xp.get(), yp.get()) });
+                k.launch(Launch { grid: 2, block: 2 }, || unsafe { ada_b(g, dyp.get(), dxp.get()) });
+            }
+        }
+        c.check(name, &y, "output");
+        c.check(&format!("{name} backward"), &dx, "grad_input.0");
+        println!("{name}: forward and backward ok ({s:?} -> {o:?})");
+    }
+}
+
+/// Forward and backward of `f` on the CPU backend (whose window rules `norm_pool_parity` checks
+/// across devices): the output and the input gradient for a fixed upstream gradient.
+fn cpu_pool(x: &[f32], shape: &[usize], f: &dyn Fn(&Tensor) -> Tensor) -> (Vec<f32>, Vec<usize>, Vec<f32>, Vec<f32>) {
+    let cpu = ferrite_tensor::Device::Cpu;
+    let xt = Tensor::from_vec(x.to_vec(), shape, &cpu).unwrap().requires_grad_(true).unwrap();
+    let y = f(&xt);
+    let dy: Vec<f32> = (0..y.numel()).map(|i| ((i * 7) % 11) as f32 / 11.0 - 0.3).collect();
+    y.backward_with(&Tensor::from_vec(dy.clone(), y.shape(), &cpu).unwrap(), false).unwrap();
+    (y.to_vec::<f32>().unwrap(), y.shape().to_vec(), dy, xt.grad().unwrap().to_vec::<f32>().unwrap())
+}
+
+#[test]
+fn pooling_options_beyond_the_fixtures_agree_with_the_cpu_backend() {
+    if !emulator::compiler_or_skip() {
+        return;
+    }
+    use ferrite_tensor::functional::{AvgPool2dOptions, MaxPool2dOptions, avg_pool2d, max_pool2d};
+    let k = HostKernels::compile("pool.cu");
+    type MaxF = unsafe extern "C" fn(Pool2d, *const f32, *mut f32, *mut i64);
+    type MaxB = unsafe extern "C" fn(Pool2d, *const i64, *const f32, *mut f32);
+    type AvgF = unsafe extern "C" fn(Pool2d, *const f32, *mut f32);
+    type AvgB = unsafe extern "C" fn(Pool2d, *const f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (max_f, max_b, avg_f, avg_b): (MaxF, MaxB, AvgF, AvgB) = unsafe {
+        (
+            k.kernel("max_pool2d_f32"),
+            k.kernel("max_pool2d_backward_f32"),
+            k.kernel("avg_pool2d_f32"),
+            k.kernel("avg_pool2d_backward_f32"),
+        )
+    };
+    let shape = [2usize, 3, 9, 8];
+    let mut x: Vec<f32> = (0..shape.iter().product::<usize>()).map(|i| ((i * 29 % 53) as f32 - 26.0) / 9.0).collect();
+    x[17] = f32::NAN; // a NaN is its windows' maximum
+    let geometry =
+        |o: &[usize], k: [usize; 2], s: [usize; 2], p: [usize; 2], d: [usize; 2], cip: bool, div: usize| Pool2d {
+            planes: 6,
+            h: 9,
+            w: 8,
+            out_h: o[2] as i64,
+            out_w: o[3] as i64,
+            kh: k[0] as i32,
+            kw: k[1] as i32,
+            sh: s[0] as i32,
+            sw: s[1] as i32,
+            ph: p[0] as i32,
+            pw: p[1] as i32,
+            dh: d[0] as i32,
+            dw: d[1] as i32,
+            count_include_pad: cip as i32,
+            divisor_override: div as i32,
+        };
+    let bits = |v: &[f32]| v.iter().map(|f| if f.is_nan() { u32::MAX } else { f.to_bits() }).collect::<Vec<_>>();
+    for ceil_mode in [false, true] {
+        let opts = MaxPool2dOptions {
+            kernel_size: [3, 2],
+            stride: Some([2, 3]),
+            padding: [1, 1],
+            dilation: [2, 1],
+            ceil_mode,
+        };
+        let (want_y, o, dy, want_dx) = cpu_pool(&x, &shape, &|t| max_pool2d(t, &opts).unwrap());
+        let g = geometry(&o, [3, 2], [2, 3], [1, 1], [2, 1], true, 0);
+        let (mut y, mut arg, mut dx) = (vec![0.0f32; want_y.len()], vec![0i64; want_y.len()], vec![0.0f32; x.len()]);
+        let (xp, yp, ap, dyp, dxp) = (p(&x), pm(&mut y), pm(&mut arg), p(&dy), pm(&mut dx));
+        // SAFETY: buffers sized by the CPU's output shape.
+        k.launch(GRID_STRIDE, || unsafe { max_f(g, xp.get(), yp.get(), ap.get()) });
+        // SAFETY: as above.
+        k.launch(Launch { grid: 2, block: 2 }, || unsafe { max_b(g, ap.get(), dyp.get(), dxp.get()) });
+        assert_eq!(bits(&y), bits(&want_y), "max_pool2d dilated, ceil_mode {ceil_mode}");
+        assert_slices_close(&format!("max_pool2d backward, ceil_mode {ceil_mode}"), &dx, &want_dx, 1e-6, 1e-6);
+        for (cip, div) in [(true, None), (false, None), (true, Some(3usize))] {
+            let opts = AvgPool2dOptions {
+                kernel_size: [3, 3],
+                stride: Some([2, 2]),
+                padding: [1, 1],
+                ceil_mode,
+                count_include_pad: cip,
+                divisor_override: div,
+            };
+            let finite: Vec<f32> = x.iter().map(|v| if v.is_nan() { 0.5 } else { *v }).collect();
+            let (want_y, o, dy, want_dx) = cpu_pool(&finite, &shape, &|t| avg_pool2d(t, &opts).unwrap());
+            let g = geometry(&o, [3, 3], [2, 2], [1, 1], [1, 1], cip, div.unwrap_or(0));
+            let (mut y, mut dx) = (vec![0.0f32; want_y.len()], vec![0.0f32; x.len()]);
+            let (xp, yp, dyp, dxp) = (p(&finite), pm(&mut y), p(&dy), pm(&mut dx));
+            // SAFETY: buffers sized by the CPU's output shape.
+            k.launch(GRID_STRIDE, || unsafe { avg_f(g, xp.get(), yp.get()) });
+            // SAFETY: as above.
+            k.launch(Launch { grid: 2, block: 2 }, || unsafe { avg_b(g, dyp.get(), dxp.get()) });
+            let what = format!("avg_pool2d ceil_mode {ceil_mode} count_include_pad {cip} divisor {div:?}");
+            assert_slices_close(&what, &y, &want_y, 1e-6, 1e-6);
+            assert_slices_close(&format!("{what} backward"), &dx, &want_dx, 1e-6, 1e-6);
+        }
+    }
+}
