@@ -69,6 +69,19 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
+        name: "batch_norm.cu",
+        code: include_str!("../kernels/batch_norm.cu"),
+        kernels: &[
+            "batch_norm_stats_f32",
+            "batch_norm_eval_stats_f32",
+            "batch_norm_apply_f32",
+            "batch_norm_backward_reduce_f32",
+            "batch_norm_backward_input_f32",
+            "channel_affine_f32",
+            "group_norm_backward_affine_f32",
+        ],
+    },
+    KernelSource {
         name: "pool.cu",
         code: include_str!("../kernels/pool.cu"),
         kernels: &[

@@ -1132,3 +1132,165 @@ fn pooling_options_beyond_the_fixtures_agree_with_the_cpu_backend() {
         }
     }
 }
+
+#[test]
+fn batch_norm_train_and_eval_and_group_norm_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("batch_norm.cu");
+    type Stats = unsafe extern "C" fn(i64, i64, i64, *const f32, f32, f32, *mut f32, *mut f32, *mut f32, *mut f32);
+    type EvalStats = unsafe extern "C" fn(i64, *const f32, *const f32, f32, *mut f32, *mut f32);
+    type Apply =
+        unsafe extern "C" fn(i64, i64, i64, *const f32, *const f32, *const f32, *const f32, *const f32, *mut f32);
+    type Reduce =
+        unsafe extern "C" fn(i64, i64, i64, *const f32, *const f32, *const f32, *const f32, *mut f32, *mut f32);
+    type Input = unsafe extern "C" fn(
+        i64,
+        i64,
+        i64,
+        i32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *const f32,
+        *mut f32,
+    );
+    // SAFETY: the kernels' signatures.
+    let (stats, eval_stats, apply, reduce, input): (Stats, EvalStats, Apply, Reduce, Input) = unsafe {
+        (
+            k.kernel("batch_norm_stats_f32"),
+            k.kernel("batch_norm_eval_stats_f32"),
+            k.kernel("batch_norm_apply_f32"),
+            k.kernel("batch_norm_backward_reduce_f32"),
+            k.kernel("batch_norm_backward_input_f32"),
+        )
+    };
+    let floats = |a: &Value, key: &str, c: usize, default: f32| -> Vec<f32> {
+        a.get(key)
+            .and_then(Value::as_array)
+            .map(|v| v.iter().map(|x| x.as_f64().unwrap() as f32).collect())
+            .unwrap_or(vec![default; c])
+    };
+    for name in ["batch_norm2d__train", "batch_norm1d__train", "batch_norm2d__eval"] {
+        let case = case(&dir, "models", name);
+        let s = case.shape("input.0");
+        let (n, ch, l) = (s[0], s[1], s[2..].iter().product::<usize>());
+        let a = &case.attrs;
+        let training = a["training"].as_bool().unwrap();
+        let eps = a["eps"].as_f64().unwrap() as f32;
+        let momentum = a.get("momentum").and_then(Value::as_f64).unwrap_or(0.1) as f32;
+        let (x, w, b, dy) =
+            (case.f32s("input.0"), case.f32s("input.1"), case.f32s("input.2"), case.f32s("grad_output"));
+        let (mut mean, mut invstd) = (vec![f32::NAN; ch], vec![f32::NAN; ch]);
+        let (mut rm, mut rv) = if training {
+            (floats(a, "running_mean_before", ch, 0.0), floats(a, "running_var_before", ch, 1.0))
+        } else {
+            (floats(a, "running_mean", ch, 0.0), floats(a, "running_var", ch, 1.0))
+        };
+        let (xp, mp, ip, rmp, rvp) = (p(&x), pm(&mut mean), pm(&mut invstd), pm(&mut rm), pm(&mut rv));
+        let (ni, ci, li) = (n as i64, ch as i64, l as i64);
+        if training {
+            // SAFETY: n·c·l inputs, c statistics each.
+            k.launch(Launch { grid: 2, block: 256 }, || unsafe {
+                stats(ni, ci, li, xp.get(), eps, momentum, mp.get(), ip.get(), rmp.get(), rvp.get())
+            });
+        } else {
+            // SAFETY: c running statistics and outputs.
+            k.launch(GRID_STRIDE, || unsafe { eval_stats(ci, rmp.get(), rvp.get(), eps, mp.get(), ip.get()) });
+        }
+        let mut y = vec![f32::NAN; x.len()];
+        let (wp, bp, yp) = (p(&w), p(&b), pm(&mut y));
+        // SAFETY: as above.
+        k.launch(GRID_STRIDE, || unsafe {
+            apply(ni, ci, li, xp.get(), mp.get(), ip.get(), wp.get(), bp.get(), yp.get())
+        });
+        case.check(name, &y, "output");
+        if training {
+            case.check(&format!("{name} running_mean"), &rm, "extra.running_mean");
+            case.check(&format!("{name} running_var"), &rv, "extra.running_var");
+        }
+        let (mut sdy, mut sdx) = (vec![f32::NAN; ch], vec![f32::NAN; ch]);
+        let mut dx = vec![f32::NAN; x.len()];
+        let (dyp, sp, sxp, dxp) = (p(&dy), pm(&mut sdy), pm(&mut sdx), pm(&mut dx));
+        // SAFETY: as above.
+        k.launch(Launch { grid: 2, block: 256 }, || unsafe {
+            reduce(ni, ci, li, xp.get(), dyp.get(), mp.get(), ip.get(), sp.get(), sxp.get())
+        });
+        // SAFETY: as above.
+        k.launch(GRID_STRIDE, || unsafe {
+            input(
+                ni,
+                ci,
+                li,
+                training as i32,
+                xp.get(),
+                dyp.get(),
+                mp.get(),
+                ip.get(),
+                wp.get(),
+                sp.get(),
+                sxp.get(),
+                dxp.get(),
+            )
+        });
+        case.check(&format!("{name} grad input"), &dx, "grad_input.0");
+        case.check(&format!("{name} grad weight"), &sdx, "grad_input.1");
+        case.check(&format!("{name} grad bias"), &sdy, "grad_input.2");
+        println!("{name}: forward, running statistics and gradients ok");
+    }
+
+    // Group norm: layer_norm.cu over [N·G, C/G·L] rows, the affine and its gradients here.
+    let ln = HostKernels::compile("layer_norm.cu");
+    let case = case(&dir, "models", "group_norm__g3");
+    let s = case.shape("input.0");
+    let (n, ch, l) = (s[0], s[1], s[2..].iter().product::<usize>());
+    let groups = case.attrs["num_groups"].as_u64().unwrap() as usize;
+    let eps = case.attrs["eps"].as_f64().unwrap() as f32;
+    let (rows, cols) = (n * groups, ch / groups * l);
+    let (x, w, b, dy) = (case.f32s("input.0"), case.f32s("input.1"), case.f32s("input.2"), case.f32s("grad_output"));
+    type LnForward =
+        unsafe extern "C" fn(i64, i64, f32, *const f32, *const f32, *const f32, *mut f32, *mut f32, *mut f32);
+    type LnInput = unsafe extern "C" fn(i64, i64, *const f32, *const f32, *const f32, *const f32, *const f32, *mut f32);
+    type Affine = unsafe extern "C" fn(i64, i64, i64, *const f32, *const f32, *const f32, *mut f32);
+    type AffineGrad =
+        unsafe extern "C" fn(i64, i64, i64, i64, *const f32, *const f32, *const f32, *const f32, *mut f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (ln_f, ln_in, affine, affine_grad): (LnForward, LnInput, Affine, AffineGrad) = unsafe {
+        (
+            ln.kernel("layer_norm_f32"),
+            ln.kernel("layer_norm_backward_input_f32"),
+            k.kernel("channel_affine_f32"),
+            k.kernel("group_norm_backward_affine_f32"),
+        )
+    };
+    let (mut xhat, mut mean, mut rstd, mut y) =
+        (vec![f32::NAN; x.len()], vec![f32::NAN; rows], vec![f32::NAN; rows], vec![f32::NAN; x.len()]);
+    let null = Shared(std::ptr::null_mut::<f32>());
+    let (xp, hp, mp, rp, wp, bp, yp) = (p(&x), pm(&mut xhat), pm(&mut mean), pm(&mut rstd), p(&w), p(&b), pm(&mut y));
+    let (ni, ci, li, gi) = (n as i64, ch as i64, l as i64, groups as i64);
+    // SAFETY: rows·cols = n·c·l values, rows statistics, c weights.
+    k.launch(ROWS, || unsafe {
+        ln_f(rows as i64, cols as i64, eps, xp.get(), null.get(), null.get(), hp.get(), mp.get(), rp.get())
+    });
+    // SAFETY: as above.
+    k.launch(GRID_STRIDE, || unsafe { affine(ni, ci, li, hp.get(), wp.get(), bp.get(), yp.get()) });
+    case.check("group_norm", &y, "output");
+    let (mut g, mut dx, mut dw, mut db) =
+        (vec![f32::NAN; x.len()], vec![f32::NAN; x.len()], vec![f32::NAN; ch], vec![f32::NAN; ch]);
+    let (dyp, gp, dxp, dwp, dbp) = (p(&dy), pm(&mut g), pm(&mut dx), pm(&mut dw), pm(&mut db));
+    // SAFETY: as above.
+    k.launch(GRID_STRIDE, || unsafe { affine(ni, ci, li, dyp.get(), wp.get(), null.get(), gp.get()) });
+    // SAFETY: as above.
+    k.launch(ROWS, || unsafe {
+        ln_in(rows as i64, cols as i64, xp.get(), null.get(), mp.get(), rp.get(), gp.get(), dxp.get())
+    });
+    // SAFETY: as above.
+    k.launch(GRID_STRIDE, || unsafe {
+        affine_grad(ni, ci, li, gi, xp.get(), mp.get(), rp.get(), dyp.get(), dwp.get(), dbp.get())
+    });
+    case.check("group_norm grad input", &dx, "grad_input.0");
+    case.check("group_norm grad weight", &dw, "grad_input.1");
+    case.check("group_norm grad bias", &db, "grad_input.2");
+}
