@@ -81,6 +81,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "group_norm_backward_affine_f32",
         ],
     },
+    KernelSource { name: "conv.cu", code: include_str!("../kernels/conv.cu"), kernels: &["im2col_f32", "col2im_f32"] },
     KernelSource {
         name: "pool.cu",
         code: include_str!("../kernels/pool.cu"),

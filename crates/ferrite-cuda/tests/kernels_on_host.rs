@@ -1294,3 +1294,152 @@ fn batch_norm_train_and_eval_and_group_norm_match_pytorch() {
     case.check("group_norm grad weight", &dw, "grad_input.1");
     case.check("group_norm grad bias", &db, "grad_input.2");
 }
+
+/// `ConvGeometry` of conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ConvGeometry {
+    channels: i64,
+    h: i64,
+    w: i64,
+    out_h: i64,
+    out_w: i64,
+    kh: i32,
+    kw: i32,
+    sh: i32,
+    sw: i32,
+    ph: i32,
+    pw: i32,
+    dh: i32,
+    dw: i32,
+}
+
+/// The matrix products a backend hands to cuBLAS, on the host in f64: `c[m×n] = a[m×k] · b[k×n]`
+/// with each operand given by (data, row stride, column stride).
+fn gemm(m: usize, n: usize, k: usize, a: (&[f32], usize, usize), b: (&[f32], usize, usize)) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f64;
+            for t in 0..k {
+                acc += a.0[i * a.1 + t * a.2] as f64 * b.0[t * b.1 + j * b.2] as f64;
+            }
+            c[i * n + j] = acc as f32;
+        }
+    }
+    c
+}
+
+#[test]
+fn convolutions_through_im2col_and_col2im_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("conv.cu");
+    type Fold = unsafe extern "C" fn(ConvGeometry, *const f32, *mut f32);
+    // SAFETY: the kernels' signatures.
+    let (im2col, col2im): (Fold, Fold) = unsafe { (k.kernel("im2col_f32"), k.kernel("col2im_f32")) };
+    let run = |f: Fold, g: ConvGeometry, input: &[f32], out_len: usize| {
+        let mut out = vec![f32::NAN; out_len];
+        let (ip, op) = (p(input), pm(&mut out));
+        // SAFETY: `input` and `out` hold the image and the columns the geometry names.
+        k.launch(GRID_STRIDE, || unsafe { f(g, ip.get(), op.get()) });
+        out
+    };
+    let list = |a: &Value, key: &str, default: i32| -> Vec<i32> {
+        a.get(key)
+            .and_then(Value::as_array)
+            .map(|v| v.iter().map(|x| x.as_i64().unwrap() as i32).collect())
+            .unwrap_or(vec![default; 2])
+    };
+    for name in [
+        "conv2d__s1_p1",
+        "conv2d__s2_p2_d2",
+        "conv2d__groups2_nobias",
+        "conv2d__depthwise_5x5",
+        "conv1d__k4",
+        "conv_transpose2d__s2",
+    ] {
+        let c = case(&dir, "models", name);
+        let a = &c.attrs;
+        // conv1d is a conv2d of height 1.
+        let as2d = |s: Vec<usize>| if s.len() == 3 { vec![s[0], s[1], 1, s[2]] } else { s };
+        let pad2 = |v: Vec<i32>, d: i32| if v.len() == 1 { vec![d, v[0]] } else { v };
+        let (xs, ws, ys) = (as2d(c.shape("input.0")), as2d(c.shape("input.1")), as2d(c.shape("output")));
+        let (st, pd, dl) =
+            (pad2(list(a, "stride", 1), 1), pad2(list(a, "padding", 0), 0), pad2(list(a, "dilation", 1), 1));
+        let groups = a.get("groups").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let transposed = name.starts_with("conv_transpose");
+        let (x, w, dy) = (c.f32s("input.0"), c.f32s("input.1"), c.f32s("grad_output"));
+        let bias = (c.attrs.get("bias") != Some(&Value::Bool(false))).then(|| c.f32s("input.2"));
+        let (n, kh, kw) = (xs[0], ws[2], ws[3]);
+        let kk = kh * kw;
+        let (cin, cout) = (xs[1], ys[1]);
+        // The image the columns are cut from: the input (conv) or the output (transposed conv).
+        let (img_c, img_h, img_w, grid_h, grid_w) =
+            if transposed { (cout, ys[2], ys[3], xs[2], xs[3]) } else { (cin, xs[2], xs[3], ys[2], ys[3]) };
+        let g = ConvGeometry {
+            channels: img_c as i64,
+            h: img_h as i64,
+            w: img_w as i64,
+            out_h: grid_h as i64,
+            out_w: grid_w as i64,
+            kh: kh as i32,
+            kw: kw as i32,
+            sh: st[0],
+            sw: st[1],
+            ph: pd[0],
+            pw: pd[1],
+            dh: dl[0],
+            dw: dl[1],
+        };
+        let (img_len, plane) = (img_c * img_h * img_w, grid_h * grid_w);
+        let col_rows = img_c * kk;
+        let (in_len, out_len) = (cin * xs[2] * xs[3], cout * ys[2] * ys[3]);
+        let (mut y, mut dx, mut dw) = (vec![0.0f32; n * out_len], vec![0.0f32; n * in_len], vec![0.0f32; w.len()]);
+        for s in 0..n {
+            let (xn, dyn_) = (&x[s * in_len..(s + 1) * in_len], &dy[s * out_len..(s + 1) * out_len]);
+            if !transposed {
+                // y = W · im2col(x); dW += dy · colsᵀ; dx = col2im(Wᵀ · dy); per group.
+                let cols = run(im2col, g, xn, col_rows * plane);
+                let (ci_g, co_g) = (cin / groups, cout / groups);
+                let mut dcols = vec![0.0f32; col_rows * plane];
+                for gi in 0..groups {
+                    let r0 = gi * ci_g * kk;
+                    let wg = &w[gi * co_g * ci_g * kk..(gi + 1) * co_g * ci_g * kk];
+                    let colg = &cols[r0 * plane..(r0 + ci_g * kk) * plane];
+                    let yg = gemm(co_g, plane, ci_g * kk, (wg, ci_g * kk, 1), (colg, plane, 1));
+                    y[s * out_len + gi * co_g * plane..s * out_len + (gi + 1) * co_g * plane].copy_from_slice(&yg);
+                    let dyg = &dyn_[gi * co_g * plane..(gi + 1) * co_g * plane];
+                    let dwg = gemm(co_g, ci_g * kk, plane, (dyg, plane, 1), (colg, 1, plane));
+                    for (d, v) in dw[gi * co_g * ci_g * kk..].iter_mut().zip(&dwg) {
+                        *d += v;
+                    }
+                    let dcg = gemm(ci_g * kk, plane, co_g, (wg, 1, ci_g * kk), (dyg, plane, 1));
+                    dcols[r0 * plane..(r0 + ci_g * kk) * plane].copy_from_slice(&dcg);
+                }
+                dx[s * in_len..(s + 1) * in_len].copy_from_slice(&run(col2im, g, &dcols, img_len));
+            } else {
+                // y = col2im(Wᵀ · x); dx = W · im2col(dy); dW += x · im2col(dy)ᵀ (one group).
+                assert_eq!(groups, 1);
+                let cols = gemm(cout * kk, plane, cin, (&w, 1, cout * kk), (xn, plane, 1));
+                y[s * out_len..(s + 1) * out_len].copy_from_slice(&run(col2im, g, &cols, img_len));
+                let dcols = run(im2col, g, dyn_, col_rows * plane);
+                let dxn = gemm(cin, plane, cout * kk, (&w, cout * kk, 1), (&dcols, plane, 1));
+                dx[s * in_len..(s + 1) * in_len].copy_from_slice(&dxn);
+                let dwn = gemm(cin, cout * kk, plane, (xn, plane, 1), (&dcols, 1, plane));
+                for (d, v) in dw.iter_mut().zip(&dwn) {
+                    *d += v;
+                }
+            }
+        }
+        let per_channel = ys[2] * ys[3];
+        if let Some(b) = &bias {
+            for (i, v) in y.iter_mut().enumerate() {
+                *v += b[(i / per_channel) % cout];
+            }
+        }
+        c.check(name, &y, "output");
+        c.check(&format!("{name} grad input"), &dx, "grad_input.0");
+        c.check(&format!("{name} grad weight"), &dw, "grad_input.1");
+        println!("{name}: forward, input and weight gradients ok (x {xs:?}, w {ws:?}, groups {groups})");
+    }
+}
