@@ -83,6 +83,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "conv.cu", code: include_str!("../kernels/conv.cu"), kernels: &["im2col_f32", "col2im_f32"] },
     KernelSource {
+        name: "recurrent.cu",
+        code: include_str!("../kernels/recurrent.cu"),
+        kernels: &["lstm_cell_f32", "lstm_cell_backward_f32", "gru_cell_f32", "gru_cell_backward_f32"],
+    },
+    KernelSource {
         name: "pool.cu",
         code: include_str!("../kernels/pool.cu"),
         kernels: &[

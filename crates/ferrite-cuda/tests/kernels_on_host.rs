@@ -1443,3 +1443,199 @@ fn convolutions_through_im2col_and_col2im_match_pytorch() {
         println!("{name}: forward, input and weight gradients ok (x {xs:?}, w {ws:?}, groups {groups})");
     }
 }
+
+/// `m` rows of `a[m×n]` plus `bias[n]` on each.
+fn add_bias(mut a: Vec<f32>, bias: &[f32]) -> Vec<f32> {
+    let n = bias.len();
+    for (i, v) in a.iter_mut().enumerate() {
+        *v += bias[i % n];
+    }
+    a
+}
+
+/// Column sums of `a[m×n]`, added into `acc`.
+fn add_col_sums(acc: &mut [f32], a: &[f32]) {
+    let n = acc.len();
+    for (i, v) in a.iter().enumerate() {
+        acc[i % n] += v;
+    }
+}
+
+fn add_into(acc: &mut [f32], a: &[f32]) {
+    for (x, y) in acc.iter_mut().zip(a) {
+        *x += y;
+    }
+}
+
+#[test]
+fn lstm_and_gru_cells_over_whole_sequences_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = HostKernels::compile("recurrent.cu");
+    let null = Shared(std::ptr::null_mut::<f32>());
+    for (folder, name, gates) in [("ops", "lstm__batch_first", 4usize), ("models", "gru__batch_first", 3)] {
+        let c = case(&dir, folder, name);
+        let (xs, hid) = (c.shape("input.0"), c.attrs["hidden_size"].as_u64().unwrap() as usize);
+        let (b, t_len, inp) = (xs[0], xs[1], xs[2]);
+        let gh_w = gates * hid;
+        let (x, w_ih, w_hh, b_ih, b_hh) =
+            (c.f32s("input.0"), c.f32s("input.1"), c.f32s("input.2"), c.f32s("input.3"), c.f32s("input.4"));
+        let dy = c.f32s("grad_output");
+        // Every step's input projection at once: [B·T, G·H].
+        let gx_all = add_bias(gemm(b * t_len, gh_w, inp, (&x, inp, 1), (&w_ih, 1, inp)), &b_ih);
+        let mut out = vec![f32::NAN; b * t_len * hid];
+        let mut hs: Vec<Vec<f32>> = vec![vec![0.0; b * hid]]; // h before each step
+        let mut cs: Vec<Vec<f32>> = vec![vec![0.0; b * hid]];
+        let mut acts: Vec<Vec<f32>> = Vec::new();
+        let (gxp, outp) = (p(&gx_all), pm(&mut out));
+        for t in 0..t_len {
+            let gh = add_bias(gemm(b, gh_w, hid, (&hs[t], hid, 1), (&w_hh, 1, hid)), &b_hh);
+            let mut act = vec![f32::NAN; b * 4 * hid];
+            let mut cnew = vec![f32::NAN; b * hid];
+            let (ghp, ap, cp, cpp) = (p(&gh), pm(&mut act), pm(&mut cnew), p(&cs[t]));
+            let hp = p(&hs[t]);
+            let (bi, hi) = (b as i64, hid as i64);
+            if gates == 4 {
+                // SAFETY: the kernel's signature; strided rows stay inside gx_all and out.
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    *const f32,
+                    i64,
+                    *const f32,
+                    *const f32,
+                    *mut f32,
+                    i64,
+                    *mut f32,
+                    *mut f32,
+                ) = unsafe { k.kernel("lstm_cell_f32") };
+                let prev = if t == 0 { null } else { cpp };
+                // SAFETY: as above.
+                k.launch(GRID_STRIDE, || unsafe {
+                    f(
+                        bi,
+                        hi,
+                        gxp.get().add(t * gh_w),
+                        (t_len * gh_w) as i64,
+                        ghp.get(),
+                        prev.get(),
+                        outp.get().add(t * hid),
+                        (t_len * hid) as i64,
+                        cp.get(),
+                        ap.get(),
+                    )
+                });
+            } else {
+                // SAFETY: as above.
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    *const f32,
+                    i64,
+                    *const f32,
+                    *const f32,
+                    *mut f32,
+                    i64,
+                    *mut f32,
+                ) = unsafe { k.kernel("gru_cell_f32") };
+                let prev = if t == 0 { null } else { hp };
+                // SAFETY: as above.
+                k.launch(GRID_STRIDE, || unsafe {
+                    f(
+                        bi,
+                        hi,
+                        gxp.get().add(t * gh_w),
+                        (t_len * gh_w) as i64,
+                        ghp.get(),
+                        prev.get(),
+                        outp.get().add(t * hid),
+                        (t_len * hid) as i64,
+                        ap.get(),
+                    )
+                });
+            }
+            let h: Vec<f32> = (0..b * hid).map(|i| out[(i / hid) * t_len * hid + t * hid + i % hid]).collect();
+            hs.push(h);
+            cs.push(cnew);
+            acts.push(act);
+        }
+        c.check(name, &out, "output");
+        if gates == 3 {
+            c.check(&format!("{name} h_n"), &hs[t_len], "extra.h_n");
+        }
+        // Backpropagation through time.
+        let mut dgx_all = vec![0.0f32; b * t_len * gh_w];
+        let (mut dw_hh, mut db_hh) = (vec![0.0f32; gh_w * hid], vec![0.0f32; gh_w]);
+        let mut dh_next = vec![0.0f32; b * hid];
+        let mut dc_next: Option<Vec<f32>> = None;
+        for t in (0..t_len).rev() {
+            let dh: Vec<f32> =
+                (0..b * hid).map(|i| dy[(i / hid) * t_len * hid + t * hid + i % hid] + dh_next[i]).collect();
+            let (bi, hi) = (b as i64, hid as i64);
+            let (ap, dhp) = (p(&acts[t]), p(&dh));
+            let (dgx, dgh, direct) = if gates == 4 {
+                let mut dg = vec![f32::NAN; b * gh_w];
+                let mut dcp = vec![f32::NAN; b * hid];
+                let (cprev, cnow) = (if t == 0 { null } else { p(&cs[t]) }, p(&cs[t + 1]));
+                let dcn = dc_next.as_deref().map(p).unwrap_or(null);
+                let (dgp, dcpp) = (pm(&mut dg), pm(&mut dcp));
+                // SAFETY: the kernel's signature; [B, 4H] and [B, H] buffers.
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    *const f32,
+                    *const f32,
+                    *const f32,
+                    *const f32,
+                    i64,
+                    *const f32,
+                    *mut f32,
+                    *mut f32,
+                ) = unsafe { k.kernel("lstm_cell_backward_f32") };
+                // SAFETY: as above.
+                k.launch(GRID_STRIDE, || unsafe {
+                    f(bi, hi, ap.get(), cprev.get(), cnow.get(), dhp.get(), hi, dcn.get(), dgp.get(), dcpp.get())
+                });
+                dc_next = Some(dcp);
+                (dg.clone(), dg, vec![0.0f32; b * hid])
+            } else {
+                let (mut dgx, mut dgh, mut direct) =
+                    (vec![f32::NAN; b * gh_w], vec![f32::NAN; b * gh_w], vec![f32::NAN; b * hid]);
+                let hprev = if t == 0 { null } else { p(&hs[t]) };
+                let (xp, hp, dp) = (pm(&mut dgx), pm(&mut dgh), pm(&mut direct));
+                // SAFETY: the kernel's signature; [B, 3H] and [B, H] buffers.
+                let f: unsafe extern "C" fn(
+                    i64,
+                    i64,
+                    *const f32,
+                    *const f32,
+                    *const f32,
+                    i64,
+                    *mut f32,
+                    *mut f32,
+                    *mut f32,
+                ) = unsafe { k.kernel("gru_cell_backward_f32") };
+                // SAFETY: as above.
+                k.launch(GRID_STRIDE, || unsafe {
+                    f(bi, hi, ap.get(), hprev.get(), dhp.get(), hi, xp.get(), hp.get(), dp.get())
+                });
+                (dgx, dgh, direct)
+            };
+            for row in 0..b {
+                dgx_all[(row * t_len + t) * gh_w..(row * t_len + t + 1) * gh_w]
+                    .copy_from_slice(&dgx[row * gh_w..(row + 1) * gh_w]);
+            }
+            add_into(&mut dw_hh, &gemm(gh_w, hid, b, (&dgh, 1, gh_w), (&hs[t], hid, 1)));
+            add_col_sums(&mut db_hh, &dgh);
+            dh_next = gemm(b, hid, gh_w, (&dgh, gh_w, 1), (&w_hh, hid, 1));
+            add_into(&mut dh_next, &direct);
+        }
+        let dx = gemm(b * t_len, inp, gh_w, (&dgx_all, gh_w, 1), (&w_ih, inp, 1));
+        let dw_ih = gemm(gh_w, inp, b * t_len, (&dgx_all, 1, gh_w), (&x, inp, 1));
+        let mut db_ih = vec![0.0f32; gh_w];
+        add_col_sums(&mut db_ih, &dgx_all);
+        for (i, got) in [&dx, &dw_ih, &dw_hh, &db_ih, &db_hh].into_iter().enumerate() {
+            c.check(&format!("{name} grad_input.{i}"), got, &format!("grad_input.{i}"));
+        }
+        println!("{name}: {t_len} steps forward and back, every gradient ok");
+    }
+}
