@@ -72,3 +72,18 @@ extern "C" void ferrite_emu_leave() {
     ferrite_emu_block_barrier->arrive_and_drop();
     ferrite_emu_block_barrier = nullptr;
 }
+
+// The launch array (one pointer per parameter, to its value, as cuLaunchKernel takes it)
+// unpacked into a kernel's parameters; the types come from the kernel's own signature.
+#include <type_traits>
+#include <utility>
+
+template <class... A, std::size_t... I>
+inline void ferrite_emu_apply_at(void (*kernel)(A...), void** p, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<std::remove_reference_t<A>>*>(p[I])...);
+}
+
+template <class... A>
+inline void ferrite_emu_apply(void (*kernel)(A...), void** p) {
+    ferrite_emu_apply_at(kernel, p, std::index_sequence_for<A...>{});
+}

@@ -19,4 +19,16 @@ pub enum CudaError {
     /// An NVRTC call failed outside compilation.
     #[error("{call} failed: {reason}")]
     Nvrtc { call: &'static str, reason: String },
+    /// The host emulator's C++ compiler could not be run.
+    #[error(
+        "the host C++ compiler `{compiler}` could not be run ({reason}); the CUDA kernels' host \
+         emulator needs a C++20 compiler: install g++ (`apt-get install g++`) or set CXX"
+    )]
+    HostCompilerMissing { compiler: String, reason: String },
+    /// A kernel source did not compile for the host emulator.
+    #[error("kernel source {source_name} does not compile for the host emulator:\n{log}")]
+    HostCompile { source_name: String, log: String },
+    /// A launch named a kernel its source does not define.
+    #[error("kernel `{kernel}` is not one of {source_name}'s kernels")]
+    NoSuchKernel { kernel: String, source_name: String },
 }

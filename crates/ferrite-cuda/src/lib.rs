@@ -7,15 +7,21 @@
 //! `kernels/*.cu` ([`KERNEL_SOURCES`]); NVRTC is loaded at run time ([`Nvrtc::load`]) from a CUDA
 //! installation or from the `nvidia-cuda-nvrtc` Python wheel, so CI — with no GPU and no driver —
 //! compiles every kernel for `sm_80` and `sm_90` on every submission and fails on any error or
-//! warning (`tests/nvrtc_compile.rs`), and runs every kernel on the CPU through
-//! `emulator/cuda_on_host.h` against PyTorch's numbers (`tests/kernels_on_host.rs`).
+//! warning (`tests/nvrtc_compile.rs`), and runs every kernel on the CPU ([`HostModule`], the
+//! host emulator of `emulator/cuda_on_host.h`) against PyTorch's numbers
+//! (`tests/kernels_on_host.rs`). A launch is an array of [`KernelArg`]s, the form
+//! `cuLaunchKernel` takes, so the same launch code serves a GPU and the emulator.
 //!
 //! The memory side of CUDA (the caching allocator on the driver API) is
 //! `ferrite_memory::cuda`. The `cuda:N` device that launches these kernels is not in ferrite yet.
 mod error;
+mod host_module;
+mod kernel_arg;
 mod kernel_sources;
 mod nvrtc;
 
 pub use error::CudaError;
+pub use host_module::{CXX_ENV, HostModule};
+pub use kernel_arg::{KernelArg, param_array};
 pub use kernel_sources::{KERNEL_SOURCES, KernelSource};
 pub use nvrtc::{Compiled, NVRTC_ENV, Nvrtc};
