@@ -418,6 +418,8 @@ fn bits_hash(v: &[f32]) -> u64 {
 fn batched_matmul_bits_do_not_depend_on_the_thread_count() {
     let name = "batched_matmul_bits_do_not_depend_on_the_thread_count";
     if std::env::var_os(BMM_BITS_CHILD_ENV).is_some() {
+        // The kernel team is sized from rayon's thread count (`kernels/team.rs`).
+        println!("BITS threads {}", rayon::current_num_threads());
         for (what, a, b) in thread_count_cases() {
             println!("BITS {what}: {:016x}", bits_hash(&a.matmul(&b).unwrap().to_vec::<f32>().unwrap()));
         }
@@ -437,9 +439,11 @@ fn batched_matmul_bits_do_not_depend_on_the_thread_count() {
         text.lines().filter_map(|l| l.find("BITS ").map(|i| l[i..].to_string())).collect()
     };
     let (one, two) = (run("1"), run("2"));
-    assert_eq!(one.len(), thread_count_cases().len(), "every case ran on 1 thread: {one:?}");
+    assert_eq!(one.first().map(String::as_str), Some("BITS threads 1"), "{one:?}");
+    assert_eq!(two.first().map(String::as_str), Some("BITS threads 2"), "{two:?}");
+    assert_eq!(one.len(), thread_count_cases().len() + 1, "every case ran on 1 thread: {one:?}");
     assert_eq!(two.len(), one.len(), "every case ran on 2 threads: {two:?}");
-    for (a, b) in one.iter().zip(&two) {
+    for (a, b) in one.iter().zip(&two).skip(1) {
         assert_eq!(a, b, "1 thread vs 2 threads");
     }
 }
