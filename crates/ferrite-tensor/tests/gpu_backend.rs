@@ -195,3 +195,151 @@ fn bad_input_gets_typed_errors() {
         }
     }
 }
+
+/// The gradients `[dx, dw, db]` of `layer_norm` over the last dim of `x [rows, cols]` on `device`,
+/// through autograd (weight and bias where given; `dtype` the compute dtype).
+fn layer_norm_grads(
+    device: &Device,
+    dtype: DType,
+    x: &Tensor,
+    w: Option<&Tensor>,
+    b: Option<&Tensor>,
+    dy: &Tensor,
+) -> [Option<Tensor>; 3] {
+    // Fresh leaves (detached copies), so a CPU run never marks the caller's tensors.
+    let on = |t: &Tensor| t.detach().to_device(device).unwrap().to_dtype(dtype).unwrap().requires_grad_(true).unwrap();
+    let (x, w, b) = (on(x), w.map(on), b.map(on));
+    let cols = *x.shape().last().unwrap();
+    let y = ferrite_tensor::functional::layer_norm(&x, &[cols], w.as_ref(), b.as_ref(), 1e-5).unwrap();
+    y.backward_with(&dy.to_device(device).unwrap().to_dtype(dtype).unwrap(), false).unwrap();
+    [x.grad(), w.and_then(|w| w.grad()), b.and_then(|b| b.grad())]
+}
+
+/// The backend's fused layer norm gradients on `device` for the 2-D `x`, `dy` (f32), with the
+/// statistics from the backend's own forward kernel; `None` when the backend has no fused kernel.
+fn fused_layer_norm_grads(
+    device: &Device,
+    x: &Tensor,
+    w: Option<&Tensor>,
+    dy: &Tensor,
+    need: [bool; 3],
+) -> Option<ferrite_tensor::backend::LayerNormGrads> {
+    use ferrite_tensor::backend::{LayerNormArgs, LayerNormBackwardArgs, LayerNormParams, kernels_for};
+    let (rows, cols) = (x.shape()[0], x.shape()[1]);
+    let on = |t: &Tensor| t.to_device(device).unwrap();
+    let (x, w, dy) = (on(x), w.map(on), on(dy));
+    let y = Tensor::zeros(&[rows, cols], DType::F32, device).unwrap();
+    let mean = Tensor::zeros(&[rows], DType::F32, device).unwrap();
+    let rstd = Tensor::zeros(&[rows], DType::F32, device).unwrap();
+    let kernels = kernels_for(device);
+    let params = LayerNormParams { eps: 1e-5 };
+    let args = LayerNormArgs { y: &y, x: &x, mean: &mean, rstd: &rstd, weight: w.as_ref(), bias: None, params };
+    kernels.layer_norm(&args).unwrap();
+    let need = [need[0], need[1] && w.is_some(), need[2]];
+    let args = LayerNormBackwardArgs { grad_output: &dy, x: &x, mean: &mean, rstd: &rstd, weight: w.as_ref(), need };
+    kernels.layer_norm_backward(&args).unwrap()
+}
+
+fn f32_bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+}
+
+/// Layer norm's backward on a GPU is the backend's fused kernels — autograd gets the very bits
+/// the backend's `layer_norm_backward` returns — and its gradients are PyTorch's (the
+/// `layer_norm` case of the reference fixtures, at the case's tolerance).
+#[test]
+fn layer_norm_backward_is_fused_on_the_gpu_and_matches_pytorch() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let Some(dir) = ferrite_test_support::reference_or_skip("ops/manifest.json") else { return };
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ops/manifest.json")).unwrap()).unwrap();
+    let case =
+        manifest["cases"].as_array().unwrap().iter().find(|c| c["op"] == "layer_norm").expect("a layer_norm case");
+    let (rtol, atol) = (case["rtol"].as_f64().unwrap(), case["atol"].as_f64().unwrap());
+    assert_eq!(case["attrs"]["eps"].as_f64(), Some(1e-5), "the helpers above run eps 1e-5");
+    let fx = ferrite_test_support::fixtures::load(&dir.join("ops/layer_norm.safetensors"));
+    let get = |n: &str| ferrite_test_support::fixtures::get(&fx, n).clone();
+    let (x, w, b, dy) = (get("input.0"), get("input.1"), get("input.2"), get("grad_output"));
+    let cols = *x.shape().last().unwrap();
+    let rows = x.numel() / cols;
+    let flat = |t: &Tensor| t.reshape_usize(&[rows, cols]).unwrap();
+    for d in &devices {
+        let [gx, gw, gb] = layer_norm_grads(d, DType::F32, &x, Some(&w), Some(&b), &dy);
+        let (gx, gw, gb) = (gx.unwrap(), gw.unwrap(), gb.unwrap());
+        for (what, got, want) in [("dx", &gx, "grad_input.0"), ("dw", &gw, "grad_input.1"), ("db", &gb, "grad_input.2")]
+        {
+            ferrite_test_support::assert_close(&format!("{d} {what}"), got, &get(want), rtol, atol);
+        }
+        let fused = fused_layer_norm_grads(d, &flat(&x), Some(&w), &flat(&dy), [true; 3])
+            .unwrap_or_else(|| panic!("{d}: the backend has no fused layer_norm_backward"));
+        assert_eq!(f32_bits(&gx), f32_bits(fused.input.as_ref().unwrap()), "{d}: autograd took the fused dx");
+        assert_eq!(f32_bits(&gw), f32_bits(fused.weight.as_ref().unwrap()), "{d}: autograd took the fused dw");
+        assert_eq!(f32_bits(&gb), f32_bits(fused.bias.as_ref().unwrap()), "{d}: autograd took the fused db");
+    }
+}
+
+/// Layer norm's fused GPU gradients agree with the CPU's (itself checked against PyTorch by the
+/// parity suite) at widths below, at and past one workgroup (256) and not a multiple of it, at a
+/// row count spanning many 64-row chunks of the parameter sums with a partial last one, with and
+/// without weight or bias, in bf16 too; each gradient asked for alone has the bits of the full
+/// call, and a second run has the bits of the first (fixed reduction orders).
+#[test]
+fn layer_norm_backward_on_the_gpu_matches_the_cpu_and_repeats_bit_for_bit() {
+    let _serial = DEVICE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(devices) = gpus() else { return };
+    let mut g = Generator::new(11);
+    // (rows, cols, weight, bias, dtype)
+    let shapes = [
+        (3usize, 1usize, true, true, DType::F32),
+        (37, 300, true, true, DType::F32),
+        (5000, 64, true, true, DType::F32),
+        (8, 1000, false, false, DType::F32),
+        (130, 70, true, false, DType::F32),
+        (130, 70, false, true, DType::F32),
+        (65, 256, true, true, DType::BF16),
+    ];
+    for (rows, cols, has_w, has_b, dtype) in shapes {
+        let randn =
+            |shape: &[usize], g: &mut Generator| Tensor::randn_with(shape, DType::F32, &Device::Cpu, g).unwrap();
+        // A per-row offset and scale, so the statistics differ from 0 and 1.
+        let x = randn(&[rows, cols], &mut g).mul(&randn(&[rows, 1], &mut g).exp().unwrap()).unwrap();
+        let x = x.add(&randn(&[rows, 1], &mut g)).unwrap();
+        let (w, b, dy) = (randn(&[cols], &mut g), randn(&[cols], &mut g), randn(&[rows, cols], &mut g));
+        let (w, b) = (has_w.then_some(&w), has_b.then_some(&b));
+        let what = format!("[{rows}, {cols}] weight {has_w} bias {has_b} {dtype:?}");
+        let want = layer_norm_grads(&Device::Cpu, dtype, &x, w, b, &dy);
+        let (rtol, atol) = if dtype == DType::F32 { (1e-4, 1e-3) } else { (2e-2, 5e-2) };
+        for d in &devices {
+            let got = layer_norm_grads(d, dtype, &x, w, b, &dy);
+            let again = layer_norm_grads(d, dtype, &x, w, b, &dy);
+            for (k, name) in ["dx", "dw", "db"].iter().enumerate() {
+                assert_eq!(got[k].is_some(), want[k].is_some(), "{d} {what}: {name} present");
+                if let (Some(got), Some(want), Some(again)) = (&got[k], &want[k], &again[k]) {
+                    let (got32, want32) = (got.to_dtype(DType::F32).unwrap(), want.to_dtype(DType::F32).unwrap());
+                    ferrite_test_support::assert_close(&format!("{d} {what} {name}"), &got32, &want32, rtol, atol);
+                    assert_eq!(f32_bits(got), f32_bits(again), "{d} {what}: {name} repeats bit for bit");
+                }
+            }
+            if dtype != DType::F32 {
+                continue;
+            }
+            let full = fused_layer_norm_grads(d, &x, w, &dy, [true, true, has_b])
+                .unwrap_or_else(|| panic!("{d} {what}: the backend has no fused layer_norm_backward"));
+            assert_eq!(f32_bits(full.input.as_ref().unwrap()), f32_bits(got[0].as_ref().unwrap()), "{d} {what}: fused");
+            for (k, need) in [[true, false, false], [false, true, false], [false, false, true]].into_iter().enumerate()
+            {
+                let one = fused_layer_norm_grads(d, &x, w, &dy, [need[0], need[1], need[2] && has_b]).unwrap();
+                let (a, f) = match k {
+                    0 => (one.input, &full.input),
+                    1 => (one.weight, &full.weight),
+                    _ => (one.bias, &full.bias),
+                };
+                assert_eq!(a.is_some(), f.is_some(), "{d} {what}: gradient {k} alone");
+                if let (Some(a), Some(f)) = (a, f) {
+                    assert_eq!(f32_bits(&a), f32_bits(f), "{d} {what}: gradient {k} alone has the full call's bits");
+                }
+            }
+        }
+    }
+}

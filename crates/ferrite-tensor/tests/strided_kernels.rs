@@ -376,3 +376,74 @@ fn layer_norm_parameter_gradients_follow_the_fixed_group_order_bit_for_bit() {
         assert!(x.grad().is_some());
     }
 }
+
+/// Set in the child processes of the thread-count test below: run the products and print their
+/// bits' hashes instead of spawning.
+const BMM_BITS_CHILD_ENV: &str = "FERRITE_TEST_BMM_BITS_CHILD";
+
+/// Batched products whose path depends on whether the batch is spread over the kernel team (one
+/// product per thread on 2+ threads, each product threaded on 1): tiny `m·n` with depths past
+/// one depth block (256), the transposed-key form of attention, products past the small path's
+/// size, and ones the packed path splits over threads when the batch is not spread.
+fn thread_count_cases() -> Vec<(String, Tensor, Tensor)> {
+    let mut g = Generator::new(23);
+    let mut r = |shape: &[usize]| Tensor::randn_with(shape, DType::F32, &Device::Cpu, &mut g).unwrap();
+    let mut cases = Vec::new();
+    for (batch, m, k, n) in [
+        (64usize, 4usize, 300usize, 4usize),
+        (64, 8, 257, 8),
+        (32, 4, 1000, 4),
+        (12, 64, 520, 64),
+        (16, 96, 300, 96),
+        (8, 160, 300, 160),
+        (6, 37, 200, 45),
+    ] {
+        cases.push((format!("[{batch}, {m}, {k}] x [{batch}, {k}, {n}]"), r(&[batch, m, k]), r(&[batch, k, n])));
+        let bt = r(&[batch, n, k]).transpose(-1, -2).unwrap();
+        cases.push((format!("[{batch}, {m}, {k}] x [{batch}, {n}, {k}]ᵀ"), r(&[batch, m, k]), bt));
+    }
+    cases
+}
+
+/// FNV-1a over the bits of a product's values.
+fn bits_hash(v: &[f32]) -> u64 {
+    v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| (h ^ x.to_bits() as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A batched f32 matmul gives the same bits on 1 and on 2 kernel threads (`RAYON_NUM_THREADS`
+/// sizes the team once per process, so each count runs in a child process of this test): with 2
+/// threads the batch is spread one product per thread, with 1 each product runs whole, and the
+/// path each product takes (small or packed) must not change its multiply-add chains.
+#[test]
+fn batched_matmul_bits_do_not_depend_on_the_thread_count() {
+    let name = "batched_matmul_bits_do_not_depend_on_the_thread_count";
+    if std::env::var_os(BMM_BITS_CHILD_ENV).is_some() {
+        // The kernel team is sized from rayon's thread count (`kernels/team.rs`).
+        println!("BITS threads {}", rayon::current_num_threads());
+        for (what, a, b) in thread_count_cases() {
+            println!("BITS {what}: {:016x}", bits_hash(&a.matmul(&b).unwrap().to_vec::<f32>().unwrap()));
+        }
+        return;
+    }
+    let run = |threads: &str| -> Vec<String> {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(BMM_BITS_CHILD_ENV, "1")
+            .env("RAYON_NUM_THREADS", threads)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "child with {threads} thread(s): {}", String::from_utf8_lossy(&out.stderr));
+        // libtest's `test NAME ... ` has no newline before the test's first line.
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().filter_map(|l| l.find("BITS ").map(|i| l[i..].to_string())).collect()
+    };
+    let (one, two) = (run("1"), run("2"));
+    assert_eq!(one.first().map(String::as_str), Some("BITS threads 1"), "{one:?}");
+    assert_eq!(two.first().map(String::as_str), Some("BITS threads 2"), "{two:?}");
+    assert_eq!(one.len(), thread_count_cases().len() + 1, "every case ran on 1 thread: {one:?}");
+    assert_eq!(two.len(), one.len(), "every case ran on 2 threads: {two:?}");
+    for (a, b) in one.iter().zip(&two).skip(1) {
+        assert_eq!(a, b, "1 thread vs 2 threads");
+    }
+}

@@ -36,8 +36,9 @@ use parking_lot::Mutex;
 use self::runtime::Runtime;
 use crate::backend::ConvGeometry;
 use crate::backend::{
-    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs, LogicalOp,
-    LossGrad, LossOperands, Plan, PointwiseLoss, RecurrentCell, UnaryOp, check_host_len, host_side,
+    BinaryOp, CellBackward, CellForward, CompareOp, Distribution, FusedKernel, KernelBackend, LayerNormArgs,
+    LayerNormBackwardArgs, LayerNormGrads, LogicalOp, LossGrad, LossOperands, Plan, PointwiseLoss, RecurrentCell,
+    UnaryOp, check_host_len, host_side,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;
@@ -203,6 +204,11 @@ impl KernelBackend for WgpuBackend {
 
     fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()> {
         reduce::layer_norm(self.rt_for("layer_norm", &[args.y, args.x])?, args)
+    }
+
+    fn layer_norm_backward(&self, args: &LayerNormBackwardArgs<'_>) -> Result<Option<LayerNormGrads>> {
+        // f64 and other operands the kernels do not take: `None`, and the caller composes.
+        norm::layer_norm_backward(self.rt("layer_norm_backward")?, args)
     }
 
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {

@@ -1,5 +1,5 @@
-//! Batch, group and RMS norm on the GPU, with the formulas of the CPU kernels
-//! (`backend/cpu/batch_norm.rs`, `group_norm.rs`, `rms_norm.rs`) in f32.
+//! Batch, group and RMS norm on the GPU, and layer norm's backward, with the formulas of the CPU
+//! kernels (`backend/cpu/batch_norm.rs`, `group_norm.rs`, `rms_norm.rs`, `norm.rs`) in f32.
 //!
 //! One workgroup per reduction unit — a channel (batch norm), a `(sample, group)` (group norm),
 //! a row (RMS norm) — reduces its values in one pass and then writes its outputs from the
@@ -7,16 +7,21 @@
 //! The one-pass sums are *shifted* by the unit's first value (`Σ(x - k)`, `Σ(x - k)²`), which
 //! keeps the f32 variance accurate when the mean is large against the spread. Parameter
 //! gradients that sum across units (group norm's weight, RMS norm's weight) are a second
-//! dispatch over channels or columns.
+//! dispatch over channels or columns. Layer norm's forward is a row kernel of `reduce.rs`; its
+//! backward here is one dispatch for `dx` (a workgroup per row) and two for the weight and bias
+//! gradients (column sums per chunk of rows, then over the chunks, both in a fixed order), where
+//! it used to be about a dozen composed tensor ops. The GPU has no f64, so where the CPU keeps
+//! f64 partials these stay f32; the orders are fixed by the shape, so the bits repeat.
 
 use super::plane_kernel::{PlaneKernel, groups_for, opt_ld};
 use super::runtime::{Runtime, read, write};
 use super::wgsl;
 use crate::backend::{
-    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, RmsNormArgs,
-    RmsNormBackwardArgs, ncs, rows_cols,
+    BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, LayerNormBackwardArgs,
+    LayerNormGrads, RmsNormArgs, RmsNormBackwardArgs, ncs, rows_cols,
 };
 use crate::error::Result;
+use crate::{DType, Tensor};
 
 /// Accumulate shifted sums of `value(e)` over `i in 0..count`, where `index` maps `i` to the
 /// element `e`, into `red`/`red2`, and leave `k0` (the shift: the value at element `first`)
@@ -228,4 +233,84 @@ pub(super) fn rms_norm_backward(rt: &Runtime, a: &RmsNormBackwardArgs<'_>) -> Re
         k.run(rt, groups_for(cols), "", b)?;
     }
     Ok(())
+}
+
+/// Rows per partial of layer norm's weight and bias gradients: the first kernel sums each
+/// column over a chunk of this many rows, in row order; the second adds the chunks' partials in
+/// chunk order. Both orders follow from the shape alone, so the bits repeat run to run.
+const LN_ROW_CHUNK: usize = 64;
+
+/// Layer norm's gradients (see [`LayerNormBackwardArgs`]): `dx` with one workgroup per row, which
+/// reduces `Σ dy·w` and `Σ dy·w·x̂` over the row with a fixed tree and then writes the row; the
+/// weight and bias gradients as column sums in two kernels (per chunk of [`LN_ROW_CHUNK`] rows,
+/// then over chunks). Everything accumulates in f32. `None` (the caller composes the gradients
+/// from tensor ops) for operands this launch shape does not take: dtypes other than f32, f16 and
+/// bf16, statistics that are not f32 or not one per row, non-contiguous operands, or more
+/// elements than a `u32` index reaches.
+pub(super) fn layer_norm_backward(rt: &Runtime, a: &LayerNormBackwardArgs<'_>) -> Result<Option<LayerNormGrads>> {
+    let (rows, cols) = rows_cols(a.x);
+    let float = |t: &Tensor| matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) && t.is_contiguous();
+    let stats = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous() && t.numel() == rows;
+    if rows.saturating_mul(cols) > u32::MAX as usize
+        || !float(a.x)
+        || !float(a.grad_output)
+        || a.grad_output.numel() != rows * cols
+        || !a.weight.is_none_or(|w| float(w) && w.numel() == cols)
+        || !stats(a.mean)
+        || !stats(a.rstd)
+    {
+        return Ok(None);
+    }
+    let grads = a.outputs()?;
+    if cols == 0 {
+        return Ok(Some(grads));
+    }
+    if let Some(gi) = &grads.input {
+        let mut k = PlaneKernel::new("layer_norm_backward", "dx");
+        k.operand(write(gi));
+        k.operand(read(a.grad_output));
+        k.operand(read(a.x));
+        k.operand(read(a.mean));
+        k.operand(read(a.rstd));
+        let wi = k.optional(a.weight.map(read));
+        k.scalars(&[rows as u32, cols as u32]);
+        let w = opt_ld(wi, "i", "1.0");
+        let b = format!(
+            "  let cols = sc(1u);\n  let row = gid;\n  if (row >= sc(0u)) {{ return; }}\n  let base = row * cols;\n  let mu = ldf3(at(3u, row));\n  let rs = ldf4(at(4u, row));\n  var a1 = 0.0;\n  var a2 = 0.0;\n  for (var i = lid; i < cols; i = i + 256u) {{ let gw = ldf1(at(1u, base + i)) * {w}; a1 = a1 + gw; a2 = a2 + gw * ((ldf2(at(2u, base + i)) - mu) * rs); }}\n  red[lid] = a1;\n  red2[lid] = a2;\n  workgroupBarrier();\n  tree2(lid);\n  let inv_n = 1.0 / f32(cols);\n  let mg = red[0] * inv_n;\n  let mgx = red2[0] * inv_n;\n  for (var i = lid; i < cols; i = i + 256u) {{ let xh = (ldf2(at(2u, base + i)) - mu) * rs; stf0(at(0u, base + i), rs * (ldf1(at(1u, base + i)) * {w} - mg - xh * mgx)); }}\n"
+        );
+        k.run(rt, rows, "", &b)?;
+    }
+    if grads.weight.is_some() || grads.bias.is_some() {
+        let chunks = rows.div_ceil(LN_ROW_CHUNK).max(1);
+        let blocks = groups_for(cols);
+        // Per chunk and column: Σ dy·x̂ in [0, chunks), Σ dy in [chunks, 2·chunks).
+        let parts = Tensor::empty_with(a.x.storage().allocator(), &[2, chunks, cols], DType::F32)?;
+        let mut k = PlaneKernel::new("layer_norm_backward", "dw_chunks");
+        k.operand(write(&parts));
+        k.operand(read(a.grad_output));
+        k.operand(read(a.x));
+        k.operand(read(a.mean));
+        k.operand(read(a.rstd));
+        k.scalars(&[rows as u32, cols as u32, chunks as u32, blocks as u32, LN_ROW_CHUNK as u32]);
+        let b = "  let rows = sc(0u);\n  let cols = sc(1u);\n  let chunks = sc(2u);\n  let blocks = sc(3u);\n  if (gid >= chunks * blocks) { return; }\n  let chunk = gid / blocks;\n  let col = (gid % blocks) * 256u + lid;\n  if (col >= cols) { return; }\n  let r0 = chunk * sc(4u);\n  let r1 = min(rows, r0 + sc(4u));\n  var sw = 0.0;\n  var sb = 0.0;\n  for (var r = r0; r < r1; r = r + 1u) { let e = r * cols + col; let g = ldf1(at(1u, e)); sw = sw + g * ((ldf2(at(2u, e)) - ldf3(at(3u, r))) * ldf4(at(4u, r))); sb = sb + g; }\n  stf0(at(0u, chunk * cols + col), sw);\n  stf0(at(0u, (chunks + chunk) * cols + col), sb);\n";
+        k.run(rt, chunks * blocks, "", b)?;
+        // The key names the gradients written: weight alone and bias alone have the same operands.
+        let key = format!("dw_sum|{}|{}", grads.weight.is_some(), grads.bias.is_some());
+        let mut k = PlaneKernel::new("layer_norm_backward", key);
+        k.operand(read(&parts));
+        let gw = k.optional(grads.weight.as_ref().map(write));
+        let gb = k.optional(grads.bias.as_ref().map(write));
+        k.scalars(&[cols as u32, chunks as u32]);
+        let mut b = String::from(
+            "  let cols = sc(0u);\n  let chunks = sc(1u);\n  let col = gid * 256u + lid;\n  if (col >= cols) { return; }\n  var sw = 0.0;\n  var sb = 0.0;\n  for (var c = 0u; c < chunks; c = c + 1u) { sw = sw + ldf0(at(0u, c * cols + col)); sb = sb + ldf0(at(0u, (chunks + c) * cols + col)); }\n",
+        );
+        if let Some(gw) = gw {
+            b.push_str(&format!("  stf{gw}(at({gw}u, col), sw);\n"));
+        }
+        if let Some(gb) = gb {
+            b.push_str(&format!("  stf{gb}(at({gb}u, col), sb);\n"));
+        }
+        k.run(rt, blocks, "", &b)?;
+    }
+    Ok(Some(grads))
 }
