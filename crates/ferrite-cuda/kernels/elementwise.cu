@@ -84,3 +84,67 @@ extern "C" __global__ void fill_f32(long long n, float value, float* __restrict_
         out[i] = value;
     }
 }
+
+// Comparisons with broadcasting: out = (x OP y) as a byte (PyTorch's bool tensors; NaN compares
+// false except for `ne`).
+#define FERRITE_COMPARE(name, expr)                                                              \
+    extern "C" __global__ void name(long long n, Broadcast g, const float* __restrict__ a,        \
+                                    const float* __restrict__ b, unsigned char* __restrict__ out) { \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long ia, ib;                                                                     \
+            offsets(g, i, &ia, &ib);                                                              \
+            float x = a[ia];                                                                      \
+            float y = b[ib];                                                                      \
+            out[i] = (expr) ? 1 : 0;                                                              \
+        }                                                                                         \
+    }
+
+FERRITE_COMPARE(eq_f32, x == y)
+FERRITE_COMPARE(ne_f32, x != y)
+FERRITE_COMPARE(lt_f32, x < y)
+FERRITE_COMPARE(le_f32, x <= y)
+FERRITE_COMPARE(gt_f32, x > y)
+FERRITE_COMPARE(ge_f32, x >= y)
+
+// where(cond, a, b) with each operand broadcast to the output through its own strides.
+struct Broadcast3 {
+    int ndim;
+    long long shape[FERRITE_MAX_DIMS];
+    long long c_stride[FERRITE_MAX_DIMS];
+    long long a_stride[FERRITE_MAX_DIMS];
+    long long b_stride[FERRITE_MAX_DIMS];
+};
+
+extern "C" __global__ void where_f32(long long n, Broadcast3 g, const unsigned char* __restrict__ cond,
+                                     const float* __restrict__ a, const float* __restrict__ b,
+                                     float* __restrict__ out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long rest = i, oc = 0, oa = 0, ob = 0;
+        for (int d = g.ndim - 1; d >= 0; --d) {
+            long long idx = rest % g.shape[d];
+            rest /= g.shape[d];
+            oc += idx * g.c_stride[d];
+            oa += idx * g.a_stride[d];
+            ob += idx * g.b_stride[d];
+        }
+        out[i] = cond[oc] ? a[oa] : b[ob];
+    }
+}
+
+// clamp(x, lo, hi) as PyTorch's min(max(x, lo), hi): NaN stays NaN, hi wins when lo > hi, and a
+// bound that is NaN makes the result NaN.
+extern "C" __global__ void clamp_f32(long long n, float lo, float hi, const float* __restrict__ x,
+                                     float* __restrict__ out) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = x[i];
+        if (lo != lo || hi != hi) v = lo != lo ? lo : hi;
+        else if (v == v) {
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+        }
+        out[i] = v;
+    }
+}

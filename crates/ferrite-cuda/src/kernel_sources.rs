@@ -37,6 +37,14 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "gelu_tanh_f32",
             "axpby_f32",
             "fill_f32",
+            "eq_f32",
+            "ne_f32",
+            "lt_f32",
+            "le_f32",
+            "gt_f32",
+            "ge_f32",
+            "where_f32",
+            "clamp_f32",
         ],
     },
     KernelSource {
@@ -86,6 +94,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         name: "recurrent.cu",
         code: include_str!("../kernels/recurrent.cu"),
         kernels: &["lstm_cell_f32", "lstm_cell_backward_f32", "gru_cell_f32", "gru_cell_backward_f32"],
+    },
+    KernelSource {
+        name: "index.cu",
+        code: include_str!("../kernels/index.cu"),
+        kernels: &["gather_f32", "scatter_add_f32", "index_select_f32", "index_add_f32", "one_hot_i64"],
     },
     KernelSource {
         name: "pool.cu",

@@ -1386,3 +1386,164 @@ fn lstm_and_gru_cells_over_whole_sequences_match_pytorch() {
         }
     }
 }
+
+/// The CPU backend's result of `f` on `xs` (ferrite's ops, checked against PyTorch by the
+/// conformance suite), as f32 values.
+fn on_cpu(f: impl FnOnce() -> ferrite_tensor::Result<Tensor>) -> Vec<f32> {
+    f().and_then(|t| t.to_dtype(ferrite_tensor::DType::F32)).and_then(|t| t.to_vec::<f32>()).unwrap()
+}
+
+fn tensor(v: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, &ferrite_tensor::Device::Cpu).unwrap()
+}
+
+fn indices(v: &[i64], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, &ferrite_tensor::Device::Cpu).unwrap()
+}
+
+#[test]
+fn comparisons_where_and_clamp_agree_with_the_cpu_backend() {
+    if !compiler_or_skip() {
+        return;
+    }
+    let k = compile("elementwise.cu");
+    let a: Vec<f32> = vec![1.0, -2.0, f32::NAN, 3.0, 0.0, -0.0, 5.0, 2.0, f32::INFINITY, -1.0, 4.0, 2.0];
+    let b: Vec<f32> = vec![2.0, -2.0, 0.5, f32::NAN];
+    let (sa, sb, so) = ([3usize, 4], [4usize], [3usize, 4]);
+    let mut shape = [1i64; 6];
+    shape[..2].copy_from_slice(&[3, 4]);
+    let g = Broadcast {
+        ndim: 2,
+        _pad: 0,
+        shape,
+        a_stride: broadcast_strides(&sa, &so),
+        b_stride: broadcast_strides(&sb, &so),
+    };
+    let (ta, tb) = (tensor(&a, &sa), tensor(&b, &sb));
+    type Cmp = fn(&Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>;
+    let ops: [(&str, Cmp); 6] = [
+        ("eq_f32", Tensor::eq),
+        ("ne_f32", Tensor::ne),
+        ("lt_f32", Tensor::lt),
+        ("le_f32", Tensor::le),
+        ("gt_f32", Tensor::gt),
+        ("ge_f32", Tensor::ge),
+    ];
+    for (kernel, op) in ops {
+        let mut o = vec![9u8; 12];
+        // SAFETY: the strides stay inside both inputs; 12 outputs.
+        unsafe { k.run(kernel, GRID_STRIDE, &[n(12), KernelArg::record(&g), buf(&a), buf(&b), out(&mut o)]) };
+        let want = on_cpu(|| op(&ta, &tb));
+        assert_eq!(o.iter().map(|v| *v as f32).collect::<Vec<_>>(), want, "{kernel}");
+    }
+    // where(cond [3, 1], a [3, 4], b [4]).
+    let cond: Vec<u8> = vec![1, 0, 1];
+    let mut shape3 = [1i64; 6];
+    shape3[..2].copy_from_slice(&[3, 4]);
+    let g3 = Broadcast3 {
+        ndim: 2,
+        _pad: 0,
+        shape: shape3,
+        c_stride: broadcast_strides(&[3, 1], &so),
+        a_stride: broadcast_strides(&sa, &so),
+        b_stride: broadcast_strides(&sb, &so),
+    };
+    let mut o = vec![f32::NAN; 12];
+    // SAFETY: as above, three operands.
+    unsafe {
+        k.run("where_f32", GRID_STRIDE, &[n(12), KernelArg::record(&g3), buf(&cond), buf(&a), buf(&b), out(&mut o)])
+    };
+    let tc = tensor(&[1.0, 0.0, 1.0], &[3, 1]).ne_scalar(0.0).unwrap();
+    let want = on_cpu(|| Tensor::where_cond(&tc, &ta, &tb));
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&o), bits(&want), "where");
+    // clamp: NaN stays NaN, hi wins when lo > hi.
+    for (lo, hi) in [(-1.0f32, 2.5f32), (3.0, 1.0), (f32::NEG_INFINITY, 0.0)] {
+        let mut o = vec![0.0f32; 12];
+        // SAFETY: 12 inputs and outputs.
+        unsafe { k.run("clamp_f32", GRID_STRIDE, &[n(12), F32(lo), F32(hi), buf(&a), out(&mut o)]) };
+        let want = on_cpu(|| ta.clamp(Some(lo as f64), Some(hi as f64)));
+        assert_eq!(bits(&o), bits(&want), "clamp({lo}, {hi})");
+    }
+}
+
+#[test]
+fn gather_scatter_add_index_select_index_add_and_one_hot_agree_with_the_cpu_backend() {
+    if !compiler_or_skip() {
+        return;
+    }
+    let k = compile("index.cu");
+    // x [2, 5, 3]; indexed dimension 1.
+    let x: Vec<f32> = (0..30).map(|i| i as f32 * 0.5 - 4.0).collect();
+    let tx = tensor(&x, &[2, 5, 3]);
+    let gidx: Vec<i64> = vec![4, 0, 2, 1, 1, 3, 0, 4, 4, 2, 2, 2, 3, 0, 1, 4, 4, 0]; // [2, 3, 3]
+    let tg = indices(&gidx, &[2, 3, 3]);
+    let run4 = |kernel: &str, dim: usize, count: usize, xin: &[f32], idx: &[i64], out_len: usize, init: f32| {
+        let mut o = vec![init; out_len];
+        let mut bad = vec![0u64];
+        let args = [n(2), n(dim), n(count), n(3), buf(xin), buf(idx), out(&mut o), out(&mut bad)];
+        // SAFETY: [outer, dim, inner] and [outer, count, inner] buffers as the kernel names them.
+        unsafe { k.run(kernel, GRID_STRIDE, &args) };
+        (o, bad[0])
+    };
+    let (o, bad) = run4("gather_f32", 5, 3, &x, &gidx, 18, f32::NAN);
+    assert_eq!((o, bad), (on_cpu(|| tx.gather(1, &tg)), 0));
+    // scatter_add into zeros [2, 5, 3] from src [2, 3, 3]: repeated indices add in order.
+    let src: Vec<f32> = (0..18).map(|i| (i as f32).sin()).collect();
+    let mut dst = vec![0.0f32; 30];
+    let mut bad = vec![0u64];
+    let args = [n(2), n(5), n(3), n(3), out(&mut dst), buf(&gidx), buf(&src), out(&mut bad)];
+    // SAFETY: as above.
+    unsafe { k.run("scatter_add_f32", GRID_STRIDE, &args) };
+    let zeros = Tensor::zeros(&[2, 5, 3], ferrite_tensor::DType::F32, &ferrite_tensor::Device::Cpu).unwrap();
+    assert_slices_close(
+        "scatter_add",
+        &dst,
+        &on_cpu(|| zeros.scatter_add(1, &tg, &tensor(&src, &[2, 3, 3]))),
+        1e-6,
+        1e-6,
+    );
+    assert_eq!(bad[0], 0);
+    // index_select along 1 with a repeated index, and its gradient index_add.
+    let sel: Vec<i64> = vec![3, 0, 3, 4];
+    let (o, bad) = run4("index_select_f32", 5, 4, &x, &sel, 24, f32::NAN);
+    assert_eq!((o, bad), (on_cpu(|| tx.index_select(1, &indices(&sel, &[4]))), 0));
+    let g: Vec<f32> = (0..24).map(|i| i as f32 * 0.25).collect();
+    let mut dst = vec![0.0f32; 30];
+    let mut flag = vec![0u64];
+    let args = [n(2), n(5), n(4), n(3), out(&mut dst), buf(&sel), buf(&g), out(&mut flag)];
+    // SAFETY: as above.
+    unsafe { k.run("index_add_f32", GRID_STRIDE, &args) };
+    // The gradient of index_select is index_add: what autograd computes on the CPU.
+    let leaf = tx.detach().requires_grad_(true).unwrap();
+    leaf.index_select(1, &indices(&sel, &[4])).unwrap().backward_with(&tensor(&g, &[2, 4, 3]), false).unwrap();
+    assert_slices_close("index_add", &dst, &leaf.grad().unwrap().to_vec::<f32>().unwrap(), 1e-6, 1e-6);
+    // Out-of-range indices are flagged (first bad position + 1), not read.
+    let mut badg = gidx.clone();
+    badg[7] = 5;
+    badg[11] = -1;
+    let (_, bad) = run4("gather_f32", 5, 3, &x, &badg, 18, f32::NAN);
+    assert!(bad == 8 || bad == 12, "{bad}");
+    let (_, bad) = run4("index_select_f32", 5, 4, &x, &[0, 9, 1, 2], 24, f32::NAN);
+    assert_eq!(bad, 2);
+    // one_hot.
+    let cls: Vec<i64> = vec![2, 0, 3, 3];
+    let mut o = vec![-1i64; 16];
+    let mut bad = vec![0u64];
+    // SAFETY: 4 indices, 4·4 outputs, one flag.
+    unsafe { k.run("one_hot_i64", GRID_STRIDE, &[n(4), n(4), buf(&cls), out(&mut o), out(&mut bad)]) };
+    let want = indices(&cls, &[4]).one_hot(4).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!((o, bad[0]), (want, 0));
+}
+
+/// `Broadcast3` of elementwise.cu (where's three operands).
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Broadcast3 {
+    ndim: i32,
+    _pad: i32,
+    shape: [i64; 6],
+    c_stride: [i64; 6],
+    a_stride: [i64; 6],
+    b_stride: [i64; 6],
+}

@@ -224,3 +224,27 @@ fn copy_across_devices_converts_and_broadcasts_on_the_source_side() {
     let bad = Tensor::zeros(&[5], DType::F32, &Device::Cpu).unwrap();
     assert!(dst.copy_(&bad).is_err());
 }
+
+/// `clamp` at its edges, as PyTorch documents it: `min(max(x, min), max)` — a `min` above `max`
+/// sets every element to `max` — a NaN element stays NaN, a NaN bound makes the result NaN, and
+/// the gradient passes only where `min <= x <= max` (nowhere when `min > max`). On every device.
+#[test]
+fn clamp_follows_pytorchs_rules_at_the_edges_on_every_device() {
+    ferrite_test_support::for_each_device(|dev| {
+        let x = Tensor::from_vec(vec![1.0f32, -2.0, f32::NAN, 3.0, 0.5, 5.0], &[6], dev).unwrap();
+        let same = |got: Vec<f32>, want: [f32; 6], what: &str| {
+            let ok = got.iter().zip(&want).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+            assert!(ok, "{dev} {what}: {got:?}, expected {want:?}");
+        };
+        let nan = f32::NAN;
+        same(x.clamp(Some(0.0), Some(2.0)).unwrap().to_vec().unwrap(), [1.0, 0.0, nan, 2.0, 0.5, 2.0], "clamp(0, 2)");
+        same(x.clamp(Some(3.0), Some(1.0)).unwrap().to_vec().unwrap(), [1.0, 1.0, nan, 1.0, 1.0, 1.0], "clamp(3, 1)");
+        same(x.clamp(Some(f64::NAN), None).unwrap().to_vec().unwrap(), [nan; 6], "clamp(min=nan)");
+        same(x.clamp(Some(0.0), Some(f64::NAN)).unwrap().to_vec().unwrap(), [nan; 6], "clamp(0, nan)");
+        let leaf = Tensor::from_vec(vec![1.0f32, -2.0, 3.0, 0.5], &[4], dev).unwrap().requires_grad_(true).unwrap();
+        leaf.clamp(Some(3.0), Some(1.0)).unwrap().sum().unwrap().backward().unwrap();
+        assert_eq!(leaf.grad().unwrap().to_vec::<f32>().unwrap(), vec![0.0; 4], "{dev}: no gradient when min > max");
+        let ints = Tensor::from_vec(vec![1i64, 5, 9], &[3], dev).unwrap();
+        assert_eq!(ints.clamp(Some(6.0), Some(2.0)).unwrap().to_vec::<i64>().unwrap(), vec![2, 2, 2], "{dev}: ints");
+    });
+}

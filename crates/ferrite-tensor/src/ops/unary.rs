@@ -140,11 +140,18 @@ impl Tensor {
     }
 
     /// Clamp into `[min, max]` (either bound optional). Gradient passes where not clamped.
+    /// PyTorch's rules at the edges: `min(max(x, min), max)`, so a `min` above `max` sets every
+    /// element to `max`; a NaN element stays NaN; a NaN bound makes a floating-point result NaN.
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         let lo = min.unwrap_or(f64::NEG_INFINITY);
         let hi = max.unwrap_or(f64::INFINITY);
         let out = self.empty_like_shape(self.shape(), self.dtype())?;
-        out.kernels().clamp(&out, self, lo, hi)?;
+        if (lo.is_nan() || hi.is_nan()) && self.dtype().is_floating_point() {
+            out.kernels().fill(&out, f64::NAN)?;
+        } else {
+            // The kernels clamp with lo <= hi; a lower bound above the upper one is the upper one.
+            out.kernels().clamp(&out, self, lo.min(hi), hi)?;
+        }
         if !Tensor::needs_graph(&[self]) {
             return Ok(out);
         }
