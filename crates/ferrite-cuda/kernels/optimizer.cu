@@ -53,3 +53,70 @@ extern "C" __global__ void sgd_step_f32(long long n, float* __restrict__ param, 
         param[i] -= lr * g;
     }
 }
+
+// RMSprop (PyTorch's torch.optim.RMSprop): square_avg = alpha·square_avg + (1 − alpha)·g²; centered
+// subtracts grad_avg² under the root; with momentum, buf = momentum·buf + g / avg and the step is
+// lr·buf. grad_avg and momentum_buf are null when not used. Skipped when *found_inf != 0.
+extern "C" __global__ void rmsprop_step_f32(long long n, float* __restrict__ param, const float* __restrict__ grad,
+                                            float* __restrict__ square_avg, float* __restrict__ grad_avg,
+                                            float* __restrict__ momentum_buf, float lr, float alpha, float eps,
+                                            float weight_decay, float momentum, const float* __restrict__ found_inf) {
+    if (found_inf && *found_inf != 0.0f) return;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float g = grad[i] + weight_decay * param[i];
+        float sq = alpha * square_avg[i] + (1.0f - alpha) * g * g;
+        square_avg[i] = sq;
+        float avg;
+        if (grad_avg) {
+            float ga = alpha * grad_avg[i] + (1.0f - alpha) * g;
+            grad_avg[i] = ga;
+            avg = sqrtf(sq - ga * ga) + eps;
+        } else {
+            avg = sqrtf(sq) + eps;
+        }
+        if (momentum_buf) {
+            float b = momentum * momentum_buf[i] + g / avg;
+            momentum_buf[i] = b;
+            param[i] -= lr * b;
+        } else {
+            param[i] -= lr * g / avg;
+        }
+    }
+}
+
+// Adagrad (PyTorch's torch.optim.Adagrad): state_sum += g², param −= clr · g / (sqrt(state_sum) +
+// eps), with clr = lr / (1 + (step − 1)·lr_decay) computed on the host in double.
+extern "C" __global__ void adagrad_step_f32(long long n, float* __restrict__ param, const float* __restrict__ grad,
+                                            float* __restrict__ state_sum, float clr, float eps, float weight_decay,
+                                            const float* __restrict__ found_inf) {
+    if (found_inf && *found_inf != 0.0f) return;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float g = grad[i] + weight_decay * param[i];
+        float s = state_sum[i] + g * g;
+        state_sum[i] = s;
+        param[i] -= clr * g / (sqrtf(s) + eps);
+    }
+}
+
+// Partial sums of squares for gradient clipping's total norm: block b of a FERRITE_OPT_BLOCK-wide
+// launch writes the sum over its grid-stride elements (fixed tree) to partials[b]; the host adds
+// the partials in order, so the norm depends only on n and the grid, never on timing.
+#define FERRITE_OPT_BLOCK 256
+extern "C" __global__ void __launch_bounds__(FERRITE_OPT_BLOCK)
+sum_squares_partial_f32(long long n, const float* __restrict__ x, float* __restrict__ partials) {
+    __shared__ float shared[FERRITE_OPT_BLOCK];
+    float acc = 0.0f;
+    for (long long i = blockIdx.x * (long long)FERRITE_OPT_BLOCK + threadIdx.x; i < n;
+         i += (long long)gridDim.x * FERRITE_OPT_BLOCK) {
+        acc += x[i] * x[i];
+    }
+    shared[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = FERRITE_OPT_BLOCK / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+}

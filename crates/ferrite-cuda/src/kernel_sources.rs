@@ -137,7 +137,14 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "optimizer.cu",
         code: include_str!("../kernels/optimizer.cu"),
-        kernels: &["unscale_and_check_f32", "adamw_step_f32", "sgd_step_f32"],
+        kernels: &[
+            "unscale_and_check_f32",
+            "adamw_step_f32",
+            "sgd_step_f32",
+            "rmsprop_step_f32",
+            "adagrad_step_f32",
+            "sum_squares_partial_f32",
+        ],
     },
     KernelSource {
         name: "embedding.cu",

@@ -662,16 +662,20 @@ fn embedding_and_its_gradient_match_pytorch_and_a_bad_index_is_flagged() {
     assert!(o[4 * dim..5 * dim].iter().all(|v| *v == 0.0), "the bad position's row is zero");
 }
 
+/// The optimizer kernels, three steps' gradients and the initial parameters (`len` values each);
+/// `None` after the skip rule without a C++ compiler.
+fn optimizer_setup(len: usize) -> Option<(Kernels, Vec<Vec<f32>>, Vec<f32>)> {
+    if !compiler_or_skip() {
+        return None;
+    }
+    let grads = (0..3).map(|s| (0..len).map(|i| ((i * 13 + s * 7) % 17) as f32 / 17.0 - 0.4).collect()).collect();
+    Some((compile("optimizer.cu"), grads, (0..len).map(|i| (i % 9) as f32 / 9.0 - 0.5).collect()))
+}
+
 #[test]
 fn fused_adamw_and_sgd_follow_pytorchs_update_rules_and_skip_on_inf() {
-    if !compiler_or_skip() {
-        return;
-    }
-    let k = compile("optimizer.cu");
     let len = 70;
-    let grads: Vec<Vec<f32>> =
-        (0..3).map(|s| (0..len).map(|i| ((i * 13 + s * 7) % 17) as f32 / 17.0 - 0.4).collect()).collect();
-    let init: Vec<f32> = (0..len).map(|i| (i % 9) as f32 / 9.0 - 0.5).collect();
+    let Some((k, grads, init)) = optimizer_setup(len) else { return };
 
     // torch.optim.AdamW (amsgrad=False), _single_tensor_adamw, in f64.
     let (lr, b1, b2, eps, wd) = (1e-2f64, 0.9f64, 0.999f64, 1e-8f64, 0.01f64);
@@ -1546,4 +1550,98 @@ struct Broadcast3 {
     c_stride: [i64; 6],
     a_stride: [i64; 6],
     b_stride: [i64; 6],
+}
+
+#[test]
+fn fused_rmsprop_adagrad_and_the_clipping_norm_follow_pytorchs_rules() {
+    let len = 300;
+    let Some((k, grads, init)) = optimizer_setup(len) else { return };
+    // torch.optim.RMSprop (_single_tensor_rmsprop) in f64, every combination of centered and
+    // momentum.
+    for (centered, momentum) in [(false, 0.0f64), (true, 0.0), (false, 0.9), (true, 0.9)] {
+        let (lr, alpha, eps, wd) = (1e-2f64, 0.99f64, 1e-8f64, 1e-3f64);
+        let mut want: Vec<f64> = init.iter().map(|v| *v as f64).collect();
+        let (mut sq, mut ga, mut mb) = (vec![0.0f64; len], vec![0.0f64; len], vec![0.0f64; len]);
+        let mut param = init.clone();
+        let (mut ksq, mut kga, mut kmb) = (vec![0.0f32; len], vec![0.0f32; len], vec![0.0f32; len]);
+        for g in &grads {
+            for i in 0..len {
+                let gi = g[i] as f64 + wd * want[i];
+                sq[i] = alpha * sq[i] + (1.0 - alpha) * gi * gi;
+                let avg = if centered {
+                    ga[i] = alpha * ga[i] + (1.0 - alpha) * gi;
+                    (sq[i] - ga[i] * ga[i]).sqrt() + eps
+                } else {
+                    sq[i].sqrt() + eps
+                };
+                if momentum > 0.0 {
+                    mb[i] = momentum * mb[i] + gi / avg;
+                    want[i] -= lr * mb[i];
+                } else {
+                    want[i] -= lr * gi / avg;
+                }
+            }
+            let ga_arg = if centered { out(&mut kga) } else { NULL };
+            let mb_arg = if momentum > 0.0 { out(&mut kmb) } else { NULL };
+            let args = [
+                n(len),
+                out(&mut param),
+                buf(g),
+                out(&mut ksq),
+                ga_arg,
+                mb_arg,
+                F32(lr as f32),
+                F32(alpha as f32),
+                F32(eps as f32),
+                F32(wd as f32),
+                F32(momentum as f32),
+                NULL,
+            ];
+            // SAFETY: len elements in every buffer given; null optional buffers and flag.
+            unsafe { k.run("rmsprop_step_f32", GRID_STRIDE, &args) };
+        }
+        let want32: Vec<f32> = want.iter().map(|v| *v as f32).collect();
+        assert_slices_close(&format!("rmsprop centered {centered} momentum {momentum}"), &param, &want32, 1e-5, 1e-6);
+    }
+    // torch.optim.Adagrad (_single_tensor_adagrad) in f64, with lr_decay and weight decay.
+    let (lr, lr_decay, eps, wd) = (0.1f64, 0.01f64, 1e-10f64, 1e-3f64);
+    let mut want: Vec<f64> = init.iter().map(|v| *v as f64).collect();
+    let mut sum = vec![0.1f64; len]; // initial_accumulator_value
+    let mut param = init.clone();
+    let mut ksum = vec![0.1f32; len];
+    for (s, g) in grads.iter().enumerate() {
+        let clr = lr / (1.0 + s as f64 * lr_decay);
+        for i in 0..len {
+            let gi = g[i] as f64 + wd * want[i];
+            sum[i] += gi * gi;
+            want[i] -= clr * gi / (sum[i].sqrt() + eps);
+        }
+        let args =
+            [n(len), out(&mut param), buf(g), out(&mut ksum), F32(clr as f32), F32(eps as f32), F32(wd as f32), NULL];
+        // SAFETY: len elements in every buffer; no flag.
+        unsafe { k.run("adagrad_step_f32", GRID_STRIDE, &args) };
+    }
+    let want32: Vec<f32> = want.iter().map(|v| *v as f32).collect();
+    assert_slices_close("adagrad after 3 steps", &param, &want32, 1e-5, 1e-6);
+    // A set found_inf flag skips both.
+    let (before, flag) = (param.clone(), [1.0f32]);
+    let args = [n(len), out(&mut param), buf(&grads[0]), out(&mut ksum), F32(0.1), F32(1e-10), F32(0.0), buf(&flag)];
+    // SAFETY: as above, with a flag word.
+    unsafe { k.run("adagrad_step_f32", GRID_STRIDE, &args) };
+    assert_eq!(param, before);
+    // The clipping norm: partial sums of squares per block, added on the host in order; the same
+    // bits on every run, and the norm within f32 rounding of the exact one.
+    let g: Vec<f32> = (0..5000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
+    let norm = || {
+        let mut partials = vec![f32::NAN; 3];
+        // SAFETY: 5000 inputs, one partial per block.
+        unsafe {
+            k.run("sum_squares_partial_f32", Launch { grid: 3, block: 256 }, &[n(g.len()), buf(&g), out(&mut partials)])
+        };
+        partials.iter().map(|p| *p as f64).sum::<f64>().sqrt()
+    };
+    let exact = g.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>().sqrt();
+    let (a, b) = (norm(), norm());
+    assert_eq!(a.to_bits(), b.to_bits());
+    assert!((a - exact).abs() <= 1e-5 * exact, "{a} vs {exact}");
 }
