@@ -6,19 +6,7 @@
 // variance and updates the running variance with the unbiased one; eval uses the running
 // statistics.
 
-#define FERRITE_BLOCK 256
-
-__device__ __forceinline__ float bn_block_sum(float v, float* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-        __syncthreads();
-    }
-    float r = shared[0];
-    __syncthreads();
-    return r;
-}
+// block_sum and FERRITE_BLOCK come from block_reduce.cuh.
 
 // Per channel: mean and 1/sqrt(var + eps) of the batch; the running statistics (if given) move by
 // `momentum` towards the batch mean and the unbiased batch variance.
@@ -31,13 +19,13 @@ batch_norm_stats_f32(long long n, long long c, long long l, const float* __restr
     for (long long ch = blockIdx.x; ch < c; ch += gridDim.x) {
         float s = 0.0f;
         for (long long i = threadIdx.x; i < m; i += FERRITE_BLOCK) s += x[(i / l) * c * l + ch * l + i % l];
-        float mean = bn_block_sum(s, shared) / (float)m;
+        float mean = block_sum(s, shared) / (float)m;
         float v = 0.0f;
         for (long long i = threadIdx.x; i < m; i += FERRITE_BLOCK) {
             float d = x[(i / l) * c * l + ch * l + i % l] - mean;
             v += d * d;
         }
-        float var_sum = bn_block_sum(v, shared);
+        float var_sum = block_sum(v, shared);
         if (threadIdx.x == 0) {
             mean_out[ch] = mean;
             invstd_out[ch] = rsqrtf(var_sum / (float)m + eps);
@@ -94,8 +82,8 @@ batch_norm_backward_reduce_f32(long long n, long long c, long long l, const floa
             sg += g;
             sgx += g * (x[at] - mean[ch]) * invstd[ch];
         }
-        float a = bn_block_sum(sg, shared);
-        float b = bn_block_sum(sgx, shared);
+        float a = block_sum(sg, shared);
+        float b = block_sum(sgx, shared);
         if (threadIdx.x == 0) {
             sum_dy[ch] = a;
             sum_dy_xhat[ch] = b;

@@ -2,19 +2,7 @@
 // statistics saved for backward as PyTorch saves them (mean and rstd; rstd alone for RMS norm).
 // Sums use a fixed tree, so results do not depend on timing.
 
-#define FERRITE_BLOCK 256
-
-__device__ __forceinline__ float norm_block_sum(float v, float* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-        __syncthreads();
-    }
-    float r = shared[0];
-    __syncthreads();
-    return r;
-}
+// block_sum and FERRITE_BLOCK come from block_reduce.cuh.
 
 // y = (x - mean) * rstd * weight + bias; weight/bias may be null (elementwise_affine=False).
 extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
@@ -26,13 +14,13 @@ layer_norm_f32(long long rows, long long cols, float eps, const float* __restric
         const float* xr = x + r * cols;
         float s = 0.0f;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += xr[c];
-        float mean = norm_block_sum(s, shared) / (float)cols;
+        float mean = block_sum(s, shared) / (float)cols;
         float v = 0.0f;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             float d = xr[c] - mean;
             v += d * d;
         }
-        float rstd = rsqrtf(norm_block_sum(v, shared) / (float)cols + eps);
+        float rstd = rsqrtf(block_sum(v, shared) / (float)cols + eps);
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             float n = (xr[c] - mean) * rstd;
             if (weight) n *= weight[c];
@@ -64,8 +52,8 @@ layer_norm_backward_input_f32(long long rows, long long cols, const float* __res
             sg += g;
             sgx += g * xhat;
         }
-        float mg = norm_block_sum(sg, shared) / (float)cols;
-        float mgx = norm_block_sum(sgx, shared) / (float)cols;
+        float mg = block_sum(sg, shared) / (float)cols;
+        float mgx = block_sum(sgx, shared) / (float)cols;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             float g = gr[c] * (weight ? weight[c] : 1.0f);
             float xhat = (xr[c] - m) * rs;
@@ -105,7 +93,7 @@ rms_norm_f32(long long rows, long long cols, float eps, const float* __restrict_
         const float* xr = x + r * cols;
         float s = 0.0f;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += xr[c] * xr[c];
-        float rstd = rsqrtf(norm_block_sum(s, shared) / (float)cols + eps);
+        float rstd = rsqrtf(block_sum(s, shared) / (float)cols + eps);
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             y[r * cols + c] = xr[c] * rstd * (weight ? weight[c] : 1.0f);
         }
@@ -129,7 +117,7 @@ rms_norm_backward_input_f32(long long rows, long long cols, const float* __restr
             float g = gr[c] * (weight ? weight[c] : 1.0f);
             sgx += g * xr[c] * rs;
         }
-        float mgx = norm_block_sum(sgx, shared) / (float)cols;
+        float mgx = block_sum(sgx, shared) / (float)cols;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             float g = gr[c] * (weight ? weight[c] : 1.0f);
             dx[r * cols + c] = rs * (g - xr[c] * rs * mgx);

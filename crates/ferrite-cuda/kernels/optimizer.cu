@@ -100,23 +100,17 @@ extern "C" __global__ void adagrad_step_f32(long long n, float* __restrict__ par
     }
 }
 
-// Partial sums of squares for gradient clipping's total norm: block b of a FERRITE_OPT_BLOCK-wide
-// launch writes the sum over its grid-stride elements (fixed tree) to partials[b]; the host adds
-// the partials in order, so the norm depends only on n and the grid, never on timing.
-#define FERRITE_OPT_BLOCK 256
-extern "C" __global__ void __launch_bounds__(FERRITE_OPT_BLOCK)
+// Partial sums of squares for gradient clipping's total norm: block b of a FERRITE_BLOCK-wide
+// launch writes the sum over its grid-stride elements (block_sum's fixed tree) to partials[b]; the
+// host adds the partials in order, so the norm depends only on n and the grid, never on timing.
+extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
 sum_squares_partial_f32(long long n, const float* __restrict__ x, float* __restrict__ partials) {
-    __shared__ float shared[FERRITE_OPT_BLOCK];
+    __shared__ float shared[FERRITE_BLOCK];
     float acc = 0.0f;
-    for (long long i = blockIdx.x * (long long)FERRITE_OPT_BLOCK + threadIdx.x; i < n;
-         i += (long long)gridDim.x * FERRITE_OPT_BLOCK) {
+    for (long long i = blockIdx.x * (long long)FERRITE_BLOCK + threadIdx.x; i < n;
+         i += (long long)gridDim.x * FERRITE_BLOCK) {
         acc += x[i] * x[i];
     }
-    shared[threadIdx.x] = acc;
-    __syncthreads();
-    for (int s = FERRITE_OPT_BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+    float total = block_sum(acc, shared);
+    if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }

@@ -3,32 +3,18 @@
 // memory. The order of additions depends only on cols and the block size, never on timing: the
 // result is the same on every run (the CPU backend's reductions are deterministic too).
 
-#define FERRITE_BLOCK 256
-// -inf without <math.h> (NVRTC has no standard headers).
-#define FERRITE_NEG_INF (__int_as_float(0xff800000))
+// block_sum, block_max and FERRITE_BLOCK come from block_reduce.cuh.
 
-__device__ __forceinline__ float block_sum(float v, float* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-        __syncthreads();
-    }
-    float r = shared[0];
-    __syncthreads();
-    return r;
-}
-
-__device__ __forceinline__ float block_max(float v, float* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = FERRITE_BLOCK / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
-        __syncthreads();
-    }
-    float r = shared[0];
-    __syncthreads();
-    return r;
+// The max of a row and the sum of exp(x - max) over it: the first two passes of softmax,
+// log_softmax and cross entropy (PyTorch's order). Returns the max; the sum goes to *sum.
+__device__ __forceinline__ float row_max_sumexp(const float* x, long long cols, float* shared, float* sum) {
+    float m = FERRITE_NEG_INF;
+    for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
+    m = block_max(m, shared);
+    float s = 0.0f;
+    for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
+    *sum = block_sum(s, shared);
+    return m;
 }
 
 extern "C" __global__ void __launch_bounds__(FERRITE_BLOCK)
@@ -62,12 +48,8 @@ softmax_rows_f32(long long rows, long long cols, const float* __restrict__ in, f
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* x = in + r * cols;
         float* y = out + r * cols;
-        float m = FERRITE_NEG_INF;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
-        m = block_max(m, shared);
-        float s = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
-        s = block_sum(s, shared);
+        float s;
+        float m = row_max_sumexp(x, cols, shared, &s);
         float inv = 1.0f / s;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) y[c] = expf(x[c] - m) * inv;
     }
@@ -100,12 +82,8 @@ cross_entropy_rows_f32(long long rows, long long cols, const float* __restrict__
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* x = logits + r * cols;
         long long t = target[r];
-        float m = FERRITE_NEG_INF;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
-        m = block_max(m, shared);
-        float s = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
-        s = block_sum(s, shared);
+        float s;
+        float m = row_max_sumexp(x, cols, shared, &s);
         if (threadIdx.x == 0) {
             bool ignored = t == ignore_index;
             bool valid = t >= 0 && t < cols;
@@ -131,12 +109,8 @@ cross_entropy_rows_backward_f32(long long rows, long long cols, const float* __r
         long long t = target[r];
         bool valid = t >= 0 && t < cols;
         float k = valid ? scale[r] : 0.0f;
-        float m = FERRITE_NEG_INF;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
-        m = block_max(m, shared);
-        float s = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
-        s = block_sum(s, shared);
+        float s;
+        float m = row_max_sumexp(x, cols, shared, &s);
         float inv = 1.0f / s;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) {
             d[c] = (expf(x[c] - m) * inv - (c == t ? 1.0f : 0.0f)) * k;
@@ -168,12 +142,9 @@ log_softmax_rows_f32(long long rows, long long cols, const float* __restrict__ i
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const float* x = in + r * cols;
         float* y = out + r * cols;
-        float m = FERRITE_NEG_INF;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) m = fmaxf(m, x[c]);
-        m = block_max(m, shared);
-        float s = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) s += expf(x[c] - m);
-        float lse = logf(block_sum(s, shared)) + m;
+        float s;
+        float m = row_max_sumexp(x, cols, shared, &s);
+        float lse = logf(s) + m;
         for (long long c = threadIdx.x; c < cols; c += FERRITE_BLOCK) y[c] = x[c] - lse;
     }
 }

@@ -11,6 +11,20 @@ pub struct KernelSource {
     pub kernels: &'static [&'static str],
 }
 
+/// A source with `kernels/block_reduce.cuh` (the shared block-wide sum and max) in front, and a
+/// `#line` so compile errors name the source's own lines.
+macro_rules! with_block_reduce {
+    ($file:literal) => {
+        concat!(
+            include_str!("../kernels/block_reduce.cuh"),
+            "\n#line 1 \"",
+            $file,
+            "\"\n",
+            include_str!(concat!("../kernels/", $file))
+        )
+    };
+}
+
 /// Every kernel source of the CUDA backend.
 pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
@@ -49,7 +63,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         name: "reduce.cu",
-        code: include_str!("../kernels/reduce.cu"),
+        code: with_block_reduce!("reduce.cu"),
         kernels: &[
             "sum_rows_f32",
             "max_rows_f32",
@@ -78,7 +92,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource { name: "copy.cu", code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32"] },
     KernelSource {
         name: "batch_norm.cu",
-        code: include_str!("../kernels/batch_norm.cu"),
+        code: with_block_reduce!("batch_norm.cu"),
         kernels: &[
             "batch_norm_stats_f32",
             "batch_norm_eval_stats_f32",
@@ -124,7 +138,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         name: "layer_norm.cu",
-        code: include_str!("../kernels/layer_norm.cu"),
+        code: with_block_reduce!("layer_norm.cu"),
         kernels: &[
             "layer_norm_f32",
             "layer_norm_backward_input_f32",
@@ -136,7 +150,7 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         name: "optimizer.cu",
-        code: include_str!("../kernels/optimizer.cu"),
+        code: with_block_reduce!("optimizer.cu"),
         kernels: &[
             "unscale_and_check_f32",
             "adamw_step_f32",
