@@ -88,6 +88,20 @@ pub fn cpu_report() -> String {
     format!("{model} | {} | kernels {}", features.join(" "), simd_level())
 }
 
+/// The lane accumulators of a row loop, handed on unchanged but out of the optimiser's sight.
+///
+/// Why: a row reduction keeps 16 independent partial sums (`[f32; 16]`) in its loop and then
+/// folds them pairwise. With the fold in view, LLVM's SLP vectoriser pairs the lanes for the
+/// fold and then runs the *loop* two lanes per instruction (`vmovsd` + `vaddps xmm`) on AVX-512
+/// and AVX2 alike — softmax and layer norm at 0.5–0.7× PyTorch on an AVX-512 EPYC (BENCHMARKS.md,
+/// "Row kernels at full vector width"). Passing the lanes through this barrier before the fold
+/// lets the loop keep one 16-lane (or two 8-lane) vector; the fold then reads them back from
+/// the stack. The value and the order of the additions are unchanged.
+#[inline(always)]
+pub(crate) fn lanes_barrier<L>(lanes: L) -> L {
+    std::hint::black_box(lanes)
+}
+
 /// Run `f` compiled for the best available vector extension. `f` and everything it calls in
 /// its hot loop must be `#[inline(always)]` for the loop to be compiled with those features.
 #[inline(always)]

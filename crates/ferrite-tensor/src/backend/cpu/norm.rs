@@ -18,7 +18,7 @@ use super::channel_vectors::{read, write};
 use crate::backend::{LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LayerNormParams, rows_cols};
 use crate::element::Float;
 use crate::error::Result;
-use crate::kernels::simd::vectorize;
+use crate::kernels::simd::{lanes_barrier, vectorize};
 use crate::kernels::strided::{SendPtr, par_ranges};
 
 pub(super) fn layer_norm(args: &LayerNormArgs<'_>) -> Result<()> {
@@ -46,6 +46,7 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
         }
     }
     // Pairwise combination of the lanes, then the tail.
+    let mut lanes = lanes_barrier(lanes);
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -277,6 +278,7 @@ fn lane_sums2<T: Float>(g: &[T], x: &[T], w: &[T::Acc], m: T::Acc, a: T::Acc) ->
             s2[k] += gw * ((xch[k].to_acc() - m) * a);
         }
     }
+    let (mut s1, mut s2) = lanes_barrier((s1, s2));
     let mut width = LANES;
     while width > 1 {
         width /= 2;
