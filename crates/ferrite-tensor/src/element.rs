@@ -108,6 +108,10 @@ pub trait AccFloat:
     fn from_f64c(v: f64) -> Self;
     /// e^x; for f32 a vectorisable version within 1 ulp (see `kernels::vmath`).
     fn vexp(self) -> Self;
+    /// e^x for x ≤ 0 (or NaN), as softmax needs it after subtracting the row maximum; for f32 a
+    /// shorter vectorisable version within 1 ulp that returns 0 where e^x is subnormal (see
+    /// `kernels::vmath::exp_nonpositive_f32`).
+    fn vexp_nonpositive(self) -> Self;
     /// tanh(x); for f32 a vectorisable version within 2 ulp.
     fn vtanh(self) -> Self;
     /// 1 / (1 + e^-x).
@@ -125,6 +129,10 @@ impl AccFloat for f32 {
     #[inline(always)]
     fn vexp(self) -> f32 {
         crate::kernels::vmath::exp_f32(self)
+    }
+    #[inline(always)]
+    fn vexp_nonpositive(self) -> f32 {
+        crate::kernels::vmath::exp_nonpositive_f32(self)
     }
     #[inline(always)]
     fn vtanh(self) -> f32 {
@@ -146,6 +154,10 @@ impl AccFloat for f64 {
     }
     #[inline(always)]
     fn vexp(self) -> f64 {
+        self.exp()
+    }
+    #[inline(always)]
+    fn vexp_nonpositive(self) -> f64 {
         self.exp()
     }
     #[inline(always)]

@@ -248,3 +248,41 @@ fn clamp_follows_pytorchs_rules_at_the_edges_on_every_device() {
         assert_eq!(ints.clamp(Some(6.0), Some(2.0)).unwrap().to_vec::<i64>().unwrap(), vec![2, 2, 2], "{dev}: ints");
     });
 }
+
+/// PyTorch's softmax and log_softmax at the edges: a NaN or a +inf anywhere in a row makes the
+/// whole row NaN, a row of -inf is NaN, and an element far below the row's maximum gives exactly
+/// 0 (softmax) and a finite value (log_softmax). Rows of 37 elements run the kernels' vector lanes
+/// and their tails. On every device.
+#[test]
+fn softmax_follows_pytorchs_rules_for_nan_inf_and_tiny_values_on_every_device() {
+    ferrite_test_support::for_each_device(|dev| {
+        let cols = 37;
+        let mut rows = vec![0.25f32; 5 * cols];
+        rows[20] = f32::NAN; // row 0: a NaN in the lanes
+        rows[cols + 36] = f32::INFINITY; // row 1: +inf in the tail
+        rows[2 * cols..3 * cols].fill(f32::NEG_INFINITY); // row 2: all -inf
+        rows[3 * cols + 3] = -1000.0; // row 3: exp underflows to 0
+        rows[4 * cols + 30] = -90.0; // row 4: exp is subnormal
+        let x = Tensor::from_vec(rows.clone(), &[5, cols], dev).unwrap();
+        for log in [false, true] {
+            let y = if log { x.log_softmax(1) } else { x.softmax(1) }.unwrap().to_vec::<f32>().unwrap();
+            let what = if log { "log_softmax" } else { "softmax" };
+            for r in 0..3 {
+                assert!(y[r * cols..(r + 1) * cols].iter().all(|v| v.is_nan()), "{dev} {what}: row {r} must be NaN");
+            }
+            for r in 3..5 {
+                let row = &rows[r * cols..(r + 1) * cols];
+                let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+                for (c, &got) in y[r * cols..(r + 1) * cols].iter().enumerate() {
+                    let want = if log { row[c] as f64 - lse } else { (row[c] as f64 - lse).exp() };
+                    let tol = 1e-6 * want.abs().max(1.0);
+                    assert!((got as f64 - want).abs() <= tol, "{dev} {what} [{r}, {c}]: {got} vs {want}");
+                }
+            }
+            if !log {
+                assert_eq!(y[3 * cols + 3], 0.0, "{dev}: e^-1000 underflows to exactly 0");
+            }
+        }
+    });
+}

@@ -42,6 +42,33 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p * s1 * s2
 }
 
+/// e^x for `x ≤ 0` (or NaN), the exponent softmax takes after subtracting the row maximum; a
+/// result that would be subnormal (`x < ln 2^-126`) is 0.
+///
+/// Why a second exp: softmax spends most of its time here, and knowing the sign saves a quarter
+/// of [`exp_f32`]'s instructions — no overflow clamp, `2^n` in one factor (`n ≥ -126`), the
+/// reduction's first step as one multiply-add. Softmax [4096, 256] on one AVX-512 thread:
+/// 0.54 → 0.46 ms. Flushing the subnormal range changes a softmax output by less than 2^-126
+/// absolutely. Within 1 ulp of a correctly rounded result elsewhere (tests below).
+#[inline(always)]
+pub(crate) fn exp_nonpositive_f32(x: f32) -> f32 {
+    let flushed = x < -87.336_55; // ln 2^-126: below it e^x is subnormal
+    let kf = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let n = kf - MAGIC;
+    let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
+    let z = r * r;
+    let p = 1.987_569_1e-4f32.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 5e-1);
+    let p = p.mul_add(z, r) + 1.0;
+    // n ∈ [-126, 0] wherever the result is kept, so 2^n is one normal factor. (For a flushed or
+    // NaN x the bits below are meaningless and the select discards them or NaN propagates.)
+    let s = f32::from_bits(((kf.to_bits() as i32 - MAGIC_BITS + 127) as u32) << 23);
+    if flushed { 0.0 } else { p * s }
+}
+
 /// tanh(x): an odd polynomial near 0 (no cancellation), `1 - 2/(e^{2|x|}+1)` elsewhere.
 #[inline(always)]
 pub(crate) fn tanh_f32(x: f32) -> f32 {
@@ -85,6 +112,24 @@ mod tests {
             assert!(ulps(exp_f32(v), v.exp()) <= 1, "exp({v}) = {} vs {}", exp_f32(v), v.exp());
         }
         assert!(exp_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn nonpositive_exp_within_one_ulp_of_libm_and_flushes_subnormals() {
+        let mut worst = 0;
+        let mut x = -87.336_5f32;
+        while x <= 0.0 {
+            worst = worst.max(ulps(exp_nonpositive_f32(x), x.exp()));
+            x += 0.000_29;
+        }
+        assert!(worst <= 1, "worst {worst} ulp");
+        for v in [0.0f32, -0.0, -1e-30, -0.5, -87.0, -87.33] {
+            assert!(ulps(exp_nonpositive_f32(v), v.exp()) <= 1, "exp({v}) = {} vs {}", exp_nonpositive_f32(v), v.exp());
+        }
+        for v in [-87.34f32, -100.0, -104.0, -1e10, f32::NEG_INFINITY] {
+            assert_eq!(exp_nonpositive_f32(v), 0.0, "exp({v}) is subnormal or 0: flushed");
+        }
+        assert!(exp_nonpositive_f32(f32::NAN).is_nan());
     }
 
     #[test]

@@ -53,7 +53,11 @@ fn rows_kernel<T: Float>(
 
 const LANES: usize = 16;
 
-/// Maximum of a row (NaN if any element is NaN), in independent lanes so it vectorises.
+/// Maximum of a row's non-NaN elements (-inf if none), in independent lanes so it vectorises
+/// (one `max` instruction per vector).
+///
+/// NaN needs no test here: a NaN element makes its `exp(x - m)` NaN, so the row's sum and every
+/// output of the row are NaN — PyTorch's result — whatever `m` is.
 #[inline(always)]
 fn row_max<T: Float>(x: &[T]) -> T::Acc {
     let mut lanes = [T::Acc::neg_infinity(); LANES];
@@ -62,7 +66,7 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
     for ch in chunks {
         for k in 0..LANES {
             let v = ch[k].to_acc();
-            lanes[k] = if v > lanes[k] || v.is_nan() { v } else { lanes[k] };
+            lanes[k] = if v > lanes[k] { v } else { lanes[k] };
         }
     }
     // Pairwise across the lanes (vector maxima, not a scalar chain of 16 compares per row: on
@@ -73,12 +77,12 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
         width /= 2;
         for k in 0..width {
             let v = lanes[k + width];
-            lanes[k] = if v > lanes[k] || v.is_nan() { v } else { lanes[k] };
+            lanes[k] = if v > lanes[k] { v } else { lanes[k] };
         }
     }
     let mut m = lanes[0];
     for v in rest.iter().map(|v| v.to_acc()) {
-        if v > m || v.is_nan() {
+        if v > m {
             m = v;
         }
     }
@@ -108,12 +112,12 @@ fn sum_exp<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
     let rest = chunks.remainder();
     for ch in chunks {
         for k in 0..LANES {
-            lanes[k] += (ch[k].to_acc() - m).vexp();
+            lanes[k] += (ch[k].to_acc() - m).vexp_nonpositive();
         }
     }
     let mut s = T::Acc::zero();
     for v in rest {
-        s += (v.to_acc() - m).vexp();
+        s += (v.to_acc() - m).vexp_nonpositive();
     }
     fold_lanes(lanes) + s
 }
@@ -139,7 +143,7 @@ fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
         // Half-precision rows: storing exp(x - m) in 16 bits before scaling would round twice.
         let inv = T::Acc::one() / sum_exp(x, m);
         for (o, &v) in out.iter_mut().zip(x) {
-            *o = T::from_acc((v.to_acc() - m).vexp() * inv);
+            *o = T::from_acc((v.to_acc() - m).vexp_nonpositive() * inv);
         }
     }
 }
@@ -153,14 +157,14 @@ fn exp_into<T: Float>(x: &[T], out: &mut [T], m: T::Acc) -> T::Acc {
     let mut oc = out.chunks_exact_mut(LANES);
     for (xch, och) in xc.zip(&mut oc) {
         for k in 0..LANES {
-            let e = (xch[k].to_acc() - m).vexp();
+            let e = (xch[k].to_acc() - m).vexp_nonpositive();
             och[k] = T::from_acc(e);
             lanes[k] += e;
         }
     }
     let mut s = T::Acc::zero();
     for (o, v) in oc.into_remainder().iter_mut().zip(xr) {
-        let e = (v.to_acc() - m).vexp();
+        let e = (v.to_acc() - m).vexp_nonpositive();
         *o = T::from_acc(e);
         s += e;
     }
