@@ -1,0 +1,332 @@
+//! The CUDA kernel backend (devices `cuda:<i>`): the CUDA C kernels of ferrite-cuda launched
+//! through a [`CudaRuntime`] chosen once per device — the NVIDIA driver ([`DriverRuntime`]:
+//! NVRTC, `cuLaunchKernel`, cuBLAS) or, only when `FERRITE_CUDA_EMULATOR=1`, the host emulator
+//! ([`HostRuntime`], the CI path: memory is host memory, kernels run on CPU threads). Memory comes
+//! from ferrite-memory's caching allocator on the same device; a tensor's device address is its
+//! block's address plus its offset.
+//!
+//! Supported dtypes: every dtype is stored, copied (layouts and conversions between f32, f16,
+//! bf16, i64, i32, u8 and bool), filled, read and written; arithmetic is f32, with f16 and bf16
+//! converted to f32 and back; f64 arithmetic and integer arithmetic are refused with
+//! `UnsupportedDType` (as on `gpu:N`). Sums accumulate in f32. Random numbers and `arange` are
+//! computed on the host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded
+//! runs match `cpu`. Ops without a CUDA kernel here yet return
+//! [`TensorError::NotImplementedOnDevice`] (use `cpu` or `gpu:N` for them).
+//!
+//! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
+//! [`HostRuntime`]: ferrite_cuda::HostRuntime
+
+mod data;
+mod elementwise;
+mod launch;
+mod matmul;
+mod reduce;
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use ferrite_cuda::{CudaRuntime, DriverRuntime, HostRuntime};
+use parking_lot::Mutex;
+
+use self::launch::Ctx;
+use crate::backend::{
+    BatchNormArgs, BatchNormBackwardArgs, BinaryOp, CellBackward, CellForward, CompareOp, ConvGeometry, Distribution,
+    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, KernelBackend, LayerNormArgs, LogicalOp, LossGrad,
+    LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
+    check_host_len, host_side,
+};
+use crate::error::{Result, TensorError};
+use crate::random::Generator;
+use crate::{Device, Tensor};
+
+/// The kernels of one CUDA device.
+pub struct CudaBackend {
+    device: String,
+    /// The runtime, or why the device cannot run kernels.
+    runtime: std::result::Result<Box<dyn CudaRuntime>, String>,
+}
+
+/// The backend of `cuda:<index>` (created on first use and kept for the process, as the
+/// device's context is).
+pub fn backend(index: usize) -> &'static CudaBackend {
+    static BACKENDS: OnceLock<Mutex<HashMap<usize, &'static CudaBackend>>> = OnceLock::new();
+    let mut map = BACKENDS.get_or_init(|| Mutex::new(HashMap::new())).lock();
+    map.entry(index).or_insert_with(|| {
+        let device = Device::Cuda { index }.to_string();
+        let runtime = open_runtime(index).map_err(|e| e.to_string());
+        Box::leak(Box::new(CudaBackend { device, runtime }))
+    })
+}
+
+/// The runtime of `cuda:<index>`: the host emulator under `FERRITE_CUDA_EMULATOR=1` (for the one
+/// emulated device), else the driver.
+fn open_runtime(index: usize) -> std::result::Result<Box<dyn CudaRuntime>, TensorError> {
+    if ferrite_memory::cuda::emulator_enabled() {
+        ferrite_memory::cuda::cuda_ordinal(index)?;
+        return Ok(Box::new(HostRuntime::new(&Device::Cuda { index }.to_string())));
+    }
+    DriverRuntime::open(index).map(|r| Box::new(r) as Box<dyn CudaRuntime>).map_err(|e| TensorError::Cuda {
+        op: "open",
+        device: Device::Cuda { index }.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+impl CudaBackend {
+    /// Error unless the device can run kernels (what `Storage::new` asks before the first
+    /// tensor of the device exists).
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        self.cx("allocate").map(|_| ())
+    }
+
+    fn cx(&self, op: &'static str) -> Result<Ctx<'_>> {
+        match &self.runtime {
+            Ok(rt) => Ok(Ctx { rt: rt.as_ref(), device: &self.device }),
+            Err(reason) => Err(TensorError::Cuda { op, device: self.device.clone(), detail: reason.clone() }),
+        }
+    }
+
+    fn missing(&self, op: &'static str) -> TensorError {
+        TensorError::NotImplementedOnDevice { op, device: self.device.clone() }
+    }
+}
+
+impl KernelBackend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn write_from_host(&self, dst: &Tensor, bytes: &[u8]) -> Result<()> {
+        check_host_len("write", bytes.len(), dst)?;
+        data::write(self.cx("write")?, dst, bytes)
+    }
+
+    fn read_to_host(&self, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
+        check_host_len("read", bytes.len(), src)?;
+        data::read(self.cx("read")?, src, bytes)
+    }
+
+    fn copy(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        data::copy(self.cx("copy_")?, dst, src)
+    }
+
+    fn fill(&self, dst: &Tensor, value: f64) -> Result<()> {
+        data::fill(self.cx("fill")?, dst, value)
+    }
+
+    fn arange(&self, dst: &Tensor, start: f64, step: f64) -> Result<()> {
+        // Computed on the host as the CPU backend does, then uploaded: the same values everywhere.
+        let cx = self.cx("arange")?;
+        let host = Tensor::empty(dst.shape(), dst.dtype(), &Device::Cpu)?;
+        host_side::arange(&host, start, step)?;
+        data::upload(cx, dst, &host)
+    }
+
+    fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
+        let cx = self.cx("rand")?;
+        let host = Tensor::empty(dst.shape(), dst.dtype(), &Device::Cpu)?;
+        host_side::random(&host, dist, generator)?;
+        data::upload(cx, dst, &host)
+    }
+
+    fn binary(&self, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::binary(self.cx(op.name())?, op, out, a, b)
+    }
+
+    fn binary_scalar(&self, op: BinaryOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+        elementwise::binary_scalar(self.cx(op.name())?, op, out, a, s)
+    }
+
+    fn binary_inplace(&self, op: BinaryOp, dst: &Tensor, src: &Tensor) -> Result<()> {
+        elementwise::binary_inplace(self.cx(op.name())?, op, dst, src)
+    }
+
+    fn unary(&self, op: UnaryOp, out: &Tensor, x: &Tensor) -> Result<()> {
+        elementwise::unary(self.cx(op.name())?, op, out, x)
+    }
+
+    fn unary_backward(&self, op: UnaryOp, out: &Tensor, grad: &Tensor, saved: &Tensor) -> Result<()> {
+        elementwise::unary_backward(self.cx(op.backward_name())?, op, out, grad, saved)
+    }
+
+    fn clamp(&self, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> Result<()> {
+        elementwise::clamp(self.cx("clamp")?, out, x, lo, hi)
+    }
+
+    fn compare(&self, op: CompareOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::compare(self.cx(op.name())?, op, out, a, b)
+    }
+
+    fn compare_scalar(&self, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+        elementwise::compare_scalar(self.cx(op.name())?, op, out, a, s)
+    }
+
+    fn logical(&self, op: LogicalOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::logical(self.cx("logical")?, op, out, a, b)
+    }
+
+    fn where_cond(&self, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+        elementwise::where_cond(self.cx("where")?, out, cond, a, b)
+    }
+
+    fn sum(&self, out: &Tensor, x: &Tensor, plan: &Plan, scale: f64) -> Result<()> {
+        reduce::sum(self.cx("sum")?, out, x, plan, scale)
+    }
+
+    fn arg_extreme(
+        &self,
+        _x: &Tensor,
+        _plan: &Plan,
+        _values: Option<&Tensor>,
+        _indices: &Tensor,
+        is_max: bool,
+    ) -> Result<()> {
+        Err(self.missing(if is_max { "max" } else { "min" }))
+    }
+
+    fn var(&self, _out: &Tensor, _x: &Tensor, _plan: &Plan, _denom: f64) -> Result<()> {
+        Err(self.missing("var"))
+    }
+
+    fn softmax(&self, out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
+        reduce::softmax(self.cx("softmax")?, out, x, log)
+    }
+
+    fn softmax_backward(&self, out: &Tensor, grad: &Tensor, y: &Tensor, log: bool) -> Result<()> {
+        reduce::softmax_backward(self.cx("softmax_backward")?, out, grad, y, log)
+    }
+
+    fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()> {
+        reduce::layer_norm(self.cx("layer_norm")?, args)
+    }
+
+    fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
+        matmul::matmul(self.cx("matmul")?, out, a, b, batch)
+    }
+
+    fn check_indices(
+        &self,
+        index: &Tensor,
+        size: usize,
+        ignore: Option<i64>,
+        dim: usize,
+        op: &'static str,
+    ) -> Result<()> {
+        // Validation needs the values on the host (a synchronisation point, as `.item()` is).
+        let host = Tensor::empty(index.shape(), index.dtype(), &Device::Cpu)?;
+        let src = index.contiguous()?;
+        let n = host.nbytes();
+        let dst = host.ptr::<u8>(op)?;
+        // SAFETY: `host` is a fresh contiguous CPU tensor of `n` bytes that nothing else can
+        // reach; the slice lives only for the read.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst, n) };
+        self.read_to_host(&src, bytes)?;
+        host_side::check_indices(&host, size, ignore, dim, op)
+    }
+
+    fn index_select(&self, _out: &Tensor, _x: &Tensor, _dim: usize, _index: &Tensor) -> Result<()> {
+        Err(self.missing("index_select"))
+    }
+
+    fn index_add(&self, _dst: &Tensor, _dim: usize, _index: &Tensor, _src: &Tensor) -> Result<()> {
+        Err(self.missing("index_add"))
+    }
+
+    fn gather(&self, _out: &Tensor, _x: &Tensor, _dim: usize, _index: &Tensor) -> Result<()> {
+        Err(self.missing("gather"))
+    }
+
+    fn scatter_add(&self, _out: &Tensor, _dim: usize, _index: &Tensor, _src: &Tensor) -> Result<()> {
+        Err(self.missing("scatter_add"))
+    }
+
+    fn one_hot(&self, _out: &Tensor, _index: &Tensor) -> Result<()> {
+        Err(self.missing("one_hot"))
+    }
+
+    fn fused(&self, kernel: &FusedKernel, _outputs: &[&Tensor], _inputs: &[&Tensor]) -> Result<f64> {
+        Err(self.missing(kernel.name()))
+    }
+
+    fn pointwise_loss(&self, op: PointwiseLoss, _out: &Tensor, _x: LossOperands<'_>) -> Result<()> {
+        Err(self.missing(op.name()))
+    }
+
+    fn pointwise_loss_backward(
+        &self,
+        op: PointwiseLoss,
+        _wrt: LossGrad,
+        _out: &Tensor,
+        _grad: &Tensor,
+        _x: LossOperands<'_>,
+    ) -> Result<()> {
+        Err(self.missing(op.backward_name()))
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        let cx = self.cx("synchronize")?;
+        cx.rt.synchronize().map_err(|e| cx.fail("synchronize", e))
+    }
+
+    fn batch_norm(&self, _args: &BatchNormArgs<'_>) -> Result<()> {
+        Err(self.missing("batch_norm"))
+    }
+
+    fn batch_norm_backward(&self, _args: &BatchNormBackwardArgs<'_>) -> Result<()> {
+        Err(self.missing("batch_norm_backward"))
+    }
+
+    fn group_norm(&self, _args: &GroupNormArgs<'_>) -> Result<()> {
+        Err(self.missing("group_norm"))
+    }
+
+    fn group_norm_backward(&self, _args: &GroupNormBackwardArgs<'_>) -> Result<()> {
+        Err(self.missing("group_norm_backward"))
+    }
+
+    fn rms_norm(&self, _args: &RmsNormArgs<'_>) -> Result<()> {
+        Err(self.missing("rms_norm"))
+    }
+
+    fn rms_norm_backward(&self, _args: &RmsNormBackwardArgs<'_>) -> Result<()> {
+        Err(self.missing("rms_norm_backward"))
+    }
+
+    fn max_pool2d(&self, _out: &Tensor, _indices: &Tensor, _x: &Tensor, _pool: &Pool2d) -> Result<()> {
+        Err(self.missing("max_pool2d"))
+    }
+
+    fn max_pool2d_backward(
+        &self,
+        _grad_input: &Tensor,
+        _grad_output: &Tensor,
+        _indices: &Tensor,
+        _pool: &Pool2d,
+    ) -> Result<()> {
+        Err(self.missing("max_pool2d_backward"))
+    }
+
+    fn avg_pool2d(&self, _out: &Tensor, _x: &Tensor, _pool: &Pool2d) -> Result<()> {
+        Err(self.missing("avg_pool2d"))
+    }
+
+    fn avg_pool2d_backward(&self, _grad_input: &Tensor, _grad_output: &Tensor, _pool: &Pool2d) -> Result<()> {
+        Err(self.missing("avg_pool2d_backward"))
+    }
+
+    fn im2col(&self, _cols: &Tensor, _x: &Tensor, _geom: &ConvGeometry) -> Result<()> {
+        Err(self.missing("im2col"))
+    }
+
+    fn col2im(&self, _x: &Tensor, _cols: &Tensor, _geom: &ConvGeometry) -> Result<()> {
+        Err(self.missing("col2im"))
+    }
+
+    fn recurrent_cell(&self, cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {
+        Err(self.missing(cell.name()))
+    }
+
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, _x: &CellBackward<'_>) -> Result<()> {
+        Err(self.missing(cell.backward_name()))
+    }
+}
