@@ -144,6 +144,27 @@ FERRITE_COMPARE(le_f32, x <= y)
 FERRITE_COMPARE(gt_f32, x > y)
 FERRITE_COMPARE(ge_f32, x >= y)
 
+// The same comparisons on int64 values (exact beyond f32's 2^24: labels, indices, counts).
+#define FERRITE_COMPARE_I64(name, expr)                                                          \
+    extern "C" __global__ void name(long long n, Broadcast g, const long long* __restrict__ a,    \
+                                    const long long* __restrict__ b, unsigned char* __restrict__ out) { \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long ia, ib;                                                                     \
+            offsets(g, i, &ia, &ib);                                                              \
+            long long x = a[ia];                                                                  \
+            long long y = b[ib];                                                                  \
+            out[i] = (expr) ? 1 : 0;                                                              \
+        }                                                                                         \
+    }
+
+FERRITE_COMPARE_I64(eq_i64, x == y)
+FERRITE_COMPARE_I64(ne_i64, x != y)
+FERRITE_COMPARE_I64(lt_i64, x < y)
+FERRITE_COMPARE_I64(le_i64, x <= y)
+FERRITE_COMPARE_I64(gt_i64, x > y)
+FERRITE_COMPARE_I64(ge_i64, x >= y)
+
 // where(cond, a, b) with each operand broadcast to the output through its own strides.
 struct Broadcast3 {
     int ndim;
@@ -169,6 +190,30 @@ extern "C" __global__ void where_f32(long long n, Broadcast3 g, const unsigned c
         out[i] = cond[oc] ? a[oa] : b[ob];
     }
 }
+
+// where on raw elements of one width (any dtype of that width: int64, bool, f16, ...): the
+// selection moves values, it computes nothing.
+#define FERRITE_WHERE(name, T)                                                                   \
+    extern "C" __global__ void name(long long n, Broadcast3 g, const unsigned char* __restrict__ cond, \
+                                    const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out) { \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long rest = i, oc = 0, oa = 0, ob = 0;                                           \
+            for (int d = g.ndim - 1; d >= 0; --d) {                                               \
+                long long idx = rest % g.shape[d];                                                \
+                rest /= g.shape[d];                                                               \
+                oc += idx * g.c_stride[d];                                                        \
+                oa += idx * g.a_stride[d];                                                        \
+                ob += idx * g.b_stride[d];                                                        \
+            }                                                                                     \
+            out[i] = cond[oc] ? a[oa] : b[ob];                                                    \
+        }                                                                                         \
+    }
+
+FERRITE_WHERE(where_b8, unsigned char)
+FERRITE_WHERE(where_b16, unsigned short)
+FERRITE_WHERE(where_b32, unsigned int)
+FERRITE_WHERE(where_b64, unsigned long long)
 
 // clamp(x, lo, hi) as PyTorch's min(max(x, lo), hi): NaN stays NaN, hi wins when lo > hi, and a
 // bound that is NaN makes the result NaN.

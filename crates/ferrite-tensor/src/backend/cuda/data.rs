@@ -157,8 +157,8 @@ pub(super) fn fill(cx: Ctx<'_>, dst: &Tensor, value: f64) -> Result<()> {
     if dst.dtype() == DType::F32 {
         return cx.launch_n("fill", "elementwise.cu", "fill_f32", n, &[n_arg(n), KernelArg::F32(value as f32), KernelArg::Ptr(addr(dst, "fill")?)]);
     }
-    let one = cx.scratch(dst, &[1], dst.dtype())?;
-    let host = Tensor::full(&[1], value, dst.dtype(), &crate::Device::Cpu)?;
+    let one = cx.scratch(dst, &[], dst.dtype())?;
+    let host = Tensor::full(&[], value, dst.dtype(), &crate::Device::Cpu)?;
     upload(cx, &one, &host)?;
     copy(cx, dst, &one)
 }

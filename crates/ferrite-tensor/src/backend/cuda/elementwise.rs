@@ -206,27 +206,79 @@ pub(super) fn clamp(cx: Ctx<'_>, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> 
     })
 }
 
-fn compare_kernel(op: CompareOp) -> &'static str {
-    match op {
-        CompareOp::Eq => "eq_f32",
-        CompareOp::Ne => "ne_f32",
-        CompareOp::Lt => "lt_f32",
-        CompareOp::Le => "le_f32",
-        CompareOp::Gt => "gt_f32",
-        CompareOp::Ge => "ge_f32",
+fn compare_kernel(op: CompareOp, int: bool) -> &'static str {
+    match (op, int) {
+        (CompareOp::Eq, false) => "eq_f32",
+        (CompareOp::Ne, false) => "ne_f32",
+        (CompareOp::Lt, false) => "lt_f32",
+        (CompareOp::Le, false) => "le_f32",
+        (CompareOp::Gt, false) => "gt_f32",
+        (CompareOp::Ge, false) => "ge_f32",
+        (CompareOp::Eq, true) => "eq_i64",
+        (CompareOp::Ne, true) => "ne_i64",
+        (CompareOp::Lt, true) => "lt_i64",
+        (CompareOp::Le, true) => "le_i64",
+        (CompareOp::Gt, true) => "gt_i64",
+        (CompareOp::Ge, true) => "ge_i64",
     }
 }
 
+/// `t` as the operand of a comparison kernel: f32 for the float dtypes and for u8/bool (exact),
+/// i64 for i64 and i32 (exact); f64 refused.
+fn compare_operand(cx: Ctx<'_>, t: &Tensor, op: &'static str) -> Result<Tensor> {
+    let to = match t.dtype() {
+        DType::F64 => return Err(TensorError::UnsupportedDType { op, dtype: DType::F64 }),
+        DType::I64 => return Ok(t.clone()),
+        DType::I32 => DType::I64,
+        DType::F32 => return Ok(t.clone()),
+        _ => DType::F32,
+    };
+    let c = cx.scratch(t, t.shape(), to)?;
+    copy(cx, &c, t)?;
+    Ok(c)
+}
+
 pub(super) fn compare(cx: Ctx<'_>, op: CompareOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
-    check_float(op.name(), &[a, b])?;
-    let (a, b) = (as_f32(cx, a)?, as_f32(cx, b)?);
-    broadcast_kernel(cx, op.name(), compare_kernel(op), out, &a, &b)
+    let name = op.name();
+    let (a, b) = (compare_operand(cx, a, name)?, compare_operand(cx, b, name)?);
+    let int = a.dtype() == DType::I64;
+    if int != (b.dtype() == DType::I64) {
+        return Err(TensorError::DTypeMismatch { op: name, lhs: a.dtype(), rhs: b.dtype() });
+    }
+    broadcast_kernel(cx, name, compare_kernel(op, int), out, &a, &b)
 }
 
 pub(super) fn compare_scalar(cx: Ctx<'_>, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
-    check_float(op.name(), &[a])?;
-    let s = scalar_f32(cx, a, s)?;
-    compare(cx, op, out, a, &s)
+    if !matches!(a.dtype(), DType::I64 | DType::I32) {
+        let a = compare_operand(cx, a, op.name())?;
+        let s = scalar_f32(cx, &a, s)?;
+        return broadcast_kernel(cx, op.name(), compare_kernel(op, false), out, &a, &s);
+    }
+    // Integers against a scalar, exactly: a fractional or infinite scalar becomes the integer
+    // bound with the same answer for every integer (x < 2.5 ⟺ x < 3), or a constant.
+    let constant = |v: bool| super::data::fill(cx, out, if v { 1.0 } else { 0.0 });
+    if s.is_nan() {
+        return constant(op == CompareOp::Ne);
+    }
+    if s.is_infinite() || s.abs() >= 9.2e18 {
+        let above = s > 0.0; // the scalar is above every i64
+        return constant(match op {
+            CompareOp::Eq => false,
+            CompareOp::Ne => true,
+            CompareOp::Lt | CompareOp::Le => above,
+            CompareOp::Gt | CompareOp::Ge => !above,
+        });
+    }
+    let bound = match op {
+        CompareOp::Eq | CompareOp::Ne if s.fract() != 0.0 => return constant(op == CompareOp::Ne),
+        CompareOp::Lt | CompareOp::Ge => s.ceil(),
+        _ => s.floor(),
+    };
+    let a = compare_operand(cx, a, op.name())?;
+    let host = Tensor::full(&[], bound, DType::I64, &crate::Device::Cpu)?;
+    let b = cx.scratch(&a, &[], DType::I64)?;
+    super::data::upload(cx, &b, &host)?;
+    broadcast_kernel(cx, op.name(), compare_kernel(op, true), out, &a, &b)
 }
 
 pub(super) fn logical(cx: Ctx<'_>, op: LogicalOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
@@ -246,27 +298,30 @@ pub(super) fn logical(cx: Ctx<'_>, op: LogicalOp, out: &Tensor, a: &Tensor, b: &
 
 pub(super) fn where_cond(cx: Ctx<'_>, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     const OP: &str = "where";
-    check_float(OP, &[out, a, b])?;
     if cond.dtype() != DType::Bool {
         return Err(TensorError::UnsupportedDType { op: OP, dtype: cond.dtype() });
     }
-    let (a, b) = (as_f32(cx, a)?, as_f32(cx, b)?);
-    into_f32_out(cx, out, |o| {
-        let shape = o.shape();
-        let (sc, sa, sb) = (strides_to(cond, shape, OP)?, strides_to(&a, shape, OP)?, strides_to(&b, shape, OP)?);
-        let (s, st) = merge_dims(shape, &[&contiguous_strides(shape), &sc, &sa, &sb]);
-        if s.len() > MAX_DIMS {
-            return Err(cx.too_many_dims(OP, shape.len(), MAX_DIMS));
-        }
-        let n = o.numel();
-        let args = [
-            n_arg(n),
-            KernelArg::record(&broadcast3(&s, &st[1], &st[2], &st[3])),
-            ptr(cond, OP)?,
-            ptr(&a, OP)?,
-            ptr(&b, OP)?,
-            ptr(o, OP)?,
-        ];
-        cx.launch_n(OP, "elementwise.cu", "where_f32", n, &args)
-    })
+    // A selection moves elements without computing: one kernel per element width, every dtype.
+    let kernel = match out.dtype().size_in_bytes() {
+        1 => "where_b8",
+        2 => "where_b16",
+        4 => "where_b32",
+        _ => "where_b64",
+    };
+    let shape = out.shape();
+    let (sc, sa, sb) = (strides_to(cond, shape, OP)?, strides_to(a, shape, OP)?, strides_to(b, shape, OP)?);
+    let (s, st) = merge_dims(shape, &[&contiguous_strides(shape), &sc, &sa, &sb]);
+    if s.len() > MAX_DIMS {
+        return Err(cx.too_many_dims(OP, shape.len(), MAX_DIMS));
+    }
+    let n = out.numel();
+    let args = [
+        n_arg(n),
+        KernelArg::record(&broadcast3(&s, &st[1], &st[2], &st[3])),
+        ptr(cond, OP)?,
+        ptr(a, OP)?,
+        ptr(b, OP)?,
+        ptr(out, OP)?,
+    ];
+    cx.launch_n(OP, "elementwise.cu", kernel, n, &args)
 }

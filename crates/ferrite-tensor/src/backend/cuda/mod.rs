@@ -16,10 +16,13 @@
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
 //! [`HostRuntime`]: ferrite_cuda::HostRuntime
 
+mod conv_pool;
 mod data;
 mod elementwise;
+mod index;
 mod launch;
 mod matmul;
+mod norm;
 mod reduce;
 
 use std::collections::HashMap;
@@ -31,7 +34,8 @@ use parking_lot::Mutex;
 use self::launch::Ctx;
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardArgs, BinaryOp, CellBackward, CellForward, CompareOp, ConvGeometry, Distribution,
-    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, KernelBackend, LayerNormArgs, LogicalOp, LossGrad,
+    FusedKernel, GroupNormArgs, GroupNormBackwardArgs, KernelBackend, LayerNormArgs, LayerNormBackwardArgs,
+    LayerNormGrads, LogicalOp, LossGrad,
     LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
     check_host_len, host_side,
 };
@@ -175,17 +179,17 @@ impl KernelBackend for CudaBackend {
 
     fn arg_extreme(
         &self,
-        _x: &Tensor,
-        _plan: &Plan,
-        _values: Option<&Tensor>,
-        _indices: &Tensor,
+        x: &Tensor,
+        plan: &Plan,
+        values: Option<&Tensor>,
+        indices: &Tensor,
         is_max: bool,
     ) -> Result<()> {
-        Err(self.missing(if is_max { "max" } else { "min" }))
+        reduce::arg_extreme(self.cx(if is_max { "max" } else { "min" })?, x, plan, values, indices, is_max)
     }
 
-    fn var(&self, _out: &Tensor, _x: &Tensor, _plan: &Plan, _denom: f64) -> Result<()> {
-        Err(self.missing("var"))
+    fn var(&self, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64) -> Result<()> {
+        reduce::var(self.cx("var")?, out, x, plan, denom)
     }
 
     fn softmax(&self, out: &Tensor, x: &Tensor, log: bool) -> Result<()> {
@@ -198,6 +202,10 @@ impl KernelBackend for CudaBackend {
 
     fn layer_norm(&self, args: &LayerNormArgs<'_>) -> Result<()> {
         reduce::layer_norm(self.cx("layer_norm")?, args)
+    }
+
+    fn layer_norm_backward(&self, args: &LayerNormBackwardArgs<'_>) -> Result<Option<LayerNormGrads>> {
+        norm::layer_norm_backward(self.cx("layer_norm_backward")?, args)
     }
 
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
@@ -224,24 +232,24 @@ impl KernelBackend for CudaBackend {
         host_side::check_indices(&host, size, ignore, dim, op)
     }
 
-    fn index_select(&self, _out: &Tensor, _x: &Tensor, _dim: usize, _index: &Tensor) -> Result<()> {
-        Err(self.missing("index_select"))
+    fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
+        index::index_select(self.cx("index_select")?, out, x, dim, index)
     }
 
-    fn index_add(&self, _dst: &Tensor, _dim: usize, _index: &Tensor, _src: &Tensor) -> Result<()> {
-        Err(self.missing("index_add"))
+    fn index_add(&self, dst: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        index::index_add(self.cx("index_add")?, dst, dim, index, src)
     }
 
-    fn gather(&self, _out: &Tensor, _x: &Tensor, _dim: usize, _index: &Tensor) -> Result<()> {
-        Err(self.missing("gather"))
+    fn gather(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
+        index::gather(self.cx("gather")?, out, x, dim, index)
     }
 
-    fn scatter_add(&self, _out: &Tensor, _dim: usize, _index: &Tensor, _src: &Tensor) -> Result<()> {
-        Err(self.missing("scatter_add"))
+    fn scatter_add(&self, out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+        index::scatter_add(self.cx("scatter_add")?, out, dim, index, src)
     }
 
-    fn one_hot(&self, _out: &Tensor, _index: &Tensor) -> Result<()> {
-        Err(self.missing("one_hot"))
+    fn one_hot(&self, out: &Tensor, index: &Tensor) -> Result<()> {
+        index::one_hot(self.cx("one_hot")?, out, index)
     }
 
     fn fused(&self, kernel: &FusedKernel, _outputs: &[&Tensor], _inputs: &[&Tensor]) -> Result<f64> {
@@ -268,58 +276,58 @@ impl KernelBackend for CudaBackend {
         cx.rt.synchronize().map_err(|e| cx.fail("synchronize", e))
     }
 
-    fn batch_norm(&self, _args: &BatchNormArgs<'_>) -> Result<()> {
-        Err(self.missing("batch_norm"))
+    fn batch_norm(&self, args: &BatchNormArgs<'_>) -> Result<()> {
+        norm::batch_norm(self.cx("batch_norm")?, args)
     }
 
-    fn batch_norm_backward(&self, _args: &BatchNormBackwardArgs<'_>) -> Result<()> {
-        Err(self.missing("batch_norm_backward"))
+    fn batch_norm_backward(&self, args: &BatchNormBackwardArgs<'_>) -> Result<()> {
+        norm::batch_norm_backward(self.cx("batch_norm_backward")?, args)
     }
 
-    fn group_norm(&self, _args: &GroupNormArgs<'_>) -> Result<()> {
-        Err(self.missing("group_norm"))
+    fn group_norm(&self, args: &GroupNormArgs<'_>) -> Result<()> {
+        norm::group_norm(self.cx("group_norm")?, args)
     }
 
-    fn group_norm_backward(&self, _args: &GroupNormBackwardArgs<'_>) -> Result<()> {
-        Err(self.missing("group_norm_backward"))
+    fn group_norm_backward(&self, args: &GroupNormBackwardArgs<'_>) -> Result<()> {
+        norm::group_norm_backward(self.cx("group_norm_backward")?, args)
     }
 
-    fn rms_norm(&self, _args: &RmsNormArgs<'_>) -> Result<()> {
-        Err(self.missing("rms_norm"))
+    fn rms_norm(&self, args: &RmsNormArgs<'_>) -> Result<()> {
+        norm::rms_norm(self.cx("rms_norm")?, args)
     }
 
-    fn rms_norm_backward(&self, _args: &RmsNormBackwardArgs<'_>) -> Result<()> {
-        Err(self.missing("rms_norm_backward"))
+    fn rms_norm_backward(&self, args: &RmsNormBackwardArgs<'_>) -> Result<()> {
+        norm::rms_norm_backward(self.cx("rms_norm_backward")?, args)
     }
 
-    fn max_pool2d(&self, _out: &Tensor, _indices: &Tensor, _x: &Tensor, _pool: &Pool2d) -> Result<()> {
-        Err(self.missing("max_pool2d"))
+    fn max_pool2d(&self, out: &Tensor, indices: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()> {
+        conv_pool::max_pool2d(self.cx("max_pool2d")?, out, indices, x, pool)
     }
 
     fn max_pool2d_backward(
         &self,
-        _grad_input: &Tensor,
-        _grad_output: &Tensor,
-        _indices: &Tensor,
-        _pool: &Pool2d,
+        grad_input: &Tensor,
+        grad_output: &Tensor,
+        indices: &Tensor,
+        pool: &Pool2d,
     ) -> Result<()> {
-        Err(self.missing("max_pool2d_backward"))
+        conv_pool::max_pool2d_backward(self.cx("max_pool2d_backward")?, grad_input, grad_output, indices, pool)
     }
 
-    fn avg_pool2d(&self, _out: &Tensor, _x: &Tensor, _pool: &Pool2d) -> Result<()> {
-        Err(self.missing("avg_pool2d"))
+    fn avg_pool2d(&self, out: &Tensor, x: &Tensor, pool: &Pool2d) -> Result<()> {
+        conv_pool::avg_pool2d(self.cx("avg_pool2d")?, out, x, pool)
     }
 
-    fn avg_pool2d_backward(&self, _grad_input: &Tensor, _grad_output: &Tensor, _pool: &Pool2d) -> Result<()> {
-        Err(self.missing("avg_pool2d_backward"))
+    fn avg_pool2d_backward(&self, grad_input: &Tensor, grad_output: &Tensor, pool: &Pool2d) -> Result<()> {
+        conv_pool::avg_pool2d_backward(self.cx("avg_pool2d_backward")?, grad_input, grad_output, pool)
     }
 
-    fn im2col(&self, _cols: &Tensor, _x: &Tensor, _geom: &ConvGeometry) -> Result<()> {
-        Err(self.missing("im2col"))
+    fn im2col(&self, cols: &Tensor, x: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv_pool::im2col(self.cx("im2col")?, cols, x, geom)
     }
 
-    fn col2im(&self, _x: &Tensor, _cols: &Tensor, _geom: &ConvGeometry) -> Result<()> {
-        Err(self.missing("col2im"))
+    fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
+        conv_pool::col2im(self.cx("col2im")?, x, cols, geom)
     }
 
     fn recurrent_cell(&self, cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {

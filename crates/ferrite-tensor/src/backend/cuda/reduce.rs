@@ -87,3 +87,68 @@ pub(super) fn layer_norm(cx: Ctx<'_>, args: &LayerNormArgs<'_>) -> Result<()> {
         })
     })
 }
+
+/// The input of a reduction as a contiguous f32 `[rows, rn]` (kept dims first, reduced last).
+fn rows_of(cx: Ctx<'_>, x: &Tensor, plan: &Plan, rows: usize) -> Result<Tensor> {
+    let permuted = x.view_with_layout(plan.permuted.clone());
+    let flat = cx.scratch(x, &[rows, plan.rn], DType::F32)?;
+    copy(cx, &flat.contiguous_view_as(permuted.shape()), &permuted)?;
+    Ok(flat)
+}
+
+pub(super) fn arg_extreme(
+    cx: Ctx<'_>,
+    x: &Tensor,
+    plan: &Plan,
+    values: Option<&Tensor>,
+    indices: &Tensor,
+    is_max: bool,
+) -> Result<()> {
+    let op = if is_max { "max" } else { "min" };
+    check_float(op, &[x])?;
+    let rows = indices.numel();
+    if rows == 0 {
+        return Ok(());
+    }
+    let mut flat = rows_of(cx, x, plan, rows)?;
+    if !is_max {
+        // min(x) = -max(-x), the same index (the first NaN, then the first extreme, either way).
+        let neg = cx.scratch(x, flat.shape(), DType::F32)?;
+        super::elementwise::unary(cx, crate::backend::UnaryOp::Neg, &neg, &flat)?;
+        flat = neg;
+    }
+    let vals = cx.scratch(x, &[rows], DType::F32)?;
+    let args = [n_arg(rows), n_arg(plan.rn), ptr(&flat, op)?, ptr(&vals, op)?, ptr(indices, op)?];
+    cx.launch_rows(op, "reduce.cu", "max_rows_with_index_f32", rows, &args)?;
+    if let Some(v) = values {
+        let vals = vals.contiguous_view_as(v.shape());
+        if is_max {
+            copy(cx, v, &vals)?;
+        } else {
+            into_f32_out(cx, v, |o| super::elementwise::unary(cx, crate::backend::UnaryOp::Neg, o, &vals))?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn var(cx: Ctx<'_>, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64) -> Result<()> {
+    const OP: &str = "var";
+    check_float(OP, &[out, x])?;
+    let rows = out.numel();
+    if rows == 0 {
+        return Ok(());
+    }
+    let flat = rows_of(cx, x, plan, rows)?;
+    // Two passes, as the CPU: the mean of each row, then the sum of squared deviations.
+    let sums = cx.scratch(x, &[rows, 1], DType::F32)?;
+    cx.launch_rows(OP, "reduce.cu", "sum_rows_f32", rows, &[n_arg(rows), n_arg(plan.rn), ptr(&flat, OP)?, ptr(&sums, OP)?])?;
+    let means = cx.scratch(x, &[rows, 1], DType::F32)?;
+    super::elementwise::binary_scalar(cx, BinaryOp::Mul, &means, &sums, 1.0 / plan.rn as f64)?;
+    let dev = cx.scratch(x, flat.shape(), DType::F32)?;
+    super::elementwise::binary(cx, BinaryOp::Sub, &dev, &flat, &means)?;
+    let sq = cx.scratch(x, flat.shape(), DType::F32)?;
+    super::elementwise::unary(cx, crate::backend::UnaryOp::Square, &sq, &dev)?;
+    let ss = cx.scratch(x, &[rows], DType::F32)?;
+    cx.launch_rows(OP, "reduce.cu", "sum_rows_f32", rows, &[n_arg(rows), n_arg(plan.rn), ptr(&sq, OP)?, ptr(&ss, OP)?])?;
+    into_f32_out(cx, out, |o| super::elementwise::binary_scalar(cx, BinaryOp::Mul, o, &ss.contiguous_view_as(o.shape()), 1.0 / denom))
+}
