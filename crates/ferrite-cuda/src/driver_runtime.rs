@@ -134,11 +134,15 @@ impl DriverRuntime {
         if let Some(f) = m.functions.get(kernel) {
             return Ok(*f);
         }
-        let name = CString::new(kernel)
-            .map_err(|_| CudaError::NoSuchKernel { kernel: kernel.to_string(), source_name: source.name.to_string() })?;
+        let name = CString::new(kernel).map_err(|_| CudaError::NoSuchKernel {
+            kernel: kernel.to_string(),
+            source_name: source.name.to_string(),
+        })?;
         let mut f: sys::CUfunction = std::ptr::null_mut();
         // SAFETY: `module` was loaded in this context; `name` is NUL-terminated; valid out-pointer.
-        check(&self.device, "cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut f, m.module, name.as_ptr()) })?;
+        check(&self.device, "cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut f, m.module, name.as_ptr())
+        })?;
         m.functions.insert(kernel.to_string(), f);
         Ok(f)
     }
@@ -258,7 +262,8 @@ impl CudaRuntime for DriverRuntime {
         self.current()?;
         let h = self.cublas()?;
         let d = &self.device;
-        let op = |t: bool| if t { cublas::cublasOperation_t::CUBLAS_OP_T } else { cublas::cublasOperation_t::CUBLAS_OP_N };
+        let op =
+            |t: bool| if t { cublas::cublasOperation_t::CUBLAS_OP_T } else { cublas::cublasOperation_t::CUBLAS_OP_N };
         let (m, n, k) = (int(d, "m", g.m)?, int(d, "n", g.n)?, int(d, "k", g.k)?);
         let (lda, ldb, ldc) = (int(d, "lda", g.lda)?, int(d, "ldb", g.ldb)?, int(d, "ldc", g.ldc)?);
         let batch = int(d, "batch", g.batch)?;
@@ -288,7 +293,11 @@ impl CudaRuntime for DriverRuntime {
             )
         };
         if s != cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(CudaError::Cublas { device: d.clone(), call: "cublasSgemmStridedBatched", status: format!("{s:?}") });
+            return Err(CudaError::Cublas {
+                device: d.clone(),
+                call: "cublasSgemmStridedBatched",
+                status: format!("{s:?}"),
+            });
         }
         Ok(())
     }

@@ -112,7 +112,8 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         name: "copy.cu",
-        code: include_str!("../kernels/copy.cu"), kernels: &["strided_copy_f32", "copy_layout_b8", "copy_layout_b16", "copy_layout_b32", "copy_layout_b64"],
+        code: include_str!("../kernels/copy.cu"),
+        kernels: &["strided_copy_f32", "copy_layout_b8", "copy_layout_b16", "copy_layout_b32", "copy_layout_b64"],
     },
     KernelSource {
         name: "batch_norm.cu",

@@ -17,8 +17,8 @@
 //! real driver ([`DriverRuntime`]) or the host emulator ([`HostRuntime`]).
 mod driver_runtime;
 mod error;
-mod host_runtime;
 mod host_module;
+mod host_runtime;
 mod kernel_arg;
 mod kernel_sources;
 mod nvrtc;
@@ -26,8 +26,8 @@ mod runtime;
 
 pub use driver_runtime::DriverRuntime;
 pub use error::CudaError;
-pub use host_runtime::HostRuntime;
 pub use host_module::{CXX_ENV, HostModule};
+pub use host_runtime::HostRuntime;
 pub use kernel_arg::{KernelArg, param_array};
 pub use kernel_sources::{KERNEL_SOURCES, KernelSource};
 pub use nvrtc::{Compiled, NVRTC_ENV, Nvrtc};

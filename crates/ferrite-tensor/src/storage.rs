@@ -184,7 +184,10 @@ mod tests {
         for index in [0, 3] {
             let cuda = Device::Cuda { index };
             let e = Tensor::zeros(&[4], DType::F32, &cuda).unwrap_err();
-            assert!(matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { device, .. }) if *device == cuda.to_string()), "{e:?}");
+            assert!(
+                matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { device, .. }) if *device == cuda.to_string()),
+                "{e:?}"
+            );
             let msg = e.to_string();
             assert!(msg.contains("`gpu:N`") && msg.contains("`cpu`"), "{msg}");
             let unbacked = std::sync::Arc::new(CachingAllocator::unbacked(cuda.clone(), AllocatorConfig::default()));

@@ -50,7 +50,10 @@ fn on_emulator(name: &str) -> bool {
         "{name} on the emulated cuda:0 failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains(&format!("CUDA-EMULATED {name} done")), "{name}: the child did not run the test:\n{stdout}");
+    assert!(
+        stdout.contains(&format!("CUDA-EMULATED {name} done")),
+        "{name}: the child did not run the test:\n{stdout}"
+    );
     false
 }
 
@@ -125,10 +128,17 @@ fn data_moves_and_converts_exactly_like_the_cpu() {
     ];
     for (what, view) in &views {
         assert_same(what, &view(&d).contiguous().unwrap(), &view(&x).contiguous().unwrap());
-        assert_same(&format!("{what} to bf16"), &view(&d).to_dtype(DType::BF16).unwrap(), &view(&x).to_dtype(DType::BF16).unwrap());
+        assert_same(
+            &format!("{what} to bf16"),
+            &view(&d).to_dtype(DType::BF16).unwrap(),
+            &view(&x).to_dtype(DType::BF16).unwrap(),
+        );
     }
     // copy_ into a strided view of a larger tensor.
-    let (hd, dd) = (Tensor::zeros(&[7, 5], DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(&[7, 5], DType::F32, &cuda()).unwrap());
+    let (hd, dd) = (
+        Tensor::zeros(&[7, 5], DType::F32, &Device::Cpu).unwrap(),
+        Tensor::zeros(&[7, 5], DType::F32, &cuda()).unwrap(),
+    );
     let src = randn(&mut g, &[4, 3]);
     hd.t().unwrap().narrow(0, 1, 4).unwrap().narrow(1, 2, 3).unwrap().copy_(&src).unwrap();
     dd.t().unwrap().narrow(0, 1, 4).unwrap().narrow(1, 2, 3).unwrap().copy_(&to_cuda(&src)).unwrap();
@@ -225,7 +235,11 @@ fn elementwise_ops_match_the_cpu() {
         }
     }
     let half = a.to_dtype(DType::BF16).unwrap();
-    assert_same("add bf16 bcast", &to_cuda(&half).add(&db.to_dtype(DType::BF16).unwrap()).unwrap(), &half.add(&b.to_dtype(DType::BF16).unwrap()).unwrap());
+    assert_same(
+        "add bf16 bcast",
+        &to_cuda(&half).add(&db.to_dtype(DType::BF16).unwrap()).unwrap(),
+        &half.add(&b.to_dtype(DType::BF16).unwrap()).unwrap(),
+    );
     let cmp: Vec<(&str, fn(&Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>)> = vec![
         ("eq", |x, y| x.eq(y)),
         ("ne", |x, y| x.ne(y)),
@@ -261,11 +275,26 @@ fn reductions_row_kernels_and_matmul_match_the_cpu() {
     let x = randn(&mut g, &[3, 5, 7]);
     let dx = to_cuda(&x);
     for (dims, keep) in [(vec![], false), (vec![0], false), (vec![1], true), (vec![-1], false), (vec![0, 2], true)] {
-        assert_near(&format!("sum {dims:?}"), &dx.sum_dims(&dims, keep).unwrap(), &x.sum_dims(&dims, keep).unwrap(), 1e-5);
-        assert_near(&format!("mean {dims:?}"), &dx.mean_dims(&dims, keep).unwrap(), &x.mean_dims(&dims, keep).unwrap(), 1e-5);
+        assert_near(
+            &format!("sum {dims:?}"),
+            &dx.sum_dims(&dims, keep).unwrap(),
+            &x.sum_dims(&dims, keep).unwrap(),
+            1e-5,
+        );
+        assert_near(
+            &format!("mean {dims:?}"),
+            &dx.mean_dims(&dims, keep).unwrap(),
+            &x.mean_dims(&dims, keep).unwrap(),
+            1e-5,
+        );
     }
     let xt = x.transpose(0, 2).unwrap();
-    assert_near("sum of a transposed view", &dx.transpose(0, 2).unwrap().sum_dims(&[1], false).unwrap(), &xt.sum_dims(&[1], false).unwrap(), 1e-5);
+    assert_near(
+        "sum of a transposed view",
+        &dx.transpose(0, 2).unwrap().sum_dims(&[1], false).unwrap(),
+        &xt.sum_dims(&[1], false).unwrap(),
+        1e-5,
+    );
     let wide = randn(&mut g, &[3, 300]);
     for (what, t) in [("x", &x), ("wide", &wide)] {
         let d = to_cuda(t);
@@ -279,7 +308,12 @@ fn reductions_row_kernels_and_matmul_match_the_cpu() {
             &layer_norm(t, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
             1e-5,
         );
-        assert_near(&format!("layer_norm {what} no affine"), &layer_norm(&d, &[cols], None, None, 1e-5).unwrap(), &layer_norm(t, &[cols], None, None, 1e-5).unwrap(), 1e-5);
+        assert_near(
+            &format!("layer_norm {what} no affine"),
+            &layer_norm(&d, &[cols], None, None, 1e-5).unwrap(),
+            &layer_norm(t, &[cols], None, None, 1e-5).unwrap(),
+            1e-5,
+        );
     }
     let a = randn(&mut g, &[2, 3, 5, 9]);
     let b = randn(&mut g, &[9, 4]);
@@ -294,7 +328,12 @@ fn reductions_row_kernels_and_matmul_match_the_cpu() {
         ("narrowed lhs", an.clone(), b.clone()),
         ("expanded batch", at.unsqueeze(0).unwrap().expand(&[3, 5, 9]).unwrap(), bt.clone()),
     ] {
-        assert_near(&format!("matmul {what}"), &to_cuda(&l).matmul(&to_cuda(&r)).unwrap(), &l.matmul(&r).unwrap(), 1e-5);
+        assert_near(
+            &format!("matmul {what}"),
+            &to_cuda(&l).matmul(&to_cuda(&r)).unwrap(),
+            &l.matmul(&r).unwrap(),
+            1e-5,
+        );
     }
     let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
     assert_same("matmul f16", &to_cuda(&ah).matmul(&to_cuda(&bh)).unwrap(), &ah.matmul(&bh).unwrap());
@@ -441,8 +480,12 @@ fn pytorch_reference_cases_hold_on_the_emulated_device() {
             "mean" => x.mean_dims(&dims(&attrs["dim"]), keep),
             "matmul" => x.matmul(&inputs[1]),
             "layer_norm" => {
-                let shape: Vec<usize> =
-                    attrs["normalized_shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+                let shape: Vec<usize> = attrs["normalized_shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
                 layer_norm(x, &shape, Some(&inputs[1]), Some(&inputs[2]), attrs["eps"].as_f64().unwrap())
             }
             "transpose" => x.transpose(attrs["dim0"].as_i64().unwrap(), attrs["dim1"].as_i64().unwrap()),
@@ -460,7 +503,13 @@ fn pytorch_reference_cases_hold_on_the_emulated_device() {
             out.backward_with(&to_cuda(&get("grad_output")), false).unwrap();
             for (i, t) in inputs.iter().enumerate() {
                 let grad = t.grad().unwrap_or_else(|| panic!("{case_name}: no gradient for input {i}"));
-                assert_close(&format!("{case_name} grad {i}"), &to_cpu(&grad), &get(&format!("grad_input.{i}")), rtol, atol);
+                assert_close(
+                    &format!("{case_name} grad {i}"),
+                    &to_cpu(&grad),
+                    &get(&format!("grad_input.{i}")),
+                    rtol,
+                    atol,
+                );
             }
         }
     }
@@ -485,7 +534,12 @@ fn forward_backward(
 }
 
 /// The output and gradients of `f` on the emulated device against the CPU's.
-fn same_forward_backward(what: &str, inputs: &[&Tensor], tol: f64, f: &dyn Fn(&[Tensor]) -> ferrite_tensor::Result<Tensor>) {
+fn same_forward_backward(
+    what: &str,
+    inputs: &[&Tensor],
+    tol: f64,
+    f: &dyn Fn(&[Tensor]) -> ferrite_tensor::Result<Tensor>,
+) {
     let (got, got_g) = forward_backward(&cuda(), inputs, f);
     let (want, want_g) = forward_backward(&Device::Cpu, inputs, f);
     assert_close(&format!("{what} output"), &got, &want, tol, tol);
@@ -511,7 +565,12 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
     let x = randn(&mut g, &[4, 6, 5]);
     let dx = to_cuda(&x);
     for (dims, keep) in [(vec![1i64], false), (vec![0, 2], true), (vec![], false)] {
-        assert_near(&format!("var {dims:?}"), &dx.var_dims(&dims, 1, keep).unwrap(), &x.var_dims(&dims, 1, keep).unwrap(), 1e-5);
+        assert_near(
+            &format!("var {dims:?}"),
+            &dx.var_dims(&dims, 1, keep).unwrap(),
+            &x.var_dims(&dims, 1, keep).unwrap(),
+            1e-5,
+        );
     }
     for dim in [0i64, 1, -1] {
         let ((gv, gi), (wv, wi)) = (dx.max_dim(dim, false).unwrap(), x.max_dim(dim, false).unwrap());
@@ -536,10 +595,17 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
     // Index ops.
     let idx = Tensor::from_vec(vec![4i64, 0, 2, 2, 5], &[5], &Device::Cpu).unwrap();
     same_forward_backward("index_select", &[&x], 1e-5, &|t| t[0].index_select(1, &idx.to_device(t[0].device())?));
-    let gidx = Tensor::from_vec((0..4 * 3 * 5).map(|i| (i * 7 % 6) as i64).collect::<Vec<_>>(), &[4, 3, 5], &Device::Cpu).unwrap();
+    let gidx =
+        Tensor::from_vec((0..4 * 3 * 5).map(|i| (i * 7 % 6) as i64).collect::<Vec<_>>(), &[4, 3, 5], &Device::Cpu)
+            .unwrap();
     same_forward_backward("gather", &[&x], 1e-5, &|t| t[0].gather(1, &gidx.to_device(t[0].device())?));
     let src = randn(&mut g, &[4, 3, 5]);
-    assert_near("scatter_add", &dx.scatter_add(1, &to_cuda(&gidx), &to_cuda(&src)).unwrap(), &x.scatter_add(1, &gidx, &src).unwrap(), 1e-5);
+    assert_near(
+        "scatter_add",
+        &dx.scatter_add(1, &to_cuda(&gidx), &to_cuda(&src)).unwrap(),
+        &x.scatter_add(1, &gidx, &src).unwrap(),
+        1e-5,
+    );
     assert_same("one_hot", &to_cuda(&idx).one_hot(7).unwrap(), &idx.one_hot(7).unwrap());
     let table = randn(&mut g, &[7, 3]);
     let tokens = Tensor::from_vec(vec![1i64, 6, 1, 0, 3, 3], &[2, 3], &Device::Cpu).unwrap();
@@ -556,8 +622,12 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
     // Norms.
     let img = randn(&mut g, &[3, 4, 5, 3]);
     let (w4, b4) = (randn(&mut g, &[4]), randn(&mut g, &[4]));
-    same_forward_backward("rms_norm", &[&img, &randn(&mut g, &[3])], 1e-4, &|t| rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6)));
-    same_forward_backward("group_norm", &[&img, &w4, &b4], 1e-4, &|t| group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5));
+    same_forward_backward("rms_norm", &[&img, &randn(&mut g, &[3])], 1e-4, &|t| {
+        rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6))
+    });
+    same_forward_backward("group_norm", &[&img, &w4, &b4], 1e-4, &|t| {
+        group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)
+    });
     same_forward_backward("group_norm, no affine", &[&img], 1e-4, &|t| group_norm(&t[0], 4, None, None, 1e-5));
     let train = BatchNormOptions { training: true, ..BatchNormOptions::default() };
     let (rm, rv) = (randn(&mut g, &[4]), randn(&mut g, &[4]).abs().unwrap());
@@ -601,7 +671,8 @@ fn the_emulated_device_refuses_with_typed_errors_and_is_listed_as_emulated() {
         return;
     }
     let d = Tensor::ones(&[3, 4], DType::F32, &cuda()).unwrap();
-    let e = ferrite_tensor::functional::smooth_l1_loss(&d, &d, 1.0, ferrite_tensor::functional::Reduction::Mean).unwrap_err();
+    let e = ferrite_tensor::functional::smooth_l1_loss(&d, &d, 1.0, ferrite_tensor::functional::Reduction::Mean)
+        .unwrap_err();
     assert!(matches!(&e, TensorError::NotImplementedOnDevice { device, .. } if device == "cuda:0"), "{e:?}");
     assert!(e.to_string().contains("no CUDA kernel yet") && e.to_string().contains("`cpu`"), "{e}");
     let f = Tensor::ones(&[3], DType::F64, &cuda()).unwrap();

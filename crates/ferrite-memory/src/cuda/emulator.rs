@@ -91,7 +91,11 @@ impl CudaDriver for EmulatedCuda {
 
     fn mem_free(&mut self, ptr: u64) -> Result<(), CudaDriverError> {
         let Some(size) = self.live.remove(&ptr) else {
-            return Err(CudaDriverError { code: 1, name: "CUDA_ERROR_INVALID_VALUE".to_string(), call: "cuMemFree_v2" });
+            return Err(CudaDriverError {
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE".to_string(),
+                call: "cuMemFree_v2",
+            });
         };
         self.allocated -= size as u64;
         if let Some(layout) = Self::layout(size) {

@@ -29,8 +29,8 @@ pub mod visible;
 
 pub use driver::{CudaDriver, CudaDriverError};
 pub use emulator::{CUDA_EMULATOR_ENV, EMULATED_CAPACITY, EmulatedCuda, emulator_enabled};
-pub use libcuda::{LibCuda, open_memory, open_pinned};
 pub(crate) use libcuda::open_raw_memory;
+pub use libcuda::{LibCuda, open_memory, open_pinned};
 pub use library::{CudaDriverInfo, DriverProblem, MIN_DRIVER_VERSION, driver};
 pub use memory::CudaMemory;
 pub use pinned::{PinnedBlock, PinnedHostAllocator, PinnedHostDriver, PinnedStats, pinned_round_size};

@@ -6,9 +6,9 @@ use ferrite_cuda::KernelArg;
 use super::data::{f32_contiguous, fill};
 use super::elementwise::{check_float, into_f32_out};
 use super::launch::{Ctx, addr, ptr};
+use crate::Tensor;
 use crate::backend::{ConvGeometry, Pool2d, PoolKind};
 use crate::error::Result;
-use crate::Tensor;
 
 /// `ConvGeometry` of conv.cu.
 #[repr(C)]

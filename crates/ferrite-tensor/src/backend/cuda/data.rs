@@ -38,7 +38,17 @@ pub(super) fn copy(cx: Ctx<'_>, dst: &Tensor, src: &Tensor) -> Result<()> {
     }
     let src_layout = src.layout().broadcast_to(dst.shape(), OP)?;
     if src.dtype() == dst.dtype() {
-        return copy_layout(cx, OP, dst, dst.shape(), &dst.layout().strides, dst.storage_offset(), src, &src_layout.strides, src_layout.offset);
+        return copy_layout(
+            cx,
+            OP,
+            dst,
+            dst.shape(),
+            &dst.layout().strides,
+            dst.storage_offset(),
+            src,
+            &src_layout.strides,
+            src_layout.offset,
+        );
     }
     // A conversion: the source as a contiguous buffer of dst's shape, converted into dst (or a
     // contiguous scratch written back into a strided dst).
@@ -102,13 +112,31 @@ fn convert(cx: Ctx<'_>, dst: &Tensor, src: &Tensor) -> Result<()> {
     let n = dst.numel();
     let (from, to) = (src.dtype(), dst.dtype());
     if let Some(kernel) = has_cast(from, to) {
-        return cx.launch_n(OP, "cast.cu", &kernel, n, &[n_arg(n), KernelArg::Ptr(addr(src, OP)?), KernelArg::Ptr(addr(dst, OP)?)]);
+        return cx.launch_n(
+            OP,
+            "cast.cu",
+            &kernel,
+            n,
+            &[n_arg(n), KernelArg::Ptr(addr(src, OP)?), KernelArg::Ptr(addr(dst, OP)?)],
+        );
     }
     match (has_cast(from, DType::F32), has_cast(DType::F32, to)) {
         (Some(k1), Some(k2)) => {
             let mid = cx.scratch(dst, dst.shape(), DType::F32)?;
-            cx.launch_n(OP, "cast.cu", &k1, n, &[n_arg(n), KernelArg::Ptr(addr(src, OP)?), KernelArg::Ptr(addr(&mid, OP)?)])?;
-            cx.launch_n(OP, "cast.cu", &k2, n, &[n_arg(n), KernelArg::Ptr(addr(&mid, OP)?), KernelArg::Ptr(addr(dst, OP)?)])
+            cx.launch_n(
+                OP,
+                "cast.cu",
+                &k1,
+                n,
+                &[n_arg(n), KernelArg::Ptr(addr(src, OP)?), KernelArg::Ptr(addr(&mid, OP)?)],
+            )?;
+            cx.launch_n(
+                OP,
+                "cast.cu",
+                &k2,
+                n,
+                &[n_arg(n), KernelArg::Ptr(addr(&mid, OP)?), KernelArg::Ptr(addr(dst, OP)?)],
+            )
         }
         _ => Err(TensorError::UnsupportedDType { op: OP, dtype: if from == DType::F64 { from } else { to } }),
     }
@@ -155,7 +183,13 @@ pub(super) fn fill(cx: Ctx<'_>, dst: &Tensor, value: f64) -> Result<()> {
         return Ok(());
     }
     if dst.dtype() == DType::F32 {
-        return cx.launch_n("fill", "elementwise.cu", "fill_f32", n, &[n_arg(n), KernelArg::F32(value as f32), KernelArg::Ptr(addr(dst, "fill")?)]);
+        return cx.launch_n(
+            "fill",
+            "elementwise.cu",
+            "fill_f32",
+            n,
+            &[n_arg(n), KernelArg::F32(value as f32), KernelArg::Ptr(addr(dst, "fill")?)],
+        );
     }
     let one = cx.scratch(dst, &[], dst.dtype())?;
     let host = Tensor::full(&[], value, dst.dtype(), &crate::Device::Cpu)?;

@@ -47,14 +47,7 @@ fn strides_to(t: &Tensor, shape: &[usize], op: &'static str) -> Result<Vec<usize
 }
 
 /// A `Broadcast`-record kernel (`n, g, a, b, out`) over the contiguous `out`.
-fn broadcast_kernel(
-    cx: Ctx<'_>,
-    op: &'static str,
-    kernel: &str,
-    out: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-) -> Result<()> {
+fn broadcast_kernel(cx: Ctx<'_>, op: &'static str, kernel: &str, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     let shape = out.shape();
     let (sa, sb) = (strides_to(a, shape, op)?, strides_to(b, shape, op)?);
     let (s, st) = merge_dims(shape, &[&contiguous_strides(shape), &sa, &sb]);
@@ -186,12 +179,19 @@ pub(super) fn unary_backward(cx: Ctx<'_>, op: UnaryOp, out: &Tensor, grad: &Tens
             _ => None,
         };
         if let Some(kernel) = own {
-            return cx.launch_n(name, "activation_backward.cu", kernel, n, &[n_arg(n), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?]);
+            return cx.launch_n(
+                name,
+                "activation_backward.cu",
+                kernel,
+                n,
+                &[n_arg(n), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?],
+            );
         }
         let Some((code, p)) = unary_grad_code(op) else {
             return Err(TensorError::NotImplementedOnDevice { op: name, device: cx.device.to_string() });
         };
-        let args = [n_arg(n), KernelArg::I32(code), KernelArg::F32(p as f32), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?];
+        let args =
+            [n_arg(n), KernelArg::I32(code), KernelArg::F32(p as f32), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?];
         cx.launch_n(name, "activation_backward.cu", "unary_grad_f32", n, &args)
     })
 }
@@ -201,7 +201,8 @@ pub(super) fn clamp(cx: Ctx<'_>, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> 
     let x = f32_contiguous(cx, x)?;
     let n = out.numel();
     into_f32_out(cx, out, |o| {
-        let args = [n_arg(n), KernelArg::F32(lo as f32), KernelArg::F32(hi as f32), ptr(&x, "clamp")?, ptr(o, "clamp")?];
+        let args =
+            [n_arg(n), KernelArg::F32(lo as f32), KernelArg::F32(hi as f32), ptr(&x, "clamp")?, ptr(o, "clamp")?];
         cx.launch_n("clamp", "elementwise.cu", "clamp_f32", n, &args)
     })
 }

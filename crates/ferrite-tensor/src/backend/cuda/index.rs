@@ -59,7 +59,16 @@ pub(super) fn index_select(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, in
     let (size, count) = (x.shape()[dim], index.numel());
     let (xs, idx, bad) = (f32_contiguous(cx, x)?, i64_index(cx, index, OP)?, flag(cx, out)?);
     into_f32_out(cx, out, |o| {
-        let args = [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(&xs, OP)?, ptr(&idx, OP)?, ptr(o, OP)?, ptr(&bad, OP)?];
+        let args = [
+            n_arg(outer),
+            n_arg(size),
+            n_arg(count),
+            n_arg(inner),
+            ptr(&xs, OP)?,
+            ptr(&idx, OP)?,
+            ptr(o, OP)?,
+            ptr(&bad, OP)?,
+        ];
         cx.launch_n(OP, "index.cu", "index_select_f32", outer * count * inner, &args)
     })?;
     check_flag(&bad, &idx, size, dim, OP)
@@ -83,7 +92,16 @@ pub(super) fn index_add(cx: Ctx<'_>, dst: &Tensor, dim: usize, index: &Tensor, s
     let (size, count) = (dst.shape()[dim], index.numel());
     let (s, idx, bad) = (f32_contiguous(cx, src)?, i64_index(cx, index, OP)?, flag(cx, dst)?);
     in_place_f32(cx, dst, |d| {
-        let args = [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, ptr(&bad, OP)?];
+        let args = [
+            n_arg(outer),
+            n_arg(size),
+            n_arg(count),
+            n_arg(inner),
+            ptr(d, OP)?,
+            ptr(&idx, OP)?,
+            ptr(&s, OP)?,
+            ptr(&bad, OP)?,
+        ];
         cx.launch_n(OP, "index.cu", "index_add_f32", outer * size * inner, &args)
     })?;
     check_flag(&bad, &idx, size, dim, OP)
@@ -105,7 +123,16 @@ pub(super) fn gather(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, index: &
     let (size, count) = (x.shape()[dim], index.shape()[dim]);
     let (xs, idx, bad) = (f32_contiguous(cx, &xv)?, i64_index(cx, index, OP)?, flag(cx, out)?);
     into_f32_out(cx, out, |o| {
-        let args = [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(&xs, OP)?, ptr(&idx, OP)?, ptr(o, OP)?, ptr(&bad, OP)?];
+        let args = [
+            n_arg(outer),
+            n_arg(size),
+            n_arg(count),
+            n_arg(inner),
+            ptr(&xs, OP)?,
+            ptr(&idx, OP)?,
+            ptr(o, OP)?,
+            ptr(&bad, OP)?,
+        ];
         cx.launch_n(OP, "index.cu", "gather_f32", outer * count * inner, &args)
     })?;
     check_flag(&bad, &idx, size, dim, OP)
@@ -121,7 +148,16 @@ pub(super) fn scatter_add(cx: Ctx<'_>, out: &Tensor, dim: usize, index: &Tensor,
     let sv = sv.narrow(dim as i64, 0, count)?;
     let (s, idx, bad) = (f32_contiguous(cx, &sv)?, i64_index(cx, index, OP)?, flag(cx, out)?);
     in_place_f32(cx, &ov, |d| {
-        let args = [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, ptr(&bad, OP)?];
+        let args = [
+            n_arg(outer),
+            n_arg(size),
+            n_arg(count),
+            n_arg(inner),
+            ptr(d, OP)?,
+            ptr(&idx, OP)?,
+            ptr(&s, OP)?,
+            ptr(&bad, OP)?,
+        ];
         cx.launch_n(OP, "index.cu", "scatter_add_f32", outer * size * inner, &args)
     })?;
     check_flag(&bad, &idx, size, dim, OP)

@@ -35,9 +35,8 @@ use self::launch::Ctx;
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardArgs, BinaryOp, CellBackward, CellForward, CompareOp, ConvGeometry, Distribution,
     FusedKernel, GroupNormArgs, GroupNormBackwardArgs, KernelBackend, LayerNormArgs, LayerNormBackwardArgs,
-    LayerNormGrads, LogicalOp, LossGrad,
-    LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs, RmsNormBackwardArgs, UnaryOp,
-    check_host_len, host_side,
+    LayerNormGrads, LogicalOp, LossGrad, LossOperands, Plan, PointwiseLoss, Pool2d, RecurrentCell, RmsNormArgs,
+    RmsNormBackwardArgs, UnaryOp, check_host_len, host_side,
 };
 use crate::error::{Result, TensorError};
 use crate::random::Generator;

@@ -7,13 +7,14 @@ use ferrite_cuda::KernelArg;
 use super::data::{copy, f32_contiguous};
 use super::elementwise::{check_float, into_f32_out};
 use super::launch::{Ctx, n_arg, opt_ptr, ptr};
+use crate::DType;
+use crate::Tensor;
 use crate::backend::{
     BatchNormArgs, BatchNormBackwardArgs, BatchNormStats, GroupNormArgs, GroupNormBackwardArgs, GroupNormParams,
-    LayerNormBackwardArgs, LayerNormGrads, NormArgs, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, ncs, rows_cols,
+    LayerNormBackwardArgs, LayerNormGrads, NormArgs, NormBackwardArgs, RmsNormArgs, RmsNormBackwardArgs, ncs,
+    rows_cols,
 };
-use crate::Tensor;
 use crate::error::Result;
-use crate::DType;
 
 pub(super) fn rms_norm(cx: Ctx<'_>, args: &RmsNormArgs<'_>) -> Result<()> {
     const OP: &str = "rms_norm";
@@ -26,7 +27,15 @@ pub(super) fn rms_norm(cx: Ctx<'_>, args: &RmsNormArgs<'_>) -> Result<()> {
     let w = weight.map(|w| f32_contiguous(cx, w)).transpose()?;
     into_f32_out(cx, rstd, |r| {
         into_f32_out(cx, y, |o| {
-            let a = [n_arg(rows), n_arg(cols), KernelArg::F32(eps as f32), ptr(&xs, OP)?, opt_ptr(w.as_ref(), OP)?, ptr(o, OP)?, ptr(r, OP)?];
+            let a = [
+                n_arg(rows),
+                n_arg(cols),
+                KernelArg::F32(eps as f32),
+                ptr(&xs, OP)?,
+                opt_ptr(w.as_ref(), OP)?,
+                ptr(o, OP)?,
+                ptr(r, OP)?,
+            ];
             cx.launch_rows(OP, "layer_norm.cu", "rms_norm_f32", rows, &a)
         })
     })
@@ -45,7 +54,15 @@ pub(super) fn rms_norm_backward(cx: Ctx<'_>, args: &RmsNormBackwardArgs<'_>) -> 
     let w = weight.map(|w| f32_contiguous(cx, w)).transpose()?;
     if let Some(gi) = grad_input {
         into_f32_out(cx, gi, |dx| {
-            let a = [n_arg(rows), n_arg(cols), ptr(&xs, OP)?, opt_ptr(w.as_ref(), OP)?, ptr(&rs, OP)?, ptr(&dy, OP)?, ptr(dx, OP)?];
+            let a = [
+                n_arg(rows),
+                n_arg(cols),
+                ptr(&xs, OP)?,
+                opt_ptr(w.as_ref(), OP)?,
+                ptr(&rs, OP)?,
+                ptr(&dy, OP)?,
+                ptr(dx, OP)?,
+            ];
             cx.launch_rows(OP, "layer_norm.cu", "rms_norm_backward_input_f32", rows, &a)
         })?;
     }
@@ -75,14 +92,32 @@ pub(super) fn layer_norm_backward(cx: Ctx<'_>, args: &LayerNormBackwardArgs<'_>)
     let w = weight.map(|w| f32_contiguous(cx, w)).transpose()?;
     if let Some(gi) = &grads.input {
         into_f32_out(cx, gi, |dx| {
-            let a = [n_arg(rows), n_arg(cols), ptr(&xs, OP)?, opt_ptr(w.as_ref(), OP)?, ptr(&m, OP)?, ptr(&r, OP)?, ptr(&dy, OP)?, ptr(dx, OP)?];
+            let a = [
+                n_arg(rows),
+                n_arg(cols),
+                ptr(&xs, OP)?,
+                opt_ptr(w.as_ref(), OP)?,
+                ptr(&m, OP)?,
+                ptr(&r, OP)?,
+                ptr(&dy, OP)?,
+                ptr(dx, OP)?,
+            ];
             cx.launch_rows(OP, "layer_norm.cu", "layer_norm_backward_input_f32", rows, &a)
         })?;
     }
     if need[1] || need[2] {
         let dw = cx.scratch(x, &[cols], DType::F32)?;
         let db = cx.scratch(x, &[cols], DType::F32)?;
-        let a = [n_arg(rows), n_arg(cols), ptr(&xs, OP)?, ptr(&m, OP)?, ptr(&r, OP)?, ptr(&dy, OP)?, ptr(&dw, OP)?, ptr(&db, OP)?];
+        let a = [
+            n_arg(rows),
+            n_arg(cols),
+            ptr(&xs, OP)?,
+            ptr(&m, OP)?,
+            ptr(&r, OP)?,
+            ptr(&dy, OP)?,
+            ptr(&dw, OP)?,
+            ptr(&db, OP)?,
+        ];
         cx.launch_n(OP, "layer_norm.cu", "layer_norm_backward_affine_f32", cols, &a)?;
         if let Some(gw) = &grads.weight {
             copy(cx, gw, &dw)?;
@@ -121,7 +156,17 @@ pub(super) fn batch_norm(cx: Ctx<'_>, args: &BatchNormArgs<'_>) -> Result<()> {
     let b = bias.map(|b| f32_contiguous(cx, b)).transpose()?;
     let apply = |m: &Tensor, r: &Tensor| {
         into_f32_out(cx, y, |o| {
-            let a = [n_arg(n), n_arg(c), n_arg(l), ptr(&xs, OP)?, ptr(m, OP)?, ptr(r, OP)?, opt_ptr(w.as_ref(), OP)?, opt_ptr(b.as_ref(), OP)?, ptr(o, OP)?];
+            let a = [
+                n_arg(n),
+                n_arg(c),
+                n_arg(l),
+                ptr(&xs, OP)?,
+                ptr(m, OP)?,
+                ptr(r, OP)?,
+                opt_ptr(w.as_ref(), OP)?,
+                opt_ptr(b.as_ref(), OP)?,
+                ptr(o, OP)?,
+            ];
             cx.launch_n(OP, "batch_norm.cu", "batch_norm_apply_f32", n * c * l, &a)
         })
     };
@@ -171,7 +216,17 @@ pub(super) fn batch_norm_backward(cx: Ctx<'_>, args: &BatchNormBackwardArgs<'_>)
     let need_sums = grad_weight.is_some() || grad_bias.is_some() || (grad_input.is_some() && params.batch_stats);
     let sums = if need_sums {
         let (sd, sdx) = (cx.scratch(x, &[c], DType::F32)?, cx.scratch(x, &[c], DType::F32)?);
-        let a = [n_arg(n), n_arg(c), n_arg(l), ptr(&xs, OP)?, ptr(&dy, OP)?, ptr(&m, OP)?, ptr(&r, OP)?, ptr(&sd, OP)?, ptr(&sdx, OP)?];
+        let a = [
+            n_arg(n),
+            n_arg(c),
+            n_arg(l),
+            ptr(&xs, OP)?,
+            ptr(&dy, OP)?,
+            ptr(&m, OP)?,
+            ptr(&r, OP)?,
+            ptr(&sd, OP)?,
+            ptr(&sdx, OP)?,
+        ];
         cx.launch_rows(OP, "batch_norm.cu", "batch_norm_backward_reduce_f32", c, &a)?;
         Some((sd, sdx))
     } else {
@@ -226,10 +281,28 @@ pub(super) fn group_norm(cx: Ctx<'_>, args: &GroupNormArgs<'_>) -> Result<()> {
             into_f32_out(cx, y, |o| {
                 let normed = if w.is_none() && b.is_none() { o.clone() } else { cx.scratch(x, x.shape(), DType::F32)? };
                 let z = KernelArg::Ptr(0);
-                let a = [n_arg(rows), n_arg(cols), KernelArg::F32(eps as f32), ptr(&xs, OP)?, z.clone(), z, ptr(&normed, OP)?, ptr(m, OP)?, ptr(r, OP)?];
+                let a = [
+                    n_arg(rows),
+                    n_arg(cols),
+                    KernelArg::F32(eps as f32),
+                    ptr(&xs, OP)?,
+                    z.clone(),
+                    z,
+                    ptr(&normed, OP)?,
+                    ptr(m, OP)?,
+                    ptr(r, OP)?,
+                ];
                 cx.launch_rows(OP, "layer_norm.cu", "layer_norm_f32", rows, &a)?;
                 if w.is_some() || b.is_some() {
-                    let a = [n_arg(n), n_arg(c), n_arg(l), ptr(&normed, OP)?, opt_ptr(w.as_ref(), OP)?, opt_ptr(b.as_ref(), OP)?, ptr(o, OP)?];
+                    let a = [
+                        n_arg(n),
+                        n_arg(c),
+                        n_arg(l),
+                        ptr(&normed, OP)?,
+                        opt_ptr(w.as_ref(), OP)?,
+                        opt_ptr(b.as_ref(), OP)?,
+                        ptr(o, OP)?,
+                    ];
                     cx.launch_n(OP, "batch_norm.cu", "channel_affine_f32", n * c * l, &a)?;
                 }
                 Ok(())
@@ -262,13 +335,33 @@ pub(super) fn group_norm_backward(cx: Ctx<'_>, args: &GroupNormBackwardArgs<'_>)
             None => dy.clone(),
         };
         into_f32_out(cx, gi, |dx| {
-            let a = [n_arg(rows), n_arg(cols), ptr(&xs, OP)?, KernelArg::Ptr(0), ptr(&m, OP)?, ptr(&r, OP)?, ptr(&g, OP)?, ptr(dx, OP)?];
+            let a = [
+                n_arg(rows),
+                n_arg(cols),
+                ptr(&xs, OP)?,
+                KernelArg::Ptr(0),
+                ptr(&m, OP)?,
+                ptr(&r, OP)?,
+                ptr(&g, OP)?,
+                ptr(dx, OP)?,
+            ];
             cx.launch_rows(OP, "layer_norm.cu", "layer_norm_backward_input_f32", rows, &a)
         })?;
     }
     if grad_weight.is_some() || grad_bias.is_some() {
         let (dw, db) = (cx.scratch(x, &[c], DType::F32)?, cx.scratch(x, &[c], DType::F32)?);
-        let a = [n_arg(n), n_arg(c), n_arg(l), n_arg(groups), ptr(&xs, OP)?, ptr(&m, OP)?, ptr(&r, OP)?, ptr(&dy, OP)?, ptr(&dw, OP)?, ptr(&db, OP)?];
+        let a = [
+            n_arg(n),
+            n_arg(c),
+            n_arg(l),
+            n_arg(groups),
+            ptr(&xs, OP)?,
+            ptr(&m, OP)?,
+            ptr(&r, OP)?,
+            ptr(&dy, OP)?,
+            ptr(&dw, OP)?,
+            ptr(&db, OP)?,
+        ];
         cx.launch_n(OP, "batch_norm.cu", "group_norm_backward_affine_f32", c, &a)?;
         if let Some(gw) = grad_weight {
             copy(cx, gw, &dw)?;

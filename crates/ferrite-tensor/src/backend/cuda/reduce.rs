@@ -141,7 +141,13 @@ pub(super) fn var(cx: Ctx<'_>, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64
     let flat = rows_of(cx, x, plan, rows)?;
     // Two passes, as the CPU: the mean of each row, then the sum of squared deviations.
     let sums = cx.scratch(x, &[rows, 1], DType::F32)?;
-    cx.launch_rows(OP, "reduce.cu", "sum_rows_f32", rows, &[n_arg(rows), n_arg(plan.rn), ptr(&flat, OP)?, ptr(&sums, OP)?])?;
+    cx.launch_rows(
+        OP,
+        "reduce.cu",
+        "sum_rows_f32",
+        rows,
+        &[n_arg(rows), n_arg(plan.rn), ptr(&flat, OP)?, ptr(&sums, OP)?],
+    )?;
     let means = cx.scratch(x, &[rows, 1], DType::F32)?;
     super::elementwise::binary_scalar(cx, BinaryOp::Mul, &means, &sums, 1.0 / plan.rn as f64)?;
     let dev = cx.scratch(x, flat.shape(), DType::F32)?;
@@ -149,6 +155,14 @@ pub(super) fn var(cx: Ctx<'_>, out: &Tensor, x: &Tensor, plan: &Plan, denom: f64
     let sq = cx.scratch(x, flat.shape(), DType::F32)?;
     super::elementwise::unary(cx, crate::backend::UnaryOp::Square, &sq, &dev)?;
     let ss = cx.scratch(x, &[rows], DType::F32)?;
-    cx.launch_rows(OP, "reduce.cu", "sum_rows_f32", rows, &[n_arg(rows), n_arg(plan.rn), ptr(&sq, OP)?, ptr(&ss, OP)?])?;
-    into_f32_out(cx, out, |o| super::elementwise::binary_scalar(cx, BinaryOp::Mul, o, &ss.contiguous_view_as(o.shape()), 1.0 / denom))
+    cx.launch_rows(
+        OP,
+        "reduce.cu",
+        "sum_rows_f32",
+        rows,
+        &[n_arg(rows), n_arg(plan.rn), ptr(&sq, OP)?, ptr(&ss, OP)?],
+    )?;
+    into_f32_out(cx, out, |o| {
+        super::elementwise::binary_scalar(cx, BinaryOp::Mul, o, &ss.contiguous_view_as(o.shape()), 1.0 / denom)
+    })
 }
