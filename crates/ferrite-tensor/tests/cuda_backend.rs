@@ -19,6 +19,13 @@ use ferrite_test_support::assert_close;
 
 const EMULATOR_ENV: &str = "FERRITE_CUDA_EMULATOR";
 
+/// A view of a tensor (a transpose, a narrowing, ...).
+type View = Box<dyn Fn(&Tensor) -> Tensor>;
+/// A unary op under test.
+type UnaryFn = fn(&Tensor) -> ferrite_tensor::Result<Tensor>;
+/// A comparison under test.
+type CompareFn = fn(&Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>;
+
 /// The emulated `cuda:0`.
 fn cuda() -> Device {
     Device::Cuda { index: 0 }
@@ -120,7 +127,7 @@ fn data_moves_and_converts_exactly_like_the_cpu() {
         }
     }
     let d = to_cuda(&x);
-    let views: Vec<(&str, Box<dyn Fn(&Tensor) -> Tensor>)> = vec![
+    let views: Vec<(&str, View)> = vec![
         ("transpose", Box::new(|t: &Tensor| t.transpose(0, 1).unwrap())),
         ("narrow", Box::new(|t: &Tensor| t.narrow(1, 2, 4).unwrap())),
         ("expand", Box::new(|t: &Tensor| t.narrow(0, 1, 1).unwrap().expand(&[3, 5, 7]).unwrap())),
@@ -205,7 +212,7 @@ fn elementwise_ops_match_the_cpu() {
     h.narrow(2, 1, 5).unwrap().add_(&c.narrow(1, 2, 5).unwrap()).unwrap();
     d.narrow(2, 1, 5).unwrap().add_(&dc.narrow(1, 2, 5).unwrap()).unwrap();
     assert_near("add_ into a strided view", &d, &h, tol);
-    let unary: Vec<(&str, fn(&Tensor) -> ferrite_tensor::Result<Tensor>)> = vec![
+    let unary: Vec<(&str, UnaryFn)> = vec![
         ("exp", |t| t.exp()),
         ("log", |t| t.abs()?.add_scalar(0.1)?.log()),
         ("sqrt", |t| t.abs()?.sqrt()),
@@ -240,7 +247,7 @@ fn elementwise_ops_match_the_cpu() {
         &to_cuda(&half).add(&db.to_dtype(DType::BF16).unwrap()).unwrap(),
         &half.add(&b.to_dtype(DType::BF16).unwrap()).unwrap(),
     );
-    let cmp: Vec<(&str, fn(&Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>)> = vec![
+    let cmp: Vec<(&str, CompareFn)> = vec![
         ("eq", |x, y| x.eq(y)),
         ("ne", |x, y| x.ne(y)),
         ("lt", |x, y| x.lt(y)),
