@@ -20,12 +20,16 @@ pub struct HostRuntime {
     device: String,
     /// Compiled modules by source name (compiled on first launch).
     modules: Mutex<HashMap<&'static str, std::sync::Arc<HostModule>>>,
+    /// Held for each launch: the emulator's `__shared__` arrays are one static per kernel, so
+    /// two launches of a kernel from two host threads at once would share them. One launch at a
+    /// time is also what a GPU stream gives.
+    launch_lock: Mutex<()>,
 }
 
 impl HostRuntime {
     /// The emulated device named `device` (`cuda:0`). Nothing is compiled yet.
     pub fn new(device: &str) -> HostRuntime {
-        HostRuntime { device: device.to_string(), modules: Mutex::new(HashMap::new()) }
+        HostRuntime { device: device.to_string(), modules: Mutex::new(HashMap::new()), launch_lock: Mutex::new(()) }
     }
 
     fn module(&self, source: &KernelSource) -> Result<std::sync::Arc<HostModule>, CudaError> {
@@ -57,6 +61,7 @@ impl CudaRuntime for HostRuntime {
         args: &[KernelArg],
     ) -> Result<(), CudaError> {
         let m = self.module(source)?;
+        let _one_at_a_time = self.launch_lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: the caller's promise; device addresses are host addresses here.
         unsafe { m.launch(kernel, grid, block, args) }
     }
