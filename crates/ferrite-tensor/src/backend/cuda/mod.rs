@@ -6,11 +6,13 @@
 //! block's address plus its offset.
 //!
 //! Supported dtypes: every dtype is stored, copied (layouts and conversions between f32, f16,
-//! bf16, i64, i32, u8 and bool), filled, read and written; arithmetic is f32, with f16 and bf16
-//! converted to f32 and back; f64 arithmetic and integer arithmetic are refused with
-//! `UnsupportedDType` (as on `gpu:N`). Sums accumulate in f32. Random numbers and `arange` are
-//! computed on the host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded
-//! runs match `cpu`. Ops without a CUDA kernel here yet return
+//! bf16, i64, i32, u8 and bool), filled, read, written and selected by `where`; comparisons are
+//! exact on i64/i32 (int64 kernels) and on u8/bool; arithmetic is f32, with f16 and bf16
+//! converted to f32 and back; f64 and integer arithmetic are refused with `UnsupportedDType` (as
+//! on `gpu:N`). Sums and norms accumulate in f32. Random numbers and `arange` are computed on the
+//! host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded runs match
+//! `cpu`. Ops without a CUDA kernel here yet — the fused multi-tensor kernels (optimizer steps,
+//! norms for clipping), the pointwise losses and the recurrent cells — return
 //! [`TensorError::NotImplementedOnDevice`] (use `cpu` or `gpu:N` for them).
 //!
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
