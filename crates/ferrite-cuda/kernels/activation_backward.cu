@@ -33,3 +33,33 @@ FERRITE_ACT_BACKWARD(gelu_tanh_backward_f32,
                               (1.0f - tanhf(0.79788456080286536f * (s + 0.044715f * s * s * s)) *
                                           tanhf(0.79788456080286536f * (s + 0.044715f * s * s * s))) *
                               0.79788456080286536f * (1.0f + 0.134145f * s * s)))
+
+// The other unary gradients in one kernel, the op as a number (`UnaryGrad` of ferrite-tensor's
+// cuda backend keeps this order): dx = dy * f'(s), `s` the forward's output for exp, sqrt, rsqrt
+// and reciprocal and its input otherwise (what the CPU backend's derivative reads), `p` the op's
+// scalar (pow's exponent, leaky_relu's slope).
+extern "C" __global__ void unary_grad_f32(long long n, int op, float p, const float* __restrict__ saved,
+                                          const float* __restrict__ dy, float* __restrict__ dx) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float s = saved[i];
+        float d;
+        switch (op) {
+            case 0: d = s; break;                                           // exp (y)
+            case 1: d = 1.0f / s; break;                                    // log
+            case 2: d = 0.5f / s; break;                                    // sqrt (y)
+            case 3: d = -0.5f * s * s * s; break;                           // rsqrt (y)
+            case 4: d = -1.0f; break;                                       // neg
+            case 5: d = s > 0.0f ? 1.0f : (s < 0.0f ? -1.0f : 0.0f); break; // abs
+            case 6: d = cosf(s); break;                                     // sin
+            case 7: d = -sinf(s); break;                                    // cos
+            case 8: d = 1.0f / (1.0f + s); break;                           // log1p
+            case 9: d = -(s * s); break;                                    // reciprocal (y)
+            case 10: d = 2.0f * s; break;                                   // square
+            case 11: d = p == 0.0f ? 0.0f : p * powf(s, p - 1.0f); break;   // pow
+            case 12: d = s > 0.0f ? 1.0f : p; break;                        // leaky_relu
+            default: d = 0.0f;
+        }
+        dx[i] = dy[i] * d;
+    }
+}

@@ -26,3 +26,27 @@ extern "C" __global__ void strided_copy_f32(long long n, Strided src, const floa
         out[i] = in[at];
     }
 }
+
+// Element copies between any two layouts of the same shape (dst.shape; a source stride of 0
+// broadcasts), moving raw elements of one width, so one kernel serves every dtype of that width:
+// `copy_`, `contiguous()`, in-place results written back into a strided view.
+#define FERRITE_COPY_LAYOUT(name, T)                                                             \
+    extern "C" __global__ void name(long long n, Strided src, Strided dst, const T* __restrict__ in, \
+                                    T* __restrict__ out) {                                        \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long rest = i, from = src.offset, to = dst.offset;                               \
+            for (int d = dst.ndim - 1; d >= 0; --d) {                                             \
+                long long idx = rest % dst.shape[d];                                              \
+                rest /= dst.shape[d];                                                             \
+                from += idx * src.stride[d];                                                      \
+                to += idx * dst.stride[d];                                                        \
+            }                                                                                     \
+            out[to] = in[from];                                                                   \
+        }                                                                                         \
+    }
+
+FERRITE_COPY_LAYOUT(copy_layout_b8, unsigned char)
+FERRITE_COPY_LAYOUT(copy_layout_b16, unsigned short)
+FERRITE_COPY_LAYOUT(copy_layout_b32, unsigned int)
+FERRITE_COPY_LAYOUT(copy_layout_b64, unsigned long long)

@@ -31,4 +31,24 @@ pub enum CudaError {
     /// A launch named a kernel its source does not define.
     #[error("kernel `{kernel}` is not one of {source_name}'s kernels")]
     NoSuchKernel { kernel: String, source_name: String },
+    /// A CUDA driver call of the runtime failed.
+    #[error(
+        "{device}: {call} failed ({code}); the device or its context is unusable — check `nvidia-smi`, or run on `cpu` or `gpu:N`"
+    )]
+    Driver { device: String, call: &'static str, code: String },
+    /// The device cannot run kernels at all (no driver, no such device, …); `reason` says why
+    /// and what to do.
+    #[error("{device} cannot run CUDA kernels: {reason}")]
+    DeviceUnavailable { device: String, reason: String },
+    /// cuBLAS (the GEMMs of matmul) could not be loaded.
+    #[error(
+        "{device}: cuBLAS (libcublas) was not found; install it with `python3 -m pip install nvidia-cublas` or a CUDA toolkit (and put its lib directory on LD_LIBRARY_PATH)"
+    )]
+    CublasNotFound { device: String },
+    /// A cuBLAS call failed.
+    #[error("{device}: {call} failed with {status}")]
+    Cublas { device: String, call: &'static str, status: String },
+    /// A GEMM dimension beyond cuBLAS's 32-bit `int`.
+    #[error("{device}: the GEMM's {what} = {value} exceeds cuBLAS's 32-bit limit; split the product")]
+    GemmTooLarge { device: String, what: &'static str, value: usize },
 }

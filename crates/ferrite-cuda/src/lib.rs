@@ -13,15 +13,22 @@
 //! `cuLaunchKernel` takes, so the same launch code serves a GPU and the emulator.
 //!
 //! The memory side of CUDA (the caching allocator on the driver API) is
-//! `ferrite_memory::cuda`. The `cuda:N` device that launches these kernels is not in ferrite yet.
+//! `ferrite_memory::cuda`. The `cuda:N` kernel backend (in ferrite-tensor) launches them through a [`CudaRuntime`]: the
+//! real driver ([`DriverRuntime`]) or the host emulator ([`HostRuntime`]).
+mod driver_runtime;
 mod error;
 mod host_module;
+mod host_runtime;
 mod kernel_arg;
 mod kernel_sources;
 mod nvrtc;
+mod runtime;
 
+pub use driver_runtime::DriverRuntime;
 pub use error::CudaError;
 pub use host_module::{CXX_ENV, HostModule};
+pub use host_runtime::HostRuntime;
 pub use kernel_arg::{KernelArg, param_array};
 pub use kernel_sources::{KERNEL_SOURCES, KernelSource};
 pub use nvrtc::{Compiled, NVRTC_ENV, Nvrtc};
+pub use runtime::{ALLOW_TF32_ENV, CudaRuntime, GemmStridedBatched};

@@ -77,7 +77,7 @@ fn default_backend(device: &Device) -> Result<Box<dyn RawMemory>, MemoryError> {
         Device::Gpu { index } => Box::new(crate::gpu::memory::WgpuMemory::new(crate::gpu::context(*index)?)),
         #[cfg(not(feature = "gpu"))]
         Device::Gpu { .. } => return Err(crate::gpu::not_compiled(&device.to_string())),
-        Device::Cuda { index } => Box::new(crate::cuda::open_memory(*index)?),
+        Device::Cuda { index } => crate::cuda::open_raw_memory(*index)?,
     })
 }
 

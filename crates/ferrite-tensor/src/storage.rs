@@ -36,13 +36,12 @@ impl Storage {
             // Whatever its raw memory, no kernels compute on a GPU in this build.
             return Err(ferrite_memory::gpu::not_compiled(&allocator.device().to_string()).into());
         }
-        if let Device::Cuda { .. } = allocator.device() {
-            // The allocator works on a CUDA device; no kernels compute on it yet.
-            return Err(
-                ferrite_memory::MemoryError::CudaTensorsUnavailable { device: allocator.device().to_string() }.into()
-            );
-        }
         let block = allocator.allocate(nbytes)?;
+        if let Device::Cuda { index } = allocator.device() {
+            // The memory exists; so must the kernels that compute on it (the driver's runtime, or
+            // the host emulator under FERRITE_CUDA_EMULATOR=1): never a storage nothing can use.
+            crate::backend::cuda::backend(*index).check_usable()?;
+        }
         let kernels = kernels_for(allocator.device());
         Ok(Arc::new(Storage {
             nbytes: block.requested_size(),
@@ -167,31 +166,39 @@ mod tests {
         assert_eq!(w.storage().version(), version);
     }
 
-    /// Until CUDA kernels exist, a tensor on `cuda:N` is the typed error saying so and naming the
-    /// devices to use instead — whether or not this machine has the driver, and whatever
-    /// allocator backs the device (never a storage that pretends to compute).
+    /// Without the emulator (`FERRITE_CUDA_EMULATOR`) and without an NVIDIA driver, a tensor on
+    /// `cuda:N` is one typed error naming the driver and what to use instead (never a panic, never
+    /// a storage that pretends to compute); through an allocator that backs nothing, the kernels'
+    /// runtime refuses it with a typed error too. (With a driver or the emulator there is nothing
+    /// to check here: `tests/cuda_backend.rs` runs the device.)
     #[test]
-    fn a_tensor_on_cuda_is_a_typed_error_naming_the_devices_to_use() {
+    fn a_tensor_on_cuda_without_a_driver_is_one_typed_error() {
         use ferrite_memory::{AllocatorConfig, CachingAllocator, Device, MemoryError};
 
         use crate::error::TensorError;
         use crate::{DType, Tensor};
 
+        if ferrite_memory::cuda::emulator_enabled() || ferrite_memory::cuda::driver().is_ok() {
+            return;
+        }
         for index in [0, 3] {
             let cuda = Device::Cuda { index };
             let e = Tensor::zeros(&[4], DType::F32, &cuda).unwrap_err();
             assert!(
-                matches!(&e, TensorError::Memory(MemoryError::CudaTensorsUnavailable { device }) if *device == cuda.to_string()),
+                matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { device, .. }) if *device == cuda.to_string()),
                 "{e:?}"
             );
             let msg = e.to_string();
-            assert!(msg.contains(&format!("tensors on cuda:{index} are not available yet")), "{msg}");
             assert!(msg.contains("`gpu:N`") && msg.contains("`cpu`"), "{msg}");
-            let unbacked = std::sync::Arc::new(CachingAllocator::unbacked(cuda, AllocatorConfig::default()));
-            assert!(matches!(
-                super::Storage::new(&unbacked, 16),
-                Err(TensorError::Memory(MemoryError::CudaTensorsUnavailable { .. }))
-            ));
+            let unbacked = std::sync::Arc::new(CachingAllocator::unbacked(cuda.clone(), AllocatorConfig::default()));
+            match super::Storage::new(&unbacked, 16) {
+                Err(TensorError::Cuda { device, detail, .. }) => {
+                    assert_eq!(device, cuda.to_string());
+                    assert!(detail.contains("driver"), "{detail}");
+                }
+                Err(e) => panic!("{e:?}"),
+                Ok(_) => panic!("a storage on {cuda} without a driver"),
+            }
         }
     }
 }

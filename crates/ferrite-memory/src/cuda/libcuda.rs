@@ -260,3 +260,15 @@ pub fn open_memory(index: usize) -> Result<CudaMemory<LibCuda>, MemoryError> {
     let driver = LibCuda::open(ordinal).map_err(|e| super::library::driver_failed(&name, &e))?;
     CudaMemory::new(driver).map_err(|e| super::library::driver_failed(&name, &e))
 }
+
+/// The caching allocator's raw memory for `cuda:index`: the emulated device's under
+/// `FERRITE_CUDA_EMULATOR=1` (see [`super::emulator`]), else [`open_memory`]'s.
+pub(crate) fn open_raw_memory(index: usize) -> Result<Box<dyn crate::raw_memory::RawMemory>, MemoryError> {
+    if super::emulator::emulator_enabled() {
+        cuda_ordinal(index)?;
+        let memory = CudaMemory::new(super::emulator::EmulatedCuda::new())
+            .map_err(|e| super::library::driver_failed(&format!("cuda:{index}"), &e))?;
+        return Ok(Box::new(memory));
+    }
+    Ok(Box::new(open_memory(index)?))
+}

@@ -16,8 +16,10 @@
 //! the `cuda:N` devices (after `CUDA_VISIBLE_DEVICES`, then `FERRITE_VISIBLE_DEVICES`) and
 //! describes them, [`visible`] reads `CUDA_VISIBLE_DEVICES` as CUDA does, to explain a list
 //! that hides every GPU. [`PinnedHostAllocator`] caches page-locked host memory for staging
-//! copies (PyTorch's `CachingHostAllocator`), over [`PinnedHostDriver`].
+//! copies (PyTorch's `CachingHostAllocator`), over [`PinnedHostDriver`]. [`emulator`] is the
+//! host-memory `cuda:0` of `FERRITE_CUDA_EMULATOR=1` (tests without a GPU).
 mod driver;
+pub mod emulator;
 mod libcuda;
 pub mod library;
 mod memory;
@@ -26,9 +28,11 @@ pub mod system;
 pub mod visible;
 
 pub use driver::{CudaDriver, CudaDriverError};
+pub use emulator::{CUDA_EMULATOR_ENV, EMULATED_CAPACITY, EmulatedCuda, emulator_enabled};
+pub(crate) use libcuda::open_raw_memory;
 pub use libcuda::{LibCuda, open_memory, open_pinned};
 pub use library::{CudaDriverInfo, DriverProblem, MIN_DRIVER_VERSION, driver};
 pub use memory::CudaMemory;
 pub use pinned::{PinnedBlock, PinnedHostAllocator, PinnedHostDriver, PinnedStats, pinned_round_size};
-pub use system::{CUDA_VISIBLE_DEVICES_ENV, CudaDeviceInfo, cuda_device_count, cuda_devices, cuda_ordinal};
+pub use system::{CUDA_VISIBLE_DEVICES_ENV, CudaDeviceInfo, context, cuda_device_count, cuda_devices, cuda_ordinal};
 pub use visible::{CudaVisible, parse_cuda_visible_devices};

@@ -62,6 +62,10 @@ impl CudaDeviceInfo {
 /// visible device, a bad `FERRITE_VISIBLE_DEVICES`.
 pub fn cuda_ordinal(index: usize) -> Result<usize, MemoryError> {
     let name = Device::Cuda { index }.to_string();
+    if super::emulator::emulator_enabled() {
+        // One emulated device, whatever the driver and the device lists say.
+        return if index == 0 { Ok(0) } else { Err(missing(&name, 1)) };
+    }
     let visible = visible_ordinals(&name)?;
     visible.get(index).copied().ok_or_else(|| missing(&name, visible.len()))
 }
@@ -109,6 +113,9 @@ fn missing(device: &str, visible: usize) -> MemoryError {
 /// How many `cuda:N` this process may use (0 when the driver shows none; an error when there is
 /// no usable driver).
 pub fn cuda_device_count() -> Result<usize, MemoryError> {
+    if super::emulator::emulator_enabled() {
+        return Ok(1);
+    }
     visible_ordinals("cuda").map(|v| v.len())
 }
 
@@ -116,6 +123,19 @@ pub fn cuda_device_count() -> Result<usize, MemoryError> {
 /// each device's context (a few hundred MiB of its memory, kept for the process) so that free
 /// memory is known; without it free memory is reported only for devices already in use.
 pub fn cuda_devices(open_contexts: bool) -> Result<Vec<CudaDeviceInfo>, MemoryError> {
+    if super::emulator::emulator_enabled() {
+        return Ok(vec![CudaDeviceInfo {
+            device: Device::Cuda { index: 0 },
+            ordinal: 0,
+            name: super::emulator::EMULATED_DEVICE_NAME.to_string(),
+            uuid: "EMULATED-0".to_string(),
+            compute_capability: (0, 0),
+            multiprocessors: 0,
+            total_bytes: super::emulator::EMULATED_CAPACITY,
+            free_bytes: None,
+            virtual_memory: false,
+        }]);
+    }
     let ordinals = visible_ordinals("cuda")?;
     let mut out = Vec::with_capacity(ordinals.len());
     for (index, ordinal) in ordinals.into_iter().enumerate() {
@@ -209,7 +229,7 @@ fn context_exists(ordinal: usize) -> bool {
 
 /// The primary context of the device at `ordinal`, retained on first use and current on this
 /// thread when this returns.
-pub(crate) fn context(ordinal: usize) -> Result<sys::CUcontext, CudaDriverError> {
+pub fn context(ordinal: usize) -> Result<sys::CUcontext, CudaDriverError> {
     let mut table = contexts().lock().unwrap_or_else(|p| p.into_inner());
     let ctx = match table.get(&ordinal) {
         Some(c) => *c as sys::CUcontext,

@@ -74,6 +74,11 @@ pub fn select_devices(base: &Device, list: Option<&str>) -> Result<Vec<Device>, 
             }
         },
         Device::Cuda { index } => {
+            // The emulated device (FERRITE_CUDA_EMULATOR=1) is the only one: no list applies.
+            if crate::cuda::emulator_enabled() {
+                crate::cuda::cuda_ordinal(*index)?;
+                return Ok(vec![base.clone()]);
+            }
             // A list chooses among the devices the driver shows (after CUDA_VISIBLE_DEVICES). No
             // driver, or a driver showing nothing, is the error of the device asked for.
             let shown = crate::cuda::driver().map_err(|p| p.for_device(&base.to_string()))?.device_count;
@@ -179,7 +184,7 @@ pub fn list_devices(sims: &[Device]) -> Result<Vec<DeviceInfo>, MemoryError> {
         out.push(DeviceInfo { device, physical_index: Some(phys), name: a.name, capacity: a.capacity, free });
     }
     // CUDA devices only where a driver shows some: no driver is not an error of the listing.
-    if crate::cuda::driver().is_ok_and(|d| d.device_count > 0) {
+    if crate::cuda::emulator_enabled() || crate::cuda::driver().is_ok_and(|d| d.device_count > 0) {
         // Free memory needs the device's context: known only for devices already in use (a
         // listing that created a context on every GPU would take their memory, as
         // `torch.cuda.mem_get_info` on every device of a DDP rank does).

@@ -15,6 +15,7 @@
 //! | `sim:<gpu>`   | host, with the GPU's capacity          | [`cpu::CpuBackend`]      |
 //! | `meta`        | addresses only                         | [`meta::MetaBackend`]    |
 //! | `gpu:<i>`     | wgpu buffers                           | [`gpu::WgpuBackend`]     |
+//! | `cuda:<i>`    | CUDA driver (or the emulated device)   | [`cuda::CudaBackend`]    |
 //!
 //! Adding a backend: implement [`KernelBackend`] (every method; the trait has no defaults, so the
 //! compiler lists what is missing), give its device a `RawMemory` in ferrite-memory, and add its
@@ -36,6 +37,7 @@
 
 mod conv_geometry;
 pub(crate) mod cpu;
+pub(crate) mod cuda;
 mod elementwise_ops;
 mod fused_kernel;
 #[cfg(feature = "gpu")]
@@ -109,8 +111,7 @@ pub(crate) fn transfer(dst: &Tensor, src: &Tensor) -> Result<()> {
 ///
 /// In a build without the `gpu` feature no storage can live on a `gpu:N` (`Storage::new` refuses
 /// it with `GpuNotCompiled` before asking for kernels, and the allocator refuses it too); the
-/// arm answers the meta backend, which computes nothing, so that this function stays total. The
-/// same holds for `cuda:N` until its kernel backend exists.
+/// arm answers the meta backend, which computes nothing, so that this function stays total.
 pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
     match device {
         Device::Cpu | Device::Sim { .. } => &cpu::CpuBackend,
@@ -119,8 +120,6 @@ pub fn kernels_for(device: &Device) -> &'static dyn KernelBackend {
         Device::Gpu { index } => gpu::backend(*index),
         #[cfg(not(feature = "gpu"))]
         Device::Gpu { .. } => &meta::MetaBackend,
-        // No CUDA kernels yet: `Storage::new` refuses a `cuda:N` storage
-        // (`MemoryError::CudaTensorsUnavailable`) before asking for kernels.
-        Device::Cuda { .. } => &meta::MetaBackend,
+        Device::Cuda { index } => cuda::backend(*index),
     }
 }

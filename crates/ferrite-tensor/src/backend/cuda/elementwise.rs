@@ -1,0 +1,328 @@
+//! Elementwise kernels on `cuda:N` (elementwise.cu, activation_backward.cu): binary ops with
+//! broadcasting through strides, unary ops and their gradients, clamp, comparisons, logical ops
+//! and `where`. Arithmetic is f32; f16 and bf16 operands are converted to f32, computed, and the
+//! result converted back (as the CPU backend computes them in f32); other dtypes are refused
+//! with `UnsupportedDType` (f64 has no kernels, as on `gpu:N`).
+use ferrite_cuda::KernelArg;
+
+use super::data::{copy, f32_contiguous, scalar_f32};
+use super::launch::{Ctx, MAX_DIMS, broadcast, broadcast3, merge_dims, n_arg, ptr};
+use crate::backend::{BinaryOp, CompareOp, LogicalOp, UnaryOp};
+use crate::error::{Result, TensorError};
+use crate::layout::contiguous_strides;
+use crate::{DType, Tensor};
+
+/// Whether `d` is computed through f32 here.
+fn floating(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Error unless every tensor is f32, f16 or bf16.
+pub(super) fn check_float(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    match ts.iter().find(|t| !floating(t.dtype())) {
+        Some(t) => Err(TensorError::UnsupportedDType { op, dtype: t.dtype() }),
+        None => Ok(()),
+    }
+}
+
+/// `t` as f32 (same shape and layout when it already is f32; else a contiguous f32 copy).
+pub(super) fn as_f32(cx: Ctx<'_>, t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::F32 { Ok(t.clone()) } else { f32_contiguous(cx, t) }
+}
+
+/// Runs `f` with an f32 output standing for `out`, then converts it into `out` when `out` is
+/// f16 or bf16.
+pub(super) fn into_f32_out(cx: Ctx<'_>, out: &Tensor, f: impl FnOnce(&Tensor) -> Result<()>) -> Result<()> {
+    if out.dtype() == DType::F32 {
+        return f(out);
+    }
+    let o = cx.scratch(out, out.shape(), DType::F32)?;
+    f(&o)?;
+    copy(cx, out, &o)
+}
+
+/// The strides of `t` broadcast to `shape`.
+fn strides_to(t: &Tensor, shape: &[usize], op: &'static str) -> Result<Vec<usize>> {
+    Ok(t.layout().broadcast_to(shape, op)?.strides.to_vec())
+}
+
+/// A `Broadcast`-record kernel (`n, g, a, b, out`) over the contiguous `out`.
+fn broadcast_kernel(cx: Ctx<'_>, op: &'static str, kernel: &str, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    let shape = out.shape();
+    let (sa, sb) = (strides_to(a, shape, op)?, strides_to(b, shape, op)?);
+    let (s, st) = merge_dims(shape, &[&contiguous_strides(shape), &sa, &sb]);
+    if s.len() > MAX_DIMS {
+        return Err(cx.too_many_dims(op, shape.len(), MAX_DIMS));
+    }
+    let n = out.numel();
+    let args = [n_arg(n), KernelArg::record(&broadcast(&s, &st[1], &st[2])), ptr(a, op)?, ptr(b, op)?, ptr(out, op)?];
+    cx.launch_n(op, "elementwise.cu", kernel, n, &args)
+}
+
+/// The kernel of a binary op and whether its operands are swapped (the reversed forms).
+fn binary_kernel(op: BinaryOp) -> (&'static str, bool) {
+    match op {
+        BinaryOp::Add => ("add_f32", false),
+        BinaryOp::Sub => ("sub_f32", false),
+        BinaryOp::Mul => ("mul_f32", false),
+        BinaryOp::Div => ("div_f32", false),
+        BinaryOp::Pow => ("pow_f32", false),
+        BinaryOp::Maximum => ("maximum_f32", false),
+        BinaryOp::Minimum => ("minimum_f32", false),
+        BinaryOp::RSub => ("sub_f32", true),
+        BinaryOp::RDiv => ("div_f32", true),
+    }
+}
+
+pub(super) fn binary(cx: Ctx<'_>, op: BinaryOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    let name = op.name();
+    check_float(name, &[out, a, b])?;
+    let (a, b) = (as_f32(cx, a)?, as_f32(cx, b)?);
+    let (kernel, swap) = binary_kernel(op);
+    into_f32_out(cx, out, |o| {
+        if swap { broadcast_kernel(cx, name, kernel, o, &b, &a) } else { broadcast_kernel(cx, name, kernel, o, &a, &b) }
+    })
+}
+
+pub(super) fn binary_scalar(cx: Ctx<'_>, op: BinaryOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+    check_float(op.name(), &[out, a])?;
+    let s = scalar_f32(cx, a, s)?;
+    binary(cx, op, out, a, &s)
+}
+
+pub(super) fn binary_inplace(cx: Ctx<'_>, op: BinaryOp, dst: &Tensor, src: &Tensor) -> Result<()> {
+    check_float(op.name(), &[dst, src])?;
+    // The result into a contiguous scratch (it reads dst through its strides), then back.
+    let t = cx.scratch(dst, dst.shape(), dst.dtype())?;
+    binary(cx, op, &t, dst, src)?;
+    copy(cx, dst, &t)
+}
+
+pub(super) fn unary(cx: Ctx<'_>, op: UnaryOp, out: &Tensor, x: &Tensor) -> Result<()> {
+    let name = op.name();
+    check_float(name, &[out, x])?;
+    let x = f32_contiguous(cx, x)?;
+    let n = out.numel();
+    into_f32_out(cx, out, |o| {
+        let (kernel, p) = match op {
+            UnaryOp::Exp => ("exp_f32", None),
+            UnaryOp::Log => ("log_f32", None),
+            UnaryOp::Sqrt => ("sqrt_f32", None),
+            UnaryOp::Rsqrt => ("rsqrt_f32", None),
+            UnaryOp::Tanh => ("tanh_f32", None),
+            UnaryOp::Sigmoid => ("sigmoid_f32", None),
+            UnaryOp::Relu => ("relu_f32", None),
+            UnaryOp::Neg => ("neg_f32", None),
+            UnaryOp::Abs => ("abs_f32", None),
+            UnaryOp::Sin => ("sin_f32", None),
+            UnaryOp::Cos => ("cos_f32", None),
+            UnaryOp::Log1p => ("log1p_f32", None),
+            UnaryOp::Reciprocal => ("reciprocal_f32", None),
+            UnaryOp::Square => ("square_f32", None),
+            UnaryOp::Pow(p) => ("pow_scalar_f32", Some(p)),
+            UnaryOp::Gelu => ("gelu_f32", None),
+            UnaryOp::GeluTanh => ("gelu_tanh_f32", None),
+            UnaryOp::Silu => ("silu_f32", None),
+            UnaryOp::LeakyRelu(p) => ("leaky_relu_f32", Some(p)),
+        };
+        let mut args = vec![n_arg(n)];
+        if let Some(p) = p {
+            args.push(KernelArg::F32(p as f32));
+        }
+        args.extend([ptr(&x, name)?, ptr(o, name)?]);
+        cx.launch_n(name, "elementwise.cu", kernel, n, &args)
+    })
+}
+
+/// The number of an op in `unary_grad_f32`'s switch, for the ops without their own kernel.
+fn unary_grad_code(op: UnaryOp) -> Option<(i32, f64)> {
+    Some(match op {
+        UnaryOp::Exp => (0, 0.0),
+        UnaryOp::Log => (1, 0.0),
+        UnaryOp::Sqrt => (2, 0.0),
+        UnaryOp::Rsqrt => (3, 0.0),
+        UnaryOp::Neg => (4, 0.0),
+        UnaryOp::Abs => (5, 0.0),
+        UnaryOp::Sin => (6, 0.0),
+        UnaryOp::Cos => (7, 0.0),
+        UnaryOp::Log1p => (8, 0.0),
+        UnaryOp::Reciprocal => (9, 0.0),
+        UnaryOp::Square => (10, 0.0),
+        UnaryOp::Pow(p) => (11, p),
+        UnaryOp::LeakyRelu(p) => (12, p),
+        _ => return None,
+    })
+}
+
+pub(super) fn unary_backward(cx: Ctx<'_>, op: UnaryOp, out: &Tensor, grad: &Tensor, saved: &Tensor) -> Result<()> {
+    let name = op.backward_name();
+    check_float(name, &[out, grad, saved])?;
+    // Both operands as contiguous f32 of out's shape (they may broadcast to it).
+    let full = |t: &Tensor| -> Result<Tensor> {
+        if t.dtype() == DType::F32 && t.is_contiguous() && t.shape() == out.shape() {
+            return Ok(t.clone());
+        }
+        let c = cx.scratch(out, out.shape(), DType::F32)?;
+        copy(cx, &c, t)?;
+        Ok(c)
+    };
+    let (g, s) = (full(grad)?, full(saved)?);
+    let n = out.numel();
+    into_f32_out(cx, out, |o| {
+        let own = match op {
+            UnaryOp::Relu => Some("relu_backward_f32"),
+            UnaryOp::Sigmoid => Some("sigmoid_backward_f32"),
+            UnaryOp::Tanh => Some("tanh_backward_f32"),
+            UnaryOp::Silu => Some("silu_backward_f32"),
+            UnaryOp::Gelu => Some("gelu_backward_f32"),
+            UnaryOp::GeluTanh => Some("gelu_tanh_backward_f32"),
+            _ => None,
+        };
+        if let Some(kernel) = own {
+            return cx.launch_n(
+                name,
+                "activation_backward.cu",
+                kernel,
+                n,
+                &[n_arg(n), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?],
+            );
+        }
+        let Some((code, p)) = unary_grad_code(op) else {
+            return Err(TensorError::NotImplementedOnDevice { op: name, device: cx.device.to_string() });
+        };
+        let args =
+            [n_arg(n), KernelArg::I32(code), KernelArg::F32(p as f32), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?];
+        cx.launch_n(name, "activation_backward.cu", "unary_grad_f32", n, &args)
+    })
+}
+
+pub(super) fn clamp(cx: Ctx<'_>, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> Result<()> {
+    check_float("clamp", &[out, x])?;
+    let x = f32_contiguous(cx, x)?;
+    let n = out.numel();
+    into_f32_out(cx, out, |o| {
+        let args =
+            [n_arg(n), KernelArg::F32(lo as f32), KernelArg::F32(hi as f32), ptr(&x, "clamp")?, ptr(o, "clamp")?];
+        cx.launch_n("clamp", "elementwise.cu", "clamp_f32", n, &args)
+    })
+}
+
+fn compare_kernel(op: CompareOp, int: bool) -> &'static str {
+    match (op, int) {
+        (CompareOp::Eq, false) => "eq_f32",
+        (CompareOp::Ne, false) => "ne_f32",
+        (CompareOp::Lt, false) => "lt_f32",
+        (CompareOp::Le, false) => "le_f32",
+        (CompareOp::Gt, false) => "gt_f32",
+        (CompareOp::Ge, false) => "ge_f32",
+        (CompareOp::Eq, true) => "eq_i64",
+        (CompareOp::Ne, true) => "ne_i64",
+        (CompareOp::Lt, true) => "lt_i64",
+        (CompareOp::Le, true) => "le_i64",
+        (CompareOp::Gt, true) => "gt_i64",
+        (CompareOp::Ge, true) => "ge_i64",
+    }
+}
+
+/// `t` as the operand of a comparison kernel: f32 for the float dtypes and for u8/bool (exact),
+/// i64 for i64 and i32 (exact); f64 refused.
+fn compare_operand(cx: Ctx<'_>, t: &Tensor, op: &'static str) -> Result<Tensor> {
+    let to = match t.dtype() {
+        DType::F64 => return Err(TensorError::UnsupportedDType { op, dtype: DType::F64 }),
+        DType::I64 => return Ok(t.clone()),
+        DType::I32 => DType::I64,
+        DType::F32 => return Ok(t.clone()),
+        _ => DType::F32,
+    };
+    let c = cx.scratch(t, t.shape(), to)?;
+    copy(cx, &c, t)?;
+    Ok(c)
+}
+
+pub(super) fn compare(cx: Ctx<'_>, op: CompareOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    let name = op.name();
+    let (a, b) = (compare_operand(cx, a, name)?, compare_operand(cx, b, name)?);
+    let int = a.dtype() == DType::I64;
+    if int != (b.dtype() == DType::I64) {
+        return Err(TensorError::DTypeMismatch { op: name, lhs: a.dtype(), rhs: b.dtype() });
+    }
+    broadcast_kernel(cx, name, compare_kernel(op, int), out, &a, &b)
+}
+
+pub(super) fn compare_scalar(cx: Ctx<'_>, op: CompareOp, out: &Tensor, a: &Tensor, s: f64) -> Result<()> {
+    if !matches!(a.dtype(), DType::I64 | DType::I32) {
+        let a = compare_operand(cx, a, op.name())?;
+        let s = scalar_f32(cx, &a, s)?;
+        return broadcast_kernel(cx, op.name(), compare_kernel(op, false), out, &a, &s);
+    }
+    // Integers against a scalar, exactly: a fractional or infinite scalar becomes the integer
+    // bound with the same answer for every integer (x < 2.5 ⟺ x < 3), or a constant.
+    let constant = |v: bool| super::data::fill(cx, out, if v { 1.0 } else { 0.0 });
+    if s.is_nan() {
+        return constant(op == CompareOp::Ne);
+    }
+    if s.is_infinite() || s.abs() >= 9.2e18 {
+        let above = s > 0.0; // the scalar is above every i64
+        return constant(match op {
+            CompareOp::Eq => false,
+            CompareOp::Ne => true,
+            CompareOp::Lt | CompareOp::Le => above,
+            CompareOp::Gt | CompareOp::Ge => !above,
+        });
+    }
+    let bound = match op {
+        CompareOp::Eq | CompareOp::Ne if s.fract() != 0.0 => return constant(op == CompareOp::Ne),
+        CompareOp::Lt | CompareOp::Ge => s.ceil(),
+        _ => s.floor(),
+    };
+    let a = compare_operand(cx, a, op.name())?;
+    let host = Tensor::full(&[], bound, DType::I64, &crate::Device::Cpu)?;
+    let b = cx.scratch(&a, &[], DType::I64)?;
+    super::data::upload(cx, &b, &host)?;
+    broadcast_kernel(cx, op.name(), compare_kernel(op, true), out, &a, &b)
+}
+
+pub(super) fn logical(cx: Ctx<'_>, op: LogicalOp, out: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    let name = match op {
+        LogicalOp::And => "logical_and",
+        LogicalOp::Or => "logical_or",
+    };
+    if let Some(t) = [out, a, b].into_iter().find(|t| t.dtype() != DType::Bool) {
+        return Err(TensorError::UnsupportedDType { op: name, dtype: t.dtype() });
+    }
+    let kernel = match op {
+        LogicalOp::And => "and_bool",
+        LogicalOp::Or => "or_bool",
+    };
+    broadcast_kernel(cx, name, kernel, out, a, b)
+}
+
+pub(super) fn where_cond(cx: Ctx<'_>, out: &Tensor, cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    const OP: &str = "where";
+    if cond.dtype() != DType::Bool {
+        return Err(TensorError::UnsupportedDType { op: OP, dtype: cond.dtype() });
+    }
+    // A selection moves elements without computing: one kernel per element width, every dtype.
+    let kernel = match out.dtype().size_in_bytes() {
+        1 => "where_b8",
+        2 => "where_b16",
+        4 => "where_b32",
+        _ => "where_b64",
+    };
+    let shape = out.shape();
+    let (sc, sa, sb) = (strides_to(cond, shape, OP)?, strides_to(a, shape, OP)?, strides_to(b, shape, OP)?);
+    let (s, st) = merge_dims(shape, &[&contiguous_strides(shape), &sc, &sa, &sb]);
+    if s.len() > MAX_DIMS {
+        return Err(cx.too_many_dims(OP, shape.len(), MAX_DIMS));
+    }
+    let n = out.numel();
+    let args = [
+        n_arg(n),
+        KernelArg::record(&broadcast3(&s, &st[1], &st[2], &st[3])),
+        ptr(cond, OP)?,
+        ptr(a, OP)?,
+        ptr(b, OP)?,
+        ptr(out, OP)?,
+    ];
+    cx.launch_n(OP, "elementwise.cu", kernel, n, &args)
+}

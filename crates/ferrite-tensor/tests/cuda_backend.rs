@@ -1,0 +1,719 @@
+//! The `cuda:N` kernel backend, checked without a GPU: with `FERRITE_CUDA_EMULATOR=1`, `cuda:0`
+//! is the emulated device (host memory, the CUDA C kernels compiled by g++ and run on CPU
+//! threads through ferrite-cuda's `HostRuntime`), so every op the backend implements runs its real
+//! argument arrays, launch geometry, strides and GEMM operand flags. Each op is compared with the
+//! `cpu` backend on random inputs (odd sizes, broadcast and strided operands, f16/bf16 storage)
+//! and, where PyTorch's reference fixtures cover it, with PyTorch's numbers.
+//!
+//! The variable is read once per process, before any device is used, so each test re-runs its
+//! own binary (`--exact NAME`) as a child with the variable set, unless the whole run already has
+//! it. Without a C++ compiler the tests print a loud SKIPPED line (a failure under
+//! `FERRITE_REQUIRE_SYSTEM_DEPS=1`). Shapes stay small: the emulator runs an OS thread per GPU
+//! thread.
+
+use ferrite_memory::MemoryError;
+use ferrite_tensor::backend::UnaryOp;
+use ferrite_tensor::functional::layer_norm;
+use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError};
+use ferrite_test_support::assert_close;
+
+const EMULATOR_ENV: &str = "FERRITE_CUDA_EMULATOR";
+
+/// A view of a tensor (a transpose, a narrowing, ...).
+type View = Box<dyn Fn(&Tensor) -> Tensor>;
+/// A unary op under test.
+type UnaryFn = fn(&Tensor) -> ferrite_tensor::Result<Tensor>;
+/// A comparison under test.
+type CompareFn = fn(&Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>;
+
+/// The emulated `cuda:0`.
+fn cuda() -> Device {
+    Device::Cuda { index: 0 }
+}
+
+/// `true` when this process runs the test body on the emulated device; otherwise runs the test
+/// `name` in a child process with the emulator on (asserting it passed and really ran) and
+/// returns `false`.
+fn on_emulator(name: &str) -> bool {
+    if ferrite_memory::cuda::emulator_enabled() {
+        return true;
+    }
+    if !ferrite_test_support::present_or_skip(
+        ferrite_cuda::HostModule::compiler_available(),
+        "no C++20 compiler (`$CXX`, default g++) to run the CUDA kernels of the emulated cuda:0",
+        "apt-get install g++ (or set CXX)",
+    ) {
+        return false;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(EMULATOR_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{name} on the emulated cuda:0 failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("CUDA-EMULATED {name} done")),
+        "{name}: the child did not run the test:\n{stdout}"
+    );
+    false
+}
+
+fn done(name: &str) {
+    println!("CUDA-EMULATED {name} done");
+}
+
+/// A random f32 CPU tensor.
+fn randn(g: &mut Generator, shape: &[usize]) -> Tensor {
+    Tensor::randn_with(shape, DType::F32, &Device::Cpu, g).unwrap()
+}
+
+fn to_cuda(t: &Tensor) -> Tensor {
+    t.to_device(&cuda()).unwrap()
+}
+
+fn to_cpu(t: &Tensor) -> Tensor {
+    assert_eq!(t.device(), &cuda(), "the result lives on cuda:0");
+    t.to_device(&Device::Cpu).unwrap()
+}
+
+/// Every element equal (as f64; exact for every dtype), shapes equal.
+fn assert_same(what: &str, got: &Tensor, want: &Tensor) {
+    let got = to_cpu(got);
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    let (g, w) = (got.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
+    for (i, (x, y)) in g.iter().zip(&w).enumerate() {
+        assert!(x == y || (x.is_nan() && y.is_nan()), "{what}[{i}]: {x} vs {y}");
+    }
+}
+
+/// Close within f32 tolerances.
+fn assert_near(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
+    let got = to_cpu(got);
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    assert_close(what, &got.to_dtype(DType::F32).unwrap(), &want.to_dtype(DType::F32).unwrap(), tol, tol);
+}
+
+/// Uploads and reads back every dtype bit for bit, converts between dtypes as the CPU does,
+/// materialises transposed, narrowed and expanded views, writes into a strided view, fills, and
+/// gives `arange` and seeded random numbers the CPU's exact values.
+#[test]
+fn data_moves_and_converts_exactly_like_the_cpu() {
+    let name = "data_moves_and_converts_exactly_like_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(1);
+    let x = randn(&mut g, &[5, 7]).mul_scalar(40.0).unwrap();
+    for dt in DType::ALL {
+        let h = x.to_dtype(dt).unwrap();
+        let d = to_cuda(&h);
+        assert_same(&format!("round trip {dt}"), &d, &h);
+        for to in DType::ALL {
+            if dt == DType::F64 || to == DType::F64 {
+                if dt != to {
+                    let e = d.to_dtype(to).unwrap_err();
+                    assert!(matches!(e, TensorError::UnsupportedDType { .. }), "{dt} -> {to}: {e:?}");
+                }
+                continue;
+            }
+            assert_same(&format!("{dt} -> {to}"), &d.to_dtype(to).unwrap(), &h.to_dtype(to).unwrap());
+        }
+    }
+    let d = to_cuda(&x);
+    let views: Vec<(&str, View)> = vec![
+        ("transpose", Box::new(|t: &Tensor| t.transpose(0, 1).unwrap())),
+        ("narrow", Box::new(|t: &Tensor| t.narrow(1, 2, 4).unwrap())),
+        ("expand", Box::new(|t: &Tensor| t.narrow(0, 1, 1).unwrap().expand(&[3, 5, 7]).unwrap())),
+        ("permute of a narrow", Box::new(|t: &Tensor| t.narrow(0, 1, 3).unwrap().t().unwrap())),
+    ];
+    for (what, view) in &views {
+        assert_same(what, &view(&d).contiguous().unwrap(), &view(&x).contiguous().unwrap());
+        assert_same(
+            &format!("{what} to bf16"),
+            &view(&d).to_dtype(DType::BF16).unwrap(),
+            &view(&x).to_dtype(DType::BF16).unwrap(),
+        );
+    }
+    // copy_ into a strided view of a larger tensor.
+    let (hd, dd) = (
+        Tensor::zeros(&[7, 5], DType::F32, &Device::Cpu).unwrap(),
+        Tensor::zeros(&[7, 5], DType::F32, &cuda()).unwrap(),
+    );
+    let src = randn(&mut g, &[4, 3]);
+    hd.t().unwrap().narrow(0, 1, 4).unwrap().narrow(1, 2, 3).unwrap().copy_(&src).unwrap();
+    dd.t().unwrap().narrow(0, 1, 4).unwrap().narrow(1, 2, 3).unwrap().copy_(&to_cuda(&src)).unwrap();
+    assert_same("copy_ into a strided view", &dd, &hd);
+    for dt in [DType::F32, DType::F16, DType::I64, DType::Bool, DType::F64] {
+        let t = Tensor::zeros(&[3, 5], dt, &cuda()).unwrap();
+        t.fill_(2.5).unwrap();
+        assert_same(&format!("fill {dt}"), &t, &Tensor::full(&[3, 5], 2.5, dt, &Device::Cpu).unwrap());
+    }
+    for dt in [DType::F32, DType::I64, DType::BF16] {
+        assert_same(
+            &format!("arange {dt}"),
+            &Tensor::arange(-3.0, 8.0, 0.5, dt, &cuda()).unwrap(),
+            &Tensor::arange(-3.0, 8.0, 0.5, dt, &Device::Cpu).unwrap(),
+        );
+    }
+    let (mut g1, mut g2) = (Generator::new(7), Generator::new(7));
+    assert_same(
+        "randn",
+        &Tensor::randn_with(&[9, 13], DType::F32, &cuda(), &mut g1).unwrap(),
+        &Tensor::randn_with(&[9, 13], DType::F32, &Device::Cpu, &mut g2).unwrap(),
+    );
+    assert_same(
+        "rand f16",
+        &Tensor::rand_with(&[31], DType::F16, &cuda(), &mut g1).unwrap(),
+        &Tensor::rand_with(&[31], DType::F16, &Device::Cpu, &mut g2).unwrap(),
+    );
+    done(name);
+}
+
+/// Binary ops (broadcast, strided and reversed operands, scalars, in place into a strided view),
+/// every unary op, clamp, comparisons, logical ops and `where` match the CPU, in f32 and through
+/// f16 and bf16 storage.
+#[test]
+fn elementwise_ops_match_the_cpu() {
+    let name = "elementwise_ops_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(2);
+    let a = randn(&mut g, &[3, 5, 7]);
+    let b = randn(&mut g, &[5, 1]);
+    let c = randn(&mut g, &[7, 5]).t().unwrap(); // strided [5, 7]
+    let pos = a.abs().unwrap().add_scalar(0.5).unwrap();
+    let (da, db, dc, dpos) = (to_cuda(&a), to_cuda(&b), to_cuda(&c), to_cuda(&pos));
+    let tol = 1e-6;
+    for (what, got, want) in [
+        ("add bcast", da.add(&db), a.add(&b)),
+        ("sub strided", da.sub(&dc), a.sub(&c)),
+        ("mul bcast strided", dc.mul(&db), c.mul(&b)),
+        ("div", da.div(&dpos), a.div(&pos)),
+        ("maximum", da.maximum(&dc), a.maximum(&c)),
+        ("minimum", db.minimum(&da), b.minimum(&a)),
+        ("pow", dpos.pow(&db), pos.pow(&b)),
+        ("add_scalar", da.add_scalar(0.25), a.add_scalar(0.25)),
+        ("rsub_scalar", da.rsub_scalar(2.0), a.rsub_scalar(2.0)),
+        ("rdiv_scalar", dpos.rdiv_scalar(3.0), pos.rdiv_scalar(3.0)),
+        ("mul_scalar strided", dc.mul_scalar(-1.5), c.mul_scalar(-1.5)),
+    ] {
+        assert_near(what, &got.unwrap(), &want.unwrap(), tol);
+    }
+    // In place into a strided view.
+    let (h, d) = (a.clone().deep_clone().unwrap(), da.deep_clone().unwrap());
+    h.narrow(2, 1, 5).unwrap().add_(&c.narrow(1, 2, 5).unwrap()).unwrap();
+    d.narrow(2, 1, 5).unwrap().add_(&dc.narrow(1, 2, 5).unwrap()).unwrap();
+    assert_near("add_ into a strided view", &d, &h, tol);
+    let unary: Vec<(&str, UnaryFn)> = vec![
+        ("exp", |t| t.exp()),
+        ("log", |t| t.abs()?.add_scalar(0.1)?.log()),
+        ("sqrt", |t| t.abs()?.sqrt()),
+        ("rsqrt", |t| t.abs()?.add_scalar(0.1)?.rsqrt()),
+        ("tanh", |t| t.tanh()),
+        ("sigmoid", |t| t.sigmoid()),
+        ("relu", |t| t.relu()),
+        ("neg", |t| t.neg()),
+        ("abs", |t| t.abs()),
+        ("sin", |t| t.sin()),
+        ("cos", |t| t.cos()),
+        ("log1p", |t| t.abs()?.log1p()),
+        ("reciprocal", |t| t.reciprocal()),
+        ("square", |t| t.square()),
+        ("pow_scalar 2.5", |t| t.abs()?.pow_scalar(2.5)),
+        ("gelu", |t| t.gelu()),
+        ("gelu_tanh", |t| t.gelu_tanh()),
+        ("silu", |t| t.silu()),
+        ("leaky_relu", |t| t.leaky_relu(0.1)),
+        ("clamp", |t| t.clamp(Some(-0.5), Some(0.7))),
+    ];
+    for (what, f) in &unary {
+        assert_near(what, &f(&dc).unwrap(), &f(&c).unwrap(), 2e-6);
+        for dt in [DType::F16, DType::BF16] {
+            let (hc, dc) = (c.to_dtype(dt).unwrap(), dc.to_dtype(dt).unwrap());
+            assert_same(&format!("{what} {dt}"), &f(&dc).unwrap(), &f(&hc).unwrap());
+        }
+    }
+    let half = a.to_dtype(DType::BF16).unwrap();
+    assert_same(
+        "add bf16 bcast",
+        &to_cuda(&half).add(&db.to_dtype(DType::BF16).unwrap()).unwrap(),
+        &half.add(&b.to_dtype(DType::BF16).unwrap()).unwrap(),
+    );
+    let cmp: Vec<(&str, CompareFn)> = vec![
+        ("eq", |x, y| x.eq(y)),
+        ("ne", |x, y| x.ne(y)),
+        ("lt", |x, y| x.lt(y)),
+        ("le", |x, y| x.le(y)),
+        ("gt", |x, y| x.gt(y)),
+        ("ge", |x, y| x.ge(y)),
+    ];
+    let rounded = |t: &Tensor| t.mul_scalar(2.0).unwrap().to_dtype(DType::I64).unwrap().to_dtype(DType::F32).unwrap();
+    let (ra, rb) = (rounded(&a), rounded(&b));
+    for (what, f) in &cmp {
+        assert_same(what, &f(&to_cuda(&ra), &to_cuda(&rb)).unwrap(), &f(&ra, &rb).unwrap());
+    }
+    assert_same("gt_scalar", &dc.gt_scalar(0.1).unwrap(), &c.gt_scalar(0.1).unwrap());
+    assert_same("le_scalar", &da.le_scalar(-0.2).unwrap(), &a.le_scalar(-0.2).unwrap());
+    let (m1, m2) = (a.gt_scalar(0.0).unwrap(), b.lt_scalar(0.3).unwrap());
+    let (dm1, dm2) = (to_cuda(&m1), to_cuda(&m2));
+    assert_same("logical_and", &dm1.logical_and(&dm2).unwrap(), &m1.logical_and(&m2).unwrap());
+    assert_same("logical_or", &dm1.logical_or(&dm2).unwrap(), &m1.logical_or(&m2).unwrap());
+    assert_same("where", &Tensor::where_cond(&dm2, &da, &dc).unwrap(), &Tensor::where_cond(&m2, &a, &c).unwrap());
+    done(name);
+}
+
+/// Sums over any dims (mean too), (log-)softmax, layer norm, and matmul — 2-D, batched with a
+/// broadcast batch, transposed and narrowed operands, f16 storage — match the CPU.
+#[test]
+fn reductions_row_kernels_and_matmul_match_the_cpu() {
+    let name = "reductions_row_kernels_and_matmul_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(3);
+    let x = randn(&mut g, &[3, 5, 7]);
+    let dx = to_cuda(&x);
+    for (dims, keep) in [(vec![], false), (vec![0], false), (vec![1], true), (vec![-1], false), (vec![0, 2], true)] {
+        assert_near(
+            &format!("sum {dims:?}"),
+            &dx.sum_dims(&dims, keep).unwrap(),
+            &x.sum_dims(&dims, keep).unwrap(),
+            1e-5,
+        );
+        assert_near(
+            &format!("mean {dims:?}"),
+            &dx.mean_dims(&dims, keep).unwrap(),
+            &x.mean_dims(&dims, keep).unwrap(),
+            1e-5,
+        );
+    }
+    let xt = x.transpose(0, 2).unwrap();
+    assert_near(
+        "sum of a transposed view",
+        &dx.transpose(0, 2).unwrap().sum_dims(&[1], false).unwrap(),
+        &xt.sum_dims(&[1], false).unwrap(),
+        1e-5,
+    );
+    let wide = randn(&mut g, &[3, 300]);
+    for (what, t) in [("x", &x), ("wide", &wide)] {
+        let d = to_cuda(t);
+        assert_near(&format!("softmax {what}"), &d.softmax(-1).unwrap(), &t.softmax(-1).unwrap(), 1e-6);
+        assert_near(&format!("log_softmax {what}"), &d.log_softmax(-1).unwrap(), &t.log_softmax(-1).unwrap(), 1e-5);
+        let cols = *t.shape().last().unwrap();
+        let (w, b) = (randn(&mut g, &[cols]), randn(&mut g, &[cols]));
+        assert_near(
+            &format!("layer_norm {what}"),
+            &layer_norm(&d, &[cols], Some(&to_cuda(&w)), Some(&to_cuda(&b)), 1e-5).unwrap(),
+            &layer_norm(t, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
+            1e-5,
+        );
+        assert_near(
+            &format!("layer_norm {what} no affine"),
+            &layer_norm(&d, &[cols], None, None, 1e-5).unwrap(),
+            &layer_norm(t, &[cols], None, None, 1e-5).unwrap(),
+            1e-5,
+        );
+    }
+    let a = randn(&mut g, &[2, 3, 5, 9]);
+    let b = randn(&mut g, &[9, 4]);
+    let bt = randn(&mut g, &[3, 4, 9]).transpose(-1, -2).unwrap();
+    let at = randn(&mut g, &[9, 5]).t().unwrap();
+    let an = randn(&mut g, &[5, 12]).narrow(1, 2, 9).unwrap();
+    for (what, l, r) in [
+        ("2-D", a.narrow(0, 0, 1).unwrap().narrow(1, 0, 1).unwrap().reshape(&[5, 9]).unwrap(), b.clone()),
+        ("batched, broadcast rhs", a.clone(), b.clone()),
+        ("batched, transposed rhs", a.clone(), bt.clone()),
+        ("transposed lhs", at.clone(), b.clone()),
+        ("narrowed lhs", an.clone(), b.clone()),
+        ("expanded batch", at.unsqueeze(0).unwrap().expand(&[3, 5, 9]).unwrap(), bt.clone()),
+    ] {
+        assert_near(
+            &format!("matmul {what}"),
+            &to_cuda(&l).matmul(&to_cuda(&r)).unwrap(),
+            &l.matmul(&r).unwrap(),
+            1e-5,
+        );
+    }
+    let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
+    assert_same("matmul f16", &to_cuda(&ah).matmul(&to_cuda(&bh)).unwrap(), &ah.matmul(&bh).unwrap());
+    done(name);
+}
+
+/// Gradients through the implemented ops (unary backward kernels, broadcast sums, matmul,
+/// softmax backward) match the CPU's.
+#[test]
+fn gradients_match_the_cpu() {
+    let name = "gradients_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(4);
+    let (a, b, w) = (randn(&mut g, &[4, 6]), randn(&mut g, &[6]), randn(&mut g, &[6, 3]));
+    let run = |dev: &Device, op: UnaryOp| -> Vec<Tensor> {
+        let leaf = |t: &Tensor| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap();
+        let (a, b, w) = (leaf(&a), leaf(&b), leaf(&w));
+        let h = a.mul(&b).unwrap();
+        let h = match op {
+            UnaryOp::Exp => h.exp(),
+            UnaryOp::Log => h.abs().and_then(|t| t.add_scalar(0.5)).and_then(|t| t.log()),
+            UnaryOp::Sqrt => h.abs().and_then(|t| t.add_scalar(0.5)).and_then(|t| t.sqrt()),
+            UnaryOp::Tanh => h.tanh(),
+            UnaryOp::Sigmoid => h.sigmoid(),
+            UnaryOp::Relu => h.relu(),
+            UnaryOp::Sin => h.sin(),
+            UnaryOp::Square => h.square(),
+            UnaryOp::Gelu => h.gelu(),
+            UnaryOp::GeluTanh => h.gelu_tanh(),
+            UnaryOp::Silu => h.silu(),
+            UnaryOp::LeakyRelu(p) => h.leaky_relu(p),
+            UnaryOp::Pow(p) => h.abs().and_then(|t| t.pow_scalar(p)),
+            _ => unreachable!(),
+        }
+        .unwrap();
+        let y = h.matmul(&w).unwrap().log_softmax(-1).unwrap().softmax(-1).unwrap();
+        y.mul(&y).unwrap().sum().unwrap().backward().unwrap();
+        [a, b, w].iter().map(|t| t.grad().unwrap().to_device(&Device::Cpu).unwrap()).collect()
+    };
+    for op in [
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Relu,
+        UnaryOp::Sin,
+        UnaryOp::Square,
+        UnaryOp::Gelu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Silu,
+        UnaryOp::LeakyRelu(0.2),
+        UnaryOp::Pow(1.5),
+    ] {
+        let (got, want) = (run(&cuda(), op), run(&Device::Cpu, op));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("{op:?} grad {i}"), g, w, 1e-4, 1e-5);
+        }
+    }
+    done(name);
+}
+
+/// PyTorch's reference cases of the implemented ops hold on the emulated device: outputs and
+/// every input gradient, at each case's tolerance.
+#[test]
+fn pytorch_reference_cases_hold_on_the_emulated_device() {
+    let name = "pytorch_reference_cases_hold_on_the_emulated_device";
+    if !on_emulator(name) {
+        return;
+    }
+    let Some(dir) = ferrite_test_support::reference_or_skip("ops/manifest.json") else {
+        done(name);
+        return;
+    };
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("ops/manifest.json")).unwrap()).unwrap();
+    let cases = [
+        "add__bcast",
+        "sub__bcast",
+        "mul__bcast",
+        "div__bcast",
+        "exp",
+        "log",
+        "sqrt",
+        "neg",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "silu",
+        "gelu__erf",
+        "gelu__tanh",
+        "pow__scalar",
+        "softmax__dim_last",
+        "log_softmax__dim_last",
+        "sum__all",
+        "sum__dim1_keepdim",
+        "mean__dim_last",
+        "matmul__2d",
+        "matmul__batched_bcast",
+        "layer_norm",
+        "transpose__0_1",
+        "permute__2_0_1",
+        "narrow__dim1",
+    ];
+    for case_name in cases {
+        let case = manifest["cases"].as_array().unwrap().iter().find(|c| c["name"] == case_name).unwrap();
+        let (rtol, atol) = (case["rtol"].as_f64().unwrap(), case["atol"].as_f64().unwrap());
+        let attrs = &case["attrs"];
+        let fx = ferrite_test_support::fixtures::load(&dir.join(format!("ops/{case_name}.safetensors")));
+        let get = |n: &str| ferrite_test_support::fixtures::get(&fx, n).clone();
+        let n_in = case["inputs"].as_u64().unwrap() as usize;
+        let inputs: Vec<Tensor> =
+            (0..n_in).map(|i| to_cuda(&get(&format!("input.{i}"))).requires_grad_(true).unwrap()).collect();
+        let x = &inputs[0];
+        let dims = |v: &serde_json::Value| -> Vec<i64> {
+            match v {
+                serde_json::Value::Array(a) => a.iter().map(|d| d.as_i64().unwrap()).collect(),
+                serde_json::Value::Number(n) => vec![n.as_i64().unwrap()],
+                _ => vec![],
+            }
+        };
+        let keep = attrs["keepdim"].as_bool().unwrap_or(false);
+        let out = match case["op"].as_str().unwrap() {
+            "add" => x.add(&inputs[1]),
+            "sub" => x.sub(&inputs[1]),
+            "mul" => x.mul(&inputs[1]),
+            "div" => x.div(&inputs[1]),
+            "exp" => x.exp(),
+            "log" => x.log(),
+            "sqrt" => x.sqrt(),
+            "neg" => x.neg(),
+            "tanh" => x.tanh(),
+            "sigmoid" => x.sigmoid(),
+            "relu" => x.relu(),
+            "silu" => x.silu(),
+            "gelu" if attrs["approximate"] == "tanh" => x.gelu_tanh(),
+            "gelu" => x.gelu(),
+            "pow" => x.pow_scalar(attrs["exponent"].as_f64().unwrap()),
+            "softmax" => x.softmax(attrs["dim"].as_i64().unwrap()),
+            "log_softmax" => x.log_softmax(attrs["dim"].as_i64().unwrap()),
+            "sum" => x.sum_dims(&dims(&attrs["dim"]), keep),
+            "mean" => x.mean_dims(&dims(&attrs["dim"]), keep),
+            "matmul" => x.matmul(&inputs[1]),
+            "layer_norm" => {
+                let shape: Vec<usize> = attrs["normalized_shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
+                layer_norm(x, &shape, Some(&inputs[1]), Some(&inputs[2]), attrs["eps"].as_f64().unwrap())
+            }
+            "transpose" => x.transpose(attrs["dim0"].as_i64().unwrap(), attrs["dim1"].as_i64().unwrap()),
+            "permute" => x.permute(&dims(&attrs["dims"])),
+            "narrow" => x.narrow(
+                attrs["dim"].as_i64().unwrap(),
+                attrs["start"].as_u64().unwrap() as usize,
+                attrs["length"].as_u64().unwrap() as usize,
+            ),
+            op => panic!("{case_name}: op {op} not wired in this test"),
+        }
+        .unwrap_or_else(|e| panic!("{case_name}: {e}"));
+        assert_close(&format!("{case_name} output"), &to_cpu(&out), &get("output"), rtol, atol);
+        if case["has_grad"].as_bool().unwrap_or(false) {
+            out.backward_with(&to_cuda(&get("grad_output")), false).unwrap();
+            for (i, t) in inputs.iter().enumerate() {
+                let grad = t.grad().unwrap_or_else(|| panic!("{case_name}: no gradient for input {i}"));
+                assert_close(
+                    &format!("{case_name} grad {i}"),
+                    &to_cpu(&grad),
+                    &get(&format!("grad_input.{i}")),
+                    rtol,
+                    atol,
+                );
+            }
+        }
+    }
+    done(name);
+}
+
+/// Runs `f` on copies of `inputs` on `dev` (leaves that require grad), backpropagates the sum
+/// of squares of its output, and returns the output and every input's gradient on the CPU.
+fn forward_backward(
+    dev: &Device,
+    inputs: &[&Tensor],
+    f: &dyn Fn(&[Tensor]) -> ferrite_tensor::Result<Tensor>,
+) -> (Tensor, Vec<Tensor>) {
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap())
+        .collect();
+    let out = f(&leaves).unwrap_or_else(|e| panic!("{dev}: {e}"));
+    out.mul(&out).unwrap().sum().unwrap().backward().unwrap();
+    let grads = leaves.iter().map(|t| t.grad().expect("a gradient").to_device(&Device::Cpu).unwrap()).collect();
+    (out.to_device(&Device::Cpu).unwrap(), grads)
+}
+
+/// The output and gradients of `f` on the emulated device against the CPU's.
+fn same_forward_backward(
+    what: &str,
+    inputs: &[&Tensor],
+    tol: f64,
+    f: &dyn Fn(&[Tensor]) -> ferrite_tensor::Result<Tensor>,
+) {
+    let (got, got_g) = forward_backward(&cuda(), inputs, f);
+    let (want, want_g) = forward_backward(&Device::Cpu, inputs, f);
+    assert_close(&format!("{what} output"), &got, &want, tol, tol);
+    for (i, (g, w)) in got_g.iter().zip(&want_g).enumerate() {
+        assert_close(&format!("{what} grad {i}"), g, w, tol, tol);
+    }
+}
+
+/// Variance, max/min with indices, integer comparisons, index ops (index_select, gather,
+/// scatter_add, one_hot, embedding, cross entropy), RMS/batch/group norm, pooling and conv2d
+/// (through im2col/col2im) match the CPU, gradients included; a bad index is the CPU's typed error.
+#[test]
+fn index_norm_pool_and_conv_ops_match_the_cpu() {
+    use ferrite_tensor::functional::{
+        AvgPool2dOptions, BatchNormOptions, Conv2dOptions, CrossEntropyOptions, MaxPool2dOptions, adaptive_avg_pool2d,
+        avg_pool2d, batch_norm, conv2d, cross_entropy, embedding, group_norm, max_pool2d, rms_norm,
+    };
+    let name = "index_norm_pool_and_conv_ops_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(5);
+    let x = randn(&mut g, &[4, 6, 5]);
+    let dx = to_cuda(&x);
+    for (dims, keep) in [(vec![1i64], false), (vec![0, 2], true), (vec![], false)] {
+        assert_near(
+            &format!("var {dims:?}"),
+            &dx.var_dims(&dims, 1, keep).unwrap(),
+            &x.var_dims(&dims, 1, keep).unwrap(),
+            1e-5,
+        );
+    }
+    for dim in [0i64, 1, -1] {
+        let ((gv, gi), (wv, wi)) = (dx.max_dim(dim, false).unwrap(), x.max_dim(dim, false).unwrap());
+        assert_same(&format!("max values {dim}"), &gv, &wv);
+        assert_same(&format!("max indices {dim}"), &gi, &wi);
+        let ((gv, gi), (wv, wi)) = (dx.min_dim(dim, true).unwrap(), x.min_dim(dim, true).unwrap());
+        assert_same(&format!("min values {dim}"), &gv, &wv);
+        assert_same(&format!("min indices {dim}"), &gi, &wi);
+        assert_same(&format!("argmax {dim}"), &dx.argmax(dim, false).unwrap(), &x.argmax(dim, false).unwrap());
+    }
+    // Integer comparisons are exact beyond f32's precision; fractional scalars follow the CPU.
+    let big = Tensor::from_vec(vec![16_777_217i64, 16_777_216, -3, 2, 7], &[5], &Device::Cpu).unwrap();
+    let other = Tensor::from_vec(vec![16_777_216i64, 16_777_216, -3, 3, 7], &[5], &Device::Cpu).unwrap();
+    let (db, dot) = (to_cuda(&big), to_cuda(&other));
+    assert_same("eq i64", &db.eq(&dot).unwrap(), &big.eq(&other).unwrap());
+    assert_same("gt i64", &db.gt(&dot).unwrap(), &big.gt(&other).unwrap());
+    for s in [2.5, -3.0, 1e30, f64::NAN] {
+        assert_same(&format!("lt_scalar {s}"), &db.lt_scalar(s).unwrap(), &big.lt_scalar(s).unwrap());
+        assert_same(&format!("ge_scalar {s}"), &db.ge_scalar(s).unwrap(), &big.ge_scalar(s).unwrap());
+        assert_same(&format!("eq_scalar {s}"), &db.eq_scalar(s).unwrap(), &big.eq_scalar(s).unwrap());
+    }
+    // Index ops.
+    let idx = Tensor::from_vec(vec![4i64, 0, 2, 2, 5], &[5], &Device::Cpu).unwrap();
+    same_forward_backward("index_select", &[&x], 1e-5, &|t| t[0].index_select(1, &idx.to_device(t[0].device())?));
+    let gidx =
+        Tensor::from_vec((0..4 * 3 * 5).map(|i| (i * 7 % 6) as i64).collect::<Vec<_>>(), &[4, 3, 5], &Device::Cpu)
+            .unwrap();
+    same_forward_backward("gather", &[&x], 1e-5, &|t| t[0].gather(1, &gidx.to_device(t[0].device())?));
+    let src = randn(&mut g, &[4, 3, 5]);
+    assert_near(
+        "scatter_add",
+        &dx.scatter_add(1, &to_cuda(&gidx), &to_cuda(&src)).unwrap(),
+        &x.scatter_add(1, &gidx, &src).unwrap(),
+        1e-5,
+    );
+    assert_same("one_hot", &to_cuda(&idx).one_hot(7).unwrap(), &idx.one_hot(7).unwrap());
+    let table = randn(&mut g, &[7, 3]);
+    let tokens = Tensor::from_vec(vec![1i64, 6, 1, 0, 3, 3], &[2, 3], &Device::Cpu).unwrap();
+    same_forward_backward("embedding", &[&table], 1e-5, &|t| embedding(&tokens.to_device(t[0].device())?, &t[0]));
+    let logits = randn(&mut g, &[6, 5]);
+    let target = Tensor::from_vec(vec![0i64, 4, -100, 2, 2, 1], &[6], &Device::Cpu).unwrap();
+    same_forward_backward("cross_entropy", &[&logits], 1e-5, &|t| {
+        cross_entropy(&t[0], &target.to_device(t[0].device())?, &CrossEntropyOptions::default())
+    });
+    let bad = Tensor::from_vec(vec![1i64, 6], &[2], &Device::Cpu).unwrap();
+    let e = dx.index_select(1, &to_cuda(&bad)).unwrap_err();
+    let want = x.index_select(1, &bad).unwrap_err();
+    assert_eq!(e.to_string(), want.to_string(), "a bad index is the CPU's error");
+    // Norms.
+    let img = randn(&mut g, &[3, 4, 5, 3]);
+    let (w4, b4) = (randn(&mut g, &[4]), randn(&mut g, &[4]));
+    same_forward_backward("rms_norm", &[&img, &randn(&mut g, &[3])], 1e-4, &|t| {
+        rms_norm(&t[0], &[3], Some(&t[1]), Some(1e-6))
+    });
+    same_forward_backward("group_norm", &[&img, &w4, &b4], 1e-4, &|t| {
+        group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5)
+    });
+    same_forward_backward("group_norm, no affine", &[&img], 1e-4, &|t| group_norm(&t[0], 4, None, None, 1e-5));
+    let train = BatchNormOptions { training: true, ..BatchNormOptions::default() };
+    let (rm, rv) = (randn(&mut g, &[4]), randn(&mut g, &[4]).abs().unwrap());
+    let (drm, drv) = (to_cuda(&rm), to_cuda(&rv));
+    let (hrm, hrv) = (rm.deep_clone().unwrap(), rv.deep_clone().unwrap());
+    same_forward_backward("batch_norm train", &[&img, &w4, &b4], 1e-4, &|t| {
+        let (m, v) = if t[0].device() == &cuda() { (&drm, &drv) } else { (&hrm, &hrv) };
+        batch_norm(&t[0], Some(m), Some(v), Some(&t[1]), Some(&t[2]), &train)
+    });
+    assert_near("running mean", &drm, &hrm, 1e-5);
+    assert_near("running var", &drv, &hrv, 1e-5);
+    let eval = BatchNormOptions { training: false, ..BatchNormOptions::default() };
+    same_forward_backward("batch_norm eval", &[&img, &w4], 1e-4, &|t| {
+        let (m, v) = if t[0].device() == &cuda() { (&drm, &drv) } else { (&hrm, &hrv) };
+        batch_norm(&t[0], Some(m), Some(v), Some(&t[1]), None, &eval)
+    });
+    // Pooling and convolution.
+    let planes = randn(&mut g, &[2, 3, 7, 6]);
+    let mut mp = MaxPool2dOptions::new([3, 2]);
+    mp.stride = Some([2, 2]);
+    mp.padding = [1, 1];
+    same_forward_backward("max_pool2d", &[&planes], 1e-5, &|t| max_pool2d(&t[0], &mp));
+    let mut ap = AvgPool2dOptions::new([2, 3]);
+    ap.padding = [1, 1];
+    ap.count_include_pad = false;
+    same_forward_backward("avg_pool2d", &[&planes], 1e-5, &|t| avg_pool2d(&t[0], &ap));
+    same_forward_backward("adaptive_avg_pool2d", &[&planes], 1e-5, &|t| adaptive_avg_pool2d(&t[0], [Some(3), Some(4)]));
+    let (kw, kb) = (randn(&mut g, &[4, 3, 3, 2]), randn(&mut g, &[4]));
+    let opts = Conv2dOptions::new().stride([2, 1]).padding([1, 1]);
+    same_forward_backward("conv2d", &[&planes, &kw, &kb], 1e-4, &|t| conv2d(&t[0], &t[1], Some(&t[2]), &opts));
+    done(name);
+}
+
+/// What the backend does not do is a typed error naming the op and the device: ops without a
+/// CUDA kernel yet, f64 and integer arithmetic; and the emulator is `cuda:0` only and says so
+/// where devices are listed.
+#[test]
+fn the_emulated_device_refuses_with_typed_errors_and_is_listed_as_emulated() {
+    let name = "the_emulated_device_refuses_with_typed_errors_and_is_listed_as_emulated";
+    if !on_emulator(name) {
+        return;
+    }
+    let d = Tensor::ones(&[3, 4], DType::F32, &cuda()).unwrap();
+    let e = ferrite_tensor::functional::smooth_l1_loss(&d, &d, 1.0, ferrite_tensor::functional::Reduction::Mean)
+        .unwrap_err();
+    assert!(matches!(&e, TensorError::NotImplementedOnDevice { device, .. } if device == "cuda:0"), "{e:?}");
+    assert!(e.to_string().contains("no CUDA kernel yet") && e.to_string().contains("`cpu`"), "{e}");
+    let f = Tensor::ones(&[3], DType::F64, &cuda()).unwrap();
+    assert!(matches!(f.add(&f).unwrap_err(), TensorError::UnsupportedDType { dtype: DType::F64, .. }));
+    let i = Tensor::ones(&[3], DType::I64, &cuda()).unwrap();
+    assert_eq!(i.to_vec::<i64>().unwrap(), [1, 1, 1]);
+    let e = i.mul(&i).unwrap_err();
+    assert!(matches!(e, TensorError::UnsupportedDType { dtype: DType::I64, .. }), "{e:?}");
+    let e = Tensor::zeros(&[2], DType::F32, &Device::Cuda { index: 1 }).unwrap_err();
+    assert!(matches!(&e, TensorError::Memory(MemoryError::CudaDeviceMissing { visible: 1, .. })), "{e:?}");
+    let listed = ferrite_memory::cuda::cuda_devices(false).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].name.contains("emulated"), "{}", listed[0].name);
+    let all = ferrite_memory::devices().unwrap();
+    let c = all.iter().find(|i| i.device == cuda()).expect("cuda:0 is listed");
+    assert!(c.name.contains("emulated"), "{}", c.name);
+    done(name);
+}
+
+/// Without the emulator and without an NVIDIA driver (this CI machine), a tensor on `cuda:0` is
+/// one typed error saying the driver is missing and what to use instead — no panic.
+#[test]
+fn cuda_without_the_emulator_and_without_a_driver_is_one_typed_error() {
+    if ferrite_memory::cuda::emulator_enabled() {
+        eprintln!("SKIPPED here: this process has {EMULATOR_ENV}=1 (the other tests cover that case)");
+        return;
+    }
+    if ferrite_memory::cuda::driver().is_ok() {
+        eprintln!("SKIPPED: an NVIDIA driver is installed; this test is about machines without one");
+        return;
+    }
+    let e = Tensor::zeros(&[4], DType::F32, &cuda()).unwrap_err();
+    assert!(matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { .. })), "{e:?}");
+    assert!(e.to_string().contains("cuda:0") && e.to_string().contains("`cpu`"), "{e}");
+    let e = Tensor::ones(&[4], DType::F32, &Device::Cpu).unwrap().to_device(&cuda()).unwrap_err();
+    assert!(matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { .. })), "{e:?}");
+}
