@@ -21,9 +21,11 @@
 #
 # Every step runs whatever the previous ones did; its command, exit status, time and output go to
 # the report, and a summary table ends it. The script's own exit status is 0 when every step that
-# is expected to work did. Steps that cannot work yet are marked `expected` in the summary (today:
-# training on cuda:0, whose CUDA kernels are not in ferrite yet — the step records the typed error
-# a user sees).
+# is expected to work did. Steps that cannot fully work yet are marked `expected` in the summary
+# (today: the conformance check and training on cuda:0 — the CUDA backend runs ferrite's ops, but
+# fused optimizer steps, the pointwise losses and recurrent cells have no CUDA kernel yet, so the
+# check reports those cases as failed and training stops at the first optimizer step with the
+# typed error a user sees; both are recorded, not judged).
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
@@ -110,8 +112,8 @@ step "ferrite doctor" ok "$FERRITE" doctor
 step "ferrite doctor --compile-kernels" ok "$FERRITE" doctor --compile-kernels
 
 # The PyTorch reference cases from the binary (`ferrite doctor --check-device`): on cpu as the
-# baseline, on gpu:0 (the same card through Vulkan), and on cuda:0 (today the typed error that its
-# kernels are not in ferrite yet: one line, recorded, not judged).
+# baseline, on gpu:0 (the same card through Vulkan), and on cuda:0 (the CUDA backend: every case
+# whose ops have a CUDA kernel is checked; the rest fail with the typed error, recorded, not judged).
 if [ -n "$FIXTURES" ]; then
     step "check-device cpu" ok "$FERRITE" doctor --check-device cpu --fixtures "$FIXTURES"
     step "check-device gpu:0" ok "$FERRITE" doctor --check-device gpu:0 --fixtures "$FIXTURES"
@@ -135,7 +137,8 @@ fi
 step "train digits on gpu:0" ok "$FERRITE" train --device gpu:0 --epochs 1 --no-progress
 step "train digits on cpu (reference)" ok "$FERRITE" train --device cpu --epochs 1 --no-progress
 
-# cuda:0: the device and its allocator exist, its kernels do not yet: the typed error is recorded.
+# cuda:0: the forward and backward passes run on the CUDA backend; the fused AdamW step has no CUDA
+# kernel yet, so the run ends with that typed error (recorded, not judged).
 step "train digits on cuda:0" expected "$FERRITE" train --device cuda:0 --epochs 1 --no-progress
 
 # PyTorch's CUDA numbers on this GPU (matmul f32 with TF32 off, allocate+free), and its context.

@@ -82,12 +82,6 @@ pub enum MemoryError {
         "{device} is not available: CUDA_VISIBLE_DEVICES=`{value}` makes no GPU visible: {reason}. Set it to indices or UUIDs of this machine's GPUs (`nvidia-smi -L` lists them), or unset it"
     )]
     CudaNoVisibleDevice { device: String, value: String, reason: String },
-    /// A tensor on `cuda:N`: the device, its driver and its caching allocator exist, the CUDA
-    /// kernels that would compute on it do not yet.
-    #[error(
-        "tensors on {device} are not available yet: this version of ferrite has the CUDA device and its caching allocator, but not the CUDA kernels that compute on it. Use `gpu:N` (the same NVIDIA card through Vulkan; `ferrite devices` lists it), or `cpu`"
-    )]
-    CudaTensorsUnavailable { device: String },
     /// Pinned (page-locked) host memory the driver refused, after the pinned cache was freed and
     /// the request retried (or after an earlier driver failure).
     #[error(

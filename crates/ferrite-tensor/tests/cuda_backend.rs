@@ -272,6 +272,36 @@ fn elementwise_ops_match_the_cpu() {
 
 /// Sums over any dims (mean too), (log-)softmax, layer norm, and matmul — 2-D, batched with a
 /// broadcast batch, transposed and narrowed operands, f16 storage — match the CPU.
+/// NaN goes through relu, the activations and clamp as on the CPU (PyTorch's rules: `relu(NaN)`
+/// is NaN, `clamp` keeps a NaN element, `min > max` gives `max`).
+#[test]
+fn nan_passes_through_activations_and_clamp_as_on_the_cpu() {
+    let name = "nan_passes_through_activations_and_clamp_as_on_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let x = Tensor::from_vec(vec![1.5f32, -2.0, f32::NAN, 0.0, -0.0, 3.0, f32::NAN], &[7], &Device::Cpu).unwrap();
+    let dx = to_cuda(&x);
+    let ops: [(&str, UnaryFn); 5] = [
+        ("relu", Tensor::relu),
+        ("sigmoid", Tensor::sigmoid),
+        ("tanh", Tensor::tanh),
+        ("gelu", Tensor::gelu),
+        ("exp", Tensor::exp),
+    ];
+    for (what, f) in ops {
+        let (got, want) = (to_cpu(&f(&dx).unwrap()).to_vec_f64().unwrap(), f(&x).unwrap().to_vec_f64().unwrap());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let same = (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-6 * w.abs().max(1.0);
+            assert!(same, "{what}[{i}]: {g} on cuda:0, {w} on cpu");
+        }
+    }
+    for (lo, hi) in [(Some(0.0), Some(2.0)), (Some(3.0), Some(1.0)), (None, Some(0.5))] {
+        assert_same(&format!("clamp({lo:?}, {hi:?})"), &dx.clamp(lo, hi).unwrap(), &x.clamp(lo, hi).unwrap());
+    }
+    done(name);
+}
+
 #[test]
 fn reductions_row_kernels_and_matmul_match_the_cpu() {
     let name = "reductions_row_kernels_and_matmul_match_the_cpu";

@@ -111,7 +111,7 @@ fn build_info() -> BuildInfo {
                 f.push("gpu (wgpu)");
             }
             // Always compiled: the driver is loaded at run time.
-            f.push("cuda (driver loaded at run time; caching allocator and kernel sources, no CUDA tensors yet)");
+            f.push("cuda (driver, NVRTC and cuBLAS loaded at run time; CUDA kernel backend)");
             f.push("metrics (Prometheus)");
             if cfg!(feature = "mpi") {
                 f.push("mpi");
