@@ -8,7 +8,8 @@
 //! `softmax|layer_norm|sum_rows <rows> <ms>` (the transformer's row kernels over `[rows, 256]`:
 //! softmax over the last dim, layer norm with weight and bias, a sum over the rows as in a bias
 //! gradient), `softmax_bwd|layer_norm_bwd <rows> <ms>` (their backward passes, replayed on a
-//! kept graph with a fixed output gradient), `tiny_add <ns per op>`. `FERRITE_BENCH_SEQ=S` and `FERRITE_BENCH_ROWS=RxC` change the
+//! kept graph with a fixed output gradient; `rows:NAME` runs one of the row workloads alone, for a
+//! profile), `tiny_add <ns per op>`. `FERRITE_BENCH_SEQ=S` and `FERRITE_BENCH_ROWS=RxC` change the
 //! attention and row shapes (`bench/all_vs_pytorch.py` reports several).
 
 use std::time::Instant;
@@ -81,7 +82,10 @@ fn main() {
             println!("chain {n} {:.3}", t * 1e3);
         }
     }
-    if want("rows") {
+    // `rows` selects every row workload; `rows:softmax_bwd` (etc.) one of them, for a profile.
+    let row =
+        |name: &str| filter.is_empty() || filter.iter().any(|f| f == "rows" || f.strip_prefix("rows:") == Some(name));
+    if filter.is_empty() || filter.iter().any(|f| f.starts_with("rows")) {
         // `FERRITE_BENCH_ROWS=ROWSxCOLS` changes the shape (default 4096x256).
         let (rows, cols) = std::env::var("FERRITE_BENCH_ROWS")
             .ok()
@@ -93,39 +97,55 @@ fn main() {
         let x = Tensor::randn_with(&[rows, cols], DType::F32, &d, &mut g).unwrap();
         let w = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
         let b = Tensor::randn_with(&[cols], DType::F32, &d, &mut g).unwrap();
-        let t = best_of(5, 50, || {
-            std::hint::black_box(x.softmax(-1).unwrap());
-        });
-        println!("softmax {rows} {:.3}", t * 1e3);
-        let t = best_of(5, 50, || {
-            std::hint::black_box(
-                ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
-            );
-        });
-        println!("layer_norm {rows} {:.3}", t * 1e3);
-        let t = best_of(5, 50, || {
-            std::hint::black_box(x.sum_dims(&[0], false).unwrap());
-        });
-        println!("sum_rows {rows} {:.3}", t * 1e3);
+        if row("softmax") {
+            let t = best_of(5, 50, || {
+                std::hint::black_box(x.softmax(-1).unwrap());
+            });
+            println!("softmax {rows} {:.3}", t * 1e3);
+        }
+        if row("layer_norm") {
+            let t = best_of(5, 50, || {
+                std::hint::black_box(
+                    ferrite_tensor::functional::layer_norm(&x, &[cols], Some(&w), Some(&b), 1e-5).unwrap(),
+                );
+            });
+            println!("layer_norm {rows} {:.3}", t * 1e3);
+        }
+        if row("sum_rows") {
+            let t = best_of(5, 50, || {
+                std::hint::black_box(x.sum_dims(&[0], false).unwrap());
+            });
+            println!("sum_rows {rows} {:.3}", t * 1e3);
+        }
         // Backward passes: the graph is kept and replayed with a fixed output gradient; the
         // input's (and norm parameters') gradients are cleared each time, as in a training step.
-        let gy = Tensor::randn_with(&[rows, cols], DType::F32, &d, &mut g).unwrap();
+        let skew: usize = std::env::var("SKEW").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let gy = Tensor::randn_with(&[rows * cols + skew], DType::F32, &d, &mut g)
+            .unwrap()
+            .narrow(0, skew, rows * cols)
+            .unwrap()
+            .view(&[rows as i64, cols as i64])
+            .unwrap();
         let xg = x.detach().requires_grad_(true).unwrap();
-        let y = xg.softmax(-1).unwrap();
-        let t = best_of(5, 50, || {
-            y.backward_with(&gy, true).unwrap();
-            xg.set_grad(None).unwrap();
-        });
-        println!("softmax_bwd {rows} {:.3}", t * 1e3);
-        let (wg, bg) = (w.detach().requires_grad_(true).unwrap(), b.detach().requires_grad_(true).unwrap());
-        let y = ferrite_tensor::functional::layer_norm(&xg, &[cols], Some(&wg), Some(&bg), 1e-5).unwrap();
-        let t = best_of(5, 50, || {
-            y.backward_with(&gy, true).unwrap();
-            for p in [&xg, &wg, &bg] {
-                p.set_grad(None).unwrap();
-            }
-        });
-        println!("layer_norm_bwd {rows} {:.3}", t * 1e3);
+        if row("softmax_bwd") {
+            let y = xg.softmax(-1).unwrap();
+            let t = best_of(5, 50, || {
+                y.backward_with(&gy, true).unwrap();
+                xg.set_grad(None).unwrap();
+            });
+            println!("softmax_bwd {rows} {:.3}", t * 1e3);
+        }
+        if row("layer_norm_bwd") {
+            let (wg, bg) = (w.detach().requires_grad_(true).unwrap(), b.detach().requires_grad_(true).unwrap());
+            let y = ferrite_tensor::functional::layer_norm(&xg, &[cols], Some(&wg), Some(&bg), 1e-5).unwrap();
+            let t = best_of(5, 50, || {
+                y.backward_with(&gy, true).unwrap();
+                for p in [&xg, &wg, &bg] {
+                    p.set_grad(None).unwrap();
+                }
+            });
+            println!("layer_norm_bwd {rows} {:.3}", t * 1e3);
+        }
     }
     if want("tiny_add") {
         let a = Tensor::randn_with(&[4], DType::F32, &d, &mut g).unwrap();

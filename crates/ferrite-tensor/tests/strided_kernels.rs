@@ -335,7 +335,7 @@ fn leading_dim_f32_sum_follows_the_fixed_block_order_bit_for_bit() {
 /// the same bits on any thread count. Rows of `±s` pairs have mean 0 and variance 1 exactly, so
 /// `x̂ = x · 1/√(1 + eps)` is known here bit for bit.
 #[test]
-fn layer_norm_parameter_gradients_follow_the_fixed_group_order_bit_for_bit() {
+fn layer_norm_parameter_gradients_follow_the_fixed_group_order_bit_for_bit_and_dx_its_formula() {
     for (rows, cols) in [(2 * 64 + 5, 70usize), (4096, 256), (3 * 64, 8), (1, 2)] {
         let mut g = Generator::new(5);
         let signs = Tensor::randn_with(&[rows, cols / 2], DType::F32, &Device::Cpu, &mut g).unwrap();
@@ -373,7 +373,26 @@ fn layer_norm_parameter_gradients_follow_the_fixed_group_order_bit_for_bit() {
         let want_w = order(&|i| dyv[i] * (xv[i] * rstd));
         assert_eq!(b.grad().unwrap().to_vec::<f32>().unwrap(), want_b, "bias [{rows}, {cols}]");
         assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), want_w, "weight [{rows}, {cols}]");
-        assert!(x.grad().is_some());
+        // dx row by row (rows in fours and the rows left over take different loops), against
+        // `a·(g·w − mean(g·w) − x̂·mean(g·w·x̂))` in f64.
+        let wv = w.to_vec::<f32>().unwrap();
+        let dx = x.grad().unwrap().to_vec::<f32>().unwrap();
+        let a = rstd as f64;
+        for r in 0..rows {
+            let row = r * cols..(r + 1) * cols;
+            let gw: Vec<f64> = row.clone().map(|i| dyv[i] as f64 * wv[i - r * cols] as f64).collect();
+            let xh: Vec<f64> = row.clone().map(|i| xv[i] as f64 * a).collect();
+            let mg = gw.iter().sum::<f64>() / cols as f64;
+            let mgx = gw.iter().zip(&xh).map(|(g, x)| g * x).sum::<f64>() / cols as f64;
+            for (c, i) in row.enumerate() {
+                let want = a * (gw[c] - mg - xh[c] * mgx);
+                assert!(
+                    (dx[i] as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                    "dx[{r}, {c}] of [{rows}, {cols}]: {} vs {want}",
+                    dx[i]
+                );
+            }
+        }
     }
 }
 

@@ -102,6 +102,24 @@ pub(crate) fn lanes_barrier<L>(lanes: L) -> L {
     std::hint::black_box(lanes)
 }
 
+/// The pairwise fold of a row loop's lane accumulators: `lanes[k] = combine(lanes[k], lanes[k +
+/// w])` for `w = N/2, N/4, …, 1`, then lane 0 — through [`lanes_barrier`], so the loop that
+/// filled the lanes stays at full vector width. One call per accumulator array: folding two
+/// arrays in one loop let the SLP vectoriser interleave them into a chain of cross-register
+/// shuffles (layer norm backward, BENCHMARKS.md "Layer norm backward").
+#[inline(always)]
+pub(crate) fn pairwise_fold<A: Copy, const N: usize>(lanes: [A; N], combine: impl Fn(A, A) -> A) -> A {
+    let mut lanes = lanes_barrier(lanes);
+    let mut width = N;
+    while width > 1 {
+        width /= 2;
+        for k in 0..width {
+            lanes[k] = combine(lanes[k], lanes[k + width]);
+        }
+    }
+    lanes[0]
+}
+
 /// Run `f` compiled for the best available vector extension. `f` and everything it calls in
 /// its hot loop must be `#[inline(always)]` for the loop to be compiled with those features.
 #[inline(always)]

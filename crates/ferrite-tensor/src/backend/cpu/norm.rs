@@ -18,7 +18,7 @@ use super::channel_vectors::{read, write};
 use crate::backend::{LayerNormArgs, LayerNormBackwardArgs, LayerNormGrads, LayerNormParams, rows_cols};
 use crate::element::Float;
 use crate::error::Result;
-use crate::kernels::simd::{lanes_barrier, vectorize};
+use crate::kernels::simd::{pairwise_fold, vectorize};
 use crate::kernels::strided::{SendPtr, par_ranges};
 
 pub(super) fn layer_norm(args: &LayerNormArgs<'_>) -> Result<()> {
@@ -46,16 +46,7 @@ fn lane_sum<T: Float>(x: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
         }
     }
     // Pairwise combination of the lanes, then the tail.
-    let mut lanes = lanes_barrier(lanes);
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for k in 0..width {
-            let v = lanes[k + width];
-            lanes[k] += v;
-        }
-    }
-    let mut t = lanes[0];
+    let mut t = pairwise_fold(lanes, |a, b| a + b);
     for &v in rest {
         t += f(v.to_acc());
     }
@@ -164,33 +155,68 @@ fn backward<T: Float>(args: &LayerNormBackwardArgs<'_>, grads: &LayerNormGrads) 
             vectorize(
                 #[inline(always)]
                 || {
-                    for r in group * ROW_GROUP..((group + 1) * ROW_GROUP).min(rows) {
-                        // SAFETY: row r of the contiguous [rows, cols] x and dy (read only).
-                        let (xr, gr) = unsafe {
-                            (
-                                std::slice::from_raw_parts(xp.0.add(r * cols), cols),
-                                std::slice::from_raw_parts(gp.0.add(r * cols), cols),
-                            )
-                        };
-                        let (m, a) = (mu[r], rs[r]);
+                    let (start, end) = (group * ROW_GROUP, ((group + 1) * ROW_GROUP).min(rows));
+                    // SAFETY: rows start..end of the contiguous [rows, cols] x and dy (read only).
+                    let (xs, gs) = unsafe {
+                        (
+                            std::slice::from_raw_parts(xp.0.add(start * cols), (end - start) * cols),
+                            std::slice::from_raw_parts(gp.0.add(start * cols), (end - start) * cols),
+                        )
+                    };
+                    let row = |r: usize| -> (&[T], &[T]) {
+                        let span = (r - start) * cols..(r - start + 1) * cols;
+                        (&xs[span.clone()], &gs[span])
+                    };
+                    let mut r = start;
+                    while r < end {
                         match op {
+                            Some(op) if want_params && r + 4 <= end => {
+                                // Four rows at a time: the weight and bias sums are read and
+                                // written once per four rows (they are `cols` wide: on wide rows
+                                // they left the L1 cache and cost as much as dx itself).
+                                let (x0, g0) = row(r);
+                                let (x1, g1) = row(r + 1);
+                                let (x2, g2) = row(r + 2);
+                                let (x3, g3) = row(r + 3);
+                                let st = [
+                                    row_stats::<T>(x0, g0, wv, mu[r], rs[r], inv_n),
+                                    row_stats::<T>(x1, g1, wv, mu[r + 1], rs[r + 1], inv_n),
+                                    row_stats::<T>(x2, g2, wv, mu[r + 2], rs[r + 2], inv_n),
+                                    row_stats::<T>(x3, g3, wv, mu[r + 3], rs[r + 3], inv_n),
+                                ];
+                                // SAFETY: rows r..r+4 of dx belong to this task only, and are disjoint.
+                                let (o0, o1, o2, o3) = unsafe {
+                                    (
+                                        std::slice::from_raw_parts_mut(op.0.add(r * cols), cols),
+                                        std::slice::from_raw_parts_mut(op.0.add((r + 1) * cols), cols),
+                                        std::slice::from_raw_parts_mut(op.0.add((r + 2) * cols), cols),
+                                        std::slice::from_raw_parts_mut(op.0.add((r + 3) * cols), cols),
+                                    )
+                                };
+                                rows4_dx::<T>([o0, o1, o2, o3], [g0, g1, g2, g3], [x0, x1, x2, x3], wv, st, sw, sb);
+                                r += 4;
+                            }
                             Some(op) => {
+                                let (xr, gr) = row(r);
+                                let st = row_stats::<T>(xr, gr, wv, mu[r], rs[r], inv_n);
                                 // SAFETY: row r of dx belongs to this task only.
                                 let or = unsafe { std::slice::from_raw_parts_mut(op.0.add(r * cols), cols) };
-                                let (sg, sgx) = lane_sums2::<T>(gr, xr, wv, m, a);
-                                let (mg, mgx) = (sg * inv_n, sgx * inv_n);
                                 if want_params {
-                                    row_dx::<T, true>(or, gr, xr, wv, m, a, mg, mgx, sw, sb);
+                                    row_dx::<T, true>(or, gr, xr, wv, &st, sw, sb);
                                 } else {
-                                    row_dx::<T, false>(or, gr, xr, wv, m, a, mg, mgx, sw, sb);
+                                    row_dx::<T, false>(or, gr, xr, wv, &st, sw, sb);
                                 }
+                                r += 1;
                             }
                             None => {
+                                let (xr, gr) = row(r);
+                                let (m, a) = (mu[r], rs[r]);
                                 for (((bw, bb), &g), &v) in sw.iter_mut().zip(sb.iter_mut()).zip(gr).zip(xr) {
                                     let g = g.to_acc();
                                     *bw += g * ((v.to_acc() - m) * a);
                                     *bb += g;
                                 }
+                                r += 1;
                             }
                         }
                     }
@@ -230,19 +256,42 @@ fn backward<T: Float>(args: &LayerNormBackwardArgs<'_>, grads: &LayerNormGrads) 
     Ok(())
 }
 
-/// One row of `dx = a·(g·w - mg - x̂·mgx)` with `x̂ = (x - m)·a`, and with `PARAMS` the row's
-/// terms of the weight and bias gradients added to the group's sums `sw += g·x̂`, `sb += g`.
+/// A row's statistics for the dx pass: mean `m`, reciprocal deviation `a`, and the row means
+/// `mg = Σ g·w / n`, `mgx = Σ g·w·x̂ / n`.
+#[derive(Clone, Copy)]
+struct RowStats<A> {
+    m: A,
+    a: A,
+    mg: A,
+    mgx: A,
+}
+
+/// A row's [`RowStats`] from its mean `m` and reciprocal deviation `a`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+fn row_stats<T: Float>(xr: &[T], gr: &[T], wv: &[T::Acc], m: T::Acc, a: T::Acc, inv_n: T::Acc) -> RowStats<T::Acc> {
+    let (sg, sgx) = lane_sums2::<T>(gr, xr, wv, m, a);
+    RowStats { m, a, mg: sg * inv_n, mgx: sgx * inv_n }
+}
+
+/// One element of a row: its `dx = a·(g·w - mg - x̂·mgx)` with `x̂ = (x - m)·a`, and its terms
+/// `g·x̂` and `g` added to the weight and bias sums.
+#[inline(always)]
+fn element_dx<T: Float>(g: T, x: T, w: T::Acc, s: &RowStats<T::Acc>, bw: &mut T::Acc, bb: &mut T::Acc) -> T {
+    let (g, xh) = (g.to_acc(), (x.to_acc() - s.m) * s.a);
+    *bw += g * xh;
+    *bb += g;
+    T::from_acc(s.a * (g * w - s.mg - xh * s.mgx))
+}
+
+/// One row of `dx`, and with `PARAMS` the row's terms of the weight and bias gradients added to
+/// the group's sums `sw += g·x̂`, `sb += g`.
+#[inline(always)]
 fn row_dx<T: Float, const PARAMS: bool>(
     or: &mut [T],
     gr: &[T],
     xr: &[T],
     wv: &[T::Acc],
-    m: T::Acc,
-    a: T::Acc,
-    mg: T::Acc,
-    mgx: T::Acc,
+    s: &RowStats<T::Acc>,
     sw: &mut [T::Acc],
     sb: &mut [T::Acc],
 ) {
@@ -250,16 +299,41 @@ fn row_dx<T: Float, const PARAMS: bool>(
         for (((((o, &g), &v), &w), bw), bb) in
             or.iter_mut().zip(gr).zip(xr).zip(wv).zip(sw.iter_mut()).zip(sb.iter_mut())
         {
-            let (g, xh) = (g.to_acc(), (v.to_acc() - m) * a);
-            *o = T::from_acc(a * (g * w - mg - xh * mgx));
-            *bw += g * xh;
-            *bb += g;
+            *o = element_dx(g, v, w, s, bw, bb);
         }
     } else {
         for (((o, &g), &v), &w) in or.iter_mut().zip(gr).zip(xr).zip(wv) {
-            let xh = (v.to_acc() - m) * a;
-            *o = T::from_acc(a * (g.to_acc() * w - mg - xh * mgx));
+            let xh = (v.to_acc() - s.m) * s.a;
+            *o = T::from_acc(s.a * (g.to_acc() * w - s.mg - xh * s.mgx));
         }
+    }
+}
+
+/// Four consecutive rows of `dx` with their weight and bias terms, column by column: each sum
+/// is loaded once, takes the four rows' terms in row order (the same additions, in the same
+/// order, as four calls of [`row_dx`]) and is stored once.
+#[inline(always)]
+fn rows4_dx<T: Float>(
+    [o0, o1, o2, o3]: [&mut [T]; 4],
+    g: [&[T]; 4],
+    x: [&[T]; 4],
+    wv: &[T::Acc],
+    st: [RowStats<T::Acc>; 4],
+    sw: &mut [T::Acc],
+    sb: &mut [T::Acc],
+) {
+    let n = wv.len();
+    let (o0, o1, o2, o3) = (&mut o0[..n], &mut o1[..n], &mut o2[..n], &mut o3[..n]);
+    let (g, x) = (g.map(|r| &r[..n]), x.map(|r| &r[..n]));
+    let (sw, sb) = (&mut sw[..n], &mut sb[..n]);
+    for j in 0..n {
+        let (w, mut bw, mut bb) = (wv[j], sw[j], sb[j]);
+        o0[j] = element_dx(g[0][j], x[0][j], w, &st[0], &mut bw, &mut bb);
+        o1[j] = element_dx(g[1][j], x[1][j], w, &st[1], &mut bw, &mut bb);
+        o2[j] = element_dx(g[2][j], x[2][j], w, &st[2], &mut bw, &mut bb);
+        o3[j] = element_dx(g[3][j], x[3][j], w, &st[3], &mut bw, &mut bb);
+        sw[j] = bw;
+        sb[j] = bb;
     }
 }
 
@@ -278,17 +352,7 @@ fn lane_sums2<T: Float>(g: &[T], x: &[T], w: &[T::Acc], m: T::Acc, a: T::Acc) ->
             s2[k] += gw * ((xch[k].to_acc() - m) * a);
         }
     }
-    let (mut s1, mut s2) = lanes_barrier((s1, s2));
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for k in 0..width {
-            let (v1, v2) = (s1[k + width], s2[k + width]);
-            s1[k] += v1;
-            s2[k] += v2;
-        }
-    }
-    let (mut t1, mut t2) = (s1[0], s2[0]);
+    let (mut t1, mut t2) = (pairwise_fold(s1, |a, b| a + b), pairwise_fold(s2, |a, b| a + b));
     for ((&g, &v), &w) in gr.iter().zip(xr).zip(wr) {
         let gw = g.to_acc() * w;
         t1 += gw;

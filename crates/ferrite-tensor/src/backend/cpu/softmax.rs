@@ -6,7 +6,7 @@ use num_traits::{Float as _, One, Zero};
 use crate::backend::rows_cols;
 use crate::element::{AccFloat, Float};
 use crate::error::Result;
-use crate::kernels::simd::{lanes_barrier, vectorize};
+use crate::kernels::simd::{pairwise_fold, vectorize};
 use crate::kernels::strided::{SendPtr, par_ranges};
 use crate::{Tensor, dispatch_float};
 
@@ -71,16 +71,7 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
     }
     // Pairwise across the lanes (vector maxima, not a scalar chain of 16 compares per row: on
     // the [65536, 64] rows that chain cost as much as the row's own loads), then the tail.
-    let mut lanes = lanes_barrier(lanes);
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for k in 0..width {
-            let v = lanes[k + width];
-            lanes[k] = if v > lanes[k] { v } else { lanes[k] };
-        }
-    }
-    let mut m = lanes[0];
+    let mut m = pairwise_fold(lanes, |a, b| if b > a { b } else { a });
     for v in rest.iter().map(|v| v.to_acc()) {
         if v > m {
             m = v;
@@ -92,16 +83,7 @@ fn row_max<T: Float>(x: &[T]) -> T::Acc {
 /// Σ of the lanes, pairwise (vector additions, not a scalar chain of 16 per row).
 #[inline(always)]
 fn fold_lanes<A: AccFloat>(lanes: [A; LANES]) -> A {
-    let mut lanes = lanes_barrier(lanes);
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for k in 0..width {
-            let v = lanes[k + width];
-            lanes[k] += v;
-        }
-    }
-    lanes[0]
+    pairwise_fold(lanes, |a, b| a + b)
 }
 
 /// Σ exp(x - m) in lanes.
