@@ -108,12 +108,15 @@ fn sum_exp<T: Float>(x: &[T], m: T::Acc) -> T::Acc {
 fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
     let m = row_max(x);
     let m = if m.is_infinite() && m < T::Acc::zero() { T::Acc::zero() } else { m };
+    let full_precision = std::mem::size_of::<T>() == std::mem::size_of::<T::Acc>();
     if log {
-        let lse = sum_exp(x, m).ln();
+        // The exponentials go through `out` (overwritten below) where it holds them exactly:
+        // the same sum, from [`exp_into`]'s two short loops.
+        let lse = if full_precision { exp_into(x, out, m) } else { sum_exp(x, m) }.ln();
         for (o, &v) in out.iter_mut().zip(x) {
             *o = T::from_acc(v.to_acc() - m - lse);
         }
-    } else if std::mem::size_of::<T>() == std::mem::size_of::<T::Acc>() {
+    } else if full_precision {
         // Full-precision rows: exp once, into the output, then scale (one exp per element
         // instead of two; the row is still in cache for the second pass).
         let s = exp_into(x, out, m);
@@ -131,24 +134,28 @@ fn softmax_row<T: Float>(x: &[T], out: &mut [T], log: bool) {
 }
 
 /// out = exp(x - m), returning Σ out, in lanes.
+///
+/// Two loops, not one: with the sum in the exponential's loop, the loop body (the whole
+/// polynomial) was too large to unroll over the 16 lanes, so the lanes lived on the stack and
+/// every vector of the row waited on a store and a reload of its accumulator. The second loop
+/// re-reads the row from L1; for full-precision rows (the only ones that come here) `out`
+/// holds `e` exactly, so the sum and its order are unchanged.
 #[inline(always)]
 fn exp_into<T: Float>(x: &[T], out: &mut [T], m: T::Acc) -> T::Acc {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = T::from_acc((v.to_acc() - m).vexp_nonpositive());
+    }
     let mut lanes = [T::Acc::zero(); LANES];
-    let xc = x.chunks_exact(LANES);
-    let xr = xc.remainder();
-    let mut oc = out.chunks_exact_mut(LANES);
-    for (xch, och) in xc.zip(&mut oc) {
+    let chunks = out.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for ch in chunks {
         for k in 0..LANES {
-            let e = (xch[k].to_acc() - m).vexp_nonpositive();
-            och[k] = T::from_acc(e);
-            lanes[k] += e;
+            lanes[k] += ch[k].to_acc();
         }
     }
     let mut s = T::Acc::zero();
-    for (o, v) in oc.into_remainder().iter_mut().zip(xr) {
-        let e = (v.to_acc() - m).vexp_nonpositive();
-        *o = T::from_acc(e);
-        s += e;
+    for v in rest {
+        s += v.to_acc();
     }
     fold_lanes(lanes) + s
 }
