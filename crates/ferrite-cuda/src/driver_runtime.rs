@@ -19,7 +19,7 @@ use crate::CudaError;
 use crate::kernel_arg::{KernelArg, param_array};
 use crate::kernel_sources::KernelSource;
 use crate::nvrtc::Nvrtc;
-use crate::runtime::{ALLOW_TF32_ENV, CudaRuntime, GemmStridedBatched};
+use crate::runtime::{ALLOW_TF32_ENV, CudaRuntime, GemmElement, GemmStridedBatched};
 
 /// A loaded module and the functions looked up in it.
 struct Module {
@@ -268,36 +268,69 @@ impl CudaRuntime for DriverRuntime {
         let (lda, ldb, ldc) = (int(d, "lda", g.lda)?, int(d, "ldb", g.ldb)?, int(d, "ldc", g.ldc)?);
         let batch = int(d, "batch", g.batch)?;
         let (alpha, beta) = (g.alpha, g.beta);
-        // SAFETY: a valid handle bound to this runtime's stream; the caller vouches for the
-        // matrices; alpha and beta are host scalars alive for the call.
-        let s = unsafe {
-            cublas::cublasSgemmStridedBatched(
-                h,
-                op(g.trans_a),
-                op(g.trans_b),
-                m,
-                n,
-                k,
-                &alpha,
-                g.a as *const f32,
-                lda,
-                g.stride_a as i64,
-                g.b as *const f32,
-                ldb,
-                g.stride_b as i64,
-                &beta,
-                g.c as *mut f32,
-                ldc,
-                g.stride_c as i64,
-                batch,
-            )
+        let half = match g.element {
+            GemmElement::F32 => None,
+            GemmElement::F16 => Some(cublas::cudaDataType::CUDA_R_16F),
+            GemmElement::Bf16 => Some(cublas::cudaDataType::CUDA_R_16BF),
+        };
+        let (call, s) = match half {
+            // SAFETY: a valid handle bound to this runtime's stream; the caller vouches for the
+            // matrices; alpha and beta are host scalars alive for the call.
+            None => ("cublasSgemmStridedBatched", unsafe {
+                cublas::cublasSgemmStridedBatched(
+                    h,
+                    op(g.trans_a),
+                    op(g.trans_b),
+                    m,
+                    n,
+                    k,
+                    &alpha,
+                    g.a as *const f32,
+                    lda,
+                    g.stride_a as i64,
+                    g.b as *const f32,
+                    ldb,
+                    g.stride_b as i64,
+                    &beta,
+                    g.c as *mut f32,
+                    ldc,
+                    g.stride_c as i64,
+                    batch,
+                )
+            }),
+            // Half-precision operands, f32 accumulation (`CUBLAS_COMPUTE_32F`, f32 alpha/beta),
+            // the default algorithm (tensor cores where the shapes allow).
+            // SAFETY: as above; every matrix holds elements of `ty`.
+            Some(ty) => ("cublasGemmStridedBatchedEx", unsafe {
+                cublas::cublasGemmStridedBatchedEx(
+                    h,
+                    op(g.trans_a),
+                    op(g.trans_b),
+                    m,
+                    n,
+                    k,
+                    (&alpha as *const f32).cast(),
+                    g.a as *const std::ffi::c_void,
+                    ty,
+                    lda,
+                    g.stride_a as i64,
+                    g.b as *const std::ffi::c_void,
+                    ty,
+                    ldb,
+                    g.stride_b as i64,
+                    (&beta as *const f32).cast(),
+                    g.c as *mut std::ffi::c_void,
+                    ty,
+                    ldc,
+                    g.stride_c as i64,
+                    batch,
+                    cublas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublas::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                )
+            }),
         };
         if s != cublas::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(CudaError::Cublas {
-                device: d.clone(),
-                call: "cublasSgemmStridedBatched",
-                status: format!("{s:?}"),
-            });
+            return Err(CudaError::Cublas { device: d.clone(), call, status: format!("{s:?}") });
         }
         Ok(())
     }

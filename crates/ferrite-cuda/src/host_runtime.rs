@@ -13,7 +13,7 @@ use crate::CudaError;
 use crate::host_module::HostModule;
 use crate::kernel_arg::KernelArg;
 use crate::kernel_sources::KernelSource;
-use crate::runtime::{CudaRuntime, GemmStridedBatched};
+use crate::runtime::{CudaRuntime, GemmElement, GemmStridedBatched};
 
 /// The host emulator as a CUDA device.
 pub struct HostRuntime {
@@ -92,7 +92,18 @@ impl CudaRuntime for HostRuntime {
     }
 
     unsafe fn gemm_strided_batched(&self, g: &GemmStridedBatched) -> Result<(), CudaError> {
-        let (a, b, c) = (g.a as *const f32, g.b as *const f32, g.c as *mut f32);
+        // Element `i` of a matrix of `g.element`, widened to f32 (the GEMM accumulates in f32).
+        let load = |base: u64, i: usize| -> f32 {
+            // SAFETY: the caller vouches that every element the GEMM describes is valid memory
+            // of `g.element` (host addresses on the emulated device).
+            unsafe {
+                match g.element {
+                    GemmElement::F32 => *(base as *const f32).add(i),
+                    GemmElement::F16 => half::f16::from_bits(*(base as *const u16).add(i)).to_f32(),
+                    GemmElement::Bf16 => half::bf16::from_bits(*(base as *const u16).add(i)).to_f32(),
+                }
+            }
+        };
         for i in 0..g.batch {
             for s in 0..g.n {
                 for r in 0..g.m {
@@ -100,14 +111,17 @@ impl CudaRuntime for HostRuntime {
                     for l in 0..g.k {
                         let ia = if g.trans_a { l + r * g.lda } else { r + l * g.lda };
                         let ib = if g.trans_b { s + l * g.ldb } else { l + s * g.ldb };
-                        // SAFETY: the caller vouches that every element the GEMM describes is
-                        // valid memory (host addresses on the emulated device).
-                        acc += unsafe { *a.add(i * g.stride_a + ia) * *b.add(i * g.stride_b + ib) };
+                        acc += load(g.a, i * g.stride_a + ia) * load(g.b, i * g.stride_b + ib);
                     }
-                    // SAFETY: as above, for the writable `C`.
+                    let at = i * g.stride_c + r + s * g.ldc;
+                    let v = if g.beta == 0.0 { g.alpha * acc } else { g.alpha * acc + g.beta * load(g.c, at) };
+                    // SAFETY: as above, for the writable `C`; rounded once to its element type.
                     unsafe {
-                        let out = c.add(i * g.stride_c + r + s * g.ldc);
-                        *out = if g.beta == 0.0 { g.alpha * acc } else { g.alpha * acc + g.beta * *out };
+                        match g.element {
+                            GemmElement::F32 => *(g.c as *mut f32).add(at) = v,
+                            GemmElement::F16 => *(g.c as *mut u16).add(at) = half::f16::from_f32(v).to_bits(),
+                            GemmElement::Bf16 => *(g.c as *mut u16).add(at) = half::bf16::from_f32(v).to_bits(),
+                        }
                     }
                 }
             }

@@ -31,4 +31,4 @@ pub use host_runtime::HostRuntime;
 pub use kernel_arg::{KernelArg, param_array};
 pub use kernel_sources::{KERNEL_SOURCES, KernelSource};
 pub use nvrtc::{Compiled, NVRTC_ENV, Nvrtc};
-pub use runtime::{ALLOW_TF32_ENV, CudaRuntime, GemmStridedBatched};
+pub use runtime::{ALLOW_TF32_ENV, CudaRuntime, GemmElement, GemmStridedBatched};

@@ -14,13 +14,24 @@ use crate::kernel_sources::KernelSource;
 /// off by default, as PyTorch's `torch.backends.cuda.matmul.allow_tf32 = False`.
 pub const ALLOW_TF32_ENV: &str = "FERRITE_ALLOW_TF32";
 
-/// One f32 strided-batched GEMM with cuBLAS's arguments and column-major meaning: for each
+/// The element type of a GEMM's `A`, `B` and `C`. Whatever it is, products accumulate in f32
+/// and `alpha`/`beta` are f32 (cuBLAS's `CUBLAS_COMPUTE_32F`, PyTorch's f16/bf16 matmul on CUDA):
+/// half-precision operands go to the tensor cores without an f32 copy, and `C` is rounded once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmElement {
+    F32,
+    F16,
+    Bf16,
+}
+
+/// One strided-batched GEMM with cuBLAS's arguments and column-major meaning: for each
 /// `i < batch`, `C_i = alpha · op(A_i) · op(B_i) + beta · C_i`, where `C_i` is `m × n` at
 /// `c + i·stride_c` (element `(r, s)` at `r + s·ldc`), `op(A_i)` is `m × k` (`A_i` stored
 /// `m × k` with leading dimension `lda`, or `k × m` when `trans_a`), `op(B_i)` is `k × n`.
-/// Addresses are device addresses; strides and leading dimensions count elements.
+/// Addresses are device addresses; strides and leading dimensions count elements of `element`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GemmStridedBatched {
+    pub element: GemmElement,
     pub trans_a: bool,
     pub trans_b: bool,
     pub m: usize,
@@ -85,7 +96,7 @@ pub trait CudaRuntime: Send + Sync {
     /// Waits for every call queued so far.
     fn synchronize(&self) -> Result<(), CudaError>;
 
-    /// Queues the f32 GEMM `g` (see [`GemmStridedBatched`]).
+    /// Queues the GEMM `g` (see [`GemmStridedBatched`]).
     ///
     /// # Safety
     /// Every matrix `g` describes must be valid device memory (`c` writable).

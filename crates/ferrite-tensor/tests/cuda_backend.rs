@@ -374,6 +374,29 @@ fn reductions_row_kernels_and_matmul_match_the_cpu() {
     }
     let (ah, bh) = (a.to_dtype(DType::F16).unwrap(), b.to_dtype(DType::F16).unwrap());
     assert_same("matmul f16", &to_cuda(&ah).matmul(&to_cuda(&bh)).unwrap(), &ah.matmul(&bh).unwrap());
+    // Half operands go to the GEMM as they are (f32 accumulation, one rounding), transposed
+    // views included, and the only device memory the product takes is its own output: no f32
+    // copies of the operands or the result.
+    for dtype in [DType::F16, DType::BF16] {
+        let (l, r) = (a.to_dtype(dtype).unwrap(), bt.to_dtype(dtype).unwrap());
+        let (lc, rc) = (to_cuda(&l), to_cuda(&r));
+        assert_near(
+            &format!("matmul {dtype:?}, transposed rhs"),
+            &lc.matmul(&rc).unwrap(),
+            &l.matmul(&r).unwrap(),
+            1e-2,
+        );
+        let (x, y) =
+            (randn(&mut g, &[64, 96]).to_dtype(dtype).unwrap(), randn(&mut g, &[96, 64]).to_dtype(dtype).unwrap());
+        let (xc, yc) = (to_cuda(&x), to_cuda(&y));
+        let al = ferrite_memory::allocator(&cuda());
+        let before = al.memory_allocated();
+        al.reset_peak_memory_stats();
+        let z = xc.matmul(&yc).unwrap();
+        let (peak, out) = (al.max_memory_allocated() - before, (64 * 64 * 2) as u64);
+        assert_eq!(peak, out, "{dtype:?} matmul took {peak} bytes for a {out}-byte output");
+        assert_near(&format!("matmul {dtype:?} 64x96x64"), &z, &x.matmul(&y).unwrap(), 1e-2);
+    }
     done(name);
 }
 

@@ -97,8 +97,15 @@ pub trait KernelBackend: Send + Sync + 'static {
     // ------------------------------------------------------------------ products
 
     /// `out [batch.., m, n] = a [.., m, k] @ b [.., k, n]` with batch dims broadcast (a and b
-    /// strided, f32 or f64, same dtype as `out`).
+    /// strided, f32 or f64 — or f16/bf16 where [`matmul_takes_half`](Self::matmul_takes_half) —,
+    /// same dtype as `out`).
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()>;
+    /// Whether [`matmul`](Self::matmul) takes f16/bf16 operands and output of one dtype itself,
+    /// accumulating in f32 and rounding once (cuBLAS on `cuda:N`). Where not, the op widens
+    /// them to f32 scratch tensors first, which the planner's `sim`/`meta` devices also count.
+    fn matmul_takes_half(&self) -> bool {
+        false
+    }
 
     // ------------------------------------------------------------------ indexing
 

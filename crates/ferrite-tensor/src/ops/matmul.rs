@@ -1,9 +1,10 @@
 //! Matrix products with PyTorch's `matmul` semantics (1-D, 2-D, batched with broadcasting).
 //!
 //! f32 (and f64, on the CPU backend) run natively with arbitrary strides (transposed operands
-//! need no copy). f16/bf16
-//! inputs are widened to f32 scratch tensors from the device allocator, multiplied in f32 and
-//! rounded once — the documented "computes in f32 internally" contract. Under autocast, float32
+//! need no copy). f16/bf16 inputs are multiplied in f32 and rounded once — the documented
+//! "computes in f32 internally" contract: by the backend itself where it can (`cuda:N`, cuBLAS
+//! with f32 accumulation, no copies), else widened to f32 scratch tensors from the device
+//! allocator first. Under autocast, float32
 //! inputs are cast to the autocast dtype first. The product itself runs in the device's kernel
 //! backend (on the CPU: `backend/cpu/matmul.rs`).
 
@@ -48,11 +49,9 @@ pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             return Ok(o.view_with_layout(Layout::contiguous(&out_shape)));
         }
     }
-    let (a32, b32) = if matches!(dtype, DType::F16 | DType::BF16) {
-        (materialize(a, DType::F32)?, materialize(b, DType::F32)?)
-    } else {
-        (a.clone(), b.clone())
-    };
+    let widen = matches!(dtype, DType::F16 | DType::BF16) && !a.kernels().matmul_takes_half();
+    let (a32, b32) =
+        if widen { (materialize(a, DType::F32)?, materialize(b, DType::F32)?) } else { (a.clone(), b.clone()) };
     let compute = a32.dtype();
     let out = a.empty_like_shape(&out_shape, compute)?;
     out.kernels().matmul(&out, &a32, &b32, &batch)?;

@@ -4,7 +4,12 @@
 //! transpose flag — and the batch dimensions as one stride per operand (0 where it broadcasts).
 //! An operand that fits neither (a general strided view, batch dims that do not merge into one
 //! stride) is made contiguous first.
-use ferrite_cuda::GemmStridedBatched;
+//!
+//! f16 and bf16: when the output and both operands share one of them (what autocast produces),
+//! the GEMM takes them as they are and accumulates in f32 (cuBLAS's `CUBLAS_COMPUTE_32F`, as
+//! PyTorch's half matmul on CUDA: tensor cores, no f32 copies, the output rounded once). Mixed
+//! dtypes go through f32 copies.
+use ferrite_cuda::{GemmElement, GemmStridedBatched};
 
 use super::data::copy;
 use super::elementwise::{check_float, into_f32_out};
@@ -21,12 +26,12 @@ struct Operand {
     batch_stride: usize,
 }
 
-/// `t` broadcast to `batch + [rows, cols]` as a GEMM operand, copied to a contiguous f32 buffer
-/// when its layout does not fit (or it is not f32).
-fn operand(cx: Ctx<'_>, t: &Tensor, batch: &[usize], rows: usize, cols: usize) -> Result<Operand> {
+/// `t` broadcast to `batch + [rows, cols]` as a GEMM operand of `dtype`, copied to a contiguous
+/// buffer of `dtype` when its layout does not fit (or its dtype differs).
+fn operand(cx: Ctx<'_>, t: &Tensor, batch: &[usize], rows: usize, cols: usize, dtype: DType) -> Result<Operand> {
     let mut full: Vec<usize> = batch.to_vec();
     full.extend([rows, cols]);
-    if t.dtype() == DType::F32 {
+    if t.dtype() == dtype {
         let l = t.layout().broadcast_to(&full, "matmul")?;
         let (rs, cs) = (l.strides[batch.len()], l.strides[batch.len() + 1]);
         let mat = if cols <= 1 || cs == 1 {
@@ -48,7 +53,7 @@ fn operand(cx: Ctx<'_>, t: &Tensor, batch: &[usize], rows: usize, cols: usize) -
             return Ok(Operand { t: t.view_with_layout(l), col_major, ld, batch_stride });
         }
     }
-    let c = cx.scratch(t, &full, DType::F32)?;
+    let c = cx.scratch(t, &full, dtype)?;
     copy(cx, &c, t)?;
     Ok(Operand { t: c, col_major: false, ld: cols.max(1), batch_stride: rows * cols })
 }
@@ -63,10 +68,21 @@ pub(super) fn matmul(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, batch: &
     if m == 0 || n == 0 || count == 0 {
         return Ok(());
     }
-    let oa = operand(cx, a, batch, m, k)?;
-    let ob = operand(cx, b, batch, k, n)?;
-    into_f32_out(cx, out, |o| {
+    let element = match (out.dtype(), a.dtype(), b.dtype()) {
+        (DType::F16, DType::F16, DType::F16) => GemmElement::F16,
+        (DType::BF16, DType::BF16, DType::BF16) => GemmElement::Bf16,
+        _ => GemmElement::F32,
+    };
+    let dtype = match element {
+        GemmElement::F16 => DType::F16,
+        GemmElement::Bf16 => DType::BF16,
+        GemmElement::F32 => DType::F32,
+    };
+    let oa = operand(cx, a, batch, m, k, dtype)?;
+    let ob = operand(cx, b, batch, k, n, dtype)?;
+    let gemm = |o: &Tensor| -> Result<()> {
         let g = GemmStridedBatched {
+            element,
             trans_a: ob.col_major,
             trans_b: oa.col_major,
             m: n,
@@ -89,5 +105,10 @@ pub(super) fn matmul(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, batch: &
         // operands' views cover `batch + [rows, cols]` with the strides read from their layouts
         // (or are fresh contiguous copies), and `o` is the contiguous `[batch.., m, n]` output.
         unsafe { cx.rt.gemm_strided_batched(&g) }.map_err(|e| cx.fail(OP, e))
-    })
+    };
+    match element {
+        GemmElement::F32 => into_f32_out(cx, out, gemm),
+        // `out` is the contiguous `[batch.., m, n]` output of its own dtype.
+        GemmElement::F16 | GemmElement::Bf16 => gemm(out),
+    }
 }

@@ -213,6 +213,10 @@ impl KernelBackend for CudaBackend {
         matmul::matmul(self.cx("matmul")?, out, a, b, batch)
     }
 
+    fn matmul_takes_half(&self) -> bool {
+        true
+    }
+
     fn check_indices(
         &self,
         index: &Tensor,
