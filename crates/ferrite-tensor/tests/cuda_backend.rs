@@ -757,9 +757,13 @@ fn same_fused(what: &str, kernel: &FusedKernel, again: Option<&FusedKernel>, sta
     let run = |dev: &Device| -> (Vec<Tensor>, Vec<f64>) {
         let ts: Vec<Tensor> = state.iter().map(|t| t.deep_clone().unwrap().to_device(dev).unwrap()).collect();
         let refs: Vec<&Tensor> = ts.iter().collect();
-        let mut results = vec![Tensor::fused(kernel, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}"))];
+        let mut results = vec![
+            Tensor::fused(kernel, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}")),
+        ];
         if let Some(k) = again {
-            results.push(Tensor::fused(k, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}")));
+            results.push(
+                Tensor::fused(k, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}")),
+            );
         }
         (ts.iter().map(|t| t.to_device(&Device::Cpu).unwrap()).collect(), results)
     };
@@ -846,7 +850,8 @@ fn fused_kernels_match_the_cpu_with_every_flag() {
                         st.push(pos2.clone());
                     }
                     st.push(grad.clone());
-                    let what = format!("adam l2 {l2:?} decay {decay:?} amsgrad {amsgrad} maximize {maximize} beta1 {beta1}");
+                    let what =
+                        format!("adam l2 {l2:?} decay {decay:?} amsgrad {amsgrad} maximize {maximize} beta1 {beta1}");
                     same_fused(&what, &k, Some(&k), &st, 1e-6);
                 }
             }
@@ -856,7 +861,8 @@ fn fused_kernels_match_the_cpu_with_every_flag() {
         for centered in [false, true] {
             for weight_decay in [0.0, 0.01] {
                 for (maximize, alpha) in [(false, 0.99), (true, 0.99), (false, 0.3)] {
-                    let k = FusedKernel::Rmsprop { lr: 0.01, alpha, eps: 1e-8, weight_decay, momentum, centered, maximize };
+                    let k =
+                        FusedKernel::Rmsprop { lr: 0.01, alpha, eps: 1e-8, weight_decay, momentum, centered, maximize };
                     let mut st = vec![p.clone(), pos1.clone()];
                     if momentum > 0.0 {
                         st.push(buf1.clone());
@@ -865,7 +871,9 @@ fn fused_kernels_match_the_cpu_with_every_flag() {
                         st.push(buf2.clone());
                     }
                     st.push(grad.clone());
-                    let what = format!("rmsprop m{momentum} centered {centered} wd {weight_decay} maximize {maximize} alpha {alpha}");
+                    let what = format!(
+                        "rmsprop m{momentum} centered {centered} wd {weight_decay} maximize {maximize} alpha {alpha}"
+                    );
                     same_fused(&what, &k, Some(&k), &st, 1e-6);
                 }
             }
@@ -950,7 +958,13 @@ fn pointwise_losses_and_their_gradients_match_the_cpu() {
             binary_cross_entropy_with_logits(&t[0].t()?, &t[1].sigmoid()?, None, None, red)
         });
         same_forward_backward(&what("bce with logits, weight and pos_weight"), &[&xt, &y], 1e-5, &|t| {
-            binary_cross_entropy_with_logits(&t[0].t()?, &t[1].sigmoid()?, Some(&on(&w, &t[0])), Some(&on(&pw, &t[0])), red)
+            binary_cross_entropy_with_logits(
+                &t[0].t()?,
+                &t[1].sigmoid()?,
+                Some(&on(&w, &t[0])),
+                Some(&on(&pw, &t[0])),
+                red,
+            )
         });
         for beta in [0.0, 0.5] {
             same_forward_backward(&what(&format!("smooth_l1 beta {beta}")), &[&xt, &y], 1e-5, &|t| {
@@ -977,7 +991,10 @@ fn pointwise_losses_and_their_gradients_match_the_cpu() {
         1e-6,
     );
     // Probabilities outside [0, 1]: the CPU's typed error, on the input and on the target.
-    let (good, bad) = (Tensor::from_slice(&[0.5f32, 0.25], &[2], &Device::Cpu).unwrap(), Tensor::from_slice(&[0.5f32, 1.5], &[2], &Device::Cpu).unwrap());
+    let (good, bad) = (
+        Tensor::from_slice(&[0.5f32, 0.25], &[2], &Device::Cpu).unwrap(),
+        Tensor::from_slice(&[0.5f32, 1.5], &[2], &Device::Cpu).unwrap(),
+    );
     for (x, t) in [(&bad, &good), (&good, &bad)] {
         let e = binary_cross_entropy(&to_cuda(x), &to_cuda(t), None, Reduction::Mean).unwrap_err();
         let want = binary_cross_entropy(x, t, None, Reduction::Mean).unwrap_err();
@@ -1008,18 +1025,23 @@ fn recurrent_cells_forward_and_backward_match_the_cpu() {
         let lstm = cell == RecurrentCell::Lstm;
         for batch_first in [true, false] {
             let what = format!("{} batch_first {batch_first}", cell.name());
-            same_forward_backward(&format!("{what}, biases and states"), &[&x, &w_ih, &w_hh, &b_ih, &b_hh, &h0, &c0], 1e-4, &|t| {
-                let x = if batch_first { t[0].clone() } else { t[0].transpose(0, 1)? };
-                let w = RecurrentWeights { w_ih: &t[1], w_hh: &t[2], b_ih: Some(&t[3]), b_hh: Some(&t[4]) };
-                let r = recurrent(cell, &x, w, Some(&t[5]), if lstm { Some(&t[6]) } else { None }, batch_first)?;
-                // The output, and the final states through their own path.
-                let mut total = r.output.sum()?.add(&r.h_n.mul(&r.h_n)?.sum()?)?;
-                if let Some(c) = &r.c_n {
-                    total = total.add(&c.mul(c)?.sum()?)?;
-                }
-                // c0 is unused by the other cells: give it a zero gradient path.
-                total.add(&t[6].mul_scalar(0.0)?.sum()?)
-            });
+            same_forward_backward(
+                &format!("{what}, biases and states"),
+                &[&x, &w_ih, &w_hh, &b_ih, &b_hh, &h0, &c0],
+                1e-4,
+                &|t| {
+                    let x = if batch_first { t[0].clone() } else { t[0].transpose(0, 1)? };
+                    let w = RecurrentWeights { w_ih: &t[1], w_hh: &t[2], b_ih: Some(&t[3]), b_hh: Some(&t[4]) };
+                    let r = recurrent(cell, &x, w, Some(&t[5]), if lstm { Some(&t[6]) } else { None }, batch_first)?;
+                    // The output, and the final states through their own path.
+                    let mut total = r.output.sum()?.add(&r.h_n.mul(&r.h_n)?.sum()?)?;
+                    if let Some(c) = &r.c_n {
+                        total = total.add(&c.mul(c)?.sum()?)?;
+                    }
+                    // c0 is unused by the other cells: give it a zero gradient path.
+                    total.add(&t[6].mul_scalar(0.0)?.sum()?)
+                },
+            );
             same_forward_backward(&format!("{what}, no biases or states"), &[&x, &w_ih, &w_hh], 1e-4, &|t| {
                 let x = if batch_first { t[0].clone() } else { t[0].transpose(0, 1)? };
                 let w = RecurrentWeights { w_ih: &t[1], w_hh: &t[2], b_ih: None, b_hh: None };
