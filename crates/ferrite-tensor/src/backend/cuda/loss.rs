@@ -63,11 +63,14 @@ pub(super) fn pointwise_loss(cx: Ctx<'_>, op: PointwiseLoss, out: &Tensor, x: Lo
     let shape = out.shape();
     let (input, target) = (dense(cx, x.input, shape)?, dense(cx, x.target, shape)?);
     let (weight, pos_weight) = (dense_opt(cx, x.weight, shape)?, dense_opt(cx, x.pos_weight, shape)?);
-    let bad = cx.scratch(out, &[4], DType::F32)?;
-    let bce = op == PointwiseLoss::Bce;
-    if bce {
-        fill(cx, &bad, 0.0)?;
-    }
+    // The range flag only for binary_cross_entropy (the other losses never write it).
+    let bad = if op == PointwiseLoss::Bce {
+        let b = cx.scratch(out, &[4], DType::F32)?;
+        fill(cx, &b, 0.0)?;
+        Some(b)
+    } else {
+        None
+    };
     let (kind, k) = code(op);
     into_f32_out(cx, out, |o| {
         let args = [
@@ -79,11 +82,14 @@ pub(super) fn pointwise_loss(cx: Ctx<'_>, op: PointwiseLoss, out: &Tensor, x: Lo
             opt_ptr(weight.as_ref(), name)?,
             opt_ptr(pos_weight.as_ref(), name)?,
             ptr(o, name)?,
-            ptr(&bad, name)?,
+            opt_ptr(bad.as_ref(), name)?,
         ];
         cx.launch_n(name, "loss.cu", "pointwise_loss_f32", n, &args)
     })?;
-    if bce { bce_range(cx, &bad) } else { Ok(()) }
+    match &bad {
+        Some(b) => bce_range(cx, b),
+        None => Ok(()),
+    }
 }
 
 /// The CPU backend's error for an input or a target of `binary_cross_entropy` outside [0, 1].
