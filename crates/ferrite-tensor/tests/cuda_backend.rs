@@ -898,13 +898,13 @@ fn fused_kernels_match_the_cpu_with_every_flag() {
     let big = randn(&mut g, &[1001]);
     for p in [2.0, 1.0, f64::INFINITY, f64::NEG_INFINITY, 0.0, 3.0] {
         let k = FusedKernel::NormPartial { kind: ferrite_tensor::backend::NormKind::of(p) };
-        same_fused(&format!("norm partial p={p}"), &k, None, &[big.clone()], 0.0);
+        same_fused(&format!("norm partial p={p}"), &k, None, std::slice::from_ref(&big), 0.0);
     }
     let nan_norm = Tensor::from_slice(&poisoned, &[n], &Device::Cpu).unwrap();
     let k = FusedKernel::NormPartial { kind: ferrite_tensor::backend::NormKind::Inf };
     same_fused("inf norm with a NaN", &k, None, &[nan_norm], 0.0);
-    same_fused("clamp_abs", &FusedKernel::ClampAbs { clip: 0.7 }, None, &[grad.clone()], 0.0);
-    same_fused("scale", &FusedKernel::Scale { coef: 0.123_456_789 }, None, &[grad.clone()], 0.0);
+    same_fused("clamp_abs", &FusedKernel::ClampAbs { clip: 0.7 }, None, std::slice::from_ref(&grad), 0.0);
+    same_fused("scale", &FusedKernel::Scale { coef: 0.123_456_789 }, None, std::slice::from_ref(&grad), 0.0);
     // f16 and bf16 operands go through f32 on CUDA; the CPU rounds its intermediates to the
     // element type, hence the looser tolerance.
     for dtype in [DType::F16, DType::BF16] {
