@@ -1,6 +1,7 @@
 //! CUDA as a user meets it through the `ferrite` binary: `ferrite devices` and `ferrite doctor`
 //! list the CUDA devices or say plainly why there are none (no driver: the library names looked
-//! for), and `--device cuda:0` is a typed error, never a panic or a run on another device.
+//! for), and `--device cuda:0` is a typed error, never a panic or a run on another device; on the
+//! emulated `cuda:0` (`FERRITE_CUDA_EMULATOR=1`) training runs through and matches the CPU.
 //! On a machine without the NVIDIA driver (this project's build machines, CI) the no-driver half
 //! runs; with a driver, the listing half does and the no-driver half skips loudly.
 
@@ -118,4 +119,38 @@ fn a_cuda_device_that_cannot_be_used_is_a_typed_error_naming_it() {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("CUDA device index must be a non-negative integer (`cuda:0`)"), "{err}");
+}
+
+/// Training on the emulated `cuda:0` (`FERRITE_CUDA_EMULATOR=1`: ferrite's CUDA kernels compiled by
+/// g++ and run on CPU threads) goes through the forward, backward and fused AdamW steps on the CUDA
+/// backend and ends with the CPU run's loss and accuracies. Skips loudly without a C++ compiler.
+#[test]
+fn training_on_the_emulated_cuda_device_takes_optimizer_steps_like_the_cpu() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
+    let has_cxx = Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !ferrite_test_support::present_or_skip(
+        has_cxx,
+        "no C++20 compiler (`$CXX`, default g++) to run the CUDA kernels of the emulated cuda:0",
+        "apt-get install g++ (or set CXX)",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Four optimizer steps of 64 samples.
+    let args = ["train", "--epochs", "1", "--train-subset", "256", "--no-progress", "--device"];
+    let epoch_line = |device: &str, emulated: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ferrite"));
+        c.args(args).arg(device).env("NODEVICE_SELECT", "1").current_dir(dir.path());
+        if emulated {
+            c.env("FERRITE_CUDA_EMULATOR", "1");
+        }
+        let o = c.output().unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{device}: {out}{err}");
+        let line =
+            out.lines().find(|l| l.starts_with("epoch")).unwrap_or_else(|| panic!("{device}: no epoch line:\n{out}"));
+        // "epoch 1/1  loss …  train acc …  test acc …  | memory …": the numbers before the memory.
+        line.split('|').next().unwrap_or_default().trim().to_string()
+    };
+    assert_eq!(epoch_line("cuda:0", true), epoch_line("cpu", false));
 }

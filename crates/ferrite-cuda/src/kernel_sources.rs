@@ -132,7 +132,19 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "recurrent.cu",
         code: include_str!("../kernels/recurrent.cu"),
-        kernels: &["lstm_cell_f32", "lstm_cell_backward_f32", "gru_cell_f32", "gru_cell_backward_f32"],
+        kernels: &[
+            "lstm_cell_f32",
+            "gru_cell_f32",
+            "rnn_cell_f32",
+            "lstm_cell_backward_f32",
+            "gru_cell_backward_f32",
+            "rnn_cell_backward_f32",
+        ],
+    },
+    KernelSource {
+        name: "loss.cu",
+        code: include_str!("../kernels/loss.cu"),
+        kernels: &["pointwise_loss_f32", "pointwise_loss_backward_f32"],
     },
     KernelSource {
         name: "index.cu",
@@ -196,12 +208,14 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
         name: "optimizer.cu",
         code: with_block_reduce!("optimizer.cu"),
         kernels: &[
-            "unscale_and_check_f32",
-            "adamw_step_f32",
             "sgd_step_f32",
+            "adam_step_f32",
             "rmsprop_step_f32",
             "adagrad_step_f32",
-            "sum_squares_partial_f32",
+            "unscale_and_check_f32",
+            "norm_partial_f32",
+            "clamp_abs_f32",
+            "scale_f32",
         ],
     },
     KernelSource {

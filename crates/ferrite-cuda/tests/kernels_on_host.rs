@@ -700,24 +700,30 @@ fn fused_adamw_and_sgd_follow_pytorchs_update_rules_and_skip_on_inf() {
     let mut param = init.clone();
     let (mut em, mut ev) = (vec![0.0f32; len], vec![0.0f32; len]);
     let adamw = |param: &mut [f32], g: &[f32], em: &mut [f32], ev: &mut [f32], step: i32, flag: KernelArg| {
-        let (bc1, bc2s) = ((1.0 - b1.powi(step)) as f32, (1.0 - b2.powi(step)).sqrt() as f32);
+        let (bc1, bc2s) = (1.0 - b1.powi(step), (1.0 - b2.powi(step)).sqrt());
+        let w1 = (1.0 - b1) as f32;
+        // DECOUPLED | LERP_SMALL: AdamW's decay, lerp's first formula (|1 − beta1| < 0.5).
         let args = [
             n(len),
             out(param),
             buf(g),
             out(em),
             out(ev),
-            F32(lr as f32),
-            F32(b1 as f32),
+            NULL,
+            F32(0.0),
+            F32((1.0 - lr * wd) as f32),
+            F32(w1),
+            F32(1.0 - w1),
             F32(b2 as f32),
+            F32((1.0 - b2) as f32),
+            F32(bc2s as f32),
             F32(eps as f32),
-            F32(wd as f32),
-            F32(bc1),
-            F32(bc2s),
+            F32((-lr / bc1) as f32),
+            I32(16 | 32),
             flag,
         ];
-        // SAFETY: len elements in every buffer; the flag is null or one word.
-        unsafe { k.run("adamw_step_f32", GRID_STRIDE, &args) };
+        // SAFETY: len elements in every buffer; no amsgrad buffer; the flag is null or one word.
+        unsafe { k.run("adam_step_f32", GRID_STRIDE, &args) };
     };
     for (s, g) in grads.iter().enumerate() {
         let step = (s + 1) as i32;
@@ -751,17 +757,18 @@ fn fused_adamw_and_sgd_follow_pytorchs_update_rules_and_skip_on_inf() {
                 mbuf[i] = if s == 0 { gi } else { mbuf[i] * mom + (1.0 - damp) * gi };
                 want[i] -= lr * if nesterov { gi + mom * mbuf[i] } else { mbuf[i] };
             }
+            // WEIGHT_DECAY | NESTEROV | FIRST_STEP bits.
+            let flags = 2 | if nesterov { 4 } else { 0 } | if s == 0 { 8 } else { 0 };
             let args = [
                 n(len),
                 out(&mut param),
                 buf(g),
                 out(&mut kbuf),
-                F32(lr as f32),
+                F32(-lr as f32),
                 F32(mom as f32),
-                F32(damp as f32),
+                F32((1.0 - damp) as f32),
                 F32(wd as f32),
-                I32(nesterov as i32),
-                I32((s == 0) as i32),
+                I32(flags),
                 NULL,
             ];
             // SAFETY: len elements in every buffer; no flag.
@@ -1302,33 +1309,43 @@ fn lstm_and_gru_cells_over_whole_sequences_match_pytorch() {
             let out_t = KernelArg::ptr(output[t * hid..].as_mut_ptr() as *const f32);
             // SAFETY: [B, G·H] and [B, H] buffers; strided rows stay inside gx_all and output.
             unsafe {
+                // The biases are already in the projections: null bias operands.
                 if gates == 4 {
-                    let c_prev = if t == 0 { NULL } else { buf(&cs[t]) };
                     let args = [
                         n(b),
                         n(hid),
                         gx_t,
                         strided_gx.clone(),
                         buf(&gh),
-                        c_prev,
+                        n(gw),
+                        NULL,
+                        NULL,
+                        buf(&cs[t]),
+                        n(hid),
                         out_t,
                         strided_h.clone(),
                         out(&mut c_new),
+                        n(hid),
                         out(&mut act),
+                        n(4 * hid),
                     ];
                     k.run("lstm_cell_f32", GRID_STRIDE, &args);
                 } else {
-                    let h_prev = if t == 0 { NULL } else { buf(&hs[t]) };
                     let args = [
                         n(b),
                         n(hid),
                         gx_t,
                         strided_gx.clone(),
                         buf(&gh),
-                        h_prev,
+                        n(gw),
+                        NULL,
+                        NULL,
+                        buf(&hs[t]),
+                        n(hid),
                         out_t,
                         strided_h.clone(),
                         out(&mut act),
+                        n(4 * hid),
                     ];
                     k.run("gru_cell_f32", GRID_STRIDE, &args);
                 }
@@ -1347,43 +1364,57 @@ fn lstm_and_gru_cells_over_whole_sequences_match_pytorch() {
         let mut dh_next = vec![0.0f32; b * hid];
         let mut dc_next: Option<Vec<f32>> = None;
         for t in (0..t_len).rev() {
-            let dh: Vec<f32> =
-                (0..b * hid).map(|i| dy[(i / hid) * t_len * hid + t * hid + i % hid] + dh_next[i]).collect();
+            // dh from the later steps, plus the output's gradient at step t as dh_out: offset t,
+            // row stride T (the batch-first layout).
+            let dy_t = KernelArg::ptr(dy[t * hid..].as_ptr());
             let (mut dgx, mut dgh, mut direct) =
                 (vec![f32::NAN; b * gw], vec![f32::NAN; b * gw], vec![0.0f32; b * hid]);
-            // SAFETY: [B, G·H], [B, 4H] and [B, H] buffers.
+            // SAFETY: [B, G·H], [B, 4H] and [B, H] buffers; dy's strided rows stay inside it.
             unsafe {
                 if gates == 4 {
                     let mut dc_prev = vec![f32::NAN; b * hid];
-                    let c_prev = if t == 0 { NULL } else { buf(&cs[t]) };
                     let dc = dc_next.as_deref().map(buf).unwrap_or(NULL);
                     let args = [
                         n(b),
                         n(hid),
-                        buf(&acts[t]),
-                        c_prev,
-                        buf(&cs[t + 1]),
-                        buf(&dh),
+                        buf(&dh_next),
                         n(hid),
+                        dy_t,
+                        strided_h.clone(),
                         dc,
+                        n(hid),
+                        buf(&acts[t]),
+                        n(4 * hid),
+                        buf(&cs[t + 1]),
+                        n(hid),
+                        buf(&cs[t]),
+                        n(hid),
                         out(&mut dgx),
+                        n(gw),
                         out(&mut dc_prev),
+                        n(hid),
                     ];
                     k.run("lstm_cell_backward_f32", GRID_STRIDE, &args);
                     dgh.clone_from(&dgx);
                     dc_next = Some(dc_prev);
                 } else {
-                    let h_prev = if t == 0 { NULL } else { buf(&hs[t]) };
                     let args = [
                         n(b),
                         n(hid),
+                        buf(&dh_next),
+                        n(hid),
+                        dy_t,
+                        strided_h.clone(),
                         buf(&acts[t]),
-                        h_prev,
-                        buf(&dh),
+                        n(4 * hid),
+                        buf(&hs[t]),
                         n(hid),
                         out(&mut dgx),
+                        n(gw),
                         out(&mut dgh),
+                        n(gw),
                         out(&mut direct),
+                        n(hid),
                     ];
                     k.run("gru_cell_backward_f32", GRID_STRIDE, &args);
                 }
@@ -1599,18 +1630,23 @@ fn fused_rmsprop_adagrad_and_the_clipping_norm_follow_pytorchs_rules() {
             }
             let ga_arg = if centered { out(&mut kga) } else { NULL };
             let mb_arg = if momentum > 0.0 { out(&mut kmb) } else { NULL };
+            let w = (1.0 - alpha) as f32;
+            // WEIGHT_DECAY | LERP_SMALL bits.
             let args = [
                 n(len),
                 out(&mut param),
                 buf(g),
                 out(&mut ksq),
-                ga_arg,
                 mb_arg,
-                F32(lr as f32),
+                ga_arg,
+                F32(-lr as f32),
                 F32(alpha as f32),
+                F32(w),
+                F32(1.0 - w),
                 F32(eps as f32),
                 F32(wd as f32),
                 F32(momentum as f32),
+                I32(2 | 32),
                 NULL,
             ];
             // SAFETY: len elements in every buffer given; null optional buffers and flag.
@@ -1632,8 +1668,17 @@ fn fused_rmsprop_adagrad_and_the_clipping_norm_follow_pytorchs_rules() {
             sum[i] += gi * gi;
             want[i] -= clr * gi / (sum[i].sqrt() + eps);
         }
-        let args =
-            [n(len), out(&mut param), buf(g), out(&mut ksum), F32(clr as f32), F32(eps as f32), F32(wd as f32), NULL];
+        let args = [
+            n(len),
+            out(&mut param),
+            buf(g),
+            out(&mut ksum),
+            F32(-clr as f32),
+            F32(eps as f32),
+            F32(wd as f32),
+            I32(2),
+            NULL,
+        ];
         // SAFETY: len elements in every buffer; no flag.
         unsafe { k.run("adagrad_step_f32", GRID_STRIDE, &args) };
     }
@@ -1641,23 +1686,57 @@ fn fused_rmsprop_adagrad_and_the_clipping_norm_follow_pytorchs_rules() {
     assert_slices_close("adagrad after 3 steps", &param, &want32, 1e-5, 1e-6);
     // A set found_inf flag skips both.
     let (before, flag) = (param.clone(), [1.0f32]);
-    let args = [n(len), out(&mut param), buf(&grads[0]), out(&mut ksum), F32(0.1), F32(1e-10), F32(0.0), buf(&flag)];
+    let args =
+        [n(len), out(&mut param), buf(&grads[0]), out(&mut ksum), F32(-0.1), F32(1e-10), F32(0.0), I32(0), buf(&flag)];
     // SAFETY: as above, with a flag word.
     unsafe { k.run("adagrad_step_f32", GRID_STRIDE, &args) };
     assert_eq!(param, before);
-    // The clipping norm: partial sums of squares per block, added on the host in order; the same
-    // bits on every run, and the norm within f32 rounding of the exact one.
-    let g: Vec<f32> = (0..5000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
-    let norm = || {
-        let mut partials = vec![f32::NAN; 3];
-        // SAFETY: 5000 inputs, one partial per block.
-        unsafe {
-            k.run("sum_squares_partial_f32", Launch { grid: 3, block: 256 }, &[n(g.len()), buf(&g), out(&mut partials)])
+    // The clipping norms: partial reductions per block in f64, combined on the host in order; the
+    // same bits on every run, and each kind of norm within rounding of the exact one (f64 over
+    // the f32 values).
+    let mut g: Vec<f32> = (0..5000).map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0).collect();
+    g[17] = 0.0;
+    // (kind code of optimizer.cu, p, identity, the exact norm)
+    let abs: Vec<f64> = g.iter().map(|v| (*v as f64).abs()).collect();
+    let kinds = [
+        (0, 0.0, 0.0, abs.iter().cloned().fold(0.0, f64::max)),
+        (1, 0.0, f64::INFINITY, abs.iter().cloned().fold(f64::INFINITY, f64::min)),
+        (2, 0.0, 0.0, abs.iter().filter(|v| **v != 0.0).count() as f64),
+        (3, 0.0, 0.0, abs.iter().sum::<f64>()),
+        (4, 0.0, 0.0, abs.iter().map(|v| v * v).sum::<f64>().sqrt()),
+        (5, 3.0, 0.0, abs.iter().map(|v| v.powi(3)).sum::<f64>().cbrt()),
+    ];
+    for (kind, p, identity, exact) in kinds {
+        let norm = || {
+            let mut partials = vec![f64::NAN; 3];
+            let args = [n(g.len()), buf(&g), I32(kind), F64(p), F64(identity), out(&mut partials)];
+            // SAFETY: 5000 inputs, one partial per block.
+            unsafe { k.run("norm_partial_f32", Launch { grid: 3, block: 256 }, &args) };
+            let acc = match kind {
+                0 => partials.iter().cloned().fold(0.0, f64::max),
+                1 => partials.iter().cloned().fold(f64::INFINITY, f64::min),
+                _ => partials.iter().sum::<f64>(),
+            };
+            match kind {
+                4 => acc.sqrt(),
+                5 => acc.powf(1.0 / p),
+                _ => acc,
+            }
         };
-        partials.iter().map(|p| *p as f64).sum::<f64>().sqrt()
+        let (a, b) = (norm(), norm());
+        assert_eq!(a.to_bits(), b.to_bits(), "kind {kind}");
+        assert!((a - exact).abs() <= 1e-9 * exact.max(1.0), "kind {kind}: {a} vs {exact}");
+    }
+    // A NaN wins the max norm.
+    g[4000] = f32::NAN;
+    let mut partials = vec![0.0f64; 3];
+    // SAFETY: as above.
+    unsafe {
+        k.run(
+            "norm_partial_f32",
+            Launch { grid: 3, block: 256 },
+            &[n(g.len()), buf(&g), I32(0), F64(0.0), F64(0.0), out(&mut partials)],
+        )
     };
-    let exact = g.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>().sqrt();
-    let (a, b) = (norm(), norm());
-    assert_eq!(a.to_bits(), b.to_bits());
-    assert!((a - exact).abs() <= 1e-5 * exact, "{a} vs {exact}");
+    assert!(partials.iter().any(|v| v.is_nan()), "{partials:?}");
 }

@@ -12,7 +12,7 @@
 //! thread.
 
 use ferrite_memory::MemoryError;
-use ferrite_tensor::backend::UnaryOp;
+use ferrite_tensor::backend::{FusedKernel, UnaryOp};
 use ferrite_tensor::functional::layer_norm;
 use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError};
 use ferrite_test_support::assert_close;
@@ -721,8 +721,8 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
     done(name);
 }
 
-/// What the backend does not do is a typed error naming the op and the device: ops without a
-/// CUDA kernel yet, f64 and integer arithmetic; and the emulator is `cuda:0` only and says so
+/// What the backend does not do is a typed error naming the op and the device: f64 and integer
+/// arithmetic (also in the fused kernels and losses); and the emulator is `cuda:0` only and says so
 /// where devices are listed.
 #[test]
 fn the_emulated_device_refuses_with_typed_errors_and_is_listed_as_emulated() {
@@ -730,13 +730,14 @@ fn the_emulated_device_refuses_with_typed_errors_and_is_listed_as_emulated() {
     if !on_emulator(name) {
         return;
     }
-    let d = Tensor::ones(&[3, 4], DType::F32, &cuda()).unwrap();
-    let e = ferrite_tensor::functional::smooth_l1_loss(&d, &d, 1.0, ferrite_tensor::functional::Reduction::Mean)
-        .unwrap_err();
-    assert!(matches!(&e, TensorError::NotImplementedOnDevice { device, .. } if device == "cuda:0"), "{e:?}");
-    assert!(e.to_string().contains("no CUDA kernel yet") && e.to_string().contains("`cpu`"), "{e}");
     let f = Tensor::ones(&[3], DType::F64, &cuda()).unwrap();
     assert!(matches!(f.add(&f).unwrap_err(), TensorError::UnsupportedDType { dtype: DType::F64, .. }));
+    // The fused kernels, losses and cells refuse f64 the same way.
+    let e = ferrite_tensor::functional::smooth_l1_loss(&f, &f, 1.0, ferrite_tensor::functional::Reduction::Mean)
+        .unwrap_err();
+    assert!(matches!(e, TensorError::UnsupportedDType { dtype: DType::F64, .. }), "{e:?}");
+    let e = Tensor::fused(&FusedKernel::ClampAbs { clip: 1.0 }, &[&f], &[]).unwrap_err();
+    assert!(matches!(e, TensorError::UnsupportedDType { dtype: DType::F64, .. }), "{e:?}");
     let i = Tensor::ones(&[3], DType::I64, &cuda()).unwrap();
     assert_eq!(i.to_vec::<i64>().unwrap(), [1, 1, 1]);
     let e = i.mul(&i).unwrap_err();
@@ -769,4 +770,307 @@ fn cuda_without_the_emulator_and_without_a_driver_is_one_typed_error() {
     assert!(e.to_string().contains("cuda:0") && e.to_string().contains("`cpu`"), "{e}");
     let e = Tensor::ones(&[4], DType::F32, &Device::Cpu).unwrap().to_device(&cuda()).unwrap_err();
     assert!(matches!(&e, TensorError::Memory(MemoryError::CudaDriverNotFound { .. })), "{e:?}");
+}
+
+/// Runs `kernel` twice on copies of `state` (outputs, then the inputs) on the emulated device and
+/// on the CPU; every output and the results agree.
+fn same_fused(what: &str, kernel: &FusedKernel, again: Option<&FusedKernel>, state: &[Tensor], tol: f64) {
+    let (outs, ins) = kernel.arity();
+    assert_eq!(outs + ins, state.len(), "{what}: operand count");
+    let run = |dev: &Device| -> (Vec<Tensor>, Vec<f64>) {
+        let ts: Vec<Tensor> = state.iter().map(|t| t.deep_clone().unwrap().to_device(dev).unwrap()).collect();
+        let refs: Vec<&Tensor> = ts.iter().collect();
+        let mut results = vec![
+            Tensor::fused(kernel, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}")),
+        ];
+        if let Some(k) = again {
+            results.push(
+                Tensor::fused(k, &refs[..outs], &refs[outs..]).unwrap_or_else(|e| panic!("{what} on {dev}: {e}")),
+            );
+        }
+        (ts.iter().map(|t| t.to_device(&Device::Cpu).unwrap()).collect(), results)
+    };
+    let (got, got_r) = run(&cuda());
+    let (want, want_r) = run(&Device::Cpu);
+    // Equal (infinities and NaN included) or within `tol` relative and absolute.
+    for (i, (g, w)) in got.iter().zip(&want).enumerate().take(outs) {
+        let (gv, wv) = (g.to_vec_f64().unwrap(), w.to_vec_f64().unwrap());
+        for (j, (x, y)) in gv.iter().zip(&wv).enumerate() {
+            let ok = x == y || (x.is_nan() && y.is_nan()) || (x - y).abs() <= tol * (1.0 + y.abs());
+            assert!(ok, "{what}: output {i}[{j}]: {x} vs {y}");
+        }
+    }
+    for (g, w) in got_r.iter().zip(&want_r) {
+        let same = g == w || (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-9 * w.abs().max(1.0);
+        assert!(same, "{what}: result {g} vs {w}");
+    }
+}
+
+/// Every fused kernel with every flag — SGD (momentum 0 and not, nesterov, dampening, weight
+/// decay, maximize, first step), Adam and AdamW (L2 or decoupled decay, amsgrad, maximize, both of
+/// lerp's formulas), RMSprop (momentum, centered, weight decay, maximize), Adagrad (weight decay,
+/// maximize), the GradScaler's unscale with and without inf/NaN, every kind of vector norm, value
+/// clipping and scaling, plus an f16 and a bf16 step — matches the CPU backend after two steps.
+#[test]
+fn fused_kernels_match_the_cpu_with_every_flag() {
+    let name = "fused_kernels_match_the_cpu_with_every_flag";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(11);
+    let n = 301;
+    let mut rnd = |scale: f64, positive: bool| {
+        let t = randn(&mut g, &[n]).mul_scalar(scale).unwrap();
+        if positive { t.abs().unwrap().add_scalar(0.5).unwrap() } else { t }
+    };
+    let (p, grad, buf1, buf2, pos1, pos2) =
+        (rnd(1.0, false), rnd(1.0, false), rnd(0.1, false), rnd(0.1, false), rnd(1.0, true), rnd(1.0, true));
+    for momentum in [0.0, 0.9] {
+        for nesterov in [false, true] {
+            if nesterov && momentum == 0.0 {
+                continue;
+            }
+            for weight_decay in [0.0, 0.01] {
+                for maximize in [false, true] {
+                    let k = |first_step| FusedKernel::Sgd {
+                        lr: 0.1,
+                        momentum,
+                        dampening: 0.1,
+                        nesterov,
+                        weight_decay,
+                        maximize,
+                        first_step,
+                    };
+                    let mut st = vec![p.clone()];
+                    if momentum != 0.0 {
+                        st.push(buf1.clone());
+                    }
+                    st.push(grad.clone());
+                    let what = format!("sgd m{momentum} nesterov {nesterov} wd {weight_decay} maximize {maximize}");
+                    same_fused(&what, &k(true), Some(&k(false)), &st, 1e-6);
+                    same_fused(&format!("{what} (no first step)"), &k(false), None, &st, 1e-6);
+                }
+            }
+        }
+    }
+    for (l2, decay) in [(None, None), (Some(0.01), None), (None, Some(1.0 - 1e-3 * 0.01))] {
+        for amsgrad in [false, true] {
+            for maximize in [false, true] {
+                for beta1 in [0.9, 0.3] {
+                    let k = FusedKernel::Adam {
+                        l2,
+                        decay,
+                        beta1,
+                        beta2: 0.999,
+                        eps: 1e-8,
+                        bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(2)).sqrt(),
+                        step_size: 1e-3 / (1.0 - beta1 * beta1),
+                        maximize,
+                        amsgrad,
+                    };
+                    let mut st = vec![p.clone(), buf1.clone(), pos1.clone()];
+                    if amsgrad {
+                        st.push(pos2.clone());
+                    }
+                    st.push(grad.clone());
+                    let what =
+                        format!("adam l2 {l2:?} decay {decay:?} amsgrad {amsgrad} maximize {maximize} beta1 {beta1}");
+                    same_fused(&what, &k, Some(&k), &st, 1e-6);
+                }
+            }
+        }
+    }
+    for momentum in [0.0, 0.9] {
+        for centered in [false, true] {
+            for weight_decay in [0.0, 0.01] {
+                for (maximize, alpha) in [(false, 0.99), (true, 0.99), (false, 0.3)] {
+                    let k =
+                        FusedKernel::Rmsprop { lr: 0.01, alpha, eps: 1e-8, weight_decay, momentum, centered, maximize };
+                    let mut st = vec![p.clone(), pos1.clone()];
+                    if momentum > 0.0 {
+                        st.push(buf1.clone());
+                    }
+                    if centered {
+                        st.push(buf2.clone());
+                    }
+                    st.push(grad.clone());
+                    let what = format!(
+                        "rmsprop m{momentum} centered {centered} wd {weight_decay} maximize {maximize} alpha {alpha}"
+                    );
+                    same_fused(&what, &k, Some(&k), &st, 1e-6);
+                }
+            }
+        }
+    }
+    for weight_decay in [0.0, 0.01] {
+        for maximize in [false, true] {
+            let k = FusedKernel::Adagrad { clr: 0.1 / 1.01, eps: 1e-10, weight_decay, maximize };
+            let st = [p.clone(), pos1.clone(), grad.clone()];
+            same_fused(&format!("adagrad wd {weight_decay} maximize {maximize}"), &k, Some(&k), &st, 1e-6);
+        }
+    }
+    let mut poisoned = grad.to_vec::<f32>().unwrap();
+    for (inv_scale, poison) in [(0.5, None), (1.0, None), (0.25, Some(f32::INFINITY)), (1.0, Some(f32::NAN))] {
+        if let Some(v) = poison {
+            poisoned[n - 3] = v;
+        }
+        let gr = Tensor::from_slice(&poisoned, &[n], &Device::Cpu).unwrap();
+        let k = FusedKernel::Unscale { inv_scale };
+        same_fused(&format!("unscale {inv_scale} {poison:?}"), &k, None, &[gr], 0.0);
+    }
+    let big = randn(&mut g, &[1001]);
+    for p in [2.0, 1.0, f64::INFINITY, f64::NEG_INFINITY, 0.0, 3.0] {
+        let k = FusedKernel::NormPartial { kind: ferrite_tensor::backend::NormKind::of(p) };
+        same_fused(&format!("norm partial p={p}"), &k, None, std::slice::from_ref(&big), 0.0);
+    }
+    let nan_norm = Tensor::from_slice(&poisoned, &[n], &Device::Cpu).unwrap();
+    let k = FusedKernel::NormPartial { kind: ferrite_tensor::backend::NormKind::Inf };
+    same_fused("inf norm with a NaN", &k, None, &[nan_norm], 0.0);
+    same_fused("clamp_abs", &FusedKernel::ClampAbs { clip: 0.7 }, None, std::slice::from_ref(&grad), 0.0);
+    same_fused("scale", &FusedKernel::Scale { coef: 0.123_456_789 }, None, std::slice::from_ref(&grad), 0.0);
+    // f16 and bf16 operands go through f32 on CUDA; the CPU rounds its intermediates to the
+    // element type, hence the looser tolerance.
+    for dtype in [DType::F16, DType::BF16] {
+        let cast = |t: &Tensor| t.to_dtype(dtype).unwrap();
+        let k = FusedKernel::Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            dampening: 0.0,
+            nesterov: true,
+            weight_decay: 0.01,
+            maximize: false,
+            first_step: true,
+        };
+        same_fused(&format!("sgd {dtype:?}"), &k, None, &[cast(&p), cast(&buf1), cast(&grad)], 2e-2);
+        let k = FusedKernel::Scale { coef: 0.123_456_789 };
+        same_fused(&format!("scale {dtype:?}"), &k, None, &[cast(&grad)], 0.0);
+    }
+    done(name);
+}
+
+/// Every pointwise loss (binary cross entropy with and without weights, with logits with
+/// pos_weight, smooth L1 with beta 0 and not, Huber, KL divergence with and without log targets)
+/// with every reduction, forward and the gradients for input and target, on a strided input,
+/// matches the CPU backend; an out-of-range probability is the CPU's typed error.
+#[test]
+fn pointwise_losses_and_their_gradients_match_the_cpu() {
+    use ferrite_tensor::functional::{
+        KlDivReduction, Reduction, binary_cross_entropy, binary_cross_entropy_with_logits, huber_loss, kl_div,
+        smooth_l1_loss,
+    };
+    let name = "pointwise_losses_and_their_gradients_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(21);
+    // Inputs [5, 7] as the transpose of [7, 5] (strided), targets [5, 7], weights [7] broadcast.
+    let xt = randn(&mut g, &[7, 5]);
+    let y = randn(&mut g, &[5, 7]);
+    let w = randn(&mut g, &[7]).abs().unwrap();
+    let pw = randn(&mut g, &[7]).abs().unwrap().add_scalar(0.5).unwrap();
+    let on = |t: &Tensor, like: &Tensor| t.to_device(like.device()).unwrap();
+    for red in [Reduction::None, Reduction::Mean, Reduction::Sum] {
+        let what = |l: &str| format!("{l} {red:?}");
+        same_forward_backward(&what("bce"), &[&xt, &y], 1e-5, &|t| {
+            binary_cross_entropy(&t[0].t()?.sigmoid()?, &t[1].sigmoid()?, None, red)
+        });
+        same_forward_backward(&what("bce weighted"), &[&xt, &y], 1e-5, &|t| {
+            binary_cross_entropy(&t[0].t()?.sigmoid()?, &t[1].sigmoid()?, Some(&on(&w, &t[0])), red)
+        });
+        same_forward_backward(&what("bce with logits"), &[&xt, &y], 1e-5, &|t| {
+            binary_cross_entropy_with_logits(&t[0].t()?, &t[1].sigmoid()?, None, None, red)
+        });
+        same_forward_backward(&what("bce with logits, weight and pos_weight"), &[&xt, &y], 1e-5, &|t| {
+            binary_cross_entropy_with_logits(
+                &t[0].t()?,
+                &t[1].sigmoid()?,
+                Some(&on(&w, &t[0])),
+                Some(&on(&pw, &t[0])),
+                red,
+            )
+        });
+        for beta in [0.0, 0.5] {
+            same_forward_backward(&what(&format!("smooth_l1 beta {beta}")), &[&xt, &y], 1e-5, &|t| {
+                smooth_l1_loss(&t[0].t()?, &t[1], beta, red)
+            });
+        }
+        same_forward_backward(&what("huber"), &[&xt, &y], 1e-5, &|t| huber_loss(&t[0].t()?, &t[1], 0.7, red));
+    }
+    for red in [KlDivReduction::None, KlDivReduction::Mean, KlDivReduction::Sum, KlDivReduction::BatchMean] {
+        same_forward_backward(&format!("kl_div {red:?}"), &[&xt, &y], 1e-5, &|t| {
+            kl_div(&t[0].t()?.log_softmax(-1)?, &t[1].softmax(-1)?, red, false)
+        });
+        same_forward_backward(&format!("kl_div log_target {red:?}"), &[&xt, &y], 1e-5, &|t| {
+            kl_div(&t[0].t()?.log_softmax(-1)?, &t[1].log_softmax(-1)?, red, true)
+        });
+    }
+    // A zero target is 0 in the forward (xlogy), as on the CPU.
+    let zt = Tensor::from_slice(&[0.0f32, 0.5, 0.5], &[3], &Device::Cpu).unwrap();
+    let zx = Tensor::from_slice(&[-1.0f32, -0.5, -2.0], &[3], &Device::Cpu).unwrap();
+    assert_near(
+        "kl_div with a zero target",
+        &kl_div(&to_cuda(&zx), &to_cuda(&zt), KlDivReduction::None, false).unwrap(),
+        &kl_div(&zx, &zt, KlDivReduction::None, false).unwrap(),
+        1e-6,
+    );
+    // Probabilities outside [0, 1]: the CPU's typed error, on the input and on the target.
+    let (good, bad) = (
+        Tensor::from_slice(&[0.5f32, 0.25], &[2], &Device::Cpu).unwrap(),
+        Tensor::from_slice(&[0.5f32, 1.5], &[2], &Device::Cpu).unwrap(),
+    );
+    for (x, t) in [(&bad, &good), (&good, &bad)] {
+        let e = binary_cross_entropy(&to_cuda(x), &to_cuda(t), None, Reduction::Mean).unwrap_err();
+        let want = binary_cross_entropy(x, t, None, Reduction::Mean).unwrap_err();
+        assert_eq!(e.to_string(), want.to_string());
+    }
+    done(name);
+}
+
+/// The LSTM, GRU, tanh RNN and ReLU RNN cells over whole sequences (batch-first, so every step is
+/// a strided row block, and time-first), with and without biases and initial states, forward and
+/// every gradient (through the output and through the final states), match the CPU backend.
+#[test]
+fn recurrent_cells_forward_and_backward_match_the_cpu() {
+    use ferrite_tensor::functional::{RecurrentCell, RecurrentWeights, recurrent};
+    let name = "recurrent_cells_forward_and_backward_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(31);
+    let (batch, steps, input, hidden) = (3, 4, 5, 6);
+    for cell in [RecurrentCell::Lstm, RecurrentCell::Gru, RecurrentCell::RnnTanh, RecurrentCell::RnnRelu] {
+        let width = cell.gates() * hidden;
+        let x = randn(&mut g, &[batch, steps, input]);
+        let w_ih = randn(&mut g, &[width, input]).mul_scalar(0.4).unwrap();
+        let w_hh = randn(&mut g, &[width, hidden]).mul_scalar(0.4).unwrap();
+        let (b_ih, b_hh) = (randn(&mut g, &[width]), randn(&mut g, &[width]));
+        let (h0, c0) = (randn(&mut g, &[batch, hidden]), randn(&mut g, &[batch, hidden]));
+        let lstm = cell == RecurrentCell::Lstm;
+        for batch_first in [true, false] {
+            let what = format!("{} batch_first {batch_first}", cell.name());
+            same_forward_backward(
+                &format!("{what}, biases and states"),
+                &[&x, &w_ih, &w_hh, &b_ih, &b_hh, &h0, &c0],
+                1e-4,
+                &|t| {
+                    let x = if batch_first { t[0].clone() } else { t[0].transpose(0, 1)? };
+                    let w = RecurrentWeights { w_ih: &t[1], w_hh: &t[2], b_ih: Some(&t[3]), b_hh: Some(&t[4]) };
+                    let r = recurrent(cell, &x, w, Some(&t[5]), if lstm { Some(&t[6]) } else { None }, batch_first)?;
+                    // The output, and the final states through their own path.
+                    let mut total = r.output.sum()?.add(&r.h_n.mul(&r.h_n)?.sum()?)?;
+                    if let Some(c) = &r.c_n {
+                        total = total.add(&c.mul(c)?.sum()?)?;
+                    }
+                    // c0 is unused by the other cells: give it a zero gradient path.
+                    total.add(&t[6].mul_scalar(0.0)?.sum()?)
+                },
+            );
+            same_forward_backward(&format!("{what}, no biases or states"), &[&x, &w_ih, &w_hh], 1e-4, &|t| {
+                let x = if batch_first { t[0].clone() } else { t[0].transpose(0, 1)? };
+                let w = RecurrentWeights { w_ih: &t[1], w_hh: &t[2], b_ih: None, b_hh: None };
+                Ok(recurrent(cell, &x, w, None, None, batch_first)?.output)
+            });
+        }
+    }
+    done(name);
 }

@@ -166,11 +166,6 @@ pub enum TensorError {
     /// An allocation failed; carries the allocator's diagnosis.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-    /// An op that has no CUDA kernel in ferrite yet.
-    #[error(
-        "{op} has no CUDA kernel yet, so it cannot run on {device}; move its operands to `cpu` (`.to_device(&Device::Cpu)`) or use `gpu:N` for this op"
-    )]
-    NotImplementedOnDevice { op: &'static str, device: String },
     /// A failure of the CUDA runtime (driver, NVRTC, cuBLAS or the host emulator); `detail` says
     /// what to do.
     #[error("{op} on {device}: {detail}")]

@@ -94,7 +94,7 @@ impl CudaFacts {
                         for c in ds {
                             s.push_str(&format!("{}    {}\n  {}\n", c.device, c.name, device_line(c)));
                         }
-                        s.push_str("  CUDA tensors run ferrite's CUDA kernels (NVRTC + cuBLAS); fused optimizer steps, the pointwise losses and recurrent cells have no CUDA kernel yet (a typed error names `cpu`/`gpu:N`)\n");
+                        s.push_str("  CUDA tensors run ferrite's CUDA kernels (NVRTC + cuBLAS) for every op, fused optimizer steps, losses and recurrent cells included\n");
                     }
                 }
             }
@@ -151,8 +151,8 @@ impl CudaFacts {
                     out.push(Check::note(
                         SECTION,
                         "cuda tensors",
-                        "CUDA tensors run ferrite's CUDA kernels (NVRTC, the driver, cuBLAS); fused optimizer steps, the pointwise losses (BCE, smooth L1, Huber, KL) and recurrent cells have no CUDA kernel yet",
-                        "`ferrite doctor --check-device cuda:0` checks this card against PyTorch's numbers; for the ops without a CUDA kernel use `gpu:N` (the same card through Vulkan) or `cpu`",
+                        "CUDA tensors run ferrite's CUDA kernels (NVRTC, the driver, cuBLAS) for every op, fused optimizer steps, losses and recurrent cells included",
+                        "`ferrite doctor --check-device cuda:0` checks this card against PyTorch's numbers",
                     ));
                 }
             }

@@ -188,7 +188,7 @@ pub(super) fn unary_backward(cx: Ctx<'_>, op: UnaryOp, out: &Tensor, grad: &Tens
             );
         }
         let Some((code, p)) = unary_grad_code(op) else {
-            return Err(TensorError::NotImplementedOnDevice { op: name, device: cx.device.to_string() });
+            return Err(TensorError::invalid(name, "internal: this unary op has no CUDA gradient kernel"));
         };
         let args =
             [n_arg(n), KernelArg::I32(code), KernelArg::F32(p as f32), ptr(&s, name)?, ptr(&g, name)?, ptr(o, name)?];

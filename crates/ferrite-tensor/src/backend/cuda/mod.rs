@@ -11,9 +11,9 @@
 //! converted to f32 and back; f64 and integer arithmetic are refused with `UnsupportedDType` (as
 //! on `gpu:N`). Sums and norms accumulate in f32. Random numbers and `arange` are computed on the
 //! host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded runs match
-//! `cpu`. Ops without a CUDA kernel here yet — the fused multi-tensor kernels (optimizer steps,
-//! norms for clipping), the pointwise losses and the recurrent cells — return
-//! [`TensorError::NotImplementedOnDevice`] (use `cpu` or `gpu:N` for them).
+//! `cpu`. The fused multi-tensor kernels (optimizer steps, GradScaler unscaling, norms and
+//! clipping: `fused.rs`), the pointwise losses (`loss.rs`) and the recurrent cells
+//! (`recurrent.rs`) run on the device like every other op.
 //!
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
 //! [`HostRuntime`]: ferrite_cuda::HostRuntime
@@ -21,10 +21,13 @@
 mod conv_pool;
 mod data;
 mod elementwise;
+mod fused;
 mod index;
 mod launch;
+mod loss;
 mod matmul;
 mod norm;
+mod recurrent;
 mod reduce;
 
 use std::collections::HashMap;
@@ -89,10 +92,6 @@ impl CudaBackend {
             Ok(rt) => Ok(Ctx { rt: rt.as_ref(), device: &self.device }),
             Err(reason) => Err(TensorError::Cuda { op, device: self.device.clone(), detail: reason.clone() }),
         }
-    }
-
-    fn missing(&self, op: &'static str) -> TensorError {
-        TensorError::NotImplementedOnDevice { op, device: self.device.clone() }
     }
 }
 
@@ -257,23 +256,23 @@ impl KernelBackend for CudaBackend {
         index::one_hot(self.cx("one_hot")?, out, index)
     }
 
-    fn fused(&self, kernel: &FusedKernel, _outputs: &[&Tensor], _inputs: &[&Tensor]) -> Result<f64> {
-        Err(self.missing(kernel.name()))
+    fn fused(&self, kernel: &FusedKernel, outputs: &[&Tensor], inputs: &[&Tensor]) -> Result<f64> {
+        fused::fused(self.cx(kernel.name())?, kernel, outputs, inputs)
     }
 
-    fn pointwise_loss(&self, op: PointwiseLoss, _out: &Tensor, _x: LossOperands<'_>) -> Result<()> {
-        Err(self.missing(op.name()))
+    fn pointwise_loss(&self, op: PointwiseLoss, out: &Tensor, x: LossOperands<'_>) -> Result<()> {
+        loss::pointwise_loss(self.cx(op.name())?, op, out, x)
     }
 
     fn pointwise_loss_backward(
         &self,
         op: PointwiseLoss,
-        _wrt: LossGrad,
-        _out: &Tensor,
-        _grad: &Tensor,
-        _x: LossOperands<'_>,
+        wrt: LossGrad,
+        out: &Tensor,
+        grad: &Tensor,
+        x: LossOperands<'_>,
     ) -> Result<()> {
-        Err(self.missing(op.backward_name()))
+        loss::pointwise_loss_backward(self.cx(op.backward_name())?, op, wrt, out, grad, x)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -335,11 +334,11 @@ impl KernelBackend for CudaBackend {
         conv_pool::col2im(self.cx("col2im")?, x, cols, geom)
     }
 
-    fn recurrent_cell(&self, cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {
-        Err(self.missing(cell.name()))
+    fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
+        recurrent::forward(self.cx(cell.name())?, cell, x)
     }
 
-    fn recurrent_cell_backward(&self, cell: RecurrentCell, _x: &CellBackward<'_>) -> Result<()> {
-        Err(self.missing(cell.backward_name()))
+    fn recurrent_cell_backward(&self, cell: RecurrentCell, x: &CellBackward<'_>) -> Result<()> {
+        recurrent::backward(self.cx(cell.backward_name())?, cell, x)
     }
 }
