@@ -24,13 +24,7 @@ fn every_case_passes_on_the_emulated_cuda_device() {
         ) {
             return;
         }
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-            .env("FERRITE_CUDA_EMULATOR", "1")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "on the emulated cuda:0:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = ferrite_test_support::run_in_child(NAME, &[("FERRITE_CUDA_EMULATOR", "1")]);
         assert!(stdout.contains("EMULATED-CUDA-CHECK done"), "the child did not run the check:\n{stdout}");
         return;
     }

@@ -45,18 +45,7 @@ fn on_emulator(name: &str) -> bool {
     ) {
         return false;
     }
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(EMULATOR_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{name} on the emulated cuda:0 failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = ferrite_test_support::run_in_child(name, &[(EMULATOR_ENV, "1")]);
     assert!(
         stdout.contains(&format!("CUDA-EMULATED {name} done")),
         "{name}: the child did not run the test:\n{stdout}"

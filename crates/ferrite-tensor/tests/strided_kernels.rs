@@ -445,16 +445,9 @@ fn batched_matmul_bits_do_not_depend_on_the_thread_count() {
         return;
     }
     let run = |threads: &str| -> Vec<String> {
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(exe)
-            .args([name, "--exact", "--nocapture", "--test-threads=1"])
-            .env(BMM_BITS_CHILD_ENV, "1")
-            .env("RAYON_NUM_THREADS", threads)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "child with {threads} thread(s): {}", String::from_utf8_lossy(&out.stderr));
+        let text =
+            ferrite_test_support::run_in_child(name, &[(BMM_BITS_CHILD_ENV, "1"), ("RAYON_NUM_THREADS", threads)]);
         // libtest's `test NAME ... ` has no newline before the test's first line.
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
         text.lines().filter_map(|l| l.find("BITS ").map(|i| l[i..].to_string())).collect()
     };
     let (one, two) = (run("1"), run("2"));

@@ -14,6 +14,7 @@
 //! `.ci/run` installed everything) a missing dependency fails the test instead, so CI never passes
 //! by skipping. This crate is a dev-dependency only; nothing in it ships with ferrite.
 
+pub mod child;
 pub mod close;
 pub mod devices;
 #[cfg(feature = "tensor")]
@@ -25,6 +26,7 @@ pub mod params;
 pub mod text_fuzz;
 pub mod timing;
 
+pub use child::run_in_child;
 pub use close::{assert_all_close, assert_slices_close};
 #[cfg(feature = "tensor")]
 pub use close::{assert_close, check_close};
