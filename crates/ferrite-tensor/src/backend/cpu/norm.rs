@@ -273,14 +273,20 @@ fn row_stats<T: Float>(xr: &[T], gr: &[T], wv: &[T::Acc], m: T::Acc, a: T::Acc, 
     RowStats { m, a, mg: sg * inv_n, mgx: sgx * inv_n }
 }
 
-/// One element of a row: its `dx = a·(g·w - mg - x̂·mgx)` with `x̂ = (x - m)·a`, and its terms
-/// `g·x̂` and `g` added to the weight and bias sums.
+/// One element's `dx = a·(g·w - mg - x̂·mgx)` from its `g` and `x̂ = (x - m)·a`.
+#[inline(always)]
+fn dx_of<T: Float>(g: T::Acc, xh: T::Acc, w: T::Acc, s: &RowStats<T::Acc>) -> T {
+    T::from_acc(s.a * (g * w - s.mg - xh * s.mgx))
+}
+
+/// One element of a row: its [`dx_of`], and its terms `g·x̂` and `g` added to the weight and
+/// bias sums.
 #[inline(always)]
 fn element_dx<T: Float>(g: T, x: T, w: T::Acc, s: &RowStats<T::Acc>, bw: &mut T::Acc, bb: &mut T::Acc) -> T {
     let (g, xh) = (g.to_acc(), (x.to_acc() - s.m) * s.a);
     *bw += g * xh;
     *bb += g;
-    T::from_acc(s.a * (g * w - s.mg - xh * s.mgx))
+    dx_of(g, xh, w, s)
 }
 
 /// One row of `dx`, and with `PARAMS` the row's terms of the weight and bias gradients added to
@@ -303,8 +309,7 @@ fn row_dx<T: Float, const PARAMS: bool>(
         }
     } else {
         for (((o, &g), &v), &w) in or.iter_mut().zip(gr).zip(xr).zip(wv) {
-            let xh = (v.to_acc() - s.m) * s.a;
-            *o = T::from_acc(s.a * (g.to_acc() * w - s.mg - xh * s.mgx));
+            *o = dx_of(g.to_acc(), (v.to_acc() - s.m) * s.a, w, s);
         }
     }
 }
