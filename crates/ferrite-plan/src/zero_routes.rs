@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::PlanError;
 use crate::evaluate::{Target, evaluate};
-use crate::rank_plan::trainable_sizes;
+use crate::rank_plan::{ranks_to_plan, trainable_sizes};
 use crate::sharded_step::{DataParallel, RankLayout, fullest_rank};
 use crate::trace::record_rank;
 use crate::way_forward::Variant;
@@ -45,7 +45,7 @@ pub fn zero_variants(
             DataParallel::Zero3 => fewest_1_2.map_or(MAX_ZERO_GPUS, |n| n - 1),
             _ => MAX_ZERO_GPUS,
         };
-        let fits = |gpus: usize, lean: bool| -> Result<bool, PlanError> {
+        let fits_rank = |gpus: usize, lean: bool, rank: usize| -> Result<bool, PlanError> {
             let per_rank = effective.div_ceil(gpus).max(1);
             let step = if lean {
                 StepConfig {
@@ -59,14 +59,36 @@ pub fn zero_variants(
                 let micro = (1..=config.batch.min(per_rank)).rev().find(|m| per_rank.is_multiple_of(*m)).unwrap_or(1);
                 StepConfig { batch: micro, accum_steps: (per_rank / micro).min(2), ..config.clone() }
             };
-            let layout = RankLayout { mode, world: gpus, rank: fullest_rank(&numels, gpus) };
+            let layout = RankLayout { mode, world: gpus, rank };
             Ok(evaluate(&record_rank(&*workload, &step, layout)?, target)?.fits)
         };
-        let Some(lean) = smallest(2, most, |n| fits(n, true))? else { continue };
+        // The bisection judges the fullest rank (one trace per count); the count it finds is then
+        // confirmed on every rank `plan --zero` plans — a rank with fewer, larger pieces can
+        // reserve more — moving up one GPU at a time until all of them fit.
+        let fits = |gpus: usize, lean: bool| fits_rank(gpus, lean, fullest_rank(&numels, gpus));
+        let settle = |found: Option<usize>, lean: bool| -> Result<Option<usize>, PlanError> {
+            let Some(mut gpus) = found else { return Ok(None) };
+            while gpus <= most {
+                let mut all = true;
+                for rank in ranks_to_plan(&numels, gpus, mode) {
+                    if !fits_rank(gpus, lean, rank)? {
+                        all = false;
+                        break;
+                    }
+                }
+                if all {
+                    return Ok(Some(gpus));
+                }
+                gpus += 1;
+            }
+            Ok(None)
+        };
+        let Some(lean) = settle(smallest(2, most, |n| fits(n, true))?, true)? else { continue };
         if mode != DataParallel::Zero3 {
             fewest_1_2 = Some(fewest_1_2.map_or(lean, |f| f.min(lean)));
         }
-        let plain = if fits(lean, false)? { Some(lean) } else { smallest(lean + 1, most, |n| fits(n, false))? };
+        let plain =
+            settle(if fits(lean, false)? { Some(lean) } else { smallest(lean + 1, most, |n| fits(n, false))? }, false)?;
         let mut counts = vec![lean];
         counts.extend(plain.filter(|p| *p != lean));
         for gpus in counts {

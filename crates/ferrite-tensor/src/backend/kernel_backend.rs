@@ -101,8 +101,9 @@ pub trait KernelBackend: Send + Sync + 'static {
     /// same dtype as `out`).
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()>;
     /// Whether [`matmul`](Self::matmul) takes f16/bf16 operands and output of one dtype itself,
-    /// accumulating in f32 and rounding once (cuBLAS on `cuda:N`). Where not, the op widens
-    /// them to f32 scratch tensors first, which the planner's `sim`/`meta` devices also count.
+    /// accumulating in f32 and rounding once (cuBLAS on `cuda:N`; the CPU widens into host
+    /// workspace of its own). Where not (`gpu:N`), the op widens them to f32 scratch tensors
+    /// first, and those count in the device's memory.
     fn matmul_takes_half(&self) -> bool {
         false
     }

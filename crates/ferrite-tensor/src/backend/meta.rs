@@ -102,6 +102,10 @@ impl KernelBackend for MetaBackend {
     fn matmul(&self, _out: &Tensor, _a: &Tensor, _b: &Tensor, _batch: &[usize]) -> Result<()> {
         Ok(())
     }
+    fn matmul_takes_half(&self) -> bool {
+        // As the CPU backend (and cuBLAS on cuda:N): no f32 scratch tensors for half products.
+        true
+    }
     fn check_indices(
         &self,
         _index: &Tensor,

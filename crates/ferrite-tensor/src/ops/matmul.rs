@@ -3,8 +3,9 @@
 //! f32 (and f64, on the CPU backend) run natively with arbitrary strides (transposed operands
 //! need no copy). f16/bf16 inputs are multiplied in f32 and rounded once — the documented
 //! "computes in f32 internally" contract: by the backend itself where it can (`cuda:N`, cuBLAS
-//! with f32 accumulation, no copies), else widened to f32 scratch tensors from the device
-//! allocator first. Under autocast, float32
+//! with f32 accumulation, no copies; the CPU, widening into workspace outside the allocator),
+//! else (`gpu:N`) widened to f32 scratch tensors from the device allocator first. Under
+//! autocast, float32
 //! inputs are cast to the autocast dtype first. The product itself runs in the device's kernel
 //! backend (on the CPU: `backend/cpu/matmul.rs`).
 

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::backend::PreparedRhs;
 use crate::error::{Result, TensorError};
 use crate::kernels::gemm::{self, Isa, prepacked};
-use crate::kernels::strided::SendPtr;
+use crate::kernels::strided::{SendPtr, Walk};
 use crate::layout::Layout;
 use crate::{DType, Tensor};
 
@@ -132,13 +132,17 @@ fn s_threads(s: gemm::Strategy) -> usize {
 }
 
 /// Batched product of `a [.., m, k]` and `b [.., k, n]` (batch dims already broadcast in the
-/// layouts) into the fresh contiguous `out [.., m, n]`. Same dtype, f32 or f64.
+/// layouts) into the fresh contiguous `out [.., m, n]`. Same dtype: f32 or f64, or f16/bf16
+/// (see [`bmm_half`]).
 fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()> {
     let r = out.rank();
     let (m, n) = (out.shape()[r - 2], out.shape()[r - 1]);
     let k = a.shape()[a.rank() - 1];
     if out.numel() == 0 {
         return Ok(());
+    }
+    if matches!(out.dtype(), DType::F16 | DType::BF16) {
+        return bmm_half(a, b, out, batch);
     }
     let al = a.layout().broadcast_to(&[batch, &[m, k]].concat(), "matmul")?;
     let bl = b.layout().broadcast_to(&[batch, &[k, n]].concat(), "matmul")?;
@@ -176,9 +180,128 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
     let forced = gemm::forced();
     let isa = forced.map(|f| f.isa).or_else(Isa::best);
     if let (DType::F32, Some(isa)) = (out.dtype(), isa) {
-        let ap = SendPtr(a.storage_base_ptr::<f32>("matmul")?);
-        let bp = SendPtr(b.storage_base_ptr::<f32>("matmul")?);
-        let cp = SendPtr(out.ptr::<f32>("matmul")?);
+        let ap = a.storage_base_ptr::<f32>("matmul")?;
+        let bp = b.storage_base_ptr::<f32>("matmul")?;
+        // SAFETY: the pointers are the operands' storages, which `al`/`bl` (their layouts,
+        // validated against those storages) address; `out` is a fresh contiguous buffer of
+        // batch·m·n elements distinct from both.
+        unsafe { bmm_f32_own(isa, forced, ap, &al, bp, &bl, out.ptr::<f32>("matmul")?, batch, (m, n, k)) };
+        return Ok(());
+    }
+    match out.dtype() {
+        DType::F32 => run!(f32, 1.0f32),
+        DType::F64 => run!(f64, 1.0f64),
+        d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
+    }
+    // The microkernels leave dirty AVX upper state behind (see kernels/avx_state.rs).
+    if matches!(par, Par::Seq) {
+        crate::kernels::avx_state::clear_upper_state_here();
+    } else {
+        crate::kernels::avx_state::clear_upper_state_everywhere();
+    }
+    Ok(())
+}
+
+/// f16/bf16 products as PyTorch's CPU kernels compute them: the operands widened to f32
+/// (exact), one f32 product, rounded once into `out` — the bits of widening to f32 tensors
+/// first. The widened operands and the f32 product are host buffers of this call, not tensors:
+/// transient kernel workspace like the GEMM's packing. So the allocator sees only the output,
+/// as on `cuda:N` where cuBLAS takes half operands itself, and the planner's `sim`/`meta`
+/// devices (which run this backend) predict that.
+fn bmm_half(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()> {
+    let r = out.rank();
+    let (m, n) = (out.shape()[r - 2], out.shape()[r - 1]);
+    let k = a.shape()[a.rank() - 1];
+    let (aw, bw) = (widened(a)?, widened(b)?);
+    let al = Layout::contiguous(a.shape()).broadcast_to(&[batch, &[m, k]].concat(), "matmul")?;
+    let bl = Layout::contiguous(b.shape()).broadcast_to(&[batch, &[k, n]].concat(), "matmul")?;
+    let mut c = vec![0f32; out.numel()];
+    let forced = gemm::forced();
+    if let Some(isa) = forced.map(|f| f.isa).or_else(Isa::best) {
+        // SAFETY: `al`/`bl` address the contiguous widened copies of `a`/`b` (their own shapes,
+        // broadcast); `c` holds batch·m·n elements and is a third buffer; `isa` is supported.
+        unsafe { bmm_f32_own(isa, forced, aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k)) };
+    } else if k > 0 {
+        let par = par_for(m, n, k);
+        let nbd = batch.len();
+        let cp = c.as_mut_ptr();
+        for_each_batch(&al, &bl, batch, |bi, ao, bo| {
+            // SAFETY: offsets/strides address the widened copies; product `bi` writes its own
+            // m×n block of `c`, a third buffer.
+            unsafe {
+                gemm_raw::<f32>(
+                    cp.add(bi * m * n),
+                    (n as isize, 1),
+                    aw.as_ptr().add(ao),
+                    (al.strides[nbd] as isize, al.strides[nbd + 1] as isize),
+                    bw.as_ptr().add(bo),
+                    (bl.strides[nbd] as isize, bl.strides[nbd + 1] as isize),
+                    (m, n, k),
+                    1.0,
+                    par,
+                );
+            }
+        });
+    }
+    let len = out.numel();
+    match out.dtype() {
+        DType::BF16 => {
+            // SAFETY: `out` is a fresh contiguous bf16 buffer of `len` elements.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.ptr::<half::bf16>("matmul")?, len) };
+            o.iter_mut().zip(&c).for_each(|(o, &x)| *o = half::bf16::from_f32(x));
+        }
+        DType::F16 => {
+            // SAFETY: `out` is a fresh contiguous f16 buffer of `len` elements.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.ptr::<half::f16>("matmul")?, len) };
+            o.iter_mut().zip(&c).for_each(|(o, &x)| *o = half::f16::from_f32(x));
+        }
+        d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
+    }
+    Ok(())
+}
+
+/// The f16/bf16 tensor `t` widened to a contiguous f32 host buffer of its own shape.
+fn widened(t: &Tensor) -> Result<Vec<f32>> {
+    fn walk<H: Copy>(t: &Tensor, to_f32: impl Fn(H) -> f32) -> Result<Vec<f32>> {
+        let mut v = Vec::with_capacity(t.numel());
+        let base = t.storage_base_ptr::<H>("matmul")?;
+        let w = Walk::new(t.shape(), [&t.layout().strides[..]], [t.layout().offset]);
+        let inner = w.inner_strides()[0];
+        w.rows(0, t.numel(), |[off], len, _| {
+            // SAFETY: the walk visits the element offsets of `t`'s layout, which was validated
+            // against its storage.
+            v.extend((0..len).map(|i| to_f32(unsafe { *base.add(off + i * inner) })));
+        });
+        Ok(v)
+    }
+    match t.dtype() {
+        DType::BF16 => walk::<half::bf16>(t, half::bf16::to_f32),
+        DType::F16 => walk::<half::f16>(t, half::f16::to_f32),
+        d => Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
+    }
+}
+
+/// The f32 batch on ferrite's own GEMM: `c [batch.., m, n]` (contiguous) from `a`/`b` at their
+/// storages' bases `ap`/`bp`, addressed by the broadcast layouts `al`/`bl`.
+///
+/// # Safety
+/// `al`/`bl` must address initialised elements of the buffers at `ap`/`bp`; `cp` must be a
+/// buffer of batch·m·n elements overlapping neither; `isa` must be supported by this CPU.
+#[allow(clippy::too_many_arguments)]
+unsafe fn bmm_f32_own(
+    isa: Isa,
+    forced: Option<gemm::Forced>,
+    ap: *const f32,
+    al: &Layout,
+    bp: *const f32,
+    bl: &Layout,
+    cp: *mut f32,
+    batch: &[usize],
+    (m, n, k): (usize, usize, usize),
+) {
+    {
+        let nbd = batch.len();
+        let (ap, bp, cp) = (SendPtr(ap.cast_mut()), SendPtr(bp.cast_mut()), SendPtr(cp));
         let threads = crate::kernels::team::threads();
         let nb: usize = batch.iter().product();
         let (ars, acs) = (al.strides[nbd] as isize, al.strides[nbd + 1] as isize);
@@ -203,31 +326,18 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
         };
         if spread {
             let mut offsets = Vec::with_capacity(nb);
-            for_each_batch(&al, &bl, batch, |_, ao, bo| offsets.push((ao, bo)));
+            for_each_batch(al, bl, batch, |_, ao, bo| offsets.push((ao, bo)));
             gemm::split(nb, threads, &|b0, b1| {
                 for (bi, &(ao, bo)) in offsets.iter().enumerate().take(b1).skip(b0) {
                     product(bi, ao, bo);
                 }
             });
         } else {
-            for_each_batch(&al, &bl, batch, product);
+            for_each_batch(al, bl, batch, product);
         }
         // No vzeroupper needed here: the kernels are `#[target_feature]` functions, and the
         // compiler emits `vzeroupper` on their return (checked by kernels/avx_state.rs's test).
-        return Ok(());
     }
-    match out.dtype() {
-        DType::F32 => run!(f32, 1.0f32),
-        DType::F64 => run!(f64, 1.0f64),
-        d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
-    }
-    // The microkernels leave dirty AVX upper state behind (see kernels/avx_state.rs).
-    if matches!(par, Par::Seq) {
-        crate::kernels::avx_state::clear_upper_state_here();
-    } else {
-        crate::kernels::avx_state::clear_upper_state_everywhere();
-    }
-    Ok(())
 }
 
 #[cfg(test)]

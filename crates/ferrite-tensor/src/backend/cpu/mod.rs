@@ -165,6 +165,10 @@ impl KernelBackend for CpuBackend {
         matmul::matmul(out, a, b, batch)
     }
 
+    fn matmul_takes_half(&self) -> bool {
+        true
+    }
+
     fn check_indices(
         &self,
         index: &Tensor,
