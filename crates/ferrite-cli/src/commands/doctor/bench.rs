@@ -345,11 +345,12 @@ fn wait(t: &Tensor) -> ferrite_tensor::Result<()> {
     t.narrow(0, 0, 1)?.narrow(1, 0, 1)?.to_vec_f64().map(|_| ())
 }
 
-/// Best of three rounds of products, each round about 0.1 s (at least one product), after one
-/// product of warm-up.
+/// Best of three rounds of products, each round about 0.1 s (at least one product, at most 200),
+/// after one product of warm-up and one that sizes the rounds.
 fn matmul(dev: &Device, dtype: DType, n: usize, g: &mut Generator) -> Result<MatmulPoint, Box<dyn std::error::Error + Send + Sync>> {
     let a = Tensor::randn_with(&[n, n], DType::F32, dev, g)?.to_dtype(dtype)?;
     let b = Tensor::randn_with(&[n, n], DType::F32, dev, g)?.to_dtype(dtype)?;
+    wait(&a.matmul(&b)?)?; // warm-up: kernel compilation, library initialisation
     let t = Instant::now();
     wait(&a.matmul(&b)?)?;
     let once = t.elapsed().as_secs_f64().max(1e-9);
