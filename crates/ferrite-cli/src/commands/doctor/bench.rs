@@ -43,7 +43,9 @@ pub const ALLOC_SIZES: [usize; 3] = [4 << 10, 1 << 20, 64 << 20];
 /// Why the benchmark cannot run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    #[error("`--bench {given}`: {reason}; devices are spelled cpu, gpu:N, cuda:N or sim:<gpu> (`ferrite devices` lists them)")]
+    #[error(
+        "`--bench {given}`: {reason}; devices are spelled cpu, gpu:N, cuda:N or sim:<gpu> (`ferrite devices` lists them)"
+    )]
     BadDevice { given: String, reason: String },
     #[error("cannot put a tensor on {device}: {reason}")]
     DeviceUnusable { device: String, reason: String },
@@ -156,11 +158,7 @@ impl BenchArgs {
             },
         };
         let positive = |flag: &'static str, v: usize| {
-            if v == 0 {
-                Err(BenchError::BadOption { flag, value: "0".into(), expected: "at least 1" })
-            } else {
-                Ok(())
-            }
+            if v == 0 { Err(BenchError::BadOption { flag, value: "0".into(), expected: "at least 1" }) } else { Ok(()) }
         };
         for n in s.f32.iter().chain(&s.bf16) {
             positive("bench-sizes", *n)?;
@@ -260,8 +258,8 @@ pub fn run(device: &str, args: &BenchArgs, json: bool) -> CliResult {
             println!("{line}");
         }
     };
-    let tf32 = matches!(dev, Device::Cuda { .. })
-        && std::env::var(ferrite_cuda::ALLOW_TF32_ENV).is_ok_and(|v| v == "1");
+    let tf32 =
+        matches!(dev, Device::Cuda { .. }) && std::env::var(ferrite_cuda::ALLOW_TF32_ENV).is_ok_and(|v| v == "1");
     let device_name = device_name(&dev);
     say(format!("ferrite doctor --bench {dev} ({device_name}), ferrite {}", env!("CARGO_PKG_VERSION")));
     let mut g = Generator::new(0);
@@ -347,7 +345,12 @@ fn wait(t: &Tensor) -> ferrite_tensor::Result<()> {
 
 /// Best of three rounds of products, each round about 0.1 s (at least one product, at most 200),
 /// after one product of warm-up and one that sizes the rounds.
-fn matmul(dev: &Device, dtype: DType, n: usize, g: &mut Generator) -> Result<MatmulPoint, Box<dyn std::error::Error + Send + Sync>> {
+fn matmul(
+    dev: &Device,
+    dtype: DType,
+    n: usize,
+    g: &mut Generator,
+) -> Result<MatmulPoint, Box<dyn std::error::Error + Send + Sync>> {
     let a = Tensor::randn_with(&[n, n], DType::F32, dev, g)?.to_dtype(dtype)?;
     let b = Tensor::randn_with(&[n, n], DType::F32, dev, g)?.to_dtype(dtype)?;
     wait(&a.matmul(&b)?)?; // warm-up: kernel compilation, library initialisation
