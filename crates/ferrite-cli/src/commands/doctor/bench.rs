@@ -182,7 +182,7 @@ impl BenchArgs {
                 expected: "at least 2 tokens (the causal-LM loss predicts the next one)",
             });
         }
-        if g.hidden % g.heads != 0 {
+        if !g.hidden.is_multiple_of(g.heads) {
             return Err(BenchError::BadOption {
                 flag: "gpt2-hidden",
                 value: g.hidden.to_string(),
