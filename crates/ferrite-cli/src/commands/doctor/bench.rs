@@ -51,6 +51,8 @@ pub enum BenchError {
     DeviceUnusable { device: String, reason: String },
     #[error("`--{flag} {value}`: expected {expected}")]
     BadOption { flag: &'static str, value: String, expected: &'static str },
+    #[error("the trainer took {taken} of the benchmark's {asked} optimizer steps; nothing to time")]
+    StepsMissing { taken: usize, asked: usize },
 }
 
 /// The flags of `--bench` (defaults: issue 31's sizes; `--quick`: a few seconds on a CPU).
@@ -473,7 +475,7 @@ fn gpt2_step(
     }
     let stamps = stamps.into_inner();
     let (Some(first), Some(last)) = (stamps.get(shape.warmup_steps - 1), stamps.last()) else {
-        return Err(format!("the trainer took {} of {steps} steps", stamps.len()).into());
+        return Err(BenchError::StepsMissing { taken: stamps.len(), asked: steps }.into());
     };
     let ms_per_step = last.duration_since(*first).as_secs_f64() * 1e3 / shape.timed_steps as f64;
     let peak_reserved = alloc.max_memory_reserved();
