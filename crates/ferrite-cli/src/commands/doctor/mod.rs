@@ -4,7 +4,8 @@
 //! with the driver and NVRTC, through the same code as `ferrite devices`), datasets and the environment variables that change behaviour, each
 //! line with a verdict (`ok`, `note`, `warning`, `error`) and, when it is not ok, the fix.
 //! `--json` gives the same for bug reports, with the MPI facts as fields (`mpi`).
-//! `--check-device DEVICE` runs the PyTorch reference cases on a device instead ([`check_device`]).
+//! `--check-device DEVICE` runs the PyTorch reference cases on a device instead ([`check_device`]);
+//! `--bench DEVICE` benchmarks a device next to the planner's prediction instead ([`bench`]).
 //!
 //! Every line states what was observed on this machine, for this binary: nothing is a constant
 //! that could be true of one build and false of another.
@@ -13,6 +14,7 @@
 //! finding. The exit status is 1 when a finding is an `error` (something that makes ferrite
 //! fail, such as an invalid `FERRITE_ALLOC_CONF`), else 0.
 
+pub mod bench;
 pub mod cgroup;
 pub mod check;
 pub mod check_device;
@@ -50,6 +52,8 @@ pub struct DoctorArgs {
     /// else `fixtures/` beside the executable, `./fixtures`, `shared/fixtures/pytorch-reference`).
     #[arg(long, value_name = "DIR", requires = "check_device")]
     pub fixtures: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub bench: bench::BenchArgs,
 }
 
 /// The whole report.
@@ -87,6 +91,9 @@ pub struct DoctorFoundErrors(pub usize);
 pub fn run(args: DoctorArgs) -> CliResult {
     if let Some(device) = &args.check_device {
         return check_device::run(device, args.fixtures.as_deref(), args.json);
+    }
+    if let Some(device) = &args.bench.bench {
+        return bench::run(device, &args.bench, args.json);
     }
     let report = collect_with(args.compile_kernels);
     if args.json {
