@@ -1355,20 +1355,28 @@ fn implicit_gemm_convolutions_match_pytorch() {
         let forward = |a3: &[f32], image: &[f32]| {
             let mut o = vec![f32::NAN; y_len];
             // SAFETY: the weight, the image and the output hold what the record describes.
-            unsafe { k.run("conv_forward_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(image), out(&mut o)]) };
+            unsafe {
+                k.run("conv_forward_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(image), out(&mut o)])
+            };
             o
         };
         let fold = |a3: &[f32], ymat: &[f32]| {
             let mut o = vec![f32::NAN; img_len];
             // SAFETY: as above.
-            unsafe { k.run("conv_input_grad_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(ymat), out(&mut o)]) };
+            unsafe {
+                k.run("conv_input_grad_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(ymat), out(&mut o)])
+            };
             o
         };
         let weight = |ymat: &[f32], image: &[f32], splits: usize| {
             let mut partial = vec![f32::NAN; splits * w.len()];
             // SAFETY: as above; the output holds `splits` weights.
             unsafe {
-                k.run("conv_weight_grad_f32", TILES, &[KernelArg::record(&rec(splits)), buf(ymat), buf(image), out(&mut partial)])
+                k.run(
+                    "conv_weight_grad_f32",
+                    TILES,
+                    &[KernelArg::record(&rec(splits)), buf(ymat), buf(image), out(&mut partial)],
+                )
             };
             if splits == 1 {
                 return partial;

@@ -736,8 +736,18 @@ fn convolutions_run_as_implicit_gemm_and_match_the_cpu() {
             vec![6, 2, 3, 2],
             Conv2dOptions::new().groups(2).stride([2, 1]).padding([1, 2]).dilation([1, 2]),
         ),
-        ("depthwise 5x5 stride 2", vec![1, 4, 7, 8], vec![4, 1, 5, 5], Conv2dOptions::new().groups(4).stride(2).padding(2)),
-        ("beyond one tile: 70 rows, 156 windows, depth 81", vec![2, 9, 13, 12], vec![70, 9, 3, 3], Conv2dOptions::new()),
+        (
+            "depthwise 5x5 stride 2",
+            vec![1, 4, 7, 8],
+            vec![4, 1, 5, 5],
+            Conv2dOptions::new().groups(4).stride(2).padding(2),
+        ),
+        (
+            "beyond one tile: 70 rows, 156 windows, depth 81",
+            vec![2, 9, 13, 12],
+            vec![70, 9, 3, 3],
+            Conv2dOptions::new(),
+        ),
         ("weight gradient split in depth", vec![2, 2, 24, 24], vec![3, 2, 3, 3], Conv2dOptions::new().padding(1)),
         ("1x1", vec![3, 5, 4, 3], vec![7, 5, 1, 1], Conv2dOptions::new()),
     ];

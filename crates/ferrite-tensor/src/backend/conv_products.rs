@@ -77,7 +77,13 @@ pub fn unfold_product(img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: us
 
 /// `img[n] = fold(a3[g]ᵀ · y[n, g])` → `img_shape = [n, c, h, w]`; `y [n, groups·m, ..windows]`
 /// contiguous.
-pub fn product_fold(a3: &Tensor, y: &Tensor, geom: &ConvGeometry, groups: usize, img_shape: &[usize]) -> Result<Tensor> {
+pub fn product_fold(
+    a3: &Tensor,
+    y: &Tensor,
+    geom: &ConvGeometry,
+    groups: usize,
+    img_shape: &[usize],
+) -> Result<Tensor> {
     let (n, dtype) = (y.shape()[0], y.dtype());
     let (rows, win, m) = (geom.rows(), geom.windows(), a3.shape()[1]);
     let img = y.empty_like_shape(img_shape, dtype)?;
@@ -151,7 +157,8 @@ fn sum_samples(prod: &Tensor) -> Result<Tensor> {
     keep_shape.push(1);
     keep_shape.extend(s[1..].iter().copied());
     let permuted = prod.layout().permute(&[1, 2, 3, 0], "conv_weight_backward")?;
-    let plan = Plan { out_shape, keep_shape, permuted, rn: s[0], reduced: [true, false, false, false].into_iter().collect() };
+    let plan =
+        Plan { out_shape, keep_shape, permuted, rn: s[0], reduced: [true, false, false, false].into_iter().collect() };
     let out = prod.empty_like_shape(&plan.out_shape, prod.dtype())?;
     out.kernels().sum(&out, prod, &plan, 1.0)?;
     Ok(out)

@@ -63,7 +63,9 @@ fn record(g: &ConvGeometry, groups: usize, m: usize, images: usize, splits: usiz
     let per_y = groups.checked_mul(m)?.checked_mul(g.windows())?;
     let weight = groups.checked_mul(m)?.checked_mul(g.rows() / groups.max(1))?;
     let depth = m.checked_mul(taps)?;
-    // Window starts (index·stride − padding) and tap offsets stay within int as well.
+    // Window starts (index·stride − padding), tap offsets and their sums stay within int as well:
+    // each term below a quarter of its range.
+    let quarter = |v: usize| v <= i32::MAX as usize / 4;
     let reach = [
         g.output[0].checked_mul(g.stride[0])?,
         g.output[1].checked_mul(g.stride[1])?,
@@ -73,7 +75,7 @@ fn record(g: &ConvGeometry, groups: usize, m: usize, images: usize, splits: usiz
         g.input[1].checked_add(g.padding[1])?,
     ];
     let all = [per_image, per_y, weight, depth, images, splits, g.rows(), g.pixels(), g.windows()];
-    if !all.iter().chain(&reach).all(|&v| fits(v)) {
+    if !all.iter().all(|&v| fits(v)) || !reach.iter().all(|&v| quarter(v)) {
         return None;
     }
     let i = |v: usize| v as i32;
@@ -176,13 +178,7 @@ fn weight_splits(out_tiles: usize, depth: usize) -> usize {
 
 /// [`KernelBackend::conv_weight_product`](crate::backend::KernelBackend::conv_weight_product):
 /// the sum over samples and windows in a fixed order (split ranges summed in order), no atomics.
-pub(super) fn weight_product(
-    cx: Ctx<'_>,
-    y: &Tensor,
-    img: &Tensor,
-    g: &ConvGeometry,
-    groups: usize,
-) -> Result<Tensor> {
+pub(super) fn weight_product(cx: Ctx<'_>, y: &Tensor, img: &Tensor, g: &ConvGeometry, groups: usize) -> Result<Tensor> {
     const OP: &str = "conv_weight_grad";
     check_float(OP, &[y, img])?;
     let n = img.shape()[0];
@@ -229,5 +225,31 @@ mod tests {
         assert_eq!(weight_splits(1, 1 << 30), MAX_SPLITS);
         assert_eq!(weight_splits(TARGET_BLOCKS, 1 << 30), 1, "enough tiles: no split");
         assert_eq!(weight_splits(0, 0), 1);
+    }
+
+    /// Geometries beyond the kernels' `int` arithmetic get no record (the products then take the
+    /// unfold + GEMM default); ordinary ones do, with every field carried over.
+    #[test]
+    fn only_geometries_within_int_arithmetic_get_a_record() {
+        let g = ConvGeometry {
+            channels: 6,
+            input: [9, 11],
+            kernel: [3, 2],
+            stride: [2, 1],
+            padding: [1, 0],
+            dilation: [1, 2],
+            output: [5, 9],
+        };
+        let r = record(&g, 2, 4, 3, 1).expect("a small geometry fits");
+        assert_eq!(
+            [r.channels, r.h, r.w, r.out_h, r.out_w, r.kh, r.kw, r.sh, r.sw, r.ph, r.pw, r.dh, r.dw],
+            [6, 9, 11, 5, 9, 3, 2, 2, 1, 1, 0, 1, 2]
+        );
+        assert_eq!([r.groups, r.m, r.images, r.splits], [2, 4, 3, 1]);
+        let long = ConvGeometry { channels: 1, input: [1, 1 << 30], output: [1, 1 << 30], ..g };
+        assert!(record(&long, 1, 1, 1, 1).is_none(), "a 2^30-long signal's window offsets overflow int");
+        let wide = ConvGeometry { channels: 1 << 16, input: [1 << 8, 1 << 8], ..g };
+        assert!(record(&wide, 1, 1, 1, 1).is_none(), "2^32 elements per image");
+        assert!(record(&g, 1, 1 << 31, 1, 1).is_none(), "a y of 2^31 channels");
     }
 }
