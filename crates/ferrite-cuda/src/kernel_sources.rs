@@ -130,6 +130,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     },
     KernelSource { name: "conv.cu", code: include_str!("../kernels/conv.cu"), kernels: &["im2col_f32", "col2im_f32"] },
     KernelSource {
+        name: "conv_implicit.cu",
+        code: include_str!("../kernels/conv_implicit.cu"),
+        kernels: &["conv_forward_f32", "conv_input_grad_f32", "conv_weight_grad_f32", "conv_sum_splits_f32"],
+    },
+    KernelSource {
         name: "recurrent.cu",
         code: include_str!("../kernels/recurrent.cu"),
         kernels: &[

@@ -1264,6 +1264,148 @@ fn convolutions_through_im2col_and_col2im_match_pytorch() {
     }
 }
 
+/// `ConvGemm` of conv_implicit.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct ConvGemm {
+    channels: i32,
+    h: i32,
+    w: i32,
+    out_h: i32,
+    out_w: i32,
+    kh: i32,
+    kw: i32,
+    sh: i32,
+    sw: i32,
+    ph: i32,
+    pw: i32,
+    dh: i32,
+    dw: i32,
+    groups: i32,
+    m: i32,
+    images: i32,
+    splits: i32,
+}
+
+/// The implicit-GEMM kernels (no unfolded matrix anywhere, on the host or the device) on the
+/// same PyTorch cases as im2col/col2im: forward, input gradient (each pixel gathers from dy) and
+/// weight gradient in one depth range and split into three ranges summed in order, for conv2d
+/// (stride, padding, dilation, groups, depthwise), conv1d and conv_transpose2d (the same products
+/// with the roles swapped). Whole batches per launch, two blocks of the kernels' 256 threads so the
+/// tile loops stride.
+#[test]
+fn implicit_gemm_convolutions_match_pytorch() {
+    let Some(dir) = setup() else { return };
+    let k = compile("conv_implicit.cu");
+    const TILES: Launch = Launch { grid: 2, block: 256 };
+    let list = |a: &Value, key: &str, default: i32| -> Vec<i32> {
+        a.get(key)
+            .and_then(Value::as_array)
+            .map(|v| v.iter().map(|x| x.as_i64().unwrap() as i32).collect())
+            .unwrap_or(vec![default; 2])
+    };
+    for name in [
+        "conv2d__s1_p1",
+        "conv2d__s2_p2_d2",
+        "conv2d__groups2_nobias",
+        "conv2d__depthwise_5x5",
+        "conv1d__k4",
+        "conv_transpose2d__s2",
+    ] {
+        let c = case(&dir, "models", name);
+        let a = &c.attrs;
+        let as2d = |s: Vec<usize>| if s.len() == 3 { vec![s[0], s[1], 1, s[2]] } else { s };
+        let pad2 = |v: Vec<i32>, d: i32| if v.len() == 1 { vec![d, v[0]] } else { v };
+        let (xs, ws, ys) = (as2d(c.shape("input.0")), as2d(c.shape("input.1")), as2d(c.shape("output")));
+        let (st, pd, dl) =
+            (pad2(list(a, "stride", 1), 1), pad2(list(a, "padding", 0), 0), pad2(list(a, "dilation", 1), 1));
+        let groups = a.get("groups").and_then(Value::as_u64).unwrap_or(1) as usize;
+        let transposed = name.starts_with("conv_transpose");
+        let (x, w, dy) = (c.f32s("input.0"), c.f32s("input.1"), c.f32s("grad_output"));
+        let bias = (c.attrs.get("bias") != Some(&Value::Bool(false))).then(|| c.f32s("input.2"));
+        let (batch, cin, cout) = (xs[0], xs[1], ys[1]);
+        // The unfolded image: the input (conv) or the output (transposed conv); `m` the rows of
+        // the weight viewed [groups, m, K] per group.
+        let (img_c, img, grid, m) = if transposed {
+            (cout, [ys[2], ys[3]], [xs[2], xs[3]], cin / groups)
+        } else {
+            (cin, [xs[2], xs[3]], [ys[2], ys[3]], cout / groups)
+        };
+        let rec = |splits: usize| ConvGemm {
+            channels: img_c as i32,
+            h: img[0] as i32,
+            w: img[1] as i32,
+            out_h: grid[0] as i32,
+            out_w: grid[1] as i32,
+            kh: ws[2] as i32,
+            kw: ws[3] as i32,
+            sh: st[0],
+            sw: st[1],
+            ph: pd[0],
+            pw: pd[1],
+            dh: dl[0],
+            dw: dl[1],
+            groups: groups as i32,
+            m: m as i32,
+            images: batch as i32,
+            splits: splits as i32,
+        };
+        let (img_len, y_len) = (batch * img_c * img[0] * img[1], batch * groups * m * grid[0] * grid[1]);
+        // The three products; `ymat` is [batch, groups·m, windows], `image` [batch, img_c, h, w].
+        let forward = |a3: &[f32], image: &[f32]| {
+            let mut o = vec![f32::NAN; y_len];
+            // SAFETY: the weight, the image and the output hold what the record describes.
+            unsafe {
+                k.run("conv_forward_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(image), out(&mut o)])
+            };
+            o
+        };
+        let fold = |a3: &[f32], ymat: &[f32]| {
+            let mut o = vec![f32::NAN; img_len];
+            // SAFETY: as above.
+            unsafe {
+                k.run("conv_input_grad_f32", TILES, &[KernelArg::record(&rec(1)), buf(a3), buf(ymat), out(&mut o)])
+            };
+            o
+        };
+        let weight = |ymat: &[f32], image: &[f32], splits: usize| {
+            let mut partial = vec![f32::NAN; splits * w.len()];
+            // SAFETY: as above; the output holds `splits` weights.
+            unsafe {
+                k.run(
+                    "conv_weight_grad_f32",
+                    TILES,
+                    &[KernelArg::record(&rec(splits)), buf(ymat), buf(image), out(&mut partial)],
+                )
+            };
+            if splits == 1 {
+                return partial;
+            }
+            let mut o = vec![f32::NAN; w.len()];
+            // SAFETY: `splits` partial weights in, one weight out.
+            unsafe {
+                k.run("conv_sum_splits_f32", GRID_STRIDE, &[n(w.len()), I32(splits as i32), buf(&partial), out(&mut o)])
+            };
+            o
+        };
+        let (mut y, dx, dw, dw3) = if transposed {
+            (fold(&w, &x), forward(&w, &dy), weight(&x, &dy, 1), weight(&x, &dy, 3))
+        } else {
+            (forward(&w, &x), fold(&w, &dy), weight(&dy, &x, 1), weight(&dy, &x, 3))
+        };
+        let per_channel = ys[2] * ys[3];
+        if let Some(b) = &bias {
+            for (i, v) in y.iter_mut().enumerate() {
+                *v += b[(i / per_channel) % cout];
+            }
+        }
+        c.check(&format!("{name} implicit"), &y, "output");
+        c.check(&format!("{name} implicit grad input"), &dx, "grad_input.0");
+        c.check(&format!("{name} implicit grad weight"), &dw, "grad_input.1");
+        c.check(&format!("{name} implicit grad weight, 3 ranges"), &dw3, "grad_input.1");
+    }
+}
+
 /// `m` rows of `a[m×n]` plus `bias[n]` on each.
 fn add_bias(mut a: Vec<f32>, bias: &[f32]) -> Vec<f32> {
     let len = bias.len();

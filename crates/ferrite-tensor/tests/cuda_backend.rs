@@ -710,6 +710,157 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
     done(name);
 }
 
+/// Convolutions on `cuda:N` run as implicit GEMM (conv_implicit.cu): forward, input gradient and
+/// weight gradient match the CPU's unfold + GEMM for every kind of geometry — groups (depthwise
+/// included), stride, padding, dilation, conv1d, conv_transpose2d (which runs the same products
+/// with the roles swapped), sizes that are not multiples of the 64 × 64 tile or the 16-deep slice,
+/// a weight gradient deep enough to be split across blocks, f16 operands — and through autograd
+/// every pass takes the path `functional/conv.rs` picks (stride-1 input gradients as a flipped
+/// convolution, strided ones as the gathering fold).
+#[test]
+fn convolutions_run_as_implicit_gemm_and_match_the_cpu() {
+    use ferrite_tensor::functional::{
+        Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, Padding, conv_transpose2d, conv1d, conv2d,
+    };
+    let name = "convolutions_run_as_implicit_gemm_and_match_the_cpu";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(31);
+    // (what, input, weight, options): conv2d with a bias.
+    let convs: Vec<(&str, Vec<usize>, Vec<usize>, Conv2dOptions)> = vec![
+        ("3x3 same", vec![2, 3, 9, 11], vec![5, 3, 3, 3], Conv2dOptions::new().padding(Padding::Same)),
+        (
+            "groups 2, stride 2x1, dilation 1x2",
+            vec![2, 4, 10, 9],
+            vec![6, 2, 3, 2],
+            Conv2dOptions::new().groups(2).stride([2, 1]).padding([1, 2]).dilation([1, 2]),
+        ),
+        (
+            "depthwise 5x5 stride 2",
+            vec![1, 4, 7, 8],
+            vec![4, 1, 5, 5],
+            Conv2dOptions::new().groups(4).stride(2).padding(2),
+        ),
+        (
+            "beyond one tile: 70 rows, 156 windows, depth 81",
+            vec![2, 9, 13, 12],
+            vec![70, 9, 3, 3],
+            Conv2dOptions::new(),
+        ),
+        ("weight gradient split in depth", vec![2, 2, 24, 24], vec![3, 2, 3, 3], Conv2dOptions::new().padding(1)),
+        ("1x1", vec![3, 5, 4, 3], vec![7, 5, 1, 1], Conv2dOptions::new()),
+    ];
+    for (what, xs, ws, opts) in &convs {
+        let (x, w, b) = (randn(&mut g, xs), randn(&mut g, ws), randn(&mut g, &[ws[0]]));
+        same_forward_backward(&format!("conv2d {what}"), &[&x, &w, &b], 1e-4, &|t| {
+            conv2d(&t[0], &t[1], Some(&t[2]), opts)
+        });
+    }
+    let (x1, w1) = (randn(&mut g, &[2, 3, 23]), randn(&mut g, &[4, 3, 4]));
+    let o1 = Conv1dOptions::new().stride(3).padding(2).dilation(2);
+    same_forward_backward("conv1d", &[&x1, &w1], 1e-4, &|t| conv1d(&t[0], &t[1], None, &o1));
+    let transposed: Vec<(&str, Vec<usize>, Vec<usize>, ConvTranspose2dOptions)> = vec![
+        (
+            "stride 2, output padding 1",
+            vec![2, 4, 5, 6],
+            vec![4, 3, 3, 3],
+            ConvTranspose2dOptions::new().stride(2).padding(1).output_padding(1),
+        ),
+        (
+            "groups 2, stride 1x2, dilation 2x1",
+            vec![1, 4, 4, 5],
+            vec![4, 2, 2, 3],
+            ConvTranspose2dOptions::new().groups(2).stride([1, 2]).dilation([2, 1]),
+        ),
+    ];
+    for (what, xs, ws, opts) in &transposed {
+        let (x, w, b) = (randn(&mut g, xs), randn(&mut g, ws), randn(&mut g, &[ws[1] * opts.groups]));
+        same_forward_backward(&format!("conv_transpose2d {what}"), &[&x, &w, &b], 1e-4, &|t| {
+            conv_transpose2d(&t[0], &t[1], Some(&t[2]), opts)
+        });
+    }
+    let (xh, wh) = (randn(&mut g, &[2, 3, 6, 7]), randn(&mut g, &[4, 3, 3, 3]));
+    let oh = Conv2dOptions::new().stride(2).padding(1);
+    same_forward_backward("conv2d f16", &[&xh, &wh], 1e-2, &|t| {
+        conv2d(&t[0].to_dtype(DType::F16)?, &t[1].to_dtype(DType::F16)?, None, &oh)?.to_dtype(DType::F32)
+    });
+    done(name);
+}
+
+/// The point of the implicit GEMM is memory: a convolution product on `cuda:0` allocates its
+/// result and nothing else — no unfolded image (the default unfold + GEMM would allocate 28 KiB
+/// of unfolded columns for each of these products) — and a weight gradient split in depth only
+/// adds its partial results, weight-sized. Measured at the seam and through `conv2d` /
+/// `conv_transpose2d`, with the results checked against the CPU's default path.
+#[test]
+fn a_convolution_on_cuda_allocates_no_unfold_scratch() {
+    use ferrite_tensor::backend::{ConvGeometry, kernels_for};
+    use ferrite_tensor::functional::{Conv2dOptions, ConvTranspose2dOptions, conv_transpose2d, conv2d};
+    let name = "a_convolution_on_cuda_allocates_no_unfold_scratch";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(32);
+    let al = ferrite_memory::allocator(&cuda());
+    // Peak bytes `f` allocates beyond what was live before it, and its result.
+    let peak = |f: &dyn Fn() -> Tensor| {
+        let before = al.memory_allocated();
+        al.reset_peak_memory_stats();
+        let t = f();
+        (al.max_memory_allocated() - before, t)
+    };
+    // An f32 tensor's bytes as the caching allocator counts them (blocks of 512 bytes).
+    let block = |bytes: usize| bytes.div_ceil(512) as u64 * 512;
+    let f32_bytes = |t: &Tensor| block(t.numel() * 4);
+    let (x, w) = (randn(&mut g, &[2, 8, 12, 12]), randn(&mut g, &[16, 8, 3, 3]));
+    let (xc, wc) = (to_cuda(&x), to_cuda(&w));
+    let opts = Conv2dOptions::new().padding(1);
+    let (bytes, y) = peak(&|| conv2d(&xc, &wc, None, &opts).unwrap());
+    assert_eq!(bytes, f32_bytes(&y), "conv2d forward took {bytes} bytes for its {}-byte output", f32_bytes(&y));
+    assert_near("conv2d forward", &y, &conv2d(&x, &w, None, &opts).unwrap(), 1e-4);
+    let tw = randn(&mut g, &[8, 6, 3, 3]);
+    let twc = to_cuda(&tw);
+    let topts = ConvTranspose2dOptions::new().stride(2).padding(1);
+    let (bytes, yt) = peak(&|| conv_transpose2d(&xc, &twc, None, &topts).unwrap());
+    assert_eq!(bytes, f32_bytes(&yt), "conv_transpose2d took {bytes} bytes for its {}-byte output", f32_bytes(&yt));
+    assert_near("conv_transpose2d forward", &yt, &conv_transpose2d(&x, &tw, None, &topts).unwrap(), 1e-4);
+    // The three products at the seam: `cuda:0`'s implicit GEMM against the CPU's default.
+    let geom = ConvGeometry {
+        channels: 8,
+        input: [12, 12],
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+        output: [12, 12],
+    };
+    let (groups, m) = (2, 8);
+    let a3 = randn(&mut g, &[16, 4, 3, 3]).reshape(&[groups as i64, m as i64, 36]).unwrap();
+    let a3c = to_cuda(&a3);
+    let dy = randn(&mut g, &[2, 16, 12, 12]);
+    let dyc = to_cuda(&dy);
+    let (cpu, dev) = (kernels_for(&Device::Cpu), kernels_for(&cuda()));
+    let (bytes, got) = peak(&|| dev.conv_unfold_product(&xc, &a3c, &geom, groups).unwrap());
+    assert_eq!(bytes, f32_bytes(&got), "forward product: {bytes} bytes");
+    assert_near("forward product", &got, &cpu.conv_unfold_product(&x, &a3, &geom, groups).unwrap(), 1e-4);
+    let (bytes, got) = peak(&|| dev.conv_product_fold(&a3c, &dyc, &geom, groups, x.shape()).unwrap());
+    assert_eq!(bytes, f32_bytes(&got), "fold product: {bytes} bytes");
+    assert_near("fold product", &got, &cpu.conv_product_fold(&a3, &dy, &geom, groups, x.shape()).unwrap(), 1e-4);
+    let (bytes, got) = peak(&|| dev.conv_weight_product(&dyc, &xc, &geom, groups).unwrap());
+    assert_eq!(bytes, f32_bytes(&got), "weight product (one depth range): {bytes} bytes");
+    assert_near("weight product", &got, &cpu.conv_weight_product(&dy, &x, &geom, groups).unwrap(), 1e-4);
+    // Deep enough to split (2 samples × 576 windows): the partial results are the only extra.
+    let deep = ConvGeometry { channels: 2, input: [24, 24], output: [24, 24], ..geom };
+    let (xd, dyd) = (randn(&mut g, &[2, 2, 24, 24]), randn(&mut g, &[2, 3, 24, 24]));
+    let (xdc, dydc) = (to_cuda(&xd), to_cuda(&dyd));
+    let (bytes, got) = peak(&|| dev.conv_weight_product(&dydc, &xdc, &deep, 1).unwrap());
+    let (out, most) = (f32_bytes(&got), f32_bytes(&got) + block(16 * got.numel() * 4));
+    assert!(bytes > out && bytes <= most, "split weight product: {bytes} bytes for a {out}-byte result");
+    assert_near("split weight product", &got, &cpu.conv_weight_product(&dyd, &xd, &deep, 1).unwrap(), 1e-4);
+    done(name);
+}
+
 /// What the backend does not do is a typed error naming the op and the device: f64 and integer
 /// arithmetic (also in the fused kernels and losses); and the emulator is `cuda:0` only and says so
 /// where devices are listed.

@@ -199,6 +199,40 @@ pub trait KernelBackend: Send + Sync + 'static {
     /// `x [n, channels, h, w]` is the sum of the `cols` entries whose tap reads it (0 for pixels no
     /// window reads). Writes every element of `x`.
     fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()>;
+
+    // The three products every convolution pass is made of (see `functional/conv.rs` for which
+    // pass uses which). Unlike every other method they allocate their result and whatever
+    // temporaries they need, because how much scratch a convolution takes is exactly what a
+    // backend chooses here. The default is unfold (im2col) + batched GEMM through
+    // [`im2col`](Self::im2col)/[`col2im`](Self::col2im)/[`matmul`](Self::matmul) in chunks of at
+    // most [`UNFOLD_BUDGET`](super::UNFOLD_BUDGET) bytes (`backend/conv_products.rs`), whose
+    // allocations depend on shapes only, so `meta` and `sim` plan what `cpu` does. Operands:
+    // `img [n, c, h, w]` and `y [n, groups·m, oh, ow]` contiguous, `a3` the contiguous weight
+    // viewed `[groups, m, (c/groups)·kh·kw]`, one float dtype the backend's `matmul` takes; the
+    // result is contiguous, of that dtype, on the operands' device.
+
+    /// `y[n, g] = a3[g] · U(img[n])[g]` → `[n, groups·m, oh, ow]` (`U` the unfolded image of
+    /// [`im2col`](Self::im2col), rows of group `g` only): the forward of a convolution.
+    fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
+        super::conv_products::unfold_product(img, a3, geom, groups)
+    }
+    /// `img[n] = fold(a3[g]ᵀ · y[n, g])` → `img_shape = [n, c, h, w]` (`fold` is
+    /// [`col2im`](Self::col2im)): the input gradient of a convolution, the forward of a
+    /// transposed one.
+    fn conv_product_fold(
+        &self,
+        a3: &Tensor,
+        y: &Tensor,
+        geom: &ConvGeometry,
+        groups: usize,
+        img_shape: &[usize],
+    ) -> Result<Tensor> {
+        super::conv_products::product_fold(a3, y, geom, groups, img_shape)
+    }
+    /// `Σₙ y[n, g] · U(img[n])[g]ᵀ` → `[groups, m, (c/groups)·kh·kw]`: the weight gradient.
+    fn conv_weight_product(&self, y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
+        super::conv_products::weight_product(y, img, geom, groups)
+    }
     // ------------------------------------------------------------------ recurrent cells (rnn)
 
     /// One time step's gate arithmetic of a recurrent layer (see [`CellForward`]).

@@ -17,13 +17,15 @@
 //! | `gpu:<i>`     | wgpu buffers                           | [`gpu::WgpuBackend`]     |
 //! | `cuda:<i>`    | CUDA driver (or the emulated device)   | [`cuda::CudaBackend`]    |
 //!
-//! Adding a backend: implement [`KernelBackend`] (every method; the trait has no defaults, so the
-//! compiler lists what is missing), give its device a `RawMemory` in ferrite-memory, and add its
-//! row to [`kernels_for`]. The PyTorch conformance suite then runs on it from the same test code.
+//! Adding a backend: implement [`KernelBackend`] (every method without a default, which the
+//! compiler lists; the defaults are optional fast paths, among them the three convolution products
+//! whose default is unfold + GEMM, `conv_products.rs`), give its device a `RawMemory` in
+//! ferrite-memory, and add its row to [`kernels_for`]. The PyTorch conformance suite then runs on it from the same test code.
 //!
 //! Contract of every method: the op layer has already validated shapes, dtypes and devices, made
 //! operand dtypes agree where the op needs it, and allocated every output on the same device.
-//! `out` arguments are fresh contiguous tensors unless a method says otherwise; inputs may be
+//! `out` arguments are fresh contiguous tensors unless a method says otherwise (the convolution
+//! products allocate their own results and scratch: that choice is their point); inputs may be
 //! strided and broadcast (zero strides). A backend may run kernels asynchronously: anything
 //! that reads data back to the host ([`KernelBackend::read_to_host`], [`FusedKernel`] results)
 //! is a synchronisation point.
@@ -31,11 +33,13 @@
 //! Where things are: the trait in `kernel_backend.rs`; the operand types it takes, one file per
 //! family (`elementwise_ops.rs`, `reduce_plan.rs`, `fused_kernel.rs`, `index_dtypes.rs`,
 //! `loss_operands.rs`, `recurrent_operands.rs`, `norm_args.rs`, `pool_window.rs`,
-//! `conv_geometry.rs`); the kernels computed on the host for every backend in `host_side.rs`; the
+//! `conv_geometry.rs`); the default convolution products (unfold + GEMM) in `conv_products.rs`; the
+//! kernels computed on the host for every backend in `host_side.rs`; the
 //! backends in `cpu/`, `meta.rs` and `gpu/`; and here the device → backend table and cross-device
 //! transfers. `ops/` and `functional/` depend on this module; nothing here depends on them.
 
 mod conv_geometry;
+pub mod conv_products;
 pub(crate) mod cpu;
 pub(crate) mod cuda;
 mod elementwise_ops;
@@ -58,6 +62,7 @@ use crate::Tensor;
 use crate::error::{Result, TensorError};
 
 pub use conv_geometry::ConvGeometry;
+pub use conv_products::UNFOLD_BUDGET;
 pub use elementwise_ops::{BinaryOp, CompareOp, Distribution, LogicalOp, UnaryOp};
 pub use fused_kernel::{FUSED_CHUNK, FusedKernel, NormKind};
 pub(crate) use index_dtypes::INDEX_DTYPES;

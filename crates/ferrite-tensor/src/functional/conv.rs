@@ -1,5 +1,5 @@
 //! Convolutions — `F.conv1d`, `F.conv2d`, `F.conv_transpose2d` with PyTorch's arguments, weight
-//! layouts and output sizes — as unfold (im2col) plus the existing batched GEMM.
+//! layouts and output sizes — as three products over the unfolded image, which the backend runs.
 //!
 //! Why this shape: every convolution pass, plain or transposed, forward or backward, is one of
 //! three products over the *unfolded image* `U(img)[n, g]` (`[C/g·kh·kw, windows]` per sample and
@@ -11,17 +11,22 @@
 //! | `img[n] = fold(A[g]ᵀ · y[n,g])` | grad input | forward |
 //! | `Σₙ y[n,g] · U(img[n])[g]ᵀ` | grad weight | grad weight |
 //!
-//! (`A` is the weight viewed `[g, rows, cols]`, `fold` is [`KernelBackend::col2im`].) So a backend
-//! implements two data-movement kernels next to the GEMM it already has, and the products run
-//! as batched matmuls over `[sample, group]` whose outputs land directly in NCHW order (no
-//! transposes). Conv1d is conv2d on a height-1 image.
+//! (`A` is the weight viewed `[g, rows, cols]`, `fold` is [`KernelBackend::col2im`].) The three
+//! products are the backend seam ([`KernelBackend::conv_unfold_product`],
+//! [`KernelBackend::conv_product_fold`], [`KernelBackend::conv_weight_product`]); this file picks
+//! which product a pass runs, with which operands, and does everything else (shapes, dtypes, bias,
+//! autograd). The products' default (`backend/conv_products.rs`, used by `cpu`, `sim`, `meta`,
+//! `gpu`) runs them as batched matmuls over `[sample, group]` of the unfolded image whose outputs
+//! land directly in NCHW order (no transposes), so a backend only needs two data-movement kernels
+//! next to its GEMM; `cuda:N` overrides them with implicit-GEMM kernels that never store the
+//! unfolded matrix. Conv1d is conv2d on a height-1 image.
 //!
-//! Memory, which the planner must be able to predict: the unfolded matrix of one sample has
-//! `C·kh·kw·oh·ow` elements (kh·kw times the input for a stride-1 conv), so batches are unfolded
-//! in chunks of at most [`UNFOLD_BUDGET`] bytes; the chunk size depends on shapes only, so `meta`
-//! makes the same allocations. Backward keeps the input and the weight, not the unfolded matrix,
-//! and unfolds again (as PyTorch's native CPU convolution does): a layer's activation memory is
-//! its input, as with PyTorch's oneDNN path.
+//! Memory, which the planner must be able to predict: the default unfolds batches in chunks of
+//! at most [`UNFOLD_BUDGET`] bytes (the unfolded matrix of one sample has `C·kh·kw·oh·ow`
+//! elements, kh·kw times the input for a stride-1 conv); the chunk size depends on shapes only, so
+//! `meta` makes the same allocations. Backward keeps the input and the weight, not the unfolded
+//! matrix, and unfolds again (as PyTorch's native CPU convolution does): a layer's activation
+//! memory is its input, as with PyTorch's oneDNN path.
 //!
 //! dtypes: f32 and f64 natively (f64 not on `gpu`); f16/bf16 operands are widened to f32 scratch,
 //! computed in f32 and rounded once, as `matmul` does. Under autocast a convolution runs in the
@@ -30,6 +35,9 @@
 //!
 //! [`KernelBackend::im2col`]: crate::backend::KernelBackend::im2col
 //! [`KernelBackend::col2im`]: crate::backend::KernelBackend::col2im
+//! [`KernelBackend::conv_unfold_product`]: crate::backend::KernelBackend::conv_unfold_product
+//! [`KernelBackend::conv_product_fold`]: crate::backend::KernelBackend::conv_product_fold
+//! [`KernelBackend::conv_weight_product`]: crate::backend::KernelBackend::conv_weight_product
 
 use std::borrow::Cow;
 
@@ -572,21 +580,7 @@ impl BackwardFn for ConvBackward {
 
 // ---------------------------------------------------------------------------------- the products
 
-/// Most bytes of per-chunk temporaries (the unfolded image, the per-sample weight products) one
-/// product allocates at a time; batches are processed in chunks of as many samples as fit (at
-/// least one). Why 6 MiB: the unfolded chunk is written and then read straight back by the
-/// product's packing, so it should stay in the last-level cache between the two; a 64-channel
-/// 32×32 3×3 layer (2.25 MiB per sample) then runs two samples per chunk, one per core, and was
-/// measured 25–30 % faster per convolution step than with whole-batch chunks (64 MiB, which put
-/// the 72 MiB unfolded batch of that layer through DRAM). Small first layers (3 input channels)
-/// still unfold a CIFAR batch at once.
-pub const UNFOLD_BUDGET: usize = 6 << 20;
-
-/// Samples per chunk when each needs `per_sample` temporary elements of `dtype`.
-fn chunk(batch: usize, per_sample: usize, dtype: DType) -> usize {
-    let bytes = per_sample.saturating_mul(dtype.size_in_bytes()).max(1);
-    (UNFOLD_BUDGET / bytes).clamp(1, batch.max(1))
-}
+pub use crate::backend::UNFOLD_BUDGET;
 
 /// `t` contiguous in `dtype` (itself when it already is).
 fn contiguous(t: &Tensor, dtype: DType) -> Result<Tensor> {
@@ -602,19 +596,6 @@ fn weight3(w: &Tensor, groups: usize) -> Tensor {
     let w0 = w.shape()[0];
     let rest = w.numel().checked_div(w0).unwrap_or(0);
     w.contiguous_view_as(&[groups, w0 / groups, rest])
-}
-
-/// Samples `[start, start + shape[0])` of the contiguous `t` (`per` elements each), viewed as
-/// `shape`.
-fn samples(t: &Tensor, start: usize, per: usize, shape: &[usize]) -> Tensor {
-    let mut l = Layout::contiguous(shape);
-    l.offset = t.storage_offset() + start * per;
-    t.view_with_layout(l)
-}
-
-/// `a3` with its last two dimensions swapped (a strided view; the GEMM takes strides).
-fn transposed(a3: &Tensor) -> Tensor {
-    a3.view_with_layout(a3.layout().transpose(1, 2))
 }
 
 /// The geometry that computes the input gradient of a stride-1 convolution as another
@@ -658,89 +639,25 @@ fn flipped_weight(w: &Tensor, groups: usize) -> Result<Tensor> {
     Ok(wt.contiguous_view_as(&[groups, c, (o / groups) * taps]))
 }
 
-/// `y[n, g] = a3[g] · U(img[n])[g]` → `[n, groups·m, oh, ow]`; `img [n, c, h, w]` contiguous.
+/// The forward product through the backend of `img`'s device ([`KernelBackend::conv_unfold_product`]).
+///
+/// [`KernelBackend::conv_unfold_product`]: crate::backend::KernelBackend::conv_unfold_product
 fn unfold_product(img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-    let (n, dtype) = (img.shape()[0], img.dtype());
-    let (rows, win, m) = (geom.rows(), geom.windows(), a3.shape()[1]);
-    let y = img.empty_like_shape(&[n, groups * m, geom.output[0], geom.output[1]], dtype)?;
-    if y.numel() == 0 {
-        return Ok(y);
-    }
-    let per_img = geom.channels * geom.pixels();
-    let step = chunk(n, rows * win, dtype);
-    for s in (0..n).step_by(step) {
-        let b = step.min(n - s);
-        let cols = img.empty_like_shape(&[b, groups, rows / groups, win], dtype)?;
-        let xs = samples(img, s, per_img, &[b, geom.channels, geom.input[0], geom.input[1]]);
-        img.kernels().im2col(&cols.contiguous_view_as(&[b, rows, win]), &xs, geom)?;
-        let ys = samples(&y, s, groups * m * win, &[b, groups, m, win]);
-        y.kernels().matmul(&ys, a3, &cols, &[b, groups])?;
-    }
-    Ok(y)
+    img.kernels().conv_unfold_product(img, a3, geom, groups)
 }
 
-/// `img[n] = fold(a3[g]ᵀ · y[n, g])` → `img_shape = [n, c, h, w]`; `y [n, groups·m, ..windows]`
-/// contiguous.
+/// The fold product ([`KernelBackend::conv_product_fold`]).
+///
+/// [`KernelBackend::conv_product_fold`]: crate::backend::KernelBackend::conv_product_fold
 fn product_fold(a3: &Tensor, y: &Tensor, geom: &ConvGeometry, groups: usize, img_shape: &[usize]) -> Result<Tensor> {
-    let (n, dtype) = (y.shape()[0], y.dtype());
-    let (rows, win, m) = (geom.rows(), geom.windows(), a3.shape()[1]);
-    let img = y.empty_like_shape(img_shape, dtype)?;
-    if img.numel() == 0 {
-        return Ok(img);
-    }
-    let per_img = geom.channels * geom.pixels();
-    let at = transposed(a3);
-    let step = chunk(n, rows * win, dtype);
-    for s in (0..n).step_by(step) {
-        let b = step.min(n - s);
-        let cols = y.empty_like_shape(&[b, groups, rows / groups, win], dtype)?;
-        let ys = samples(y, s, groups * m * win, &[b, groups, m, win]);
-        y.kernels().matmul(&cols, &at, &ys, &[b, groups])?;
-        let xs = samples(&img, s, per_img, &[b, geom.channels, geom.input[0], geom.input[1]]);
-        img.kernels().col2im(&xs, &cols.contiguous_view_as(&[b, rows, win]), geom)?;
-    }
-    Ok(img)
+    y.kernels().conv_product_fold(a3, y, geom, groups, img_shape)
 }
 
-/// `Σₙ y[n, g] · U(img[n])[g]ᵀ` → `[groups, m, rows/groups]`; `y [n, groups·m, ..windows]` and
-/// `img` contiguous.
+/// The weight product ([`KernelBackend::conv_weight_product`]).
+///
+/// [`KernelBackend::conv_weight_product`]: crate::backend::KernelBackend::conv_weight_product
 fn weight_product(y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-    let (n, dtype) = (img.shape()[0], img.dtype());
-    let (rows, win) = (geom.rows(), geom.windows());
-    let m = y.shape()[1] / groups;
-    let kc = rows / groups;
-    let per_img = geom.channels * geom.pixels();
-    let step = chunk(n, rows * win + groups * m * kc, dtype);
-    let mut acc: Option<Tensor> = None;
-    for s in (0..n).step_by(step) {
-        let b = step.min(n - s);
-        let cols = img.empty_like_shape(&[b, groups, kc, win], dtype)?;
-        let xs = samples(img, s, per_img, &[b, geom.channels, geom.input[0], geom.input[1]]);
-        img.kernels().im2col(&cols.contiguous_view_as(&[b, rows, win]), &xs, geom)?;
-        let ys = samples(y, s, groups * m * win, &[b, groups, m, win]);
-        let prod = img.empty_like_shape(&[b, groups, m, kc], dtype)?;
-        let ct = cols.view_with_layout(cols.layout().transpose(2, 3));
-        img.kernels().matmul(&prod, &ys, &ct, &[b, groups])?;
-        drop(cols);
-        let part = if b == 1 {
-            prod.contiguous_view_as(&[groups, m, kc])
-        } else {
-            sum_raw(&prod, &[0], false, 1.0, "conv_weight_backward")?.0
-        };
-        acc = Some(match acc {
-            None => part,
-            Some(a) => {
-                if a.numel() > 0 {
-                    a.kernels().binary_inplace(BinaryOp::Add, &a, &part)?;
-                }
-                a
-            }
-        });
-    }
-    match acc {
-        Some(a) => Ok(a),
-        None => crate::ops::creation::full_on(img.storage().allocator(), &[groups, m, kc], dtype, 0.0),
-    }
+    img.kernels().conv_weight_product(y, img, geom, groups)
 }
 
 #[cfg(test)]

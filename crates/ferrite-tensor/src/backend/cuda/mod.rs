@@ -13,11 +13,13 @@
 //! host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded runs match
 //! `cpu`. The fused multi-tensor kernels (optimizer steps, GradScaler unscaling, norms and
 //! clipping: `fused.rs`), the pointwise losses (`loss.rs`) and the recurrent cells
-//! (`recurrent.rs`) run on the device like every other op.
+//! (`recurrent.rs`) run on the device like every other op. Convolutions run as implicit GEMM
+//! (`conv_implicit.rs`): no unfolded-image scratch.
 //!
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
 //! [`HostRuntime`]: ferrite_cuda::HostRuntime
 
+mod conv_implicit;
 mod conv_pool;
 mod data;
 mod elementwise;
@@ -332,6 +334,25 @@ impl KernelBackend for CudaBackend {
 
     fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
         conv_pool::col2im(self.cx("col2im")?, x, cols, geom)
+    }
+
+    fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
+        conv_implicit::unfold_product(self.cx("conv_forward")?, img, a3, geom, groups)
+    }
+
+    fn conv_product_fold(
+        &self,
+        a3: &Tensor,
+        y: &Tensor,
+        geom: &ConvGeometry,
+        groups: usize,
+        img_shape: &[usize],
+    ) -> Result<Tensor> {
+        conv_implicit::product_fold(self.cx("conv_input_grad")?, a3, y, geom, groups, img_shape)
+    }
+
+    fn conv_weight_product(&self, y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
+        conv_implicit::weight_product(self.cx("conv_weight_grad")?, y, img, geom, groups)
     }
 
     fn recurrent_cell(&self, cell: RecurrentCell, x: &CellForward<'_>) -> Result<()> {
