@@ -4,6 +4,7 @@
 //! small grids on the host emulator, where each GPU thread is an OS thread.
 use ferrite_cuda::{CudaError, CudaRuntime, KERNEL_SOURCES, KernelArg, KernelSource};
 
+use super::deferred::Deferred;
 use crate::error::{Result, TensorError};
 use crate::{DType, Tensor};
 
@@ -14,11 +15,12 @@ pub(super) const MAX_DIMS: usize = 6;
 /// `Strided`'s dimension limit (`FERRITE_COPY_MAX_DIMS` in copy.cu).
 pub(super) const COPY_MAX_DIMS: usize = 8;
 
-/// One device's runtime with the name used in errors.
+/// One device's runtime with the name used in errors, and its queue of device-side checks.
 #[derive(Clone, Copy)]
 pub(super) struct Ctx<'a> {
     pub rt: &'a dyn CudaRuntime,
     pub device: &'a str,
+    pub deferred: &'a Deferred,
 }
 
 /// `Strided` of copy.cu.
