@@ -1585,8 +1585,7 @@ fn gather_scatter_add_index_select_index_add_and_one_hot_agree_with_the_cpu_back
     // The class-target check: ignore_index passes, negatives are not wrapped.
     let check = |t: &[i64], has_ignore: i32| {
         let mut slot = vec![0u64, 0u64];
-        let args =
-            [n(t.len()), n(4), KernelArg::I64(-100), KernelArg::I32(has_ignore), buf(t), out(&mut slot)];
+        let args = [n(t.len()), n(4), KernelArg::I64(-100), KernelArg::I32(has_ignore), buf(t), out(&mut slot)];
         // SAFETY: `t.len()` indices and a two-word slot.
         unsafe { k.run("check_indices_i64", GRID_STRIDE, &args) };
         slot[0]

@@ -722,7 +722,8 @@ fn same_deferred_error(
 ) {
     let want = run(&Device::Cpu).unwrap_err();
     assert!(matches!(&want, TensorError::IndexOutOfRange { op: o, .. } if *o == op), "{what}: CPU gives {want:?}");
-    let queued = run(&cuda()).unwrap_or_else(|e| panic!("{what}: the op itself must not report a device-side error: {e}"));
+    let queued =
+        run(&cuda()).unwrap_or_else(|e| panic!("{what}: the op itself must not report a device-side error: {e}"));
     let got = sync(&queued).expect_err(&format!("{what}: the next synchronisation reports the error"));
     assert_eq!(format!("{got:?}"), format!("{want:?}"), "{what}");
     assert_eq!(got.to_string(), want.to_string(), "{what}");
@@ -781,7 +782,11 @@ fn device_side_index_errors_surface_at_the_next_synchronisation() {
     to_vec(&a).unwrap();
     // Afterwards every op works and matches the CPU.
     let good = ints(&[3, 0, 0, 2], &[4]);
-    assert_same("index_select after an error", &dx.index_select(0, &to_cuda(&good)).unwrap(), &x.index_select(0, &good).unwrap());
+    assert_same(
+        "index_select after an error",
+        &dx.index_select(0, &to_cuda(&good)).unwrap(),
+        &x.index_select(0, &good).unwrap(),
+    );
     assert_near(
         "cross_entropy after an error",
         &cross_entropy(&dx, &to_cuda(&ints(&[2, 0, 1, 1], &[4])), &opts).unwrap(),
@@ -811,8 +816,12 @@ fn index_ops_and_class_targets_do_not_synchronise() {
     let target = to_cuda(&Tensor::from_slice(&[0i64, 2, -100, 1], &[4], &Device::Cpu).unwrap());
     let classes = to_cuda(&Tensor::from_slice(&[0i64, 2, 1, 1], &[4], &Device::Cpu).unwrap());
     // Compile every kernel involved first (not a wait, but keep the measured part plain).
-    let warm = cross_entropy(&x.index_select(0, &idx).unwrap(), &target.narrow(0, 0, 3).unwrap(), &CrossEntropyOptions::default())
-        .unwrap();
+    let warm = cross_entropy(
+        &x.index_select(0, &idx).unwrap(),
+        &target.narrow(0, 0, 3).unwrap(),
+        &CrossEntropyOptions::default(),
+    )
+    .unwrap();
     warm.item().unwrap();
     let before = HostRuntime::host_waits();
     let mut loss = None;

@@ -157,7 +157,7 @@ pub(super) fn write(cx: Ctx<'_>, dst: &Tensor, bytes: &[u8]) -> Result<()> {
 /// synchronisation point, where the first device-side error queued since the last one is
 /// reported instead (see `deferred.rs`).
 pub(super) fn read(cx: Ctx<'_>, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
-    cx.deferred.drain(cx)?;
+    cx.drain()?;
     if bytes.is_empty() {
         return cx.rt.synchronize().map_err(|e| cx.fail("read", e));
     }

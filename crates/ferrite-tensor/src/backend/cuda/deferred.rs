@@ -17,9 +17,9 @@
 //! index's value (index.cu's `flag_bad_index` and `flag_index_value_i64`); for
 //! `binary_cross_entropy`, loss.cu's four floats (input flag and value, target flag and value).
 
+use ferrite_cuda::{CudaError, CudaRuntime};
 use parking_lot::Mutex;
 
-use super::launch::{Ctx, addr};
 use crate::error::{Result, TensorError};
 use crate::{DType, Tensor};
 
@@ -63,7 +63,8 @@ impl Deferred {
     /// the device.
     pub(super) fn flagged(
         &self,
-        cx: Ctx<'_>,
+        rt: &dyn CudaRuntime,
+        device: &str,
         like: &Tensor,
         op: &'static str,
         check: Check,
@@ -71,16 +72,16 @@ impl Deferred {
     ) -> Result<()> {
         let mut s = self.state.lock();
         if s.queued.len() == SLOTS {
-            s.drain(cx)?;
+            s.drain(rt, device)?;
         }
         let slab = match &s.slab {
             Some(t) => t.clone(),
             None => {
-                let t = cx.scratch(like, &[SLOTS * SLOT_BYTES / 8], DType::I64)?;
+                let t = like.empty_like_shape(&[SLOTS * SLOT_BYTES / 8], DType::I64)?;
                 let zeros = vec![0u8; SLOTS * SLOT_BYTES];
                 let at = addr(&t, op)?;
                 // SAFETY: `t` is a fresh contiguous device tensor of exactly `zeros.len()` bytes.
-                unsafe { cx.rt.copy_to_device(at, &zeros) }.map_err(|e| cx.fail(op, e))?;
+                unsafe { rt.copy_to_device(at, &zeros) }.map_err(|e| fail(device, op, e))?;
                 s.slab = Some(t.clone());
                 t
             }
@@ -93,13 +94,13 @@ impl Deferred {
     /// The first device-side error queued since the last drain, if any; afterwards nothing is
     /// queued and every slot is zero. Reads the flags only when something is queued (that read
     /// waits for the queued work).
-    pub(super) fn drain(&self, cx: Ctx<'_>) -> Result<()> {
-        self.state.lock().drain(cx)
+    pub(super) fn drain(&self, rt: &dyn CudaRuntime, device: &str) -> Result<()> {
+        self.state.lock().drain(rt, device)
     }
 }
 
 impl State {
-    fn drain(&mut self, cx: Ctx<'_>) -> Result<()> {
+    fn drain(&mut self, rt: &dyn CudaRuntime, device: &str) -> Result<()> {
         if self.queued.is_empty() {
             return Ok(());
         }
@@ -109,7 +110,7 @@ impl State {
         let mut bytes = vec![0u8; queued.len() * SLOT_BYTES];
         // SAFETY: the slab is a live contiguous device tensor of `SLOTS * SLOT_BYTES` bytes and
         // `queued.len() <= SLOTS`.
-        unsafe { cx.rt.copy_to_host(&mut bytes, at) }.map_err(|e| cx.fail("synchronize", e))?;
+        unsafe { rt.copy_to_host(&mut bytes, at) }.map_err(|e| fail(device, "synchronize", e))?;
         let mut first: Option<TensorError> = None;
         for (i, (q, slot)) in queued.iter().zip(bytes.chunks_exact(SLOT_BYTES)).enumerate() {
             if slot.iter().all(|b| *b == 0) {
@@ -121,11 +122,24 @@ impl State {
             let zeros = [0u8; SLOT_BYTES];
             // SAFETY: slot `i < SLOTS` of the live slab; the copy above waited for every kernel
             // that could write it.
-            unsafe { cx.rt.copy_to_device(at + (i * SLOT_BYTES) as u64, &zeros) }
-                .map_err(|e| cx.fail("synchronize", e))?;
+            unsafe { rt.copy_to_device(at + (i * SLOT_BYTES) as u64, &zeros) }
+                .map_err(|e| fail(device, "synchronize", e))?;
         }
         first.map_or(Ok(()), Err)
     }
+}
+
+/// The device address of the slab `t` (contiguous, from its storage's start plus its offset).
+fn addr(t: &Tensor, op: &'static str) -> Result<u64> {
+    if t.is_storage_released() {
+        return Err(TensorError::StorageReleased { op });
+    }
+    Ok(t.storage().addr() + (t.storage_offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// A runtime failure of `op` on `device` as the tensor crate's error.
+fn fail(device: &str, op: &'static str, e: CudaError) -> TensorError {
+    TensorError::Cuda { op, device: device.to_string(), detail: e.to_string() }
 }
 
 /// The CPU's error for the raised `slot` of `q` (None for a slot that holds no verdict).

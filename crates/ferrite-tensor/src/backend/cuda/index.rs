@@ -43,7 +43,7 @@ fn flagged(
     op: &'static str,
     launch: impl FnOnce(KernelArg) -> Result<()>,
 ) -> Result<()> {
-    cx.deferred.flagged(cx, idx, op, Check::Index { dim, size }, |slot| {
+    cx.flagged(idx, op, Check::Index { dim, size }, |slot| {
         launch(KernelArg::Ptr(slot))?;
         cx.launch(op, "index.cu", "flag_index_value_i64", 1, 1, &[ptr(idx, op)?, KernelArg::Ptr(slot)])
     })
@@ -130,16 +130,8 @@ pub(super) fn index_add(cx: Ctx<'_>, dst: &Tensor, dim: usize, index: &Tensor, s
     let (s, idx) = (f32_contiguous(cx, src)?, i64_index(cx, index, OP)?);
     flagged(cx, &idx, dim, size, OP, |bad| {
         in_place_f32(cx, dst, |d| {
-            let args = [
-                n_arg(outer),
-                n_arg(size),
-                n_arg(count),
-                n_arg(inner),
-                ptr(d, OP)?,
-                ptr(&idx, OP)?,
-                ptr(&s, OP)?,
-                bad,
-            ];
+            let args =
+                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
             cx.launch_n(OP, "index.cu", "index_add_f32", outer * size * inner, &args)
         })
     })
@@ -188,16 +180,8 @@ pub(super) fn scatter_add(cx: Ctx<'_>, out: &Tensor, dim: usize, index: &Tensor,
     let (s, idx) = (f32_contiguous(cx, &sv)?, i64_index(cx, index, OP)?);
     flagged(cx, &idx, dim, size, OP, |bad| {
         in_place_f32(cx, &ov, |d| {
-            let args = [
-                n_arg(outer),
-                n_arg(size),
-                n_arg(count),
-                n_arg(inner),
-                ptr(d, OP)?,
-                ptr(&idx, OP)?,
-                ptr(&s, OP)?,
-                bad,
-            ];
+            let args =
+                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
             cx.launch_n(OP, "index.cu", "scatter_add_f32", outer * size * inner, &args)
         })
     })

@@ -83,7 +83,7 @@ pub(super) fn pointwise_loss(cx: Ctx<'_>, op: PointwiseLoss, out: &Tensor, x: Lo
     };
     // The range flag only for binary_cross_entropy (the other losses never write it).
     if op == PointwiseLoss::Bce {
-        cx.deferred.flagged(cx, out, name, Check::BceRange, |slot| launch(KernelArg::Ptr(slot)))
+        cx.flagged(out, name, Check::BceRange, |slot| launch(KernelArg::Ptr(slot)))
     } else {
         launch(KernelArg::Ptr(0))
     }

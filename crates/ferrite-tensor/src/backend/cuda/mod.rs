@@ -273,7 +273,7 @@ impl KernelBackend for CudaBackend {
     fn synchronize(&self) -> Result<()> {
         let cx = self.cx("synchronize")?;
         cx.rt.synchronize().map_err(|e| cx.fail("synchronize", e))?;
-        cx.deferred.drain(cx)
+        cx.drain()
     }
 
     fn batch_norm(&self, args: &BatchNormArgs<'_>) -> Result<()> {
