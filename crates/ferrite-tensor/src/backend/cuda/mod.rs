@@ -13,7 +13,9 @@
 //! host by `backend/host_side.rs` (the CPU backend's code) and uploaded, so seeded runs match
 //! `cpu`. The fused multi-tensor kernels (optimizer steps, GradScaler unscaling, norms and
 //! clipping: `fused.rs`), the pointwise losses (`loss.rs`) and the recurrent cells
-//! (`recurrent.rs`) run on the device like every other op.
+//! (`recurrent.rs`) run on the device like every other op. Work queues on the device's one stream;
+//! a device-side error (an index out of range, a class target, a BCE probability outside [0, 1])
+//! is the CPU's typed error at the next synchronisation, naming the op (`deferred.rs`).
 //!
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
 //! [`HostRuntime`]: ferrite_cuda::HostRuntime
