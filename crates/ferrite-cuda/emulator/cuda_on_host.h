@@ -10,7 +10,7 @@
 //   running block sees the same array, as on the GPU.
 // - __syncthreads(): a std::barrier of the block's threads. A thread that returns from the kernel
 //   leaves the barrier (arrive_and_drop), as an exited GPU thread stops counting.
-// - atomicCAS on 64-bit words: std::atomic_ref.
+// - atomicCAS and atomicMax on unsigned 64-bit words: std::atomic_ref.
 // - Math: the C library's expf, logf, tanhf, erff, sqrtf, powf, fmaxf, fminf, isfinite, plus
 //   rsqrtf and __int_as_float defined here. Results may differ from the GPU's in the last bits
 //   (the GPU's expf is not the C library's); tests compare within PyTorch's tolerances.
@@ -55,6 +55,14 @@ inline unsigned long long atomicCAS(unsigned long long* address, unsigned long l
     std::atomic_ref<unsigned long long> word(*address);
     word.compare_exchange_strong(compare, val);
     return compare;
+}
+
+inline unsigned long long atomicMax(unsigned long long* address, unsigned long long val) {
+    std::atomic_ref<unsigned long long> word(*address);
+    unsigned long long old = word.load();
+    while (old < val && !word.compare_exchange_weak(old, val)) {
+    }
+    return old;
 }
 
 // The harness's entry points (C ABI, looked up by name).

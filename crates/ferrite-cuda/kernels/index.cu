@@ -1,9 +1,17 @@
 // Index ops (f32 values, i64 indices) over tensors viewed as [outer, dim, inner], the indexed
-// dimension in the middle: gather, scatter_add, index_select, index_add, one_hot. An index outside
-// [0, dim) is a device-side error: the first bad flat position + 1 goes to *bad for the host to
-// report at the next synchronisation, and nothing is read or written out of bounds. Additions
+// dimension in the middle: gather, scatter_add, index_select, index_add, one_hot; and the range
+// check of class targets (check_indices_i64). An index outside [0, dim) is a device-side error:
+// bad[0] keeps the complement of the smallest bad flat position of the index (atomicMax of ~p, 0
+// when none), so the first bad index in order is reported whatever order the threads ran in;
+// flag_index_value_i64, queued right after, copies that index's value to bad[1] for the host to
+// report at the next synchronisation. Nothing is read or written out of bounds. Additions
 // into one destination happen in source order: one thread per destination element scans the
 // sources (deterministic, no atomics).
+
+// Flags position p of the index as out of range (see above).
+__device__ __forceinline__ void flag_bad_index(unsigned long long* bad, long long p) {
+    atomicMax(bad, ~(unsigned long long)p);
+}
 
 // out[o, j, i] = x[o, index[o, j, i], i]; index and out are [outer, count, inner].
 extern "C" __global__ void gather_f32(long long outer, long long dim, long long count, long long inner,
@@ -16,7 +24,7 @@ extern "C" __global__ void gather_f32(long long outer, long long dim, long long 
         long long o = p / (count * inner);
         long long k = index[p];
         if (k < 0 || k >= dim) {
-            atomicCAS(bad, 0ull, (unsigned long long)(p + 1));
+            flag_bad_index(bad, p);
             out[p] = 0.0f;
         } else {
             out[p] = x[(o * dim + k) * inner + i];
@@ -40,7 +48,7 @@ extern "C" __global__ void scatter_add_f32(long long outer, long long dim, long 
             long long at = (o * count + j) * inner + i;
             long long t = index[at];
             if (t == k) acc += src[at];
-            if (k == 0 && (t < 0 || t >= dim)) atomicCAS(bad, 0ull, (unsigned long long)(at + 1));
+            if (k == 0 && (t < 0 || t >= dim)) flag_bad_index(bad, at);
         }
         dst[p] = acc;
     }
@@ -58,7 +66,7 @@ extern "C" __global__ void index_select_f32(long long outer, long long dim, long
         long long o = p / (count * inner);
         long long k = index[j];
         if (k < 0 || k >= dim) {
-            atomicCAS(bad, 0ull, (unsigned long long)(j + 1));
+            flag_bad_index(bad, j);
             out[p] = 0.0f;
         } else {
             out[p] = x[(o * dim + k) * inner + i];
@@ -80,7 +88,7 @@ extern "C" __global__ void index_add_f32(long long outer, long long dim, long lo
         for (long long j = 0; j < count; ++j) {
             long long t = index[j];
             if (t == k) acc += src[(o * count + j) * inner + i];
-            if (p == 0 && (t < 0 || t >= dim)) atomicCAS(bad, 0ull, (unsigned long long)(j + 1));
+            if (p == 0 && (t < 0 || t >= dim)) flag_bad_index(bad, j);
         }
         dst[p] = acc;
     }
@@ -94,7 +102,25 @@ extern "C" __global__ void one_hot_i64(long long count, long long classes, const
          q += (long long)gridDim.x * blockDim.x) {
         long long p = q / classes, c = q % classes;
         long long k = index[p];
-        if (c == 0 && (k < 0 || k >= classes)) atomicCAS(bad, 0ull, (unsigned long long)(p + 1));
+        if (c == 0 && (k < 0 || k >= classes)) flag_bad_index(bad, p);
         out[q] = k == c ? 1 : 0;
+    }
+}
+
+// Class targets: index[p] must be in [0, size) unless it equals ignore (when has_ignore); negative
+// values are not wrapped. Only flags (see above).
+extern "C" __global__ void check_indices_i64(long long count, long long size, long long ignore, int has_ignore,
+                                             const long long* __restrict__ index, unsigned long long* __restrict__ bad) {
+    for (long long p = blockIdx.x * (long long)blockDim.x + threadIdx.x; p < count;
+         p += (long long)gridDim.x * blockDim.x) {
+        long long k = index[p];
+        if (!(has_ignore && k == ignore) && (k < 0 || k >= size)) flag_bad_index(bad, p);
+    }
+}
+
+// One thread, queued after a kernel that may have flagged `bad`: bad[1] = the flagged index's value.
+extern "C" __global__ void flag_index_value_i64(const long long* __restrict__ index, unsigned long long* __restrict__ bad) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && bad[0] != 0ull) {
+        bad[1] = (unsigned long long)index[~bad[0]];
     }
 }

@@ -8,7 +8,7 @@
 // binary_cross_entropy's inputs and targets must lie in [0, 1]: the CPU stops with an error, a
 // kernel cannot, so it records the offence in `bad` (bad[0] = 1 and bad[1] = the value for an
 // input, bad[2] = 1 and bad[3] = the value for a target; any offending value) for the host to
-// read back and report the CPU's error (`bad` is null for the other losses).
+// report as the CPU's error at the next synchronisation (`bad` is null for the other losses).
 
 #define FERRITE_LOSS_BCE 0
 #define FERRITE_LOSS_BCE_LOGITS 1

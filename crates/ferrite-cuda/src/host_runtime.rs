@@ -8,6 +8,7 @@
 //! It is slow (an OS thread per GPU thread) and meant for tests.
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::CudaError;
 use crate::host_module::HostModule;
@@ -26,7 +27,18 @@ pub struct HostRuntime {
     launch_lock: Mutex<()>,
 }
 
+/// Calls that make the host wait for the device ([`CudaRuntime::synchronize`] and
+/// [`CudaRuntime::copy_to_host`]) on every emulated device of this process.
+static HOST_WAITS: AtomicU64 = AtomicU64::new(0);
+
 impl HostRuntime {
+    /// How many times the host has waited for an emulated device so far in this process (calls
+    /// of `synchronize` and `copy_to_host`, which wait for the stream on a GPU): what tests read
+    /// before and after an op to check that the op queues its work without stalling the host.
+    pub fn host_waits() -> u64 {
+        HOST_WAITS.load(Ordering::Relaxed)
+    }
+
     /// The emulated device named `device` (`cuda:0`). Nothing is compiled yet.
     pub fn new(device: &str) -> HostRuntime {
         HostRuntime { device: device.to_string(), modules: Mutex::new(HashMap::new()), launch_lock: Mutex::new(()) }
@@ -75,6 +87,7 @@ impl CudaRuntime for HostRuntime {
     }
 
     unsafe fn copy_to_host(&self, dst: &mut [u8], src: u64) -> Result<(), CudaError> {
+        HOST_WAITS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller vouches that `src` holds `dst.len()` readable bytes.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -87,6 +100,7 @@ impl CudaRuntime for HostRuntime {
     }
 
     fn synchronize(&self) -> Result<(), CudaError> {
+        HOST_WAITS.fetch_add(1, Ordering::Relaxed);
         // Every launch and copy completed before it returned.
         Ok(())
     }

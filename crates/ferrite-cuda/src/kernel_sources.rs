@@ -154,7 +154,15 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "index.cu",
         code: include_str!("../kernels/index.cu"),
-        kernels: &["gather_f32", "scatter_add_f32", "index_select_f32", "index_add_f32", "one_hot_i64"],
+        kernels: &[
+            "gather_f32",
+            "scatter_add_f32",
+            "index_select_f32",
+            "index_add_f32",
+            "one_hot_i64",
+            "check_indices_i64",
+            "flag_index_value_i64",
+        ],
     },
     KernelSource {
         name: "pool.cu",

@@ -1711,14 +1711,30 @@ fn gather_scatter_add_index_select_index_add_and_one_hot_agree_with_the_cpu_back
     let leaf = tx.detach().requires_grad_(true).unwrap();
     leaf.index_select(1, &indices(&sel, &[4])).unwrap().backward_with(&tensor(&g, &[2, 4, 3]), false).unwrap();
     assert_slices_close("index_add", &dst, &leaf.grad().unwrap().to_vec::<f32>().unwrap(), 1e-6, 1e-6);
-    // Out-of-range indices are flagged (first bad position + 1), not read.
+    // Out-of-range indices are flagged (the complement of the first bad position, whatever the
+    // thread order), not read; flag_index_value_i64 then copies that index's value beside it.
     let mut badg = gidx.clone();
-    badg[7] = 5;
     badg[11] = -1;
+    badg[7] = 5;
     let (_, bad) = run4("gather_f32", 5, 3, &x, &badg, 18, f32::NAN);
-    assert!(bad == 8 || bad == 12, "{bad}");
+    assert_eq!(!bad, 7, "first bad position");
+    let mut slot = vec![bad, 0u64];
+    // SAFETY: the 18 indices and a two-word slot.
+    unsafe { k.run("flag_index_value_i64", GRID_STRIDE, &[buf(&badg), out(&mut slot)]) };
+    assert_eq!(slot[1] as i64, 5, "the first bad index's value");
     let (_, bad) = run4("index_select_f32", 5, 4, &x, &[0, 9, 1, 2], 24, f32::NAN);
-    assert_eq!(bad, 2);
+    assert_eq!(!bad, 1);
+    // The class-target check: ignore_index passes, negatives are not wrapped.
+    let check = |t: &[i64], has_ignore: i32| {
+        let mut slot = vec![0u64, 0u64];
+        let args = [n(t.len()), n(4), KernelArg::I64(-100), KernelArg::I32(has_ignore), buf(t), out(&mut slot)];
+        // SAFETY: `t.len()` indices and a two-word slot.
+        unsafe { k.run("check_indices_i64", GRID_STRIDE, &args) };
+        slot[0]
+    };
+    assert_eq!(check(&[0, 3, -100, 2], 1), 0);
+    assert_eq!(!check(&[0, 3, -100, 2], 0), 2);
+    assert_eq!(!check(&[0, 4, -1, 2], 1), 1);
     // one_hot.
     let cls: Vec<i64> = vec![2, 0, 3, 3];
     let mut o = vec![-1i64; 16];

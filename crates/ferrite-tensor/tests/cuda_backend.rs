@@ -665,7 +665,8 @@ fn index_norm_pool_and_conv_ops_match_the_cpu() {
         cross_entropy(&t[0], &target.to_device(t[0].device())?, &CrossEntropyOptions::default())
     });
     let bad = Tensor::from_vec(vec![1i64, 6], &[2], &Device::Cpu).unwrap();
-    let e = dx.index_select(1, &to_cuda(&bad)).unwrap_err();
+    let queued = dx.index_select(1, &to_cuda(&bad)).expect("a device-side error waits for the next synchronisation");
+    let e = queued.to_vec::<f32>().unwrap_err();
     let want = x.index_select(1, &bad).unwrap_err();
     assert_eq!(e.to_string(), want.to_string(), "a bad index is the CPU's error");
     // Norms.
@@ -858,6 +859,145 @@ fn a_convolution_on_cuda_allocates_no_unfold_scratch() {
     let (out, most) = (f32_bytes(&got), f32_bytes(&got) + block(16 * got.numel() * 4));
     assert!(bytes > out && bytes <= most, "split weight product: {bytes} bytes for a {out}-byte result");
     assert_near("split weight product", &got, &cpu.conv_weight_product(&dyd, &xd, &deep, 1).unwrap(), 1e-4);
+    done(name);
+}
+
+/// The CPU's error for `bad` run on the CPU, and what the same op gives on `cuda:0`: Ok at the op
+/// (its kernels are only queued), then the very same typed error (variant and fields, the op's
+/// name included) at the next synchronisation `sync` — and a clean state after it.
+fn same_deferred_error(
+    what: &str,
+    op: &str,
+    run: &dyn Fn(&Device) -> ferrite_tensor::Result<Tensor>,
+    sync: &dyn Fn(&Tensor) -> ferrite_tensor::Result<()>,
+) {
+    let want = run(&Device::Cpu).unwrap_err();
+    assert!(matches!(&want, TensorError::IndexOutOfRange { op: o, .. } if *o == op), "{what}: CPU gives {want:?}");
+    let queued =
+        run(&cuda()).unwrap_or_else(|e| panic!("{what}: the op itself must not report a device-side error: {e}"));
+    let got = sync(&queued).expect_err(&format!("{what}: the next synchronisation reports the error"));
+    assert_eq!(format!("{got:?}"), format!("{want:?}"), "{what}");
+    assert_eq!(got.to_string(), want.to_string(), "{what}");
+    sync(&queued).unwrap_or_else(|e| panic!("{what}: reported once, then the state is clean: {e}"));
+}
+
+/// PyTorch's asynchronous model (issue 31): an out-of-range index of index_select, gather,
+/// embedding, one_hot, cross_entropy/nll_loss targets on `cuda:0` is Ok at the op and the CPU's
+/// `IndexOutOfRange` (same op, index, dim and size) at the next synchronisation — `to_vec`,
+/// `item`, `.to(cpu)` or `synchronize` —; two bad ops report the first queued; afterwards every
+/// op works again.
+#[test]
+fn device_side_index_errors_surface_at_the_next_synchronisation() {
+    use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy, embedding, nll_loss};
+    let name = "device_side_index_errors_surface_at_the_next_synchronisation";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(31);
+    let x = randn(&mut g, &[4, 3]);
+    let on = |t: &Tensor, d: &Device| t.to_device(d);
+    let ints = |v: &[i64], shape: &[usize]| Tensor::from_slice(v, shape, &Device::Cpu).unwrap();
+    let to_vec = |t: &Tensor| t.to_vec::<f32>().map(|_| ());
+    let item = |t: &Tensor| t.item().map(|_| ());
+    let to_host = |t: &Tensor| t.to_device(&Device::Cpu).map(|_| ());
+    let sync = |_: &Tensor| ferrite_tensor::backend::kernels_for(&cuda()).synchronize();
+    // Several bad values: the first in order is the one reported, as on the CPU.
+    let sel = ints(&[1, 7, 2, 9], &[4]);
+    same_deferred_error("index_select", "index_select", &|d| on(&x, d)?.index_select(0, &on(&sel, d)?), &to_vec);
+    let gat = ints(&[0, 2, 1, 0, 5, 1, 2, 3], &[4, 2]);
+    same_deferred_error("gather", "gather", &|d| on(&x, d)?.gather(1, &on(&gat, d)?), &sync);
+    let tokens = ints(&[1, 0, 3, 4, 2, 8], &[2, 3]);
+    same_deferred_error("embedding", "index_select", &|d| embedding(&on(&tokens, d)?, &on(&x, d)?), &to_host);
+    let opts = CrossEntropyOptions::default();
+    let target = ints(&[0, -100, 3, 1], &[4]);
+    same_deferred_error(
+        "cross_entropy target",
+        "cross_entropy",
+        &|d| cross_entropy(&on(&x, d)?, &on(&target, d)?, &opts),
+        &item,
+    );
+    let target = ints(&[2, -1, 0, 1], &[4]);
+    same_deferred_error(
+        "nll_loss target",
+        "nll_loss",
+        &|d| nll_loss(&on(&x, d)?.log_softmax(1)?, &on(&target, d)?, &opts),
+        &item,
+    );
+    // Queue order: the first bad op queued is the one reported, once.
+    let want = x.gather(1, &gat).unwrap_err();
+    let dx = to_cuda(&x);
+    let a = dx.gather(1, &to_cuda(&gat)).unwrap();
+    let b = dx.index_select(0, &to_cuda(&sel)).unwrap();
+    let e = b.to_vec::<f32>().unwrap_err();
+    assert_eq!(format!("{e:?}"), format!("{want:?}"), "the first error queued");
+    to_vec(&a).unwrap();
+    // Afterwards every op works and matches the CPU.
+    let good = ints(&[3, 0, 0, 2], &[4]);
+    assert_same(
+        "index_select after an error",
+        &dx.index_select(0, &to_cuda(&good)).unwrap(),
+        &x.index_select(0, &good).unwrap(),
+    );
+    assert_near(
+        "cross_entropy after an error",
+        &cross_entropy(&dx, &to_cuda(&ints(&[2, 0, 1, 1], &[4])), &opts).unwrap(),
+        &cross_entropy(&x, &ints(&[2, 0, 1, 1], &[4]), &opts).unwrap(),
+        1e-5,
+    );
+    done(name);
+}
+
+/// Index ops, embedding and the class-target check of cross entropy queue their kernels and
+/// never make the host wait for the device (no `synchronize`, no copy to the host): the only wait
+/// is the `.item()` that reads the loss, as in PyTorch. The flags queued by a loop that never
+/// reads back stay bounded: at most one wait per slab of flags.
+#[test]
+fn index_ops_and_class_targets_do_not_synchronise() {
+    use ferrite_cuda::HostRuntime;
+    use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy, embedding};
+    let name = "index_ops_and_class_targets_do_not_synchronise";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(3);
+    let (x, table) = (to_cuda(&randn(&mut g, &[4, 3])), to_cuda(&randn(&mut g, &[7, 3])));
+    let idx = to_cuda(&Tensor::from_slice(&[3i64, 0, 2], &[3], &Device::Cpu).unwrap());
+    let gidx = to_cuda(&Tensor::from_slice(&[0i64, 2, 1, 1, 2, 0, 0, 0], &[4, 2], &Device::Cpu).unwrap());
+    let tokens = to_cuda(&Tensor::from_slice(&[6i64, 0, 3, 3], &[2, 2], &Device::Cpu).unwrap());
+    let target = to_cuda(&Tensor::from_slice(&[0i64, 2, -100, 1], &[4], &Device::Cpu).unwrap());
+    let classes = to_cuda(&Tensor::from_slice(&[0i64, 2, 1, 1], &[4], &Device::Cpu).unwrap());
+    // Compile every kernel involved first (not a wait, but keep the measured part plain).
+    let warm = cross_entropy(
+        &x.index_select(0, &idx).unwrap(),
+        &target.narrow(0, 0, 3).unwrap(),
+        &CrossEntropyOptions::default(),
+    )
+    .unwrap();
+    warm.item().unwrap();
+    let before = HostRuntime::host_waits();
+    let mut loss = None;
+    for _ in 0..4 {
+        let picked = x.index_select(0, &idx).unwrap();
+        let gathered = x.gather(1, &gidx).unwrap();
+        let emb = embedding(&tokens, &table).unwrap();
+        let oh = classes.one_hot(3).unwrap();
+        let ce = cross_entropy(&x, &target, &CrossEntropyOptions::default()).unwrap();
+        let l = ce.add(&picked.sum().unwrap()).unwrap().add(&gathered.sum().unwrap()).unwrap();
+        let l = l.add(&emb.sum().unwrap()).unwrap().add(&oh.to_dtype(DType::F32).unwrap().sum().unwrap()).unwrap();
+        loss = Some(l);
+    }
+    assert_eq!(HostRuntime::host_waits() - before, 0, "index ops and cross entropy queue work without waiting");
+    let loss = loss.expect("four steps ran");
+    loss.item().unwrap();
+    assert!(HostRuntime::host_waits() > before, "item() is a synchronisation point");
+    // A loop that never reads back: the flags are drained once per slab, not kept without bound.
+    let before = HostRuntime::host_waits();
+    let ops = 600;
+    for _ in 0..ops {
+        x.index_select(0, &idx).unwrap();
+    }
+    let waits = HostRuntime::host_waits() - before;
+    assert!((1..=ops / 200).contains(&waits), "{waits} waits for {ops} flagged ops");
     done(name);
 }
 
@@ -1159,7 +1299,9 @@ fn pointwise_losses_and_their_gradients_match_the_cpu() {
         Tensor::from_slice(&[0.5f32, 1.5], &[2], &Device::Cpu).unwrap(),
     );
     for (x, t) in [(&bad, &good), (&good, &bad)] {
-        let e = binary_cross_entropy(&to_cuda(x), &to_cuda(t), None, Reduction::Mean).unwrap_err();
+        // Queued without a wait; the error is the CPU's, at the next synchronisation.
+        let loss = binary_cross_entropy(&to_cuda(x), &to_cuda(t), None, Reduction::Mean).unwrap();
+        let e = loss.item().unwrap_err();
         let want = binary_cross_entropy(x, t, None, Reduction::Mean).unwrap_err();
         assert_eq!(e.to_string(), want.to_string());
     }

@@ -112,6 +112,8 @@ pub trait KernelBackend: Send + Sync + 'static {
 
     /// Error unless every element of the integer tensor `index` is in `[0, size)` or equals
     /// `ignore` (class targets of a loss: negative values are not wrapped). `dim` and `op` name the indexed dimension and the op in the error.
+    /// An asynchronous backend (`cuda:N`) checks on the device and reports the error at the next
+    /// synchronisation.
     fn check_indices(
         &self,
         index: &Tensor,
@@ -154,6 +156,8 @@ pub trait KernelBackend: Send + Sync + 'static {
     ) -> Result<()>;
 
     /// Wait until every kernel submitted so far has finished (no-op for synchronous backends).
+    /// On an asynchronous backend this (like every read to the host) is where a device-side
+    /// error of a queued op is reported.
     fn synchronize(&self) -> Result<()>;
 
     // ------------------------------------------------------------------ normalisation and pooling (normpool)

@@ -196,8 +196,9 @@ pub enum KlDivReduction {
 /// `weight` rescales each element and broadcasts to the input's shape; it gets no gradient.
 ///
 /// On `cpu`/`sim`, an input or target outside [0, 1] is a [`TensorError::InvalidArgument`]
-/// naming the value; a GPU gives NaN for it instead. Prefer
-/// [`binary_cross_entropy_with_logits`] on raw scores: it is the numerically stable form.
+/// naming the value (on `cuda:N` the same error, at the next synchronisation); `gpu:N` gives NaN
+/// for it instead. Prefer [`binary_cross_entropy_with_logits`] on raw scores: it is the
+/// numerically stable form.
 ///
 /// ```
 /// use ferrite_tensor::functional::{binary_cross_entropy, Reduction};

@@ -153,8 +153,11 @@ pub(super) fn write(cx: Ctx<'_>, dst: &Tensor, bytes: &[u8]) -> Result<()> {
     unsafe { cx.rt.copy_to_device(at, bytes) }.map_err(|e| cx.fail("write", e))
 }
 
-/// Read the contiguous `src` into `bytes` (exactly `src.nbytes()`), after all queued work.
+/// Read the contiguous `src` into `bytes` (exactly `src.nbytes()`), after all queued work: a
+/// synchronisation point, where the first device-side error queued since the last one is
+/// reported instead (see `deferred.rs`).
 pub(super) fn read(cx: Ctx<'_>, src: &Tensor, bytes: &mut [u8]) -> Result<()> {
+    cx.drain()?;
     if bytes.is_empty() {
         return cx.rt.synchronize().map_err(|e| cx.fail("read", e));
     }

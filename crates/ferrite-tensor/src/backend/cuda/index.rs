@@ -1,9 +1,14 @@
 //! Index ops on `cuda:N` (index.cu): index_select, index_add, gather, scatter_add, one_hot over
 //! tensors viewed as `[outer, dim, inner]`. Indices go to the kernels as contiguous i64; values
-//! are f32 (f16/bf16 through f32). The kernels flag an index out of range on the device; the flag
-//! is read back after the launch (a synchronisation point) and reported as the CPU reports it.
+//! are f32 (f16/bf16 through f32). The kernels flag an index out of range in a slot of the
+//! device's flag slab, which is not read here: the CPU's error, naming the op, surfaces at the
+//! next synchronisation (`deferred.rs`), so an index op never stalls the host. Class targets of
+//! the losses are checked the same way (`check_indices`).
 
-use super::data::{copy, f32_contiguous, fill};
+use ferrite_cuda::KernelArg;
+
+use super::data::{copy, f32_contiguous};
+use super::deferred::Check;
 use super::elementwise::{check_float, into_f32_out};
 use super::launch::{Ctx, n_arg, ptr};
 use crate::error::{Result, TensorError};
@@ -28,23 +33,54 @@ fn i64_index(cx: Ctx<'_>, index: &Tensor, op: &'static str) -> Result<Tensor> {
     Ok(t)
 }
 
-/// A zeroed device flag for a kernel's `bad` argument.
-fn flag(cx: Ctx<'_>, like: &Tensor) -> Result<Tensor> {
-    let f = cx.scratch(like, &[1], DType::I64)?;
-    fill(cx, &f, 0.0)?;
-    Ok(f)
+/// Runs `launch` with a flag slot (a `bad` argument) queued for `op`'s index check over the
+/// contiguous i64 `idx`, then queues the copy of the first bad index's value into the slot.
+fn flagged(
+    cx: Ctx<'_>,
+    idx: &Tensor,
+    dim: usize,
+    size: usize,
+    op: &'static str,
+    launch: impl FnOnce(KernelArg) -> Result<()>,
+) -> Result<()> {
+    cx.flagged(idx, op, Check::Index { dim, size }, |slot| {
+        launch(KernelArg::Ptr(slot))?;
+        cx.launch(op, "index.cu", "flag_index_value_i64", 1, 1, &[ptr(idx, op)?, KernelArg::Ptr(slot)])
+    })
 }
 
-/// Error when the kernel raised the flag: `pos` is the flat position + 1 of the first bad index in
-/// `index` (contiguous i64).
-fn check_flag(f: &Tensor, index: &Tensor, size: usize, dim: usize, op: &'static str) -> Result<()> {
-    let pos = f.to_vec::<i64>()?[0];
-    if pos == 0 {
+/// Error (at the next synchronisation) unless every element of `index` is in `[0, size)` or
+/// equals `ignore` (see [`crate::backend::KernelBackend::check_indices`]).
+pub(super) fn check_indices(
+    cx: Ctx<'_>,
+    index: &Tensor,
+    size: usize,
+    ignore: Option<i64>,
+    dim: usize,
+    op: &'static str,
+) -> Result<()> {
+    let count = index.numel();
+    if count == 0 {
         return Ok(());
     }
-    let at = (pos - 1) as usize;
-    let value = index.reshape_usize(&[index.numel()])?.narrow(0, at, 1)?.to_vec::<i64>()?;
-    Err(TensorError::IndexOutOfRange { op, index: value.first().copied().unwrap_or(-1), dim, size })
+    let idx = if index.dtype() == DType::I64 && index.is_contiguous() {
+        index.clone()
+    } else {
+        let t = cx.scratch(index, index.shape(), DType::I64)?;
+        copy(cx, &t, index)?;
+        t
+    };
+    flagged(cx, &idx, dim, size, op, |bad| {
+        let args = [
+            n_arg(count),
+            n_arg(size),
+            KernelArg::I64(ignore.unwrap_or(0)),
+            KernelArg::I32(ignore.is_some() as i32),
+            ptr(&idx, op)?,
+            bad,
+        ];
+        cx.launch_n(op, "index.cu", "check_indices_i64", count, &args)
+    })
 }
 
 /// (outer, inner) of `shape` around `dim`.
@@ -57,21 +93,22 @@ pub(super) fn index_select(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, in
     check_float(OP, &[out, x])?;
     let (outer, inner) = around(x.shape(), dim);
     let (size, count) = (x.shape()[dim], index.numel());
-    let (xs, idx, bad) = (f32_contiguous(cx, x)?, i64_index(cx, index, OP)?, flag(cx, out)?);
-    into_f32_out(cx, out, |o| {
-        let args = [
-            n_arg(outer),
-            n_arg(size),
-            n_arg(count),
-            n_arg(inner),
-            ptr(&xs, OP)?,
-            ptr(&idx, OP)?,
-            ptr(o, OP)?,
-            ptr(&bad, OP)?,
-        ];
-        cx.launch_n(OP, "index.cu", "index_select_f32", outer * count * inner, &args)
-    })?;
-    check_flag(&bad, &idx, size, dim, OP)
+    let (xs, idx) = (f32_contiguous(cx, x)?, i64_index(cx, index, OP)?);
+    flagged(cx, &idx, dim, size, OP, |bad| {
+        into_f32_out(cx, out, |o| {
+            let args = [
+                n_arg(outer),
+                n_arg(size),
+                n_arg(count),
+                n_arg(inner),
+                ptr(&xs, OP)?,
+                ptr(&idx, OP)?,
+                ptr(o, OP)?,
+                bad,
+            ];
+            cx.launch_n(OP, "index.cu", "index_select_f32", outer * count * inner, &args)
+        })
+    })
 }
 
 /// Runs `f` on a contiguous f32 stand-in for the in-place operand `dst` (dst itself when it is
@@ -90,21 +127,14 @@ pub(super) fn index_add(cx: Ctx<'_>, dst: &Tensor, dim: usize, index: &Tensor, s
     check_float(OP, &[dst, src])?;
     let (outer, inner) = around(dst.shape(), dim);
     let (size, count) = (dst.shape()[dim], index.numel());
-    let (s, idx, bad) = (f32_contiguous(cx, src)?, i64_index(cx, index, OP)?, flag(cx, dst)?);
-    in_place_f32(cx, dst, |d| {
-        let args = [
-            n_arg(outer),
-            n_arg(size),
-            n_arg(count),
-            n_arg(inner),
-            ptr(d, OP)?,
-            ptr(&idx, OP)?,
-            ptr(&s, OP)?,
-            ptr(&bad, OP)?,
-        ];
-        cx.launch_n(OP, "index.cu", "index_add_f32", outer * size * inner, &args)
-    })?;
-    check_flag(&bad, &idx, size, dim, OP)
+    let (s, idx) = (f32_contiguous(cx, src)?, i64_index(cx, index, OP)?);
+    flagged(cx, &idx, dim, size, OP, |bad| {
+        in_place_f32(cx, dst, |d| {
+            let args =
+                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
+            cx.launch_n(OP, "index.cu", "index_add_f32", outer * size * inner, &args)
+        })
+    })
 }
 
 /// `t` viewed with `shape` in every dimension but `dim` (a narrowing from the start), as gather
@@ -121,21 +151,22 @@ pub(super) fn gather(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, index: &
     let xv = cut_to(x, index.shape(), dim);
     let (outer, inner) = around(index.shape(), dim);
     let (size, count) = (x.shape()[dim], index.shape()[dim]);
-    let (xs, idx, bad) = (f32_contiguous(cx, &xv)?, i64_index(cx, index, OP)?, flag(cx, out)?);
-    into_f32_out(cx, out, |o| {
-        let args = [
-            n_arg(outer),
-            n_arg(size),
-            n_arg(count),
-            n_arg(inner),
-            ptr(&xs, OP)?,
-            ptr(&idx, OP)?,
-            ptr(o, OP)?,
-            ptr(&bad, OP)?,
-        ];
-        cx.launch_n(OP, "index.cu", "gather_f32", outer * count * inner, &args)
-    })?;
-    check_flag(&bad, &idx, size, dim, OP)
+    let (xs, idx) = (f32_contiguous(cx, &xv)?, i64_index(cx, index, OP)?);
+    flagged(cx, &idx, dim, size, OP, |bad| {
+        into_f32_out(cx, out, |o| {
+            let args = [
+                n_arg(outer),
+                n_arg(size),
+                n_arg(count),
+                n_arg(inner),
+                ptr(&xs, OP)?,
+                ptr(&idx, OP)?,
+                ptr(o, OP)?,
+                bad,
+            ];
+            cx.launch_n(OP, "index.cu", "gather_f32", outer * count * inner, &args)
+        })
+    })
 }
 
 pub(super) fn scatter_add(cx: Ctx<'_>, out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
@@ -146,21 +177,14 @@ pub(super) fn scatter_add(cx: Ctx<'_>, out: &Tensor, dim: usize, index: &Tensor,
     let ov = cut_to(out, index.shape(), dim);
     let sv = cut_to(src, index.shape(), dim);
     let sv = sv.narrow(dim as i64, 0, count)?;
-    let (s, idx, bad) = (f32_contiguous(cx, &sv)?, i64_index(cx, index, OP)?, flag(cx, out)?);
-    in_place_f32(cx, &ov, |d| {
-        let args = [
-            n_arg(outer),
-            n_arg(size),
-            n_arg(count),
-            n_arg(inner),
-            ptr(d, OP)?,
-            ptr(&idx, OP)?,
-            ptr(&s, OP)?,
-            ptr(&bad, OP)?,
-        ];
-        cx.launch_n(OP, "index.cu", "scatter_add_f32", outer * size * inner, &args)
-    })?;
-    check_flag(&bad, &idx, size, dim, OP)
+    let (s, idx) = (f32_contiguous(cx, &sv)?, i64_index(cx, index, OP)?);
+    flagged(cx, &idx, dim, size, OP, |bad| {
+        in_place_f32(cx, &ov, |d| {
+            let args =
+                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
+            cx.launch_n(OP, "index.cu", "scatter_add_f32", outer * size * inner, &args)
+        })
+    })
 }
 
 pub(super) fn one_hot(cx: Ctx<'_>, out: &Tensor, index: &Tensor) -> Result<()> {
@@ -170,8 +194,9 @@ pub(super) fn one_hot(cx: Ctx<'_>, out: &Tensor, index: &Tensor) -> Result<()> {
     }
     let classes = out.shape().last().copied().unwrap_or(1);
     let count = index.numel();
-    let (idx, bad) = (i64_index(cx, index, OP)?, flag(cx, out)?);
-    let args = [n_arg(count), n_arg(classes), ptr(&idx, OP)?, ptr(out, OP)?, ptr(&bad, OP)?];
-    cx.launch_n(OP, "index.cu", "one_hot_i64", count * classes, &args)?;
-    check_flag(&bad, &idx, classes, 1, OP)
+    let idx = i64_index(cx, index, OP)?;
+    flagged(cx, &idx, 1, classes, OP, |bad| {
+        let args = [n_arg(count), n_arg(classes), ptr(&idx, OP)?, ptr(out, OP)?, bad];
+        cx.launch_n(OP, "index.cu", "one_hot_i64", count * classes, &args)
+    })
 }

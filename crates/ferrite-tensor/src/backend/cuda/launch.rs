@@ -4,6 +4,7 @@
 //! small grids on the host emulator, where each GPU thread is an OS thread.
 use ferrite_cuda::{CudaError, CudaRuntime, KERNEL_SOURCES, KernelArg, KernelSource};
 
+use super::deferred::{Check, Deferred};
 use crate::error::{Result, TensorError};
 use crate::{DType, Tensor};
 
@@ -14,11 +15,12 @@ pub(super) const MAX_DIMS: usize = 6;
 /// `Strided`'s dimension limit (`FERRITE_COPY_MAX_DIMS` in copy.cu).
 pub(super) const COPY_MAX_DIMS: usize = 8;
 
-/// One device's runtime with the name used in errors.
+/// One device's runtime with the name used in errors, and its queue of device-side checks.
 #[derive(Clone, Copy)]
 pub(super) struct Ctx<'a> {
     pub rt: &'a dyn CudaRuntime,
     pub device: &'a str,
+    pub deferred: &'a Deferred,
 }
 
 /// `Strided` of copy.cu.
@@ -125,6 +127,24 @@ impl<'a> Ctx<'a> {
         }
         let cap = if self.rt.is_emulated() { 2usize } else { 65_535 };
         self.launch(op, source, kernel, rows.clamp(1, cap) as u32, ROW_BLOCK, args)
+    }
+
+    /// Runs `launch` with the device address of a fresh flag slot queued for `op` with `check`,
+    /// reported at the next synchronisation (see `deferred.rs`).
+    pub fn flagged(
+        &self,
+        like: &Tensor,
+        op: &'static str,
+        check: Check,
+        launch: impl FnOnce(u64) -> Result<()>,
+    ) -> Result<()> {
+        self.deferred.flagged(self.rt, self.device, like, op, check, launch)
+    }
+
+    /// The first device-side error queued since the last synchronisation point, if any (reads the
+    /// flags, a wait for the device, only when some are queued).
+    pub fn drain(&self) -> Result<()> {
+        self.deferred.drain(self.rt, self.device)
     }
 
     /// A tensor of `shape` and `dtype` on the same device as `like` (scratch for a kernel).

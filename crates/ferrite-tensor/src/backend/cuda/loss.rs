@@ -6,15 +6,16 @@
 //!
 //! Why a device flag for `binary_cross_entropy`: the CPU refuses inputs or targets outside
 //! [0, 1] with a typed error naming the first offending value, and a kernel cannot stop the run;
-//! it records an offending value in a 4-word flag which the host reads back (a synchronisation
-//! point, as the CPU's check is) and turns into the CPU's error.
+//! it records an offending value in a 4-word slot of the device's flag slab, which becomes the
+//! CPU's error at the next synchronisation (`deferred.rs`), so the loss never stalls the host.
 use ferrite_cuda::KernelArg;
 
-use super::data::{copy, fill, read};
+use super::data::copy;
+use super::deferred::Check;
 use super::elementwise::{check_float, into_f32_out};
 use super::launch::{Ctx, n_arg, opt_ptr, ptr};
 use crate::backend::{LossGrad, LossOperands, PointwiseLoss};
-use crate::error::{Result, TensorError};
+use crate::error::Result;
 use crate::{DType, Tensor};
 
 /// The loss's code in loss.cu (`FERRITE_LOSS_*`) and its scalar (beta or delta).
@@ -63,57 +64,29 @@ pub(super) fn pointwise_loss(cx: Ctx<'_>, op: PointwiseLoss, out: &Tensor, x: Lo
     let shape = out.shape();
     let (input, target) = (dense(cx, x.input, shape)?, dense(cx, x.target, shape)?);
     let (weight, pos_weight) = (dense_opt(cx, x.weight, shape)?, dense_opt(cx, x.pos_weight, shape)?);
-    // The range flag only for binary_cross_entropy (the other losses never write it).
-    let bad = if op == PointwiseLoss::Bce {
-        let b = cx.scratch(out, &[4], DType::F32)?;
-        fill(cx, &b, 0.0)?;
-        Some(b)
-    } else {
-        None
-    };
     let (kind, k) = code(op);
-    into_f32_out(cx, out, |o| {
-        let args = [
-            n_arg(n),
-            KernelArg::I32(kind),
-            KernelArg::F32(k),
-            ptr(&input, name)?,
-            ptr(&target, name)?,
-            opt_ptr(weight.as_ref(), name)?,
-            opt_ptr(pos_weight.as_ref(), name)?,
-            ptr(o, name)?,
-            opt_ptr(bad.as_ref(), name)?,
-        ];
-        cx.launch_n(name, "loss.cu", "pointwise_loss_f32", n, &args)
-    })?;
-    match &bad {
-        Some(b) => bce_range(cx, b),
-        None => Ok(()),
+    let launch = |bad: KernelArg| {
+        into_f32_out(cx, out, |o| {
+            let args = [
+                n_arg(n),
+                KernelArg::I32(kind),
+                KernelArg::F32(k),
+                ptr(&input, name)?,
+                ptr(&target, name)?,
+                opt_ptr(weight.as_ref(), name)?,
+                opt_ptr(pos_weight.as_ref(), name)?,
+                ptr(o, name)?,
+                bad,
+            ];
+            cx.launch_n(name, "loss.cu", "pointwise_loss_f32", n, &args)
+        })
+    };
+    // The range flag only for binary_cross_entropy (the other losses never write it).
+    if op == PointwiseLoss::Bce {
+        cx.flagged(out, name, Check::BceRange, |slot| launch(KernelArg::Ptr(slot)))
+    } else {
+        launch(KernelArg::Ptr(0))
     }
-}
-
-/// The CPU backend's error for an input or a target of `binary_cross_entropy` outside [0, 1].
-fn bce_range(cx: Ctx<'_>, bad: &Tensor) -> Result<()> {
-    let mut bytes = [0u8; 16];
-    read(cx, bad, &mut bytes)?;
-    let v: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect();
-    for (what, flag, value) in [("input", v[0], v[1]), ("target", v[2], v[3])] {
-        if flag != 0.0 {
-            return Err(TensorError::invalid(
-                "binary_cross_entropy",
-                format!(
-                    "all elements of {what} should be between 0 and 1, found {}{}",
-                    value as f64,
-                    if what == "input" {
-                        "; pass probabilities (e.g. sigmoid(logits)), or logits to binary_cross_entropy_with_logits"
-                    } else {
-                        ""
-                    }
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
 
 pub(super) fn pointwise_loss_backward(

@@ -14,7 +14,9 @@
 //! `cpu`. The fused multi-tensor kernels (optimizer steps, GradScaler unscaling, norms and
 //! clipping: `fused.rs`), the pointwise losses (`loss.rs`) and the recurrent cells
 //! (`recurrent.rs`) run on the device like every other op. Convolutions run as implicit GEMM
-//! (`conv_implicit.rs`): no unfolded-image scratch.
+//! (`conv_implicit.rs`): no unfolded-image scratch. Work queues on the device's one stream;
+//! a device-side error (an index out of range, a class target, a BCE probability outside [0, 1])
+//! is the CPU's typed error at the next synchronisation, naming the op (`deferred.rs`).
 //!
 //! [`DriverRuntime`]: ferrite_cuda::DriverRuntime
 //! [`HostRuntime`]: ferrite_cuda::HostRuntime
@@ -22,6 +24,7 @@
 mod conv_implicit;
 mod conv_pool;
 mod data;
+mod deferred;
 mod elementwise;
 mod fused;
 mod index;
@@ -54,6 +57,8 @@ pub struct CudaBackend {
     device: String,
     /// The runtime, or why the device cannot run kernels.
     runtime: std::result::Result<Box<dyn CudaRuntime>, String>,
+    /// Device-side checks queued until the next synchronisation.
+    deferred: deferred::Deferred,
 }
 
 /// The backend of `cuda:<index>` (created on first use and kept for the process, as the
@@ -64,7 +69,7 @@ pub fn backend(index: usize) -> &'static CudaBackend {
     map.entry(index).or_insert_with(|| {
         let device = Device::Cuda { index }.to_string();
         let runtime = open_runtime(index).map_err(|e| e.to_string());
-        Box::leak(Box::new(CudaBackend { device, runtime }))
+        Box::leak(Box::new(CudaBackend { device, runtime, deferred: deferred::Deferred::default() }))
     })
 }
 
@@ -91,7 +96,7 @@ impl CudaBackend {
 
     fn cx(&self, op: &'static str) -> Result<Ctx<'_>> {
         match &self.runtime {
-            Ok(rt) => Ok(Ctx { rt: rt.as_ref(), device: &self.device }),
+            Ok(rt) => Ok(Ctx { rt: rt.as_ref(), device: &self.device, deferred: &self.deferred }),
             Err(reason) => Err(TensorError::Cuda { op, device: self.device.clone(), detail: reason.clone() }),
         }
     }
@@ -226,16 +231,8 @@ impl KernelBackend for CudaBackend {
         dim: usize,
         op: &'static str,
     ) -> Result<()> {
-        // Validation needs the values on the host (a synchronisation point, as `.item()` is).
-        let host = Tensor::empty(index.shape(), index.dtype(), &Device::Cpu)?;
-        let src = index.contiguous()?;
-        let n = host.nbytes();
-        let dst = host.ptr::<u8>(op)?;
-        // SAFETY: `host` is a fresh contiguous CPU tensor of `n` bytes that nothing else can
-        // reach; the slice lives only for the read.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(dst, n) };
-        self.read_to_host(&src, bytes)?;
-        host_side::check_indices(&host, size, ignore, dim, op)
+        // Checked on the device; a bad value is reported at the next synchronisation.
+        index::check_indices(self.cx(op)?, index, size, ignore, dim, op)
     }
 
     fn index_select(&self, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
@@ -279,7 +276,8 @@ impl KernelBackend for CudaBackend {
 
     fn synchronize(&self) -> Result<()> {
         let cx = self.cx("synchronize")?;
-        cx.rt.synchronize().map_err(|e| cx.fail("synchronize", e))
+        cx.rt.synchronize().map_err(|e| cx.fail("synchronize", e))?;
+        cx.drain()
     }
 
     fn batch_norm(&self, args: &BatchNormArgs<'_>) -> Result<()> {
