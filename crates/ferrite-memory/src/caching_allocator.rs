@@ -405,3 +405,47 @@ mod tests {
         assert!(e.to_string().contains("--features gpu"), "{e}");
     }
 }
+
+/// Host-backed memory (`raw_memory`) must make the caching allocator decide what the address-only
+/// replay of the same sequence decides: the planner predicts a `cpu` or `sim` run by replaying it
+/// unbacked.
+#[cfg(test)]
+mod replay_agreement {
+    use crate::{AllocatorConfig, CachingAllocator, Device, GpuProfile};
+
+    const MIB: usize = 1 << 20;
+
+    /// Two 40 MiB free blocks tie on size; the allocator takes the lower address. Which segment
+    /// holds the lower address decides whether the 80 MiB request of the end finds a whole free
+    /// segment or reserves a new one. Segments of 80 MiB are above glibc's largest mmap
+    /// threshold, so the host places them with `mmap` (top-down on Linux).
+    fn peak_reserved(a: &CachingAllocator) -> u64 {
+        let p = a.allocate(80 * MIB).unwrap();
+        drop(p);
+        let l1 = a.allocate(40 * MIB).unwrap(); // first segment: [l1][free 40]
+        let m = a.allocate(40 * MIB).unwrap(); // first segment full
+        let q = a.allocate(80 * MIB).unwrap(); // second segment
+        drop(q);
+        let l2 = a.allocate(40 * MIB).unwrap(); // second segment: [l2][free 40]
+        drop(m); // first segment: [l1][free 40]; two free 40 MiB blocks tie
+        let x = a.allocate(20 * MIB).unwrap();
+        drop(l2);
+        let y = a.allocate(80 * MIB).unwrap();
+        let peak = a.max_memory_reserved();
+        drop((l1, x, y));
+        a.empty_cache();
+        peak
+    }
+
+    #[test]
+    fn host_backed_allocators_decide_as_their_unbacked_replay() {
+        let profile = GpuProfile::custom(1 << 40);
+        let replayed = peak_reserved(&CachingAllocator::unbacked(
+            Device::Sim { profile: profile.clone(), index: 0 },
+            AllocatorConfig::default(),
+        ));
+        let sim = peak_reserved(&CachingAllocator::new(Device::Sim { profile, index: 0 }));
+        let cpu = peak_reserved(&CachingAllocator::new(Device::Cpu));
+        assert_eq!((sim, cpu), (replayed, replayed), "sim and cpu against the unbacked replay");
+    }
+}

@@ -5,6 +5,14 @@
 //! [`HostMemory`] (real, aligned host memory; the `cpu` device), [`SimMemory`] (host memory with a
 //! real GPU's capacity and context overhead; `sim:*`) and [`MetaMemory`] (addresses only; `meta`);
 //! real GPUs' buffers come from [`crate::gpu::memory::WgpuMemory`] (`gpu:N`).
+//!
+//! Host-backed segments get their device addresses from a counter, as address-only segments do,
+//! not from where the host's `malloc`/`mmap` put the bytes: the allocator's best fit takes the
+//! lowest address among equal free blocks, so with host addresses (top-down `mmap`, a heap
+//! growing up, holes reused) a `cpu` or `sim` run would split other blocks than the unbacked
+//! replay of the same allocations, and the planner's replay would not predict its own
+//! measurement (GPT-2 small under bf16 autocast once reserved one 74 MiB segment more than its
+//! replay). Counter addresses grow in the order segments are made, as a fresh CUDA context's do.
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
 use std::sync::OnceLock;
@@ -19,7 +27,8 @@ pub const SEGMENT_ALIGN: usize = 4096;
 /// One segment obtained from a backend.
 #[derive(Debug)]
 pub struct RawSegment {
-    /// Device address (the host address for host-backed memory).
+    /// Device address. Host-backed backends number their segments in creation order (see the
+    /// module note); the bytes are at `ptr`.
     pub addr: u64,
     /// Host pointer to the bytes; `None` for address-only backends.
     pub ptr: Option<NonNull<u8>>,
@@ -252,6 +261,28 @@ fn host_free(segment: RawSegment) {
     }
 }
 
+/// First device address of `sim` and `cpu` segments, backed or not.
+const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+
+/// `seg` (host memory) with the next counter address as its device address; on the counter's
+/// overflow the host memory goes back through `release`.
+fn numbered(
+    mut seg: RawSegment,
+    addresses: &mut FakeAddresses,
+    release: fn(RawSegment),
+) -> Result<RawSegment, RawAllocError> {
+    match addresses.take(seg.size) {
+        Ok(addr) => {
+            seg.addr = addr;
+            Ok(seg)
+        }
+        Err(e) => {
+            release(seg);
+            Err(e)
+        }
+    }
+}
+
 /// Bump allocator of fake, never reused device addresses.
 #[derive(Debug)]
 struct FakeAddresses {
@@ -277,16 +308,17 @@ impl FakeAddresses {
 pub struct HostMemory {
     limit: Option<u64>,
     reserved: u64,
+    addresses: FakeAddresses,
 }
 
 impl HostMemory {
     /// Host memory limited to the physical RAM (unlimited where it cannot be determined).
     pub fn new() -> HostMemory {
-        HostMemory { limit: physical_memory(), reserved: 0 }
+        HostMemory::with_limit(physical_memory())
     }
     /// Host memory with an explicit limit (`None` = only the host's own refusal).
     pub fn with_limit(limit: Option<u64>) -> HostMemory {
-        HostMemory { limit, reserved: 0 }
+        HostMemory { limit, reserved: 0, addresses: FakeAddresses::new(DEVICE_BASE) }
     }
 }
 
@@ -303,7 +335,7 @@ impl RawMemory for HostMemory {
         {
             return Err(RawAllocError::CapacityExceeded);
         }
-        let seg = host_alloc(size)?;
+        let seg = numbered(host_alloc(size)?, &mut self.addresses, host_free)?;
         self.reserved += size;
         Ok(seg)
     }
@@ -321,7 +353,7 @@ impl RawMemory for HostMemory {
         self.reserved
     }
     fn reserve_address_space(&mut self, size: u64) -> Result<RawSegment, RawAllocError> {
-        host_va::reserve(size)
+        numbered(host_va::reserve(size)?, &mut self.addresses, host_va::release)
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
         map_counted(range, offset, len, self.limit, &mut self.reserved)
@@ -364,14 +396,16 @@ pub struct SimMemory {
     total: u64,
     usable: u64,
     reserved: u64,
-    /// `None`: real host memory; `Some`: addresses only (for replays and planning).
-    fake: Option<FakeAddresses>,
+    /// Real host memory behind the segments (`false`: addresses only, for replays and planning).
+    backed: bool,
+    /// Device addresses, in the same order backed or not.
+    addresses: FakeAddresses,
 }
 
 impl SimMemory {
     /// Host-backed simulation of `profile`.
     pub fn new(profile: &GpuProfile) -> SimMemory {
-        SimMemory { total: profile.total_bytes, usable: profile.usable_bytes(), reserved: 0, fake: None }
+        SimMemory { backed: true, ..SimMemory::unbacked(profile) }
     }
     /// Address-only simulation of `profile`: identical allocator decisions, no host memory used.
     pub fn unbacked(profile: &GpuProfile) -> SimMemory {
@@ -379,7 +413,8 @@ impl SimMemory {
             total: profile.total_bytes,
             usable: profile.usable_bytes(),
             reserved: 0,
-            fake: Some(FakeAddresses::new(0x7f00_0000_0000)),
+            backed: false,
+            addresses: FakeAddresses::new(DEVICE_BASE),
         }
     }
 }
@@ -389,9 +424,10 @@ impl RawMemory for SimMemory {
         if self.reserved.saturating_add(size) > self.usable {
             return Err(RawAllocError::CapacityExceeded);
         }
-        let seg = match &mut self.fake {
-            None => host_alloc(size)?,
-            Some(f) => RawSegment { addr: f.take(size)?, ptr: None, size },
+        let seg = if self.backed {
+            numbered(host_alloc(size)?, &mut self.addresses, host_free)?
+        } else {
+            RawSegment { addr: self.addresses.take(size)?, ptr: None, size }
         };
         self.reserved += size;
         Ok(seg)
@@ -410,9 +446,10 @@ impl RawMemory for SimMemory {
         self.reserved
     }
     fn reserve_address_space(&mut self, size: u64) -> Result<RawSegment, RawAllocError> {
-        match &mut self.fake {
-            None => host_va::reserve(size),
-            Some(f) => Ok(RawSegment { addr: f.take(size)?, ptr: None, size }),
+        if self.backed {
+            numbered(host_va::reserve(size)?, &mut self.addresses, host_va::release)
+        } else {
+            Ok(RawSegment { addr: self.addresses.take(size)?, ptr: None, size })
         }
     }
     fn map(&mut self, range: &RawSegment, offset: u64, len: u64) -> Result<(), RawAllocError> {
