@@ -355,8 +355,8 @@ fn half_elementwise_ops_run_natively_with_no_f32_copies() {
         hy.sub_(&hy).unwrap();
         assert_same(&format!("sub_ self {dt:?}"), &dy, &hy);
         let (hz, dz) = (a.deep_clone().unwrap(), da.deep_clone().unwrap());
-        hz.narrow(2, 1, 5).unwrap().add_(&c).unwrap();
-        dz.narrow(2, 1, 5).unwrap().add_(&dc).unwrap();
+        hz.narrow(2, 1, 5).unwrap().add_(&c.narrow(1, 2, 5).unwrap()).unwrap();
+        dz.narrow(2, 1, 5).unwrap().add_(&dc.narrow(1, 2, 5).unwrap()).unwrap();
         assert_same(&format!("add_ into a strided view {dt:?}"), &dz, &hz);
         // Gradients into an existing output: no memory at all; operands as they are.
         let grad = h(randn(&mut g, &[3, 5, 7]));
