@@ -278,8 +278,7 @@ pub(super) fn clamp(cx: Ctx<'_>, out: &Tensor, x: &Tensor, lo: f64, hi: f64) -> 
     check_float("clamp", &[out, x])?;
     let n = out.numel();
     let launch = |x: &Tensor, o: &Tensor| -> Result<()> {
-        let args =
-            [n_arg(n), KernelArg::F32(lo as f32), KernelArg::F32(hi as f32), ptr(x, "clamp")?, ptr(o, "clamp")?];
+        let args = [n_arg(n), KernelArg::F32(lo as f32), KernelArg::F32(hi as f32), ptr(x, "clamp")?, ptr(o, "clamp")?];
         cx.launch_n("clamp", "elementwise.cu", &format!("clamp_{}", suffix(o.dtype())), n, &args)
     };
     if same_dtype(out, &[x]) {
