@@ -1,6 +1,9 @@
-// Elementwise kernels (f32): binary ops with broadcasting over up to 6 dimensions through strides
-// (a stride of 0 broadcasts), and unary ops on contiguous buffers. One thread per output element,
-// grid-stride loop so any launch size covers any length.
+// Elementwise kernels: binary ops with broadcasting over up to 6 dimensions through strides (a
+// stride of 0 broadcasts), binary ops with an f32 scalar, and unary ops on contiguous buffers. The
+// arithmetic ones exist for f32, f16 and bf16 (names ending _f32, _f16, _bf16; half.cuh's element
+// types): half operands are loaded into f32, computed in registers and rounded once on store, as
+// the CPU backend computes them. One thread per output element, grid-stride loop so any launch
+// size covers any length.
 
 #define FERRITE_MAX_DIMS 6
 
@@ -24,71 +27,124 @@ __device__ __forceinline__ void offsets(const Broadcast& g, long long i, long lo
     *b = ob;
 }
 
+// The inputs are not `__restrict__`: an in-place op passes its destination as `a` (or `b`) and
+// `out`, each element read and then written by one thread.
+#define FERRITE_BINARY_AS(name, sfx, E, T)                                                       \
+    extern "C" __global__ void name##_##sfx(long long n, Broadcast g, const T* a, const T* b, T* out) { \
+        name##_body<E>(n, g, a, b, out);                                                          \
+    }
 #define FERRITE_BINARY(name, expr)                                                               \
-    extern "C" __global__ void name(long long n, Broadcast g, const float* __restrict__ a,        \
-                                    const float* __restrict__ b, float* __restrict__ out) {       \
+    template <class E>                                                                            \
+    __device__ __forceinline__ void name##_body(long long n, const Broadcast& g, const typename E::T* a, \
+                                                const typename E::T* b, typename E::T* out) {     \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
              i += (long long)gridDim.x * blockDim.x) {                                            \
             long long ia, ib;                                                                     \
             offsets(g, i, &ia, &ib);                                                              \
-            float x = a[ia];                                                                      \
-            float y = b[ib];                                                                      \
-            out[i] = (expr);                                                                      \
+            float x = E::load(a[ia]);                                                             \
+            float y = E::load(b[ib]);                                                             \
+            out[i] = E::store(expr);                                                              \
+        }                                                                                         \
+    }                                                                                             \
+    FERRITE_BINARY_AS(name, f32, ElemF32, float)                                                  \
+    FERRITE_BINARY_AS(name, f16, ElemF16, unsigned short)                                         \
+    FERRITE_BINARY_AS(name, bf16, ElemBF16, unsigned short)
+
+FERRITE_BINARY(add, x + y)
+FERRITE_BINARY(sub, x - y)
+FERRITE_BINARY(mul, x * y)
+FERRITE_BINARY(div, x / y)
+FERRITE_BINARY(maximum, fmaxf(x, y))
+FERRITE_BINARY(minimum, fminf(x, y))
+FERRITE_BINARY(pow, powf(x, y))
+
+// A binary op with an f32 scalar `y` (what the CPU computes for `x op s`: the scalar rounded to
+// f32, never to the element type), `x` read through `g`'s `a` strides (its `b` strides unused), so
+// strided and broadcast inputs need no copy; the reversed forms (s - x, s / x) are their own ops.
+#define FERRITE_SCALAR_AS(name, sfx, E, T)                                                       \
+    extern "C" __global__ void scalar_##name##_##sfx(long long n, Broadcast g, float y, const T* a, T* out) { \
+        scalar_##name##_body<E>(n, g, y, a, out);                                                 \
+    }
+#define FERRITE_SCALAR(name, expr)                                                               \
+    template <class E>                                                                            \
+    __device__ __forceinline__ void scalar_##name##_body(long long n, const Broadcast& g, float y, \
+                                                         const typename E::T* a, typename E::T* out) { \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            long long ia, ib;                                                                     \
+            offsets(g, i, &ia, &ib);                                                              \
+            float x = E::load(a[ia]);                                                             \
+            out[i] = E::store(expr);                                                              \
+        }                                                                                         \
+    }                                                                                             \
+    FERRITE_SCALAR_AS(name, f32, ElemF32, float)                                                  \
+    FERRITE_SCALAR_AS(name, f16, ElemF16, unsigned short)                                         \
+    FERRITE_SCALAR_AS(name, bf16, ElemBF16, unsigned short)
+
+FERRITE_SCALAR(add, x + y)
+FERRITE_SCALAR(sub, x - y)
+FERRITE_SCALAR(mul, x * y)
+FERRITE_SCALAR(div, x / y)
+FERRITE_SCALAR(maximum, fmaxf(x, y))
+FERRITE_SCALAR(minimum, fminf(x, y))
+FERRITE_SCALAR(pow, powf(x, y))
+FERRITE_SCALAR(rsub, y - x)
+FERRITE_SCALAR(rdiv, y / x)
+
+// Unary ops; `p` is the scalar of the ops that have one (x ** p, leaky_relu's slope), 0 otherwise.
+#define FERRITE_UNARY_AS(name, sfx, E, T)                                                        \
+    extern "C" __global__ void name##_##sfx(long long n, const T* __restrict__ a, T* __restrict__ out) { \
+        name##_body<E>(n, 0.0f, a, out);                                                          \
+    }
+#define FERRITE_UNARY_PARAM_AS(name, sfx, E, T)                                                  \
+    extern "C" __global__ void name##_##sfx(long long n, float p, const T* __restrict__ a,        \
+                                            T* __restrict__ out) {                                \
+        name##_body<E>(n, p, a, out);                                                             \
+    }
+#define FERRITE_UNARY_BODY(name, expr)                                                           \
+    template <class E>                                                                            \
+    __device__ __forceinline__ void name##_body(long long n, float p, const typename E::T* __restrict__ a, \
+                                                typename E::T* __restrict__ out) {                \
+        (void)p;                                                                                  \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            float x = E::load(a[i]);                                                              \
+            out[i] = E::store(expr);                                                              \
         }                                                                                         \
     }
-
-FERRITE_BINARY(add_f32, x + y)
-FERRITE_BINARY(sub_f32, x - y)
-FERRITE_BINARY(mul_f32, x * y)
-FERRITE_BINARY(div_f32, x / y)
-FERRITE_BINARY(maximum_f32, fmaxf(x, y))
-FERRITE_BINARY(minimum_f32, fminf(x, y))
-FERRITE_BINARY(pow_f32, powf(x, y))
-
 #define FERRITE_UNARY(name, expr)                                                                \
-    extern "C" __global__ void name(long long n, const float* __restrict__ a,                     \
-                                    float* __restrict__ out) {                                    \
-        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
-             i += (long long)gridDim.x * blockDim.x) {                                            \
-            float x = a[i];                                                                       \
-            out[i] = (expr);                                                                      \
-        }                                                                                         \
-    }
-
-FERRITE_UNARY(neg_f32, -x)
-FERRITE_UNARY(exp_f32, expf(x))
-FERRITE_UNARY(log_f32, logf(x))
-FERRITE_UNARY(sqrt_f32, sqrtf(x))
-FERRITE_UNARY(rsqrt_f32, rsqrtf(x))
-// NaN passes through, as PyTorch's relu (clamp_min) does.
-FERRITE_UNARY(relu_f32, (x > 0.0f || x != x) ? x : 0.0f)
-FERRITE_UNARY(sigmoid_f32, 1.0f / (1.0f + expf(-x)))
-FERRITE_UNARY(tanh_f32, tanhf(x))
-FERRITE_UNARY(silu_f32, x / (1.0f + expf(-x)))
-// PyTorch's gelu(approximate='none') and 'tanh' (GPT-2's gelu_new).
-FERRITE_UNARY(gelu_f32, 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)))
-FERRITE_UNARY(gelu_tanh_f32,
-              0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))))
-FERRITE_UNARY(abs_f32, fabsf(x))
-FERRITE_UNARY(sin_f32, sinf(x))
-FERRITE_UNARY(cos_f32, cosf(x))
-FERRITE_UNARY(log1p_f32, log1pf(x))
-FERRITE_UNARY(reciprocal_f32, 1.0f / x)
-FERRITE_UNARY(square_f32, x * x)
-
-// The unary ops with a scalar parameter: x ** p and leaky_relu (x > 0 ? x : x * p).
+    FERRITE_UNARY_BODY(name, expr)                                                                \
+    FERRITE_UNARY_AS(name, f32, ElemF32, float)                                                   \
+    FERRITE_UNARY_AS(name, f16, ElemF16, unsigned short)                                          \
+    FERRITE_UNARY_AS(name, bf16, ElemBF16, unsigned short)
 #define FERRITE_UNARY_PARAM(name, expr)                                                          \
-    extern "C" __global__ void name(long long n, float p, const float* __restrict__ a,            \
-                                    float* __restrict__ out) {                                    \
-        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
-             i += (long long)gridDim.x * blockDim.x) {                                            \
-            float x = a[i];                                                                       \
-            out[i] = (expr);                                                                      \
-        }                                                                                         \
-    }
+    FERRITE_UNARY_BODY(name, expr)                                                                \
+    FERRITE_UNARY_PARAM_AS(name, f32, ElemF32, float)                                             \
+    FERRITE_UNARY_PARAM_AS(name, f16, ElemF16, unsigned short)                                    \
+    FERRITE_UNARY_PARAM_AS(name, bf16, ElemBF16, unsigned short)
 
-FERRITE_UNARY_PARAM(pow_scalar_f32, powf(x, p))
-FERRITE_UNARY_PARAM(leaky_relu_f32, x > 0.0f ? x : x * p)
+FERRITE_UNARY(neg, -x)
+FERRITE_UNARY(exp, expf(x))
+FERRITE_UNARY(log, logf(x))
+FERRITE_UNARY(sqrt, sqrtf(x))
+FERRITE_UNARY(rsqrt, rsqrtf(x))
+// NaN passes through, as PyTorch's relu (clamp_min) does.
+FERRITE_UNARY(relu, (x > 0.0f || x != x) ? x : 0.0f)
+FERRITE_UNARY(sigmoid, 1.0f / (1.0f + expf(-x)))
+FERRITE_UNARY(tanh, tanhf(x))
+FERRITE_UNARY(silu, x / (1.0f + expf(-x)))
+// PyTorch's gelu(approximate='none') and 'tanh' (GPT-2's gelu_new).
+FERRITE_UNARY(gelu, 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)))
+FERRITE_UNARY(gelu_tanh, 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))))
+FERRITE_UNARY(abs, fabsf(x))
+FERRITE_UNARY(sin, sinf(x))
+FERRITE_UNARY(cos, cosf(x))
+FERRITE_UNARY(log1p, log1pf(x))
+FERRITE_UNARY(reciprocal, 1.0f / x)
+FERRITE_UNARY(square, x * x)
+// x ** p and leaky_relu (x > 0 ? x : x * p).
+FERRITE_UNARY_PARAM(pow_scalar, powf(x, p))
+FERRITE_UNARY_PARAM(leaky_relu, x > 0.0f ? x : x * p)
 
 // Logical and/or of two bool tensors with broadcasting (any nonzero byte is true).
 #define FERRITE_LOGICAL(name, expr)                                                              \
@@ -125,25 +181,34 @@ extern "C" __global__ void fill_f32(long long n, float value, float* __restrict_
 
 // Comparisons with broadcasting: out = (x OP y) as a byte (PyTorch's bool tensors; NaN compares
 // false except for `ne`).
+#define FERRITE_COMPARE_AS(name, sfx, E, T)                                                      \
+    extern "C" __global__ void name##_##sfx(long long n, Broadcast g, const T* __restrict__ a,    \
+                                            const T* __restrict__ b, unsigned char* __restrict__ out) { \
+        name##_body<E>(n, g, a, b, out);                                                          \
+    }
 #define FERRITE_COMPARE(name, expr)                                                              \
-    extern "C" __global__ void name(long long n, Broadcast g, const float* __restrict__ a,        \
-                                    const float* __restrict__ b, unsigned char* __restrict__ out) { \
+    template <class E>                                                                            \
+    __device__ __forceinline__ void name##_body(long long n, const Broadcast& g, const typename E::T* __restrict__ a, \
+                                                const typename E::T* __restrict__ b, unsigned char* __restrict__ out) { \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
              i += (long long)gridDim.x * blockDim.x) {                                            \
             long long ia, ib;                                                                     \
             offsets(g, i, &ia, &ib);                                                              \
-            float x = a[ia];                                                                      \
-            float y = b[ib];                                                                      \
+            float x = E::load(a[ia]);                                                             \
+            float y = E::load(b[ib]);                                                             \
             out[i] = (expr) ? 1 : 0;                                                              \
         }                                                                                         \
-    }
+    }                                                                                             \
+    FERRITE_COMPARE_AS(name, f32, ElemF32, float)                                                 \
+    FERRITE_COMPARE_AS(name, f16, ElemF16, unsigned short)                                        \
+    FERRITE_COMPARE_AS(name, bf16, ElemBF16, unsigned short)
 
-FERRITE_COMPARE(eq_f32, x == y)
-FERRITE_COMPARE(ne_f32, x != y)
-FERRITE_COMPARE(lt_f32, x < y)
-FERRITE_COMPARE(le_f32, x <= y)
-FERRITE_COMPARE(gt_f32, x > y)
-FERRITE_COMPARE(ge_f32, x >= y)
+FERRITE_COMPARE(eq, x == y)
+FERRITE_COMPARE(ne, x != y)
+FERRITE_COMPARE(lt, x < y)
+FERRITE_COMPARE(le, x <= y)
+FERRITE_COMPARE(gt, x > y)
+FERRITE_COMPARE(ge, x >= y)
 
 // The same comparisons on int64 values (exact beyond f32's 2^24: labels, indices, counts).
 #define FERRITE_COMPARE_I64(name, expr)                                                          \
@@ -218,16 +283,26 @@ FERRITE_WHERE(where_b64, unsigned long long)
 
 // clamp(x, lo, hi) as PyTorch's min(max(x, lo), hi): NaN stays NaN, hi wins when lo > hi, and a
 // bound that is NaN makes the result NaN.
-extern "C" __global__ void clamp_f32(long long n, float lo, float hi, const float* __restrict__ x,
-                                     float* __restrict__ out) {
+template <class E>
+__device__ __forceinline__ void clamp_body(long long n, float lo, float hi, const typename E::T* __restrict__ x,
+                                           typename E::T* __restrict__ out) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        float v = x[i];
+        float v = E::load(x[i]);
         if (lo != lo || hi != hi) v = lo != lo ? lo : hi;
         else if (v == v) {
             v = v < lo ? lo : v;
             v = v > hi ? hi : v;
         }
-        out[i] = v;
+        out[i] = E::store(v);
     }
 }
+
+#define FERRITE_CLAMP_AS(sfx, E, T)                                                              \
+    extern "C" __global__ void clamp_##sfx(long long n, float lo, float hi, const T* __restrict__ x, \
+                                           T* __restrict__ out) {                                 \
+        clamp_body<E>(n, lo, hi, x, out);                                                         \
+    }
+FERRITE_CLAMP_AS(f32, ElemF32, float)
+FERRITE_CLAMP_AS(f16, ElemF16, unsigned short)
+FERRITE_CLAMP_AS(bf16, ElemBF16, unsigned short)

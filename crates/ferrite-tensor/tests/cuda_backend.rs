@@ -259,6 +259,123 @@ fn elementwise_ops_match_the_cpu() {
     done(name);
 }
 
+/// f16 and bf16 elementwise ops read their operands as they are — contiguous, strided (a
+/// transpose) or broadcast — compute in f32 and round once on store, so they give the CPU's bits
+/// exactly, and the only device memory an op takes is its output: no f32 copies of operands or
+/// result (an in-place op and a gradient into an existing tensor take none at all).
+#[test]
+fn half_elementwise_ops_run_natively_with_no_f32_copies() {
+    use ferrite_tensor::backend::kernels_for;
+    let name = "half_elementwise_ops_run_natively_with_no_f32_copies";
+    if !on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(41);
+    let al = ferrite_memory::allocator(&cuda());
+    // Peak bytes `f` allocates beyond what was live before it, and its result.
+    let peak = |f: &dyn Fn() -> Tensor| {
+        let before = al.memory_allocated();
+        al.reset_peak_memory_stats();
+        let t = f();
+        (al.max_memory_allocated() - before, t)
+    };
+    // A tensor's bytes as the caching allocator counts them (blocks of 512 bytes).
+    let bytes = |t: &Tensor| (t.numel() * t.dtype().size_in_bytes()).div_ceil(512) as u64 * 512;
+    let (cpu, dev) = (kernels_for(&Device::Cpu), kernels_for(&cuda()));
+    for dt in [DType::F16, DType::BF16] {
+        let h = |t: Tensor| t.to_dtype(dt).unwrap();
+        let a = h(randn(&mut g, &[3, 5, 7]));
+        let b = h(randn(&mut g, &[5, 1])); // broadcasts
+        let c = h(randn(&mut g, &[7, 5])).t().unwrap(); // strided [5, 7]
+        let pos = a.abs().unwrap().add_scalar(0.5).unwrap();
+        let (da, db, dc, dpos) = (to_cuda(&a), to_cuda(&b), to_cuda(&c), to_cuda(&pos));
+        type Op2 = fn(&Tensor, &Tensor, &Tensor) -> ferrite_tensor::Result<Tensor>;
+        let binary: Vec<(&str, Op2)> = vec![
+            ("add bcast", |a, b, _| a.add(b)),
+            ("sub strided", |a, _, c| a.sub(c)),
+            ("mul bcast strided", |_, b, c| c.mul(b)),
+            ("div strided", |a, _, c| c.div(a)),
+            ("maximum", |a, _, c| a.maximum(c)),
+            ("minimum bcast", |a, b, _| b.minimum(a)),
+            ("ge bcast", |a, b, _| a.ge(b)),
+            ("lt strided", |a, _, c| c.lt(a)),
+        ];
+        for (what, f) in &binary {
+            let (used, got) = peak(&|| f(&da, &db, &dc).unwrap());
+            assert_same(&format!("{what} {dt:?}"), &got, &f(&a, &b, &c).unwrap());
+            assert_eq!(used, bytes(&got), "{what} {dt:?} took {used} bytes for a {}-byte output", bytes(&got));
+        }
+        let (used, got) = peak(&|| dpos.pow(&db).unwrap());
+        assert_same(&format!("pow bcast {dt:?}"), &got, &pos.pow(&b).unwrap());
+        assert_eq!(used, bytes(&got), "pow {dt:?}: {used} bytes");
+        type Op1 = fn(&Tensor) -> ferrite_tensor::Result<Tensor>;
+        let unary: Vec<(&str, Op1)> = vec![
+            ("add_scalar", |t| t.add_scalar(0.3)),
+            ("sub_scalar", |t| t.sub_scalar(-1.7)),
+            ("mul_scalar", |t| t.mul_scalar(-1.5)),
+            ("div_scalar", |t| t.div_scalar(3.0)),
+            ("rsub_scalar", |t| t.rsub_scalar(2.0)),
+            ("rdiv_scalar", |t| t.rdiv_scalar(3.0)),
+            ("gelu", |t| t.gelu()),
+            ("gelu_tanh", |t| t.gelu_tanh()),
+            ("relu", |t| t.relu()),
+            ("exp", |t| t.exp()),
+            ("tanh", |t| t.tanh()),
+            ("neg", |t| t.neg()),
+            ("square", |t| t.square()),
+            ("leaky_relu", |t| t.leaky_relu(0.1)),
+            ("clamp", |t| t.clamp(Some(-0.5), Some(0.7))),
+        ];
+        for (what, f) in &unary {
+            let (used, got) = peak(&|| f(&da).unwrap());
+            assert_same(&format!("{what} {dt:?}"), &got, &f(&a).unwrap());
+            assert_eq!(used, bytes(&got), "{what} {dt:?} took {used} bytes for a {}-byte output", bytes(&got));
+            // A strided input (scalar ops read it through its strides; unary ops copy it).
+            assert_same(&format!("{what} {dt:?} strided"), &f(&dc).unwrap(), &f(&c).unwrap());
+        }
+        // In place: straight into the destination, with a broadcast and a strided source.
+        let (hx, dx) = (a.deep_clone().unwrap(), da.deep_clone().unwrap());
+        hx.add_(&b).unwrap();
+        let (used, _) = peak(&|| {
+            dx.add_(&db).unwrap();
+            dx.clone()
+        });
+        assert_same(&format!("add_ bcast {dt:?}"), &dx, &hx);
+        assert_eq!(used, 0, "add_ {dt:?} took {used} bytes");
+        let (hy, dy) = (c.deep_clone().unwrap(), dc.deep_clone().unwrap());
+        hy.mul_(&c).unwrap();
+        let (used, _) = peak(&|| {
+            dy.mul_(&dc).unwrap();
+            dy.clone()
+        });
+        assert_same(&format!("mul_ strided {dt:?}"), &dy, &hy);
+        assert_eq!(used, 0, "mul_ {dt:?} took {used} bytes");
+        // x -= x through the same storage, and into a strided view (the scratch path).
+        dy.sub_(&dy).unwrap();
+        hy.sub_(&hy).unwrap();
+        assert_same(&format!("sub_ self {dt:?}"), &dy, &hy);
+        let (hz, dz) = (a.deep_clone().unwrap(), da.deep_clone().unwrap());
+        hz.narrow(2, 1, 5).unwrap().add_(&c.narrow(1, 2, 5).unwrap()).unwrap();
+        dz.narrow(2, 1, 5).unwrap().add_(&dc.narrow(1, 2, 5).unwrap()).unwrap();
+        assert_same(&format!("add_ into a strided view {dt:?}"), &dz, &hz);
+        // Gradients into an existing output: no memory at all; operands as they are.
+        let grad = h(randn(&mut g, &[3, 5, 7]));
+        let dgrad = to_cuda(&grad);
+        for op in [UnaryOp::Gelu, UnaryOp::GeluTanh, UnaryOp::Relu, UnaryOp::Tanh, UnaryOp::Exp, UnaryOp::Square] {
+            let want = Tensor::zeros(&[3, 5, 7], dt, &Device::Cpu).unwrap();
+            cpu.unary_backward(op, &want, &grad, &a).unwrap();
+            let got = Tensor::zeros(&[3, 5, 7], dt, &cuda()).unwrap();
+            let (used, _) = peak(&|| {
+                dev.unary_backward(op, &got, &dgrad, &da).unwrap();
+                got.clone()
+            });
+            assert_same(&format!("{op:?} backward {dt:?}"), &got, &want);
+            assert_eq!(used, 0, "{op:?} backward {dt:?} took {used} bytes");
+        }
+    }
+    done(name);
+}
+
 /// Sums over any dims (mean too), (log-)softmax, layer norm, and matmul — 2-D, batched with a
 /// broadcast batch, transposed and narrowed operands, f16 storage — match the CPU.
 /// NaN goes through relu, the activations and clamp as on the CPU (PyTorch's rules: `relu(NaN)`
