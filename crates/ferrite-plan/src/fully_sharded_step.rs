@@ -26,7 +26,7 @@ use ferrite_tensor::{DType, Device, Tensor, no_grad};
 
 use crate::PlanError;
 use crate::sharded_step::{DataParallel, RankLayout, RankModel, make_optimizer, run_rank_step};
-use crate::step::{MarkKind, Phase, STEPS, mark};
+use crate::step::{MarkKind, Phase, STEPS, TakenSteps, mark};
 use crate::workload::{AmpMode, StepConfig, Workload};
 
 struct Z3 {
@@ -136,7 +136,8 @@ pub(crate) fn run_zero3_rank_step(
     let scaling = config.amp == Some(AmpMode::F16);
     let mut scaler = GradScaler::new(GradScalerConfig { enabled: scaling, ..GradScalerConfig::default() })?;
     let acc = Accumulator::new(config.accum_steps)?;
-    for step in 0..STEPS {
+    let mut steps = TakenSteps::default();
+    while let Some(step) = steps.next() {
         let mut held = Vec::new();
         for k in 0..config.accum_steps {
             held.clear();
@@ -175,9 +176,10 @@ pub(crate) fn run_zero3_rank_step(
             scaler.unscale_(&mut *opt)?;
             let found = scaler.found_inf(&*opt).unwrap_or(false);
             scaler.set_found_inf(&*opt, found)?;
-            scaler.step(&mut *opt)?;
+            steps.finish(scaler.step(&mut *opt)?);
         } else {
             opt.step()?;
+            steps.finish(true);
         }
         // `gather_params`: the root's parameters written from the host, rounded to their dtype
         // there (`host_values::write_f32`): nothing allocated on the device.

@@ -34,7 +34,7 @@ use ferrite_tensor::{DType, Device, Tensor, no_grad};
 use serde::Serialize;
 
 use crate::PlanError;
-use crate::step::{MarkKind, Phase, STEPS, mark};
+use crate::step::{MarkKind, Phase, STEPS, TakenSteps, mark};
 use crate::workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 
 /// How the ranks of a data-parallel run share the model states.
@@ -242,7 +242,8 @@ pub(crate) fn run_rank_step(
     let mut scaler = GradScaler::new(GradScalerConfig { enabled: scaling, ..GradScalerConfig::default() })?;
     let acc = Accumulator::new(config.accum_steps)?;
     let scale = 1.0 / layout.world as f64;
-    for step in 0..STEPS {
+    let mut steps = TakenSteps::default();
+    while let Some(step) = steps.next() {
         let mut held = Vec::new();
         for _ in 0..config.accum_steps {
             held.clear();
@@ -348,9 +349,10 @@ pub(crate) fn run_rank_step(
                 scaler.unscale_(&mut *opt)?;
                 let found = scaler.found_inf(&*opt).unwrap_or(false);
                 scaler.set_found_inf(&*opt, found)?;
-                scaler.step(&mut *opt)?;
+                steps.finish(scaler.step(&mut *opt)?);
             } else {
                 opt.step()?;
+                steps.finish(true);
             }
             scaler.update()?;
             opt.zero_grad()?;
@@ -359,7 +361,7 @@ pub(crate) fn run_rank_step(
                 t.set_grad(None)?;
             }
         } else {
-            scaler.step(&mut *opt)?;
+            steps.finish(scaler.step(&mut *opt)?);
             scaler.update()?;
             opt.zero_grad()?;
         }

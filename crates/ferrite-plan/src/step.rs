@@ -19,6 +19,37 @@ use crate::workload::{AmpMode, OptimizerKind, StepConfig, Workload};
 /// Optimizer steps the planner runs: the first creates state, the second is the steady state.
 pub const STEPS: usize = 2;
 
+/// Steps the GradScaler may skip on top of [`STEPS`]: an f16 run's first steps often overflow at
+/// the initial scale (2¹⁶) and are skipped, creating no optimizer state; each skip halves the
+/// scale, so this many reach a scale below 1.
+const MAX_SKIPPED: usize = 17;
+
+/// The optimizer steps a planned run goes through: [`STEPS`] taken ones, past the ones the
+/// GradScaler skips (at most [`MAX_SKIPPED`]), as training goes on past them. The plan, recorded
+/// on `meta` where nothing overflows, describes taken steps; a run measured on a `sim` device
+/// must reach them too, or an f16 step would be measured without its optimizer state.
+#[derive(Default)]
+pub(crate) struct TakenSteps {
+    taken: usize,
+    skipped: usize,
+}
+
+impl TakenSteps {
+    /// The index of the step to run next (the count of steps taken so far), `None` when done.
+    pub(crate) fn next(&self) -> Option<usize> {
+        (self.taken < STEPS && self.skipped <= MAX_SKIPPED).then_some(self.taken)
+    }
+
+    /// Whether the optimizer took the step just run.
+    pub(crate) fn finish(&mut self, taken: bool) {
+        if taken {
+            self.taken += 1;
+        } else {
+            self.skipped += 1;
+        }
+    }
+}
+
 /// Which part of the step an allocation belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -149,7 +180,8 @@ fn run_step_inner(workload: &dyn Workload, config: &StepConfig, device: &Device)
     let mut scaler =
         GradScaler::new(GradScalerConfig { enabled: config.amp == Some(AmpMode::F16), ..GradScalerConfig::default() })?;
     let acc = Accumulator::new(config.accum_steps)?;
-    for step in 0..STEPS {
+    let mut steps = TakenSteps::default();
+    while let Some(step) = steps.next() {
         // What the trainer holds until the optimizer step has run: the batch, the loss and
         // what the workload keeps (logits).
         let mut held = Vec::new();
@@ -171,7 +203,7 @@ fn run_step_inner(workload: &dyn Workload, config: &StepConfig, device: &Device)
             held.extend(keep);
         }
         mark(MarkKind::Phase { phase: Phase::OptimizerStep, step });
-        scaler.step(&mut *opt)?;
+        steps.finish(scaler.step(&mut *opt)?);
         scaler.update()?;
         opt.zero_grad()?;
         drop(held);
