@@ -146,60 +146,80 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
     }
     let al = a.layout().broadcast_to(&[batch, &[m, k]].concat(), "matmul")?;
     let bl = b.layout().broadcast_to(&[batch, &[k, n]].concat(), "matmul")?;
-    let nbd = batch.len();
-    let par = par_for(m, n, k);
-    macro_rules! run {
-        ($T:ty, $one:expr) => {{
-            let ap = a.storage_base_ptr::<$T>("matmul")?;
-            let bp = b.storage_base_ptr::<$T>("matmul")?;
-            let cp = out.ptr::<$T>("matmul")?;
-            if k == 0 {
-                // SAFETY: fresh contiguous output of out.numel() elements.
-                unsafe { std::slice::from_raw_parts_mut(cp, out.numel()).fill(0 as $T) };
-                return Ok(());
-            }
-            for_each_batch(&al, &bl, batch, |bi, ao, bo| {
-                // SAFETY: offsets/strides come from layouts validated against their storages;
-                // the output is a fresh buffer distinct from both inputs.
-                unsafe {
-                    gemm_raw::<$T>(
-                        cp.add(bi * m * n),
-                        (n as isize, 1),
-                        ap.add(ao),
-                        (al.strides[nbd] as isize, al.strides[nbd + 1] as isize),
-                        bp.add(bo),
-                        (bl.strides[nbd] as isize, bl.strides[nbd + 1] as isize),
-                        (m, n, k),
-                        $one,
-                        par,
-                    );
-                }
-            });
-        }};
-    }
     let forced = gemm::forced();
     let isa = forced.map(|f| f.isa).or_else(Isa::best);
-    if let (DType::F32, Some(isa)) = (out.dtype(), isa) {
-        let ap = a.storage_base_ptr::<f32>("matmul")?;
-        let bp = b.storage_base_ptr::<f32>("matmul")?;
-        // SAFETY: the pointers are the operands' storages, which `al`/`bl` (their layouts,
-        // validated against those storages) address; `out` is a fresh contiguous buffer of
-        // batch·m·n elements distinct from both.
-        unsafe { bmm_f32_own(isa, forced, ap, &al, bp, &bl, out.ptr::<f32>("matmul")?, batch, (m, n, k)) };
-        return Ok(());
+    let cp = out.ptr::<u8>("matmul")?;
+    // SAFETY (each arm): the pointers are the operands' storages, which `al`/`bl` (their
+    // layouts, validated against those storages) address; `out` is a fresh contiguous buffer of
+    // batch·m·n elements of its dtype, distinct from both; `isa` is supported (`best`, or a test
+    // that checked it).
+    match (out.dtype(), isa) {
+        (DType::F32, Some(isa)) => unsafe {
+            let (ap, bp) = (a.storage_base_ptr::<f32>("matmul")?, b.storage_base_ptr::<f32>("matmul")?);
+            bmm_f32_own(isa, forced, ap, &al, bp, &bl, cp.cast(), batch, (m, n, k));
+        },
+        (DType::F32, None) => unsafe {
+            let (ap, bp) = (a.storage_base_ptr::<f32>("matmul")?, b.storage_base_ptr::<f32>("matmul")?);
+            bmm_faer::<f32>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0);
+        },
+        (DType::F64, _) => unsafe {
+            let (ap, bp) = (a.storage_base_ptr::<f64>("matmul")?, b.storage_base_ptr::<f64>("matmul")?);
+            bmm_faer::<f64>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0);
+        },
+        (d, _) => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
     }
-    match out.dtype() {
-        DType::F32 => run!(f32, 1.0f32),
-        DType::F64 => run!(f64, 1.0f64),
-        d => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
+    Ok(())
+}
+
+/// The batch through faer's GEMM (f64, and f32 where ferrite's own kernels do not run):
+/// `c [batch.., m, n]` (contiguous) from `a`/`b` at their storages' bases, addressed by the
+/// broadcast layouts `al`/`bl`.
+///
+/// # Safety
+/// `al`/`bl` must address initialised elements of the buffers at `ap`/`bp`; `cp` must be a
+/// buffer of batch·m·n elements overlapping neither.
+#[allow(clippy::too_many_arguments)]
+unsafe fn bmm_faer<T: faer::traits::ComplexField + Copy>(
+    ap: *const T,
+    al: &Layout,
+    bp: *const T,
+    bl: &Layout,
+    cp: *mut T,
+    batch: &[usize],
+    (m, n, k): (usize, usize, usize),
+    one: T,
+) {
+    let nbd = batch.len();
+    if k == 0 {
+        let zero = one - one;
+        // SAFETY: `cp` holds batch·m·n elements (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(cp, batch.iter().product::<usize>() * m * n).fill(zero) };
+        return;
     }
+    let par = par_for(m, n, k);
+    for_each_batch(al, bl, batch, |bi, ao, bo| {
+        // SAFETY: the offsets and strides come from the layouts the caller vouches for; product
+        // `bi` writes only its own m×n block of `c`.
+        unsafe {
+            gemm_raw::<T>(
+                cp.add(bi * m * n),
+                (n as isize, 1),
+                ap.add(ao),
+                (al.strides[nbd] as isize, al.strides[nbd + 1] as isize),
+                bp.add(bo),
+                (bl.strides[nbd] as isize, bl.strides[nbd + 1] as isize),
+                (m, n, k),
+                one,
+                par,
+            );
+        }
+    });
     // The microkernels leave dirty AVX upper state behind (see kernels/avx_state.rs).
     if matches!(par, Par::Seq) {
         crate::kernels::avx_state::clear_upper_state_here();
     } else {
         crate::kernels::avx_state::clear_upper_state_everywhere();
     }
-    Ok(())
 }
 
 /// f16/bf16 products as PyTorch's CPU kernels compute them: the operands widened to f32
@@ -217,31 +237,13 @@ fn bmm_half(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()>
     let bl = Layout::contiguous(b.shape()).broadcast_to(&[batch, &[k, n]].concat(), "matmul")?;
     let mut c = vec![0f32; out.numel()];
     let forced = gemm::forced();
-    if let Some(isa) = forced.map(|f| f.isa).or_else(Isa::best) {
-        // SAFETY: `al`/`bl` address the contiguous widened copies of `a`/`b` (their own shapes,
-        // broadcast); `c` holds batch·m·n elements and is a third buffer; `isa` is supported.
-        unsafe { bmm_f32_own(isa, forced, aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k)) };
-    } else if k > 0 {
-        let par = par_for(m, n, k);
-        let nbd = batch.len();
-        let cp = c.as_mut_ptr();
-        for_each_batch(&al, &bl, batch, |bi, ao, bo| {
-            // SAFETY: offsets/strides address the widened copies; product `bi` writes its own
-            // m×n block of `c`, a third buffer.
-            unsafe {
-                gemm_raw::<f32>(
-                    cp.add(bi * m * n),
-                    (n as isize, 1),
-                    aw.as_ptr().add(ao),
-                    (al.strides[nbd] as isize, al.strides[nbd + 1] as isize),
-                    bw.as_ptr().add(bo),
-                    (bl.strides[nbd] as isize, bl.strides[nbd + 1] as isize),
-                    (m, n, k),
-                    1.0,
-                    par,
-                );
-            }
-        });
+    // SAFETY (both arms): `al`/`bl` address the contiguous widened copies of `a`/`b` (their own
+    // shapes, broadcast); `c` holds batch·m·n elements and is a third buffer; `isa` is supported.
+    match forced.map(|f| f.isa).or_else(Isa::best) {
+        Some(isa) => unsafe {
+            bmm_f32_own(isa, forced, aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k))
+        },
+        None => unsafe { bmm_faer::<f32>(aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k), 1.0) },
     }
     let len = out.numel();
     match out.dtype() {
