@@ -149,23 +149,25 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
     let forced = gemm::forced();
     let isa = forced.map(|f| f.isa).or_else(Isa::best);
     let cp = out.ptr::<u8>("matmul")?;
-    // SAFETY (each arm): the pointers are the operands' storages, which `al`/`bl` (their
-    // layouts, validated against those storages) address; `out` is a fresh contiguous buffer of
-    // batch·m·n elements of its dtype, distinct from both; `isa` is supported (`best`, or a test
-    // that checked it).
+    // Each arm's pointers are the operands' storages, which `al`/`bl` (their layouts, validated
+    // against those storages) address; `out` is a fresh contiguous buffer of batch·m·n elements of
+    // its dtype, distinct from both.
     match (out.dtype(), isa) {
-        (DType::F32, Some(isa)) => unsafe {
+        (DType::F32, Some(isa)) => {
             let (ap, bp) = (a.storage_base_ptr::<f32>("matmul")?, b.storage_base_ptr::<f32>("matmul")?);
-            bmm_f32_own(isa, forced, ap, &al, bp, &bl, cp.cast(), batch, (m, n, k));
-        },
-        (DType::F32, None) => unsafe {
+            // SAFETY: as above; `isa` is supported (`best`, or a test that checked it).
+            unsafe { bmm_f32_own(isa, forced, ap, &al, bp, &bl, cp.cast(), batch, (m, n, k)) };
+        }
+        (DType::F32, None) => {
             let (ap, bp) = (a.storage_base_ptr::<f32>("matmul")?, b.storage_base_ptr::<f32>("matmul")?);
-            bmm_faer::<f32>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0);
-        },
-        (DType::F64, _) => unsafe {
+            // SAFETY: as above.
+            unsafe { bmm_faer::<f32>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0) };
+        }
+        (DType::F64, _) => {
             let (ap, bp) = (a.storage_base_ptr::<f64>("matmul")?, b.storage_base_ptr::<f64>("matmul")?);
-            bmm_faer::<f64>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0);
-        },
+            // SAFETY: as above.
+            unsafe { bmm_faer::<f64>(ap, &al, bp, &bl, cp.cast(), batch, (m, n, k), 1.0) };
+        }
         (d, _) => return Err(TensorError::UnsupportedDType { op: "matmul", dtype: d }),
     }
     Ok(())
@@ -179,7 +181,7 @@ fn bmm_kernel(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<(
 /// `al`/`bl` must address initialised elements of the buffers at `ap`/`bp`; `cp` must be a
 /// buffer of batch·m·n elements overlapping neither.
 #[allow(clippy::too_many_arguments)]
-unsafe fn bmm_faer<T: faer::traits::ComplexField + Copy>(
+unsafe fn bmm_faer<T: faer::traits::ComplexField + Copy + Default>(
     ap: *const T,
     al: &Layout,
     bp: *const T,
@@ -191,9 +193,8 @@ unsafe fn bmm_faer<T: faer::traits::ComplexField + Copy>(
 ) {
     let nbd = batch.len();
     if k == 0 {
-        let zero = one - one;
         // SAFETY: `cp` holds batch·m·n elements (the caller's contract).
-        unsafe { std::slice::from_raw_parts_mut(cp, batch.iter().product::<usize>() * m * n).fill(zero) };
+        unsafe { std::slice::from_raw_parts_mut(cp, batch.iter().product::<usize>() * m * n).fill(T::default()) };
         return;
     }
     let par = par_for(m, n, k);
@@ -237,12 +238,14 @@ fn bmm_half(a: &Tensor, b: &Tensor, out: &Tensor, batch: &[usize]) -> Result<()>
     let bl = Layout::contiguous(b.shape()).broadcast_to(&[batch, &[k, n]].concat(), "matmul")?;
     let mut c = vec![0f32; out.numel()];
     let forced = gemm::forced();
-    // SAFETY (both arms): `al`/`bl` address the contiguous widened copies of `a`/`b` (their own
-    // shapes, broadcast); `c` holds batch·m·n elements and is a third buffer; `isa` is supported.
+    // `al`/`bl` address the contiguous widened copies of `a`/`b` (their own shapes, broadcast);
+    // `c` holds batch·m·n elements and is a third buffer.
     match forced.map(|f| f.isa).or_else(Isa::best) {
+        // SAFETY: as above; `isa` is supported.
         Some(isa) => unsafe {
             bmm_f32_own(isa, forced, aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k))
         },
+        // SAFETY: as above.
         None => unsafe { bmm_faer::<f32>(aw.as_ptr(), &al, bw.as_ptr(), &bl, c.as_mut_ptr(), batch, (m, n, k), 1.0) },
     }
     let len = out.numel();
