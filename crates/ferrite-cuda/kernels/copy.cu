@@ -50,3 +50,21 @@ FERRITE_COPY_LAYOUT(copy_layout_b8, unsigned char)
 FERRITE_COPY_LAYOUT(copy_layout_b16, unsigned short)
 FERRITE_COPY_LAYOUT(copy_layout_b32, unsigned int)
 FERRITE_COPY_LAYOUT(copy_layout_b64, unsigned long long)
+
+// Fills: every element set to one bit pattern of its width (the value already converted to the
+// dtype on the host, as the CPU backend converts it), so one kernel per width serves every dtype
+// and a fill (`zeros`, `full`, a loss's constant) is a launch, never an upload. The pattern comes
+// as the low bits of `bits`.
+#define FERRITE_FILL(name, T)                                                                    \
+    extern "C" __global__ void name(long long n, unsigned long long bits, T* __restrict__ out) {  \
+        const T value = (T)bits;                                                                  \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
+             i += (long long)gridDim.x * blockDim.x) {                                            \
+            out[i] = value;                                                                       \
+        }                                                                                         \
+    }
+
+FERRITE_FILL(fill_b8, unsigned char)
+FERRITE_FILL(fill_b16, unsigned short)
+FERRITE_FILL(fill_b32, unsigned int)
+FERRITE_FILL(fill_b64, unsigned long long)

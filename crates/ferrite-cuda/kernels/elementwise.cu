@@ -172,13 +172,6 @@ extern "C" __global__ void axpby_f32(long long n, float alpha, const float* __re
     }
 }
 
-extern "C" __global__ void fill_f32(long long n, float value, float* __restrict__ out) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        out[i] = value;
-    }
-}
-
 // Comparisons with broadcasting: out = (x OP y) as a byte (PyTorch's bool tensors; NaN compares
 // false except for `ne`).
 #define FERRITE_COMPARE_AS(name, sfx, E, T)                                                      \

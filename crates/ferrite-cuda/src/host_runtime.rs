@@ -27,13 +27,15 @@ pub struct HostRuntime {
     launch_lock: Mutex<()>,
 }
 
-/// Calls that make the host wait for the device ([`CudaRuntime::synchronize`] and
-/// [`CudaRuntime::copy_to_host`]) on every emulated device of this process.
+/// Calls that make the host wait for the device ([`CudaRuntime::synchronize`],
+/// [`CudaRuntime::copy_to_host`] and [`CudaRuntime::copy_to_device`], which the driver runtime
+/// follows with a stream synchronisation) on every emulated device of this process.
 static HOST_WAITS: AtomicU64 = AtomicU64::new(0);
 
 impl HostRuntime {
     /// How many times the host has waited for an emulated device so far in this process (calls
-    /// of `synchronize` and `copy_to_host`, which wait for the stream on a GPU): what tests read
+    /// of `synchronize`, `copy_to_host` and `copy_to_device`, which wait for the stream on a
+    /// GPU — an upload waits too, so that the host bytes outlive the copy): what tests read
     /// before and after an op to check that the op queues its work without stalling the host.
     pub fn host_waits() -> u64 {
         HOST_WAITS.load(Ordering::Relaxed)
@@ -79,6 +81,7 @@ impl CudaRuntime for HostRuntime {
     }
 
     unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<(), CudaError> {
+        HOST_WAITS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller vouches that `dst` (a host address on this device) holds
         // `src.len()` writable bytes; the ranges cannot overlap (`src` is borrowed host memory
         // outside the device's blocks).

@@ -140,7 +140,6 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "and_bool",
             "or_bool",
             "axpby_f32",
-            "fill_f32",
             "eq_f32",
             "eq_f16",
             "eq_bf16",
@@ -221,7 +220,17 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "copy.cu",
         code: include_str!("../kernels/copy.cu"),
-        kernels: &["strided_copy_f32", "copy_layout_b8", "copy_layout_b16", "copy_layout_b32", "copy_layout_b64"],
+        kernels: &[
+            "strided_copy_f32",
+            "copy_layout_b8",
+            "copy_layout_b16",
+            "copy_layout_b32",
+            "copy_layout_b64",
+            "fill_b8",
+            "fill_b16",
+            "fill_b32",
+            "fill_b64",
+        ],
     },
     KernelSource {
         name: "batch_norm.cu",

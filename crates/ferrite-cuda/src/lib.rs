@@ -22,6 +22,7 @@ mod host_runtime;
 mod kernel_arg;
 mod kernel_sources;
 mod nvrtc;
+pub mod records;
 mod runtime;
 
 pub use driver_runtime::DriverRuntime;

@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ferrite_cuda::records::{ConvGemm, ConvGeometry};
 use ferrite_cuda::{HostModule, KERNEL_SOURCES, KernelArg};
 use ferrite_tensor::Tensor;
 use ferrite_test_support::assert_slices_close;
@@ -1112,25 +1113,6 @@ fn pooling_options_beyond_the_fixtures_agree_with_the_cpu_backend() {
     }
 }
 
-/// `ConvGeometry` of conv.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct ConvGeometry {
-    channels: i64,
-    h: i64,
-    w: i64,
-    out_h: i64,
-    out_w: i64,
-    kh: i32,
-    kw: i32,
-    sh: i32,
-    sw: i32,
-    ph: i32,
-    pw: i32,
-    dh: i32,
-    dw: i32,
-}
-
 /// The matrix products a backend hands to cuBLAS, on the host in f64: `c[m×n] = a[m×k] · b[k×n]`
 /// with each operand given by (data, row stride, column stride).
 fn gemm(m: usize, n: usize, k: usize, a: (&[f32], usize, usize), b: (&[f32], usize, usize)) -> Vec<f32> {
@@ -1262,29 +1244,6 @@ fn convolutions_through_im2col_and_col2im_match_pytorch() {
         c.check(&format!("{name} grad input"), &dx, "grad_input.0");
         c.check(&format!("{name} grad weight"), &dw, "grad_input.1");
     }
-}
-
-/// `ConvGemm` of conv_implicit.cu.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct ConvGemm {
-    channels: i32,
-    h: i32,
-    w: i32,
-    out_h: i32,
-    out_w: i32,
-    kh: i32,
-    kw: i32,
-    sh: i32,
-    sw: i32,
-    ph: i32,
-    pw: i32,
-    dh: i32,
-    dw: i32,
-    groups: i32,
-    m: i32,
-    images: i32,
-    splits: i32,
 }
 
 /// The implicit-GEMM kernels (no unfolded matrix anywhere, on the host or the device) on the

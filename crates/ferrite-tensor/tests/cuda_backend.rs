@@ -18,6 +18,8 @@ use ferrite_tensor::{DType, Device, Generator, Tensor, TensorError};
 use ferrite_test_support::assert_close;
 
 const EMULATOR_ENV: &str = "FERRITE_CUDA_EMULATOR";
+/// Set (to the test's name) in the child process [`alone_on_emulator`] starts.
+const ALONE_ENV: &str = "FERRITE_TEST_ALONE";
 
 /// A view of a tensor (a transpose, a narrowing, ...).
 type View = Box<dyn Fn(&Tensor) -> Tensor>;
@@ -46,6 +48,28 @@ fn on_emulator(name: &str) -> bool {
         return false;
     }
     let stdout = ferrite_test_support::run_in_child(name, &[(EMULATOR_ENV, "1")]);
+    assert!(
+        stdout.contains(&format!("CUDA-EMULATED {name} done")),
+        "{name}: the child did not run the test:\n{stdout}"
+    );
+    false
+}
+
+/// Like [`on_emulator`], but the body always runs in a child process of its own, even when the
+/// whole run has the emulator on: for tests that count [`ferrite_cuda::HostRuntime::host_waits`],
+/// a process-wide counter that tests running beside them would move.
+fn alone_on_emulator(name: &str) -> bool {
+    if std::env::var(ALONE_ENV).is_ok_and(|v| v == name) && ferrite_memory::cuda::emulator_enabled() {
+        return true;
+    }
+    if !ferrite_test_support::present_or_skip(
+        ferrite_cuda::HostModule::compiler_available(),
+        "no C++20 compiler (`$CXX`, default g++) to run the CUDA kernels of the emulated cuda:0",
+        "apt-get install g++ (or set CXX)",
+    ) {
+        return false;
+    }
+    let stdout = ferrite_test_support::run_in_child(name, &[(EMULATOR_ENV, "1"), (ALONE_ENV, name)]);
     assert!(
         stdout.contains(&format!("CUDA-EMULATED {name} done")),
         "{name}: the child did not run the test:\n{stdout}"
@@ -1073,7 +1097,7 @@ fn index_ops_and_class_targets_do_not_synchronise() {
     use ferrite_cuda::HostRuntime;
     use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy, embedding};
     let name = "index_ops_and_class_targets_do_not_synchronise";
-    if !on_emulator(name) {
+    if !alone_on_emulator(name) {
         return;
     }
     let mut g = Generator::new(3);
@@ -1115,6 +1139,124 @@ fn index_ops_and_class_targets_do_not_synchronise() {
     }
     let waits = HostRuntime::host_waits() - before;
     assert!((1..=ops / 200).contains(&waits), "{waits} waits for {ops} flagged ops");
+    done(name);
+}
+
+/// Each element's bits as an integer (exact for every dtype; NaN payloads included).
+fn element_bits(t: &Tensor) -> Vec<u64> {
+    let t = t.to_device(&Device::Cpu).unwrap();
+    match t.dtype() {
+        DType::F32 => t.to_vec::<f32>().unwrap().into_iter().map(|v| u64::from(v.to_bits())).collect(),
+        DType::F64 => t.to_vec::<f64>().unwrap().into_iter().map(f64::to_bits).collect(),
+        DType::F16 => t.to_vec::<half::f16>().unwrap().into_iter().map(|v| u64::from(v.to_bits())).collect(),
+        DType::BF16 => t.to_vec::<half::bf16>().unwrap().into_iter().map(|v| u64::from(v.to_bits())).collect(),
+        DType::I64 => t.to_vec::<i64>().unwrap().into_iter().map(|v| v as u64).collect(),
+        DType::I32 => t.to_vec::<i32>().unwrap().into_iter().map(|v| u64::from(v as u32)).collect(),
+        DType::U8 => t.to_vec::<u8>().unwrap().into_iter().map(u64::from).collect(),
+        DType::Bool => t.to_vec::<ferrite_tensor::Bool8>().unwrap().into_iter().map(|v| u64::from(v.0)).collect(),
+    }
+}
+
+/// A fill on `cuda:0` holds the very bits the CPU's fill holds, in every dtype: the value is
+/// converted on the host as the CPU converts it (rounding, f16 overflow to infinity, NaN,
+/// truncated and saturated integers, bool as `value != 0`) and written by a kernel of the
+/// element's width — also into a view that starts inside its storage, and through `fill_`.
+#[test]
+fn fills_hold_the_cpu_s_bits_in_every_dtype() {
+    let name = "fills_hold_the_cpu_s_bits_in_every_dtype";
+    if !on_emulator(name) {
+        return;
+    }
+    let values = [
+        0.0,
+        -0.0,
+        1.0,
+        -2.5,
+        0.1,
+        3.7,
+        -3.7,
+        255.5,
+        300.0,
+        1e5,
+        -1e5,
+        65519.0,
+        1.00390625, // halfway between two bf16 neighbours: rounds to even
+        1e-30,
+        3e9,
+        1e20,
+        -1e20,
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ];
+    for dt in DType::ALL {
+        for v in values {
+            let want = element_bits(&Tensor::full(&[37], v, dt, &Device::Cpu).unwrap());
+            let got = Tensor::full(&[37], v, dt, &cuda()).unwrap();
+            assert_eq!(element_bits(&got), want, "full({v}) as {dt}");
+            // fill_ into the middle rows of a larger tensor (a contiguous view at an offset).
+            let big = Tensor::zeros(&[4, 5], dt, &cuda()).unwrap();
+            big.narrow(0, 1, 2).unwrap().fill_(v).unwrap();
+            let host = Tensor::zeros(&[4, 5], dt, &Device::Cpu).unwrap();
+            host.narrow(0, 1, 2).unwrap().fill_(v).unwrap();
+            assert_eq!(element_bits(&big), element_bits(&host), "fill_({v}) of rows 1..3 as {dt}");
+        }
+    }
+    done(name);
+}
+
+/// A training step on `cuda:0` — a linear layer, cross entropy with an ignored target (its
+/// integer `zeros` and `target != ignore_index`), backward, an SGD update, fills of every dtype —
+/// queues all of its work: the host waits for the device only where it reads a loss back. On a
+/// GPU an upload waits too (the emulator counts it), so a fill that uploaded its value would
+/// stall every step. The losses are the CPU's.
+#[test]
+fn a_training_step_with_cross_entropy_never_waits_for_the_device() {
+    use ferrite_cuda::HostRuntime;
+    use ferrite_tensor::functional::{CrossEntropyOptions, cross_entropy};
+    let name = "a_training_step_with_cross_entropy_never_waits_for_the_device";
+    if !alone_on_emulator(name) {
+        return;
+    }
+    let mut g = Generator::new(5);
+    let (w0, b0, x0) = (randn(&mut g, &[4, 3]), randn(&mut g, &[3]), randn(&mut g, &[6, 4]));
+    let target0 = Tensor::from_slice(&[0i64, 2, 1, -100, 2, 0], &[6], &Device::Cpu).unwrap();
+    let train = |dev: &Device, count_waits: bool| -> Vec<f64> {
+        let leaf = |t: &Tensor| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap();
+        let (w, b) = (leaf(&w0), leaf(&b0));
+        let (x, target) = (x0.to_device(dev).unwrap(), target0.to_device(dev).unwrap());
+        let step = || -> Tensor {
+            let logits = x.matmul(&w).unwrap().add(&b).unwrap();
+            let loss = cross_entropy(&logits, &target, &CrossEntropyOptions::default()).unwrap();
+            loss.backward().unwrap();
+            let _no_grad = ferrite_tensor::no_grad();
+            for p in [&w, &b] {
+                p.add_scaled_(&p.grad().unwrap(), -0.5).unwrap();
+                p.set_grad(None).unwrap();
+            }
+            for dt in DType::ALL {
+                Tensor::full(&[3], -1.5, dt, dev).unwrap();
+            }
+            loss
+        };
+        // The first step compiles every kernel and allocates the device's flag slab.
+        let mut losses = vec![step().item().unwrap()];
+        let before = HostRuntime::host_waits();
+        let queued: Vec<Tensor> = (0..3).map(|_| step()).collect();
+        if count_waits {
+            assert_eq!(HostRuntime::host_waits() - before, 0, "host waits in three training steps on {dev}");
+        }
+        losses.extend(queued.iter().map(|l| l.item().unwrap()));
+        if count_waits {
+            assert!(HostRuntime::host_waits() > before, "reading a loss back waits for the device");
+        }
+        losses
+    };
+    let (got, want) = (train(&cuda(), true), train(&Device::Cpu, false));
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "loss of step {i}: cuda {a}, cpu {b}");
+    }
+    assert!(want[3] < want[0], "the steps train: {want:?}");
     done(name);
 }
 

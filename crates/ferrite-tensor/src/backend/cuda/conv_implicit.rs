@@ -10,6 +10,7 @@
 //! caller sends them) through f32 copies, as elsewhere in this backend. A product whose per-image
 //! extents do not fit the kernels' 32-bit index arithmetic takes the unfold + GEMM default.
 use ferrite_cuda::KernelArg;
+use ferrite_cuda::records::ConvGemm;
 
 use super::data::f32_contiguous;
 use super::elementwise::{check_float, into_f32_out};
@@ -29,29 +30,6 @@ const TARGET_BLOCKS: usize = 512;
 const MIN_SPLIT_DEPTH: usize = 512;
 /// Most splits of the weight gradient (bounds the partial-result scratch at this many weights).
 const MAX_SPLITS: usize = 16;
-
-/// `ConvGemm` of conv_implicit.cu.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ConvGemm {
-    channels: i32,
-    h: i32,
-    w: i32,
-    out_h: i32,
-    out_w: i32,
-    kh: i32,
-    kw: i32,
-    sh: i32,
-    sw: i32,
-    ph: i32,
-    pw: i32,
-    dh: i32,
-    dw: i32,
-    groups: i32,
-    m: i32,
-    images: i32,
-    splits: i32,
-}
 
 /// The record, or `None` when an extent the kernels index with `int` does not fit: any of the
 /// geometry's numbers, or one image's elements (`channels·h·w`), one sample's `y`

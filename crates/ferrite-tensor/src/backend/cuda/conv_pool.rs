@@ -2,6 +2,7 @@
 //! image per launch (the kernels take one `[C, H, W]` image), pooling over all `[P, H, W]`
 //! planes at once. f32 compute, f16/bf16 through f32.
 use ferrite_cuda::KernelArg;
+use ferrite_cuda::records::ConvGeometry as ConvRecord;
 
 use super::data::{f32_contiguous, fill};
 use super::elementwise::{check_float, into_f32_out};
@@ -9,25 +10,6 @@ use super::launch::{Ctx, addr, ptr};
 use crate::Tensor;
 use crate::backend::{ConvGeometry, Pool2d, PoolKind};
 use crate::error::Result;
-
-/// `ConvGeometry` of conv.cu.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ConvRecord {
-    channels: i64,
-    h: i64,
-    w: i64,
-    out_h: i64,
-    out_w: i64,
-    kh: i32,
-    kw: i32,
-    sh: i32,
-    sw: i32,
-    ph: i32,
-    pw: i32,
-    dh: i32,
-    dw: i32,
-}
 
 /// `Pool2d` of pool.cu.
 #[repr(C)]

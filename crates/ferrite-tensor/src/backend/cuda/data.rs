@@ -1,5 +1,5 @@
-//! Data movement on `cuda:N`: copies between layouts and dtypes, fills, and uploads of host
-//! values. Same-dtype copies move raw elements by width (`copy_layout_b8..b64` of copy.cu), so
+//! Data movement on `cuda:N`: copies between layouts and dtypes, fills (a kernel per element
+//! width, for every dtype), and uploads of host values. Same-dtype copies move raw elements by width (`copy_layout_b8..b64` of copy.cu), so
 //! every dtype — f64 included — can be stored, moved and read back; conversions go through
 //! cast.cu's kernels on contiguous buffers (through f32 when no direct kernel exists).
 use ferrite_cuda::KernelArg;
@@ -178,26 +178,37 @@ pub(super) fn upload(cx: Ctx<'_>, dst: &Tensor, host: &Tensor) -> Result<()> {
     write(cx, dst, bytes)
 }
 
-/// Fill the contiguous `dst` with `value` converted to its dtype: `fill_f32` for f32, else one
-/// element uploaded and broadcast by a copy.
+/// Fill the contiguous `dst` with `value` converted to its dtype: one `fill_b8..b64` launch
+/// (copy.cu) writing the element's bit pattern, for every dtype. Never an upload: an upload waits
+/// for the device on a real driver, and fills run in every training step (`zeros`, a loss's
+/// constants, an integer comparison's bound).
 pub(super) fn fill(cx: Ctx<'_>, dst: &Tensor, value: f64) -> Result<()> {
     let n = dst.numel();
     if n == 0 {
         return Ok(());
     }
-    if dst.dtype() == DType::F32 {
-        return cx.launch_n(
-            "fill",
-            "elementwise.cu",
-            "fill_f32",
-            n,
-            &[n_arg(n), KernelArg::F32(value as f32), KernelArg::Ptr(addr(dst, "fill")?)],
-        );
+    let (kernel, bits) = element_bits(dst.dtype(), value);
+    cx.launch_n("fill", "copy.cu", kernel, n, &[n_arg(n), KernelArg::U64(bits), KernelArg::Ptr(addr(dst, "fill")?)])
+}
+
+/// The fill kernel for `dtype`'s width and `value` stored as `dtype` — converted exactly as the
+/// CPU backend's fill converts it (`Element::from_f64`: rounding to nearest even for the floats,
+/// f16 overflow to infinity, NaN kept, integers truncated and saturated, bool as `value != 0`) —
+/// as the element's bits (the native-endian integer of its bytes).
+fn element_bits(dtype: DType, value: f64) -> (&'static str, u64) {
+    let mut b = [0u8; 8];
+    crate::dispatch_all!(dtype, T => {
+        let v = <T as crate::element::Element>::from_f64(value);
+        let bytes = bytemuck::bytes_of(&v);
+        let w = bytes.len().min(8);
+        b[..w].copy_from_slice(&bytes[..w]);
+    });
+    match dtype.size_in_bytes() {
+        1 => ("fill_b8", u64::from(b[0])),
+        2 => ("fill_b16", u64::from(u16::from_ne_bytes([b[0], b[1]]))),
+        4 => ("fill_b32", u64::from(u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))),
+        _ => ("fill_b64", u64::from_ne_bytes(b)),
     }
-    let one = cx.scratch(dst, &[], dst.dtype())?;
-    let host = Tensor::full(&[], value, dst.dtype(), &crate::Device::Cpu)?;
-    upload(cx, &one, &host)?;
-    copy(cx, dst, &one)
 }
 
 /// A contiguous f32 copy of `t` (`t` itself when it already is one).

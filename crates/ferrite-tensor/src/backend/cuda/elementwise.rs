@@ -357,9 +357,10 @@ pub(super) fn compare_scalar(cx: Ctx<'_>, op: CompareOp, out: &Tensor, a: &Tenso
         _ => s.floor(),
     };
     let a = compare_operand(cx, a, op.name())?;
-    let host = Tensor::full(&[], bound, DType::I64, &crate::Device::Cpu)?;
+    // The bound as a one-element i64 device tensor: a fill kernel, not an upload (a comparison
+    // with a scalar runs in every step, e.g. cross entropy's `target != ignore_index`).
     let b = cx.scratch(&a, &[], DType::I64)?;
-    super::data::upload(cx, &b, &host)?;
+    super::data::fill(cx, &b, bound)?;
     broadcast_kernel(cx, op.name(), &compare_kernel(op, DType::I64), out, &a, &b)
 }
 

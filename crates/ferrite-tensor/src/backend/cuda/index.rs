@@ -15,7 +15,7 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::{DType, Tensor};
 
-/// `index` as a contiguous i64 tensor.
+/// `index` as a contiguous i64 tensor, refused unless it is i64 or i32 (the index ops' dtypes).
 fn i64_index(cx: Ctx<'_>, index: &Tensor, op: &'static str) -> Result<Tensor> {
     if !matches!(index.dtype(), DType::I64 | DType::I32) {
         return Err(TensorError::InvalidDType {
@@ -25,12 +25,17 @@ fn i64_index(cx: Ctx<'_>, index: &Tensor, op: &'static str) -> Result<Tensor> {
             expected: &[DType::I64, DType::I32],
         });
     }
-    if index.dtype() == DType::I64 && index.is_contiguous() {
-        return Ok(index.clone());
+    contiguous_i64(cx, index)
+}
+
+/// `t` as a contiguous i64 tensor (`t` itself when it already is one; else a converting copy).
+fn contiguous_i64(cx: Ctx<'_>, t: &Tensor) -> Result<Tensor> {
+    if t.dtype() == DType::I64 && t.is_contiguous() {
+        return Ok(t.clone());
     }
-    let t = cx.scratch(index, index.shape(), DType::I64)?;
-    copy(cx, &t, index)?;
-    Ok(t)
+    let c = cx.scratch(t, t.shape(), DType::I64)?;
+    copy(cx, &c, t)?;
+    Ok(c)
 }
 
 /// Runs `launch` with a flag slot (a `bad` argument) queued for `op`'s index check over the
@@ -63,13 +68,8 @@ pub(super) fn check_indices(
     if count == 0 {
         return Ok(());
     }
-    let idx = if index.dtype() == DType::I64 && index.is_contiguous() {
-        index.clone()
-    } else {
-        let t = cx.scratch(index, index.shape(), DType::I64)?;
-        copy(cx, &t, index)?;
-        t
-    };
+    // Any dtype (the losses pass their targets as they are): no dtype check here.
+    let idx = contiguous_i64(cx, index)?;
     flagged(cx, &idx, dim, size, op, |bad| {
         let args = [
             n_arg(count),
@@ -88,27 +88,51 @@ fn around(shape: &[usize], dim: usize) -> (usize, usize) {
     (shape[..dim].iter().product(), shape[dim + 1..].iter().product())
 }
 
+/// The `[outer, size, inner]` view of the indexed tensor along `dim` and the `count` positions of
+/// the index along it: the numbers every index.cu kernel takes first.
+#[derive(Clone, Copy)]
+struct Span {
+    dim: usize,
+    outer: usize,
+    size: usize,
+    count: usize,
+    inner: usize,
+}
+
+impl Span {
+    fn args(&self) -> [KernelArg; 4] {
+        [n_arg(self.outer), n_arg(self.size), n_arg(self.count), n_arg(self.inner)]
+    }
+}
+
+/// `out[outer, j, inner] = xs[outer, idx[...], inner]` by `kernel` (`index_select_f32` reads
+/// `idx[j]`, `gather_f32` the index at the output's own position) over the contiguous f32 `xs`
+/// and the contiguous i64 `idx`, flagging an index outside `[0, size)`.
+fn select_f32(
+    cx: Ctx<'_>,
+    op: &'static str,
+    kernel: &str,
+    out: &Tensor,
+    xs: &Tensor,
+    idx: &Tensor,
+    at: Span,
+) -> Result<()> {
+    flagged(cx, idx, at.dim, at.size, op, |bad| {
+        into_f32_out(cx, out, |o| {
+            let [outer, size, count, inner] = at.args();
+            let args = [outer, size, count, inner, ptr(xs, op)?, ptr(idx, op)?, ptr(o, op)?, bad];
+            cx.launch_n(op, "index.cu", kernel, at.outer * at.count * at.inner, &args)
+        })
+    })
+}
+
 pub(super) fn index_select(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, index: &Tensor) -> Result<()> {
     const OP: &str = "index_select";
     check_float(OP, &[out, x])?;
     let (outer, inner) = around(x.shape(), dim);
-    let (size, count) = (x.shape()[dim], index.numel());
+    let at = Span { dim, outer, size: x.shape()[dim], count: index.numel(), inner };
     let (xs, idx) = (f32_contiguous(cx, x)?, i64_index(cx, index, OP)?);
-    flagged(cx, &idx, dim, size, OP, |bad| {
-        into_f32_out(cx, out, |o| {
-            let args = [
-                n_arg(outer),
-                n_arg(size),
-                n_arg(count),
-                n_arg(inner),
-                ptr(&xs, OP)?,
-                ptr(&idx, OP)?,
-                ptr(o, OP)?,
-                bad,
-            ];
-            cx.launch_n(OP, "index.cu", "index_select_f32", outer * count * inner, &args)
-        })
-    })
+    select_f32(cx, OP, "index_select_f32", out, &xs, &idx, at)
 }
 
 /// Runs `f` on a contiguous f32 stand-in for the in-place operand `dst` (dst itself when it is
@@ -122,19 +146,35 @@ fn in_place_f32(cx: Ctx<'_>, dst: &Tensor, f: impl FnOnce(&Tensor) -> Result<()>
     copy(cx, dst, &t)
 }
 
+/// `dst[outer, idx[...], inner] += s[outer, j, inner]` by `kernel` (`index_add_f32` reads
+/// `idx[j]`, `scatter_add_f32` the index at the source's own position) into `dst` through a
+/// contiguous f32 stand-in, from the contiguous f32 `s` and the contiguous i64 `idx`, flagging an
+/// index outside `[0, size)`.
+fn add_f32(
+    cx: Ctx<'_>,
+    op: &'static str,
+    kernel: &str,
+    dst: &Tensor,
+    s: &Tensor,
+    idx: &Tensor,
+    at: Span,
+) -> Result<()> {
+    flagged(cx, idx, at.dim, at.size, op, |bad| {
+        in_place_f32(cx, dst, |d| {
+            let [outer, size, count, inner] = at.args();
+            let args = [outer, size, count, inner, ptr(d, op)?, ptr(idx, op)?, ptr(s, op)?, bad];
+            cx.launch_n(op, "index.cu", kernel, at.outer * at.size * at.inner, &args)
+        })
+    })
+}
+
 pub(super) fn index_add(cx: Ctx<'_>, dst: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
     const OP: &str = "index_add";
     check_float(OP, &[dst, src])?;
     let (outer, inner) = around(dst.shape(), dim);
-    let (size, count) = (dst.shape()[dim], index.numel());
+    let at = Span { dim, outer, size: dst.shape()[dim], count: index.numel(), inner };
     let (s, idx) = (f32_contiguous(cx, src)?, i64_index(cx, index, OP)?);
-    flagged(cx, &idx, dim, size, OP, |bad| {
-        in_place_f32(cx, dst, |d| {
-            let args =
-                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
-            cx.launch_n(OP, "index.cu", "index_add_f32", outer * size * inner, &args)
-        })
-    })
+    add_f32(cx, OP, "index_add_f32", dst, &s, &idx, at)
 }
 
 /// `t` viewed with `shape` in every dimension but `dim` (a narrowing from the start), as gather
@@ -150,41 +190,21 @@ pub(super) fn gather(cx: Ctx<'_>, out: &Tensor, x: &Tensor, dim: usize, index: &
     check_float(OP, &[out, x])?;
     let xv = cut_to(x, index.shape(), dim);
     let (outer, inner) = around(index.shape(), dim);
-    let (size, count) = (x.shape()[dim], index.shape()[dim]);
+    let at = Span { dim, outer, size: x.shape()[dim], count: index.shape()[dim], inner };
     let (xs, idx) = (f32_contiguous(cx, &xv)?, i64_index(cx, index, OP)?);
-    flagged(cx, &idx, dim, size, OP, |bad| {
-        into_f32_out(cx, out, |o| {
-            let args = [
-                n_arg(outer),
-                n_arg(size),
-                n_arg(count),
-                n_arg(inner),
-                ptr(&xs, OP)?,
-                ptr(&idx, OP)?,
-                ptr(o, OP)?,
-                bad,
-            ];
-            cx.launch_n(OP, "index.cu", "gather_f32", outer * count * inner, &args)
-        })
-    })
+    select_f32(cx, OP, "gather_f32", out, &xs, &idx, at)
 }
 
 pub(super) fn scatter_add(cx: Ctx<'_>, out: &Tensor, dim: usize, index: &Tensor, src: &Tensor) -> Result<()> {
     const OP: &str = "scatter_add";
     check_float(OP, &[out, src])?;
     let (outer, inner) = around(index.shape(), dim);
-    let (size, count) = (out.shape()[dim], index.shape()[dim]);
+    let at = Span { dim, outer, size: out.shape()[dim], count: index.shape()[dim], inner };
     let ov = cut_to(out, index.shape(), dim);
     let sv = cut_to(src, index.shape(), dim);
-    let sv = sv.narrow(dim as i64, 0, count)?;
+    let sv = sv.narrow(dim as i64, 0, at.count)?;
     let (s, idx) = (f32_contiguous(cx, &sv)?, i64_index(cx, index, OP)?);
-    flagged(cx, &idx, dim, size, OP, |bad| {
-        in_place_f32(cx, &ov, |d| {
-            let args =
-                [n_arg(outer), n_arg(size), n_arg(count), n_arg(inner), ptr(d, OP)?, ptr(&idx, OP)?, ptr(&s, OP)?, bad];
-            cx.launch_n(OP, "index.cu", "scatter_add_f32", outer * size * inner, &args)
-        })
-    })
+    add_f32(cx, OP, "scatter_add_f32", &ov, &s, &idx, at)
 }
 
 pub(super) fn one_hot(cx: Ctx<'_>, out: &Tensor, index: &Tensor) -> Result<()> {
