@@ -91,7 +91,7 @@ impl BackwardFn for MatmulBackward {
         let a = self.a.get("MmBackward0")?;
         let b = self.b.get("MmBackward0")?;
         let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
-        let (ga, gb) = product_grads(&a, &b, &g, self.need)?;
+        let (ga, gb) = product_grads(a, b, &g, self.need)?;
         Ok(vec![ga, gb])
     }
 }
@@ -115,7 +115,7 @@ impl BackwardFn for AddmmBackward {
         let b = self.b.get("AddmmBackward0")?;
         let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
         let gbias = if self.need[2] { Some(g.sum_to_shape(&self.bias_shape)?) } else { None };
-        let (ga, gb) = product_grads(&a, &b, &g, [self.need[0], self.need[1]])?;
+        let (ga, gb) = product_grads(a, b, &g, [self.need[0], self.need[1]])?;
         Ok(vec![ga, gb, gbias])
     }
 }
