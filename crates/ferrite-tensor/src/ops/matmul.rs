@@ -113,8 +113,11 @@ impl BackwardFn for AddmmBackward {
         let Some(g) = &g[0] else { return Ok(vec![None, None, None]) };
         let a = self.a.get("AddmmBackward0")?;
         let b = self.b.get("AddmmBackward0")?;
-        let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
+        // The bias's gradient from the gradient as it arrives (f32 when an f32 op consumed the
+        // output), as the separate add's backward took it: summing rows of a loss-scaled f16
+        // gradient in f16 would overflow where the add did not.
         let gbias = if self.need[2] { Some(g.sum_to_shape(&self.bias_shape)?) } else { None };
+        let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
         let (ga, gb) = product_grads(a, b, &g, [self.need[0], self.need[1]])?;
         Ok(vec![ga, gb, gbias])
     }
