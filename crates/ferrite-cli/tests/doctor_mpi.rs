@@ -115,7 +115,7 @@ fn under_mpirun_each_rank_reports_itself() {
     if !common::require_or_skip("mpirun", "openmpi-bin libopenmpi-dev") {
         return;
     }
-    let o = Command::new("mpirun")
+    let o = ferrite_test_support::mpirun_command()
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", env!("CARGO_BIN_EXE_ferrite"), "doctor"])
         .output()
         .expect("mpirun starts");

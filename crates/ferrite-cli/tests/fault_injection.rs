@@ -78,7 +78,7 @@ fn launch(dir: &Path, args: &[String], env: &[(&str, &str)]) -> Run {
     }
     let script =
         r#"r=${OMPI_COMM_WORLD_RANK:-0}; "$0" "$@" 2>"rank$r.err"; c=$?; echo "$c $(date +%s.%N)" >"rank$r.exit""#;
-    let mut cmd = Command::new("mpirun");
+    let mut cmd = ferrite_test_support::mpirun_command();
     cmd.args(["--allow-run-as-root", "--oversubscribe", "--enable-recovery", "-np", &RANKS.to_string()]);
     cmd.env("FERRITE_DDP_TIMEOUT_S", TIMEOUT_S.to_string()).args(["-x", "FERRITE_DDP_TIMEOUT_S"]);
     for (k, v) in env {

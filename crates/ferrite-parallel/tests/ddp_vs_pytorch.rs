@@ -232,7 +232,7 @@ fn two_ferrite_ranks_match_pytorch_gloo_ddp() {
     let fx = Fixture::load();
     assert_eq!(fx.world_size(), 2, "the fixture is a 2-rank run");
     let out = tempfile::tempdir().unwrap();
-    let o = Command::new("mpirun")
+    let o = ferrite_test_support::mpirun_command()
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
         .args(["-x", "FERRITE_DDP_PYTORCH_OUT"])
         .arg(std::env::current_exe().unwrap())

@@ -112,7 +112,7 @@ fn launch(case: &str) -> Run {
     let out = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let start = Instant::now();
-    let o = Command::new("mpirun")
+    let o = ferrite_test_support::mpirun_command()
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
         .args(["-x", "FERRITE_DDP_CASE", "-x", "FERRITE_DDP_OUT", "-x", "FERRITE_DDP_TIMEOUT_S"])
         .arg(&exe)

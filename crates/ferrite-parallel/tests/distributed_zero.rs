@@ -170,7 +170,7 @@ fn launch(ranks: usize, case: &str, deadline: Duration) -> Run {
     let exe = std::env::current_exe().unwrap();
     let log_path = out.path().join("mpirun.log");
     let log_file = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new("mpirun")
+    let mut child = ferrite_test_support::mpirun_command()
         .args(["--allow-run-as-root", "--oversubscribe", "-np", &ranks.to_string()])
         .args(["-x", "FERRITE_ZERO_CASE", "-x", "FERRITE_ZERO_OUT", "-x", "FERRITE_DDP_TIMEOUT_S"])
         .arg(&exe)

@@ -4,7 +4,8 @@
 //! which devices a suite runs on and the loop that runs it on each ([`devices`]), how fixture
 //! files are read ([`fixtures`]) and results compared ([`close`], [`params`]), the small models
 //! several suites train ([`models`]), how the parsers of user text are fuzzed ([`text_fuzz`]), and
-//! the CPU-time clocks of measurements on a shared machine ([`timing`]).
+//! the CPU-time clocks of measurements on a shared machine ([`timing`]), and the `mpirun` that
+//! multi-process tests launch ([`mpirun`]).
 //!
 //! Features keep the lower crates' test builds small: without features this crate needs only
 //! ferrite-memory; `tensor` adds the fixture reader and the tensor checks, `nn` the models.
@@ -21,6 +22,7 @@ pub mod devices;
 pub mod fixtures;
 #[cfg(feature = "nn")]
 pub mod models;
+pub mod mpirun;
 #[cfg(feature = "tensor")]
 pub mod params;
 pub mod text_fuzz;
@@ -31,6 +33,7 @@ pub use close::{assert_all_close, assert_slices_close};
 #[cfg(feature = "tensor")]
 pub use close::{assert_close, check_close};
 pub use devices::{TEST_DEVICES_ENV, devices_under_test, for_each_device, for_each_device_where};
+pub use mpirun::mpirun_command;
 
 use std::path::PathBuf;
 

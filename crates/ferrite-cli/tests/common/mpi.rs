@@ -34,7 +34,7 @@ pub fn mpirun_ferrite(ranks: usize, args: &[&str], dir: &Path) -> (bool, String,
 /// maybe before the others printed theirs); the exit status is then 0 whatever the ranks' are.
 pub fn mpirun(args: &[String], env: &[(&str, &str)], dir: &Path, every_rank: bool) -> (bool, String, String) {
     let (out_path, err_path) = (dir.join("mpirun.out"), dir.join("mpirun.err"));
-    let mut cmd = Command::new("mpirun");
+    let mut cmd = ferrite_test_support::mpirun_command();
     cmd.args(["--allow-run-as-root", "--oversubscribe"]);
     if every_rank {
         cmd.args(["--mca", "orte_abort_on_non_zero_status", "0"]);
