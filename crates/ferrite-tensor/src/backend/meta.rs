@@ -207,18 +207,11 @@ impl KernelBackend for MetaBackend {
     /// What the CPU allocates: only `y` where it computes the product as implicit GEMM, the
     /// unfold + GEMM default's chunks elsewhere (planning a CPU run must count what it makes).
     fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-        if !crate::backend::cpu::implicit_gemm(img.dtype()) {
+        if !crate::backend::cpu::implicit_forward(img.dtype()) {
             return crate::backend::conv_products::unfold_product(img, a3, geom, groups);
         }
         let m = a3.shape()[1];
         img.empty_like_shape(&[img.shape()[0], groups * m, geom.output[0], geom.output[1]], img.dtype())
-    }
-    /// As the CPU: only the result where it sums the products as implicit GEMM.
-    fn conv_weight_product(&self, y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-        if !crate::backend::cpu::implicit_gemm(img.dtype()) {
-            return crate::backend::conv_products::weight_product(y, img, geom, groups);
-        }
-        img.empty_like_shape(&[groups, y.shape()[1] / groups, geom.rows() / groups], img.dtype())
     }
     // ------------------------------------------------------------------ recurrent cells (rnn)
 

@@ -50,7 +50,7 @@ pub(crate) mod unfolded;
 pub(crate) mod vector;
 
 pub(crate) use micro_kernel::{MatPtr, MicroKernel, PackB};
-pub(crate) use unfolded::{UnfoldedImage, UnfoldedImageT};
+pub(crate) use unfolded::UnfoldedImage;
 
 /// The instruction sets the GEMM has kernels for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,13 +101,6 @@ pub(crate) enum Strategy {
 }
 
 impl Strategy {
-    /// The threads it names.
-    pub(crate) fn threads(self) -> usize {
-        match self {
-            Strategy::Small { threads } | Strategy::Packed { threads } => threads,
-        }
-    }
-
     /// The same strategy on `threads` threads.
     pub(crate) fn with_threads(self, threads: usize) -> Strategy {
         match self {
@@ -312,57 +305,6 @@ pub(crate) unsafe fn sgemm_unfolded(
     }
 }
 
-/// `c[m×n] (+)= a[m×k] · Uᵀ` where `Uᵀ` (`k × n`) is the transposed unfolded image `b` (a
-/// convolution's weight gradient, one sample at a time): `accumulate` adds to C, so a sum over
-/// samples is one product after another into the same C — each element's additions in the
-/// order of the samples and depth blocks, whatever the thread count. Always the packed path
-/// (the small path cannot accumulate), on `threads` threads.
-///
-/// # Safety
-/// As [`sgemm_unfolded`] with `b.0.cols() == k`, `b.0.rows() == n`, and C initialised when
-/// `accumulate`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn sgemm_unfolded_t(
-    isa: Isa,
-    threads: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatPtr,
-    b: &UnfoldedImageT,
-    c: *mut f32,
-    ldc: usize,
-    accumulate: bool,
-) {
-    debug_assert!(isa.supported(), "{isa:?} kernels on a CPU without them");
-    debug_assert!(b.0.cols() == k && b.0.rows() == n, "Uᵀ is {}×{}, not {k}×{n}", b.0.cols(), b.0.rows());
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                // SAFETY: row i of C (caller's contract).
-                unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-            }
-        }
-        return;
-    }
-    let threads = threads.max(1);
-    // SAFETY: forwarded; the instruction set is supported (caller's contract).
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => packed::<avx512::Avx512Gemm, _>(m, n, k, a, b, c, ldc, threads, accumulate),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => packed::<avx2::Avx2Gemm, _>(m, n, k, a, b, c, ldc, threads, accumulate),
-            Isa::Scalar => packed::<scalar::ScalarGemm, _>(m, n, k, a, b, c, ldc, threads, accumulate),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("{isa:?} is never supported off x86-64"),
-        }
-    }
-}
-
 /// # Safety
 /// As [`sgemm_with`], with `m, n, k > 0` and `b` a `k × n` right-hand side.
 unsafe fn run<K: MicroKernel, B: PackB>(
@@ -379,7 +321,7 @@ unsafe fn run<K: MicroKernel, B: PackB>(
     unsafe {
         match strategy {
             Strategy::Small { threads } => small::<K, B>(m, n, k, a, b, c, ldc, threads.max(1)),
-            Strategy::Packed { threads } => packed::<K, B>(m, n, k, a, b, c, ldc, threads.max(1), false),
+            Strategy::Packed { threads } => packed::<K, B>(m, n, k, a, b, c, ldc, threads.max(1)),
         }
     }
 }
@@ -462,11 +404,10 @@ unsafe fn small_tiles<K: MicroKernel>(
 /// From this many row tiles per thread on, threads split C by rows (see `packed`).
 const TALL_TILES_PER_THREAD: usize = 8;
 
-/// The packed BLIS loop nest; `accumulate_c` adds the product to C instead of writing it.
+/// The packed BLIS loop nest.
 ///
 /// # Safety
-/// As [`run`] (with C initialised when `accumulate_c`).
-#[allow(clippy::too_many_arguments)]
+/// As [`run`].
 unsafe fn packed<K: MicroKernel, B: PackB>(
     m: usize,
     n: usize,
@@ -476,7 +417,6 @@ unsafe fn packed<K: MicroKernel, B: PackB>(
     c: *mut f32,
     ldc: usize,
     threads: usize,
-    accumulate_c: bool,
 ) {
     let (mr_t, nr_t) = (K::MR, K::NR);
     let cptr = SendPtr(c);
@@ -488,7 +428,7 @@ unsafe fn packed<K: MicroKernel, B: PackB>(
         let panels = nc.div_ceil(nr_t);
         for pc in (0..k).step_by(kc_step) {
             let kc = kc_step.min(k - pc);
-            let accumulate = accumulate_c || pc > 0;
+            let accumulate = pc > 0;
             let pack_b = |bp: SendPtr<f32>, p0: usize, p1: usize| {
                 for p in p0..p1 {
                     // SAFETY: panel p of a buffer sized for `panels` panels; ranges are disjoint
@@ -984,7 +924,7 @@ mod blocking {
                     MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize },
                 );
                 // SAFETY: n×n buffers; the test checked AVX2.
-                unsafe { packed::<K, MatPtr>(n, n, n, am, &bm, c.as_mut_ptr(), n, threads, false) };
+                unsafe { packed::<K, MatPtr>(n, n, n, am, &bm, c.as_mut_ptr(), n, threads) };
             }
             let dt = match (c0, super::timing::thread_cpu_seconds()) {
                 (Some(c0), Some(c1)) if threads == 1 => c1 - c0,

@@ -9,7 +9,7 @@ use crate::backend::{ConvGeometry, conv_products};
 use crate::element::Float;
 use crate::error::Result;
 use crate::kernels::gemm::unfolded::valid_span;
-use crate::kernels::gemm::{self, Isa, MatPtr, UnfoldedImage, UnfoldedImageT};
+use crate::kernels::gemm::{self, Isa, MatPtr, UnfoldedImage};
 use crate::kernels::strided::{SendPtr, par_ranges};
 use crate::{DType, Tensor, dispatch_float};
 
@@ -21,11 +21,10 @@ pub(super) fn col2im(x: &Tensor, cols: &Tensor, g: &ConvGeometry) -> Result<()> 
     dispatch_float!(x.dtype(), "col2im", T => fold::<T>(x, cols, g))
 }
 
-/// Whether this CPU computes the forward and weight products of a convolution of `dtype` as
-/// implicit GEMM ([`unfold_product`], [`weight_product`]: no unfolded tensor), which is what
-/// `meta` must then allocate too: f32 wherever ferrite's own GEMM runs (x86-64). f64, and f32
-/// off x86-64 (faer's GEMM), unfold.
-pub(crate) fn implicit_gemm(dtype: DType) -> bool {
+/// Whether this CPU computes the forward product of a convolution of `dtype` as implicit GEMM
+/// ([`unfold_product`]: no unfolded tensor), which is what `meta` must then allocate too: f32
+/// wherever ferrite's own GEMM runs (x86-64). f64, and f32 off x86-64 (faer's GEMM), unfold.
+pub(crate) fn implicit_forward(dtype: DType) -> bool {
     dtype == DType::F32 && Isa::best().is_some()
 }
 
@@ -95,76 +94,6 @@ pub(super) fn unfold_product(img: &Tensor, a3: &Tensor, geom: &ConvGeometry, gro
         (0..products).for_each(product);
     }
     Ok(y)
-}
-
-/// The weight product `Σₙ y[n, g] · U(img[n])[g]ᵀ` → `[groups, m, kc]` (see
-/// [`KernelBackend::conv_weight_product`](crate::backend::KernelBackend::conv_weight_product)):
-/// for f32 on x86-64, each group's gradient is one GEMM per sample added into the result, its
-/// right-hand side packed from the image ([`UnfoldedImageT`]) — no unfolded tensor and no
-/// per-sample products to sum, so the only allocation is the result. Each element's sum runs
-/// over the samples in order, and within a sample over the depth blocks in order, on any
-/// number of threads: the result does not depend on the thread count. Groups are spread over the
-/// team when there are enough of them (depthwise layers), each on one thread; otherwise each
-/// product is threaded. Other dtypes take the unfold + GEMM default.
-pub(super) fn weight_product(y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-    let forced = gemm::forced();
-    let isa = forced.map(|f| f.isa).or_else(Isa::best);
-    let (Some(isa), DType::F32) = (isa, img.dtype()) else {
-        return conv_products::weight_product(y, img, geom, groups);
-    };
-    let n = img.shape()[0];
-    let (win, m, kc) = (geom.windows(), y.shape()[1] / groups, geom.rows() / groups);
-    let out = img.empty_like_shape(&[groups, m, kc], DType::F32)?;
-    if out.numel() == 0 {
-        return Ok(out);
-    }
-    if n == 0 {
-        out.kernels().fill(&out, 0.0)?;
-        return Ok(out);
-    }
-    let threads = crate::kernels::team::threads();
-    let depth = win.saturating_mul(n);
-    let spread =
-        forced.and_then(|f| f.spread).unwrap_or_else(|| gemm::spread_over_batch(groups, m, kc, depth, threads));
-    let per_group = if spread { 1 } else { threads };
-    let product_threads = match forced.and_then(|f| f.strategy) {
-        Some(s) => s.with_threads(per_group).threads(),
-        None => gemm::strategy(m, kc, win, per_group).threads(),
-    };
-    let group_channels = geom.channels / groups;
-    let (ip, yp, op) =
-        (SendPtr(img.ptr::<f32>("conv2d")?), SendPtr(y.ptr::<f32>("conv2d")?), SendPtr(out.ptr::<f32>("conv2d")?));
-    let group = |g: usize| {
-        let (ip, yp, op) = (ip, yp, op); // capture the Sync wrappers, not their raw fields
-        for s in 0..n {
-            // SAFETY: `img` is a contiguous [n, channels, h, w] f32 tensor (sample `s`'s group `g`
-            // is `group_channels` planes at this offset); `y` a contiguous [n, groups·m, oh·ow]
-            // one (its m × win block of (s, g) at this offset); `out` a fresh contiguous
-            // [groups, m, kc] buffer distinct from both, of which group `g` writes only its own
-            // m × kc block, initialised by sample 0 before later samples add to it; `isa` is
-            // supported.
-            unsafe {
-                let b = UnfoldedImageT(UnfoldedImage {
-                    img: ip.0.add((s * geom.channels + g * group_channels) * geom.pixels()),
-                    channels: group_channels,
-                    input: geom.input,
-                    kernel: geom.kernel,
-                    stride: geom.stride,
-                    padding: geom.padding,
-                    dilation: geom.dilation,
-                    output: geom.output,
-                });
-                let a = MatPtr { ptr: yp.0.add((s * groups + g) * m * win), rs: win as isize, cs: 1 };
-                gemm::sgemm_unfolded_t(isa, product_threads, m, kc, win, a, &b, op.0.add(g * m * kc), kc, s > 0);
-            }
-        }
-    };
-    if spread {
-        gemm::split(groups, threads, &|g0, g1| (g0..g1).for_each(group));
-    } else {
-        (0..groups).for_each(group);
-    }
-    Ok(out)
 }
 
 fn unfold<T: Float>(cols: &Tensor, x: &Tensor, g: &ConvGeometry) -> Result<()> {
@@ -457,84 +386,6 @@ mod tests {
                                 got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
                                 "geometry {gi} groups {groups} m {m} n {n} {forced:?}"
                             );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// The implicit weight product equals the weight gradient summed in f64 from the explicit
-    /// unfolding (within f32 rounding of Σ|terms|), and gives the same bits spread over the team
-    /// or not, threaded or not, for every instruction set — including an empty batch (zeros).
-    #[test]
-    fn the_implicit_weight_product_sums_every_sample_and_does_not_depend_on_threads() {
-        use crate::kernels::gemm::{Forced, Strategy, with_forced};
-        use crate::{Device, Generator};
-        let d = Device::Cpu;
-        let mut r = Generator::new(9);
-        if Isa::best().is_none() {
-            eprintln!("SKIPPED: no implicit GEMM off x86-64 (f32 products are faer's)");
-            return;
-        }
-        let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2, Isa::Scalar].into_iter().filter(|i| i.supported()).collect();
-        for (gi, g) in geometries().into_iter().enumerate() {
-            for (groups, m, n) in [(1usize, 5usize, 3usize), (g.channels, 2, 2), (1, 40, 1), (1, 3, 0)] {
-                if g.channels % groups != 0 {
-                    continue;
-                }
-                let img = Tensor::randn_with(&[n, g.channels, g.input[0], g.input[1]], DType::F32, &d, &mut r).unwrap();
-                let y = Tensor::randn_with(&[n, groups * m, g.output[0], g.output[1]], DType::F32, &d, &mut r).unwrap();
-                let kc = g.rows() / groups;
-                // The reference: Σ over samples and windows of y · U, in f64, and Σ|terms|.
-                let (iv, yv) = (img.to_vec::<f32>().unwrap(), y.to_vec::<f32>().unwrap());
-                let mut want = vec![0f64; groups * m * kc];
-                let mut scale = vec![0f64; groups * m * kc];
-                let gc = g.channels / groups;
-                for s in 0..n {
-                    let mut cols = vec![0f32; g.rows() * g.windows()];
-                    for c in 0..g.channels {
-                        let plane = &iv[(s * g.channels + c) * g.pixels()..][..g.pixels()];
-                        unfold_plane(&mut cols[c * g.taps() * g.windows()..][..g.taps() * g.windows()], plane, &g, 0.0);
-                    }
-                    for grp in 0..groups {
-                        for o in 0..m {
-                            for k in 0..kc {
-                                for w in 0..g.windows() {
-                                    let t = yv[((s * groups + grp) * m + o) * g.windows() + w] as f64
-                                        * cols[(grp * gc * g.taps() + k) * g.windows() + w] as f64;
-                                    want[(grp * m + o) * kc + k] += t;
-                                    scale[(grp * m + o) * kc + k] += t.abs();
-                                }
-                            }
-                        }
-                    }
-                }
-                let mut first: Option<Vec<f32>> = None;
-                for &isa in &isas {
-                    for strategy in [None, Some(Strategy::Packed { threads: 1 }), Some(Strategy::Packed { threads: 2 })]
-                    {
-                        for spread in [None, Some(true), Some(false)] {
-                            let forced = Forced { isa, strategy, spread };
-                            let got = with_forced(forced, || weight_product(&y, &img, &g, groups).unwrap());
-                            assert_eq!(got.shape(), [groups, m, kc]);
-                            let got = got.to_vec::<f32>().unwrap();
-                            for (i, (&x, (&w, &sc))) in got.iter().zip(want.iter().zip(&scale)).enumerate() {
-                                assert!(
-                                    (x as f64 - w).abs() <= 1e-5 * sc + 1e-30,
-                                    "geometry {gi} groups {groups} m {m} n {n} {forced:?}: element {i} {x} vs {w}"
-                                );
-                            }
-                            // One instruction set's sums in one order: the same bits however threaded.
-                            if isa == isas[0] {
-                                match &first {
-                                    None => first = Some(got),
-                                    Some(f) => assert!(
-                                        f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                                        "geometry {gi} groups {groups} m {m} n {n}: {forced:?} changed the bits"
-                                    ),
-                                }
-                            }
                         }
                     }
                 }

@@ -18,7 +18,7 @@ mod pool;
 mod rms_norm;
 // convolution (conv)
 mod conv;
-pub(crate) use conv::implicit_gemm;
+pub(crate) use conv::implicit_forward;
 
 use crate::Tensor;
 use crate::backend::ConvGeometry;
@@ -279,10 +279,6 @@ impl KernelBackend for CpuBackend {
 
     fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
         conv::unfold_product(img, a3, geom, groups)
-    }
-
-    fn conv_weight_product(&self, y: &Tensor, img: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-        conv::weight_product(y, img, geom, groups)
     }
     // ------------------------------------------------------------------ recurrent cells (rnn)
 

@@ -13,8 +13,6 @@
 //! register tiles, the blocking and the order of every sum are those of the product over the
 //! unfolded matrix: the same bits.
 
-use std::cell::RefCell;
-
 use super::MatPtr;
 use super::micro_kernel::{MicroKernel, PackB};
 
@@ -142,40 +140,6 @@ impl PackB for UnfoldedImage {
         // SAFETY: forwarded (the packers' contract: the block lies inside B, `dst` holds
         // `kc·NR` values).
         unsafe { self.pack_panel(p0, kc, j0, nr, K::NR, dst) }
-    }
-
-    fn rows_in_place(&self) -> Option<MatPtr> {
-        None
-    }
-}
-
-/// The transposed unfolding `Uᵀ` (`oh·ow × channels·kh·kw`) of one image: the right-hand side of
-/// a convolution's weight gradient `dY · Uᵀ`, whose depth runs over the windows.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct UnfoldedImageT(pub UnfoldedImage);
-
-thread_local! {
-    /// The `NR` lines of `U` one transposed panel is packed from (`NR × KC` values).
-    static LINES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-impl PackB for UnfoldedImageT {
-    unsafe fn pack<K: MicroKernel>(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
-        // The panel's columns are rows `j0..j0+nr` of `U`: each is gathered over windows
-        // `p0..p0+kc` into this thread's line buffer (a run along an image row, in L1), and the
-        // lines are packed as the transposed matrix they are, through the instruction set's
-        // in-register transposes — the packing of `colsᵀ` without the unfolded `cols`.
-        super::with_scratch(&LINES, K::NR * kc, |lines| {
-            // SAFETY: the buffer holds NR·kc ≥ nr·kc values; each line is one row of U over the
-            // caller's window range (inside U by the packers' contract); `pack_b` reads the
-            // `kc × nr` block of the lines viewed transposed and writes the caller's panel.
-            unsafe {
-                for l in 0..nr {
-                    self.0.pack_panel(j0 + l, 1, p0, kc, kc, lines.0.add(l * kc));
-                }
-                K::pack_b(MatPtr { ptr: lines.0, rs: 1, cs: kc as isize }, 0, kc, 0, nr, dst);
-            }
-        });
     }
 
     fn rows_in_place(&self) -> Option<MatPtr> {
