@@ -204,15 +204,6 @@ impl KernelBackend for MetaBackend {
     fn col2im(&self, _x: &Tensor, _cols: &Tensor, _geom: &ConvGeometry) -> Result<()> {
         Ok(())
     }
-    /// What the CPU allocates: only `y` where it computes the product as implicit GEMM, the
-    /// unfold + GEMM default's chunks elsewhere (planning a CPU run must count what it makes).
-    fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-        if !crate::backend::cpu::implicit_forward(img.dtype()) {
-            return crate::backend::conv_products::unfold_product(img, a3, geom, groups);
-        }
-        let m = a3.shape()[1];
-        img.empty_like_shape(&[img.shape()[0], groups * m, geom.output[0], geom.output[1]], img.dtype())
-    }
     // ------------------------------------------------------------------ recurrent cells (rnn)
 
     fn recurrent_cell(&self, _cell: RecurrentCell, _x: &CellForward<'_>) -> Result<()> {

@@ -46,11 +46,9 @@ mod generic;
 mod micro_kernel;
 pub(crate) mod prepacked;
 mod scalar;
-pub(crate) mod unfolded;
 pub(crate) mod vector;
 
-pub(crate) use micro_kernel::{MatPtr, MicroKernel, PackB};
-pub(crate) use unfolded::UnfoldedImage;
+pub(crate) use micro_kernel::{MatPtr, MicroKernel};
 
 /// The instruction sets the GEMM has kernels for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,54 +249,10 @@ pub(crate) unsafe fn sgemm_with(
     unsafe {
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => run::<avx512::Avx512Gemm, _>(strategy, m, n, k, a, &b, c, ldc),
+            Isa::Avx512 => run::<avx512::Avx512Gemm>(strategy, m, n, k, a, b, c, ldc),
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => run::<avx2::Avx2Gemm, _>(strategy, m, n, k, a, &b, c, ldc),
-            Isa::Scalar => run::<scalar::ScalarGemm, _>(strategy, m, n, k, a, &b, c, ldc),
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("{isa:?} is never supported off x86-64"),
-        }
-    }
-}
-
-/// `c[m×n] = a[m×k] · U` where `U` (`k × n`) is the unfolded image `b`, packed straight from
-/// the image ([`UnfoldedImage`]): the product over the unfolded matrix with the same strategy,
-/// the same bits, and no unfolded matrix.
-///
-/// # Safety
-/// As [`sgemm_with`]; `b` describes an initialised image with `b.rows() == k`,
-/// `b.cols() == n`.
-pub(crate) unsafe fn sgemm_unfolded(
-    isa: Isa,
-    strategy: Strategy,
-    m: usize,
-    n: usize,
-    k: usize,
-    a: MatPtr,
-    b: &UnfoldedImage,
-    c: *mut f32,
-    ldc: usize,
-) {
-    debug_assert!(isa.supported(), "{isa:?} kernels on a CPU without them");
-    debug_assert!(b.rows() == k && b.cols() == n, "the unfolded image is {}×{}, not {k}×{n}", b.rows(), b.cols());
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        for i in 0..m {
-            // SAFETY: row i of C (caller's contract).
-            unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-        }
-        return;
-    }
-    // SAFETY: forwarded; the instruction set is supported (caller's contract).
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => run::<avx512::Avx512Gemm, _>(strategy, m, n, k, a, b, c, ldc),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => run::<avx2::Avx2Gemm, _>(strategy, m, n, k, a, b, c, ldc),
-            Isa::Scalar => run::<scalar::ScalarGemm, _>(strategy, m, n, k, a, b, c, ldc),
+            Isa::Avx2 => run::<avx2::Avx2Gemm>(strategy, m, n, k, a, b, c, ldc),
+            Isa::Scalar => run::<scalar::ScalarGemm>(strategy, m, n, k, a, b, c, ldc),
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("{isa:?} is never supported off x86-64"),
         }
@@ -306,22 +260,22 @@ pub(crate) unsafe fn sgemm_unfolded(
 }
 
 /// # Safety
-/// As [`sgemm_with`], with `m, n, k > 0` and `b` a `k × n` right-hand side.
-unsafe fn run<K: MicroKernel, B: PackB>(
+/// As [`sgemm_with`], with `m, n, k > 0`.
+unsafe fn run<K: MicroKernel>(
     strategy: Strategy,
     m: usize,
     n: usize,
     k: usize,
     a: MatPtr,
-    b: &B,
+    b: MatPtr,
     c: *mut f32,
     ldc: usize,
 ) {
     // SAFETY: forwarded.
     unsafe {
         match strategy {
-            Strategy::Small { threads } => small::<K, B>(m, n, k, a, b, c, ldc, threads.max(1)),
-            Strategy::Packed { threads } => packed::<K, B>(m, n, k, a, b, c, ldc, threads.max(1)),
+            Strategy::Small { threads } => small::<K>(m, n, k, a, b, c, ldc, threads.max(1)),
+            Strategy::Packed { threads } => packed::<K>(m, n, k, a, b, c, ldc, threads.max(1)),
         }
     }
 }
@@ -330,17 +284,17 @@ unsafe fn run<K: MicroKernel, B: PackB>(
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn small<K: MicroKernel, B: PackB>(
+unsafe fn small<K: MicroKernel>(
     m: usize,
     n: usize,
     k: usize,
     a: MatPtr,
-    b: &B,
+    b: MatPtr,
     c: *mut f32,
     ldc: usize,
     threads: usize,
 ) {
-    if let Some(b) = b.rows_in_place() {
+    if b.cs == 1 {
         // SAFETY: forwarded; B's rows are contiguous.
         return unsafe { small_tiles::<K>(m, n, k, a, b.ptr, b.rs, K::NR as isize, c, ldc, threads) };
     }
@@ -356,7 +310,7 @@ unsafe fn small<K: MicroKernel, B: PackB>(
         unsafe {
             for p in 0..panels {
                 let j0 = p * K::NR;
-                b.pack::<K>(0, k, j0, K::NR.min(n - j0), buf.0.add(p * K::NR * k));
+                K::pack_b(b, 0, k, j0, K::NR.min(n - j0), buf.0.add(p * K::NR * k));
             }
             small_tiles::<K>(m, n, k, a, buf.0, K::NR as isize, (K::NR * k) as isize, c, ldc, threads)
         }
@@ -408,12 +362,12 @@ const TALL_TILES_PER_THREAD: usize = 8;
 ///
 /// # Safety
 /// As [`run`].
-unsafe fn packed<K: MicroKernel, B: PackB>(
+unsafe fn packed<K: MicroKernel>(
     m: usize,
     n: usize,
     k: usize,
     a: MatPtr,
-    b: &B,
+    b: MatPtr,
     c: *mut f32,
     ldc: usize,
     threads: usize,
@@ -433,7 +387,7 @@ unsafe fn packed<K: MicroKernel, B: PackB>(
                 for p in p0..p1 {
                     // SAFETY: panel p of a buffer sized for `panels` panels; ranges are disjoint
                     // between tasks; reads stay inside B (caller's contract).
-                    unsafe { b.pack::<K>(pc, kc, jc + p * nr_t, nr_t.min(nc - p * nr_t), bp.0.add(p * nr_t * kc)) };
+                    unsafe { K::pack_b(b, pc, kc, jc + p * nr_t, nr_t.min(nc - p * nr_t), bp.0.add(p * nr_t * kc)) };
                 }
             };
             let tiles = m.div_ceil(mr_t);
@@ -924,7 +878,7 @@ mod blocking {
                     MatPtr { ptr: b.as_ptr(), rs: 1, cs: n as isize },
                 );
                 // SAFETY: n×n buffers; the test checked AVX2.
-                unsafe { packed::<K, MatPtr>(n, n, n, am, &bm, c.as_mut_ptr(), n, threads) };
+                unsafe { packed::<K>(n, n, n, am, bm, c.as_mut_ptr(), n, threads) };
             }
             let dt = match (c0, super::timing::thread_cpu_seconds()) {
                 (Some(c0), Some(c1)) if threads == 1 => c1 - c0,

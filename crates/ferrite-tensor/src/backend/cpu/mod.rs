@@ -18,7 +18,6 @@ mod pool;
 mod rms_norm;
 // convolution (conv)
 mod conv;
-pub(crate) use conv::implicit_forward;
 
 use crate::Tensor;
 use crate::backend::ConvGeometry;
@@ -275,10 +274,6 @@ impl KernelBackend for CpuBackend {
 
     fn col2im(&self, x: &Tensor, cols: &Tensor, geom: &ConvGeometry) -> Result<()> {
         conv::col2im(x, cols, geom)
-    }
-
-    fn conv_unfold_product(&self, img: &Tensor, a3: &Tensor, geom: &ConvGeometry, groups: usize) -> Result<Tensor> {
-        conv::unfold_product(img, a3, geom, groups)
     }
     // ------------------------------------------------------------------ recurrent cells (rnn)
 

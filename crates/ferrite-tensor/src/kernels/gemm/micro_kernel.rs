@@ -47,28 +47,3 @@ pub(crate) trait MicroKernel {
     /// column stride and row stride `ldb`; `1 <= mr <= SMALL_MR`, `nr <= NR`.
     unsafe fn small_tile(k: usize, a: MatPtr, b: *const f32, ldb: isize, c: *mut f32, ldc: usize, mr: usize, nr: usize);
 }
-
-/// A right-hand side the GEMM's loops can pack into panels: a strided matrix ([`MatPtr`]), or
-/// a convolution's unfolded image read straight from the image
-/// ([`UnfoldedImage`](super::unfolded::UnfoldedImage)).
-pub(crate) trait PackB: Sync {
-    /// Pack depth `p0..p0+kc`, columns `j0..j0+nr` (≤ `K::NR`) as [`MicroKernel::pack_b`] does.
-    ///
-    /// # Safety
-    /// The block lies inside B; `dst` holds `kc * K::NR` values; the CPU runs `K`.
-    unsafe fn pack<K: MicroKernel>(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32);
-    /// B itself when the small path can read its rows in place (unit column stride).
-    fn rows_in_place(&self) -> Option<MatPtr>;
-}
-
-impl PackB for MatPtr {
-    #[inline]
-    unsafe fn pack<K: MicroKernel>(&self, p0: usize, kc: usize, j0: usize, nr: usize, dst: *mut f32) {
-        // SAFETY: forwarded.
-        unsafe { K::pack_b(*self, p0, kc, j0, nr, dst) }
-    }
-
-    fn rows_in_place(&self) -> Option<MatPtr> {
-        (self.cs == 1).then_some(*self)
-    }
-}
