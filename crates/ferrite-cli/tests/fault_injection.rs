@@ -24,7 +24,7 @@ use common::mpi::mpi_ready;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const RANKS: usize = 3;

@@ -3,7 +3,7 @@
 //! of the weights two runs end with.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// No mpirun of these tests may take longer.
