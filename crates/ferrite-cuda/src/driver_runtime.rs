@@ -1,9 +1,8 @@
 //! [`CudaRuntime`] on an NVIDIA GPU: kernels compiled by NVRTC for the device's architecture and
 //! loaded with `cuModuleLoadData` (once per source, kept), launched with `cuLaunchKernel` on one
 //! stream of the device's primary context (the context ferrite-memory's caching allocator uses);
-//! copies with `cuMemcpy*Async` on that stream; GEMMs through cuBLAS
-//! (`cublasSgemmStridedBatched`, `cublasGemmStridedBatchedEx` for f16/bf16), and through
-//! cuBLASLt when a bias rides in the epilogue; TF32 off unless `FERRITE_ALLOW_TF32=1`.
+//! copies with `cuMemcpy*Async` on that stream; f32 GEMMs through cuBLAS
+//! (`cublasSgemmStridedBatched`), TF32 off unless `FERRITE_ALLOW_TF32=1`.
 //!
 //! Everything is loaded at run time (libcuda, libnvrtc, libcublas): the crate builds without
 //! CUDA, and a machine without a driver gets a typed [`CudaError`] from [`DriverRuntime::open`],
@@ -14,7 +13,6 @@ use std::ffi::{CString, c_void};
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::cublas::sys as cublas;
-use cudarc::cublaslt::sys as lt;
 use cudarc::driver::sys;
 
 use crate::CudaError;
@@ -33,7 +31,6 @@ struct Module {
 struct State {
     modules: HashMap<&'static str, Module>,
     cublas: Option<cublas::cublasHandle_t>,
-    cublas_lt: Option<lt::cublasLtHandle_t>,
 }
 
 /// One `cuda:N` on the real driver.
@@ -102,7 +99,7 @@ impl DriverRuntime {
             ctx,
             stream,
             arch,
-            state: Mutex::new(State { modules: HashMap::new(), cublas: None, cublas_lt: None }),
+            state: Mutex::new(State { modules: HashMap::new(), cublas: None }),
         })
     }
 
@@ -191,186 +188,6 @@ impl DriverRuntime {
     }
 }
 
-/// cuBLASLt descriptors of one call, destroyed when it returns (whatever it returns).
-#[derive(Default)]
-struct LtDescriptors {
-    desc: Option<lt::cublasLtMatmulDesc_t>,
-    layouts: Vec<lt::cublasLtMatrixLayout_t>,
-}
-
-impl Drop for LtDescriptors {
-    fn drop(&mut self) {
-        // SAFETY: each handle was created by cuBLASLt for this call and is destroyed once; a
-        // failure to destroy leaks a host-side descriptor, nothing on the device.
-        unsafe {
-            for l in self.layouts.drain(..) {
-                lt::cublasLtMatrixLayoutDestroy(l);
-            }
-            if let Some(d) = self.desc.take() {
-                lt::cublasLtMatmulDescDestroy(d);
-            }
-        }
-    }
-}
-
-impl DriverRuntime {
-    /// The cuBLASLt handle, created on first use.
-    fn cublas_lt(&self) -> Result<lt::cublasLtHandle_t, CudaError> {
-        let mut state = self.state();
-        if let Some(h) = state.cublas_lt {
-            return Ok(h);
-        }
-        // SAFETY: only checks whether the library can be loaded.
-        if !unsafe { lt::is_culib_present() } {
-            return Err(CudaError::CublasNotFound { device: self.device.clone() });
-        }
-        let mut h: lt::cublasLtHandle_t = std::ptr::null_mut();
-        // SAFETY: the library is present; valid out-pointer.
-        let s = unsafe { lt::cublasLtCreate(&mut h) };
-        lt_check(&self.device, "cublasLtCreate", s)?;
-        state.cublas_lt = Some(h);
-        Ok(h)
-    }
-
-    /// `g` with its bias in cuBLASLt's epilogue (`CUBLASLT_EPILOGUE_BIAS`): one pass over `C`,
-    /// f32 accumulation (TF32 only under `FERRITE_ALLOW_TF32=1`, as the plain GEMM), the
-    /// default heuristic and no workspace.
-    ///
-    /// # Safety
-    /// As [`CudaRuntime::gemm_strided_batched`]; `bias` holds `g.m` elements of `g.element`.
-    unsafe fn gemm_bias_lt(&self, g: &GemmStridedBatched, bias: u64) -> Result<(), CudaError> {
-        let d = &self.device;
-        let h = self.cublas_lt()?;
-        if g.beta != 0.0 {
-            return Err(CudaError::Cublas {
-                device: d.clone(),
-                call: "cublasLtMatmul (bias epilogue)",
-                status: format!("beta = {} with a bias; the bias epilogue runs with beta = 0", g.beta),
-            });
-        }
-        let ty = match g.element {
-            GemmElement::F32 => lt::cudaDataType::CUDA_R_32F,
-            GemmElement::F16 => lt::cudaDataType::CUDA_R_16F,
-            GemmElement::Bf16 => lt::cudaDataType::CUDA_R_16BF,
-        };
-        let compute = if g.element == GemmElement::F32 && allow_tf32() {
-            lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
-        } else {
-            lt::cublasComputeType_t::CUBLAS_COMPUTE_32F
-        };
-        let op =
-            |t: bool| if t { cublas::cublasOperation_t::CUBLAS_OP_T } else { cublas::cublasOperation_t::CUBLAS_OP_N };
-        let batch = int(d, "batch", g.batch)?;
-        let mut ds = LtDescriptors::default();
-        let mut desc: lt::cublasLtMatmulDesc_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the enums are cuBLASLt's.
-        lt_check(d, "cublasLtMatmulDescCreate", unsafe {
-            lt::cublasLtMatmulDescCreate(&mut desc, compute, lt::cudaDataType::CUDA_R_32F)
-        })?;
-        ds.desc = Some(desc);
-        let (ta, tb) = (op(g.trans_a), op(g.trans_b));
-        let epilogue = lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
-        let attrs: [(lt::cublasLtMatmulDescAttributes_t, *const c_void, usize, &'static str); 4] = [
-            (
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                (&ta as *const cublas::cublasOperation_t).cast(),
-                std::mem::size_of_val(&ta),
-                "cublasLtMatmulDescSetAttribute(TRANSA)",
-            ),
-            (
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                (&tb as *const cublas::cublasOperation_t).cast(),
-                std::mem::size_of_val(&tb),
-                "cublasLtMatmulDescSetAttribute(TRANSB)",
-            ),
-            (
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
-                (&epilogue as *const lt::cublasLtEpilogue_t).cast(),
-                std::mem::size_of_val(&epilogue),
-                "cublasLtMatmulDescSetAttribute(EPILOGUE)",
-            ),
-            (
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                (&bias as *const u64).cast(),
-                std::mem::size_of_val(&bias),
-                "cublasLtMatmulDescSetAttribute(BIAS_POINTER)",
-            ),
-        ];
-        for (attr, buf, size, call) in attrs {
-            // SAFETY: `buf` points at a live value of the attribute's type and `size` bytes.
-            lt_check(d, call, unsafe { lt::cublasLtMatmulDescSetAttribute(desc, attr, buf, size) })?;
-        }
-        // The stored matrices (before the transposes), each a strided batch.
-        let (a_rows, a_cols) = if g.trans_a { (g.k, g.m) } else { (g.m, g.k) };
-        let (b_rows, b_cols) = if g.trans_b { (g.n, g.k) } else { (g.k, g.n) };
-        let mut layout =
-            |rows: usize, cols: usize, ld: usize, stride: usize| -> Result<lt::cublasLtMatrixLayout_t, CudaError> {
-                let mut l: lt::cublasLtMatrixLayout_t = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                lt_check(d, "cublasLtMatrixLayoutCreate", unsafe {
-                    lt::cublasLtMatrixLayoutCreate(&mut l, ty, rows as u64, cols as u64, ld as i64)
-                })?;
-                ds.layouts.push(l);
-                let stride = stride as i64;
-                for (attr, buf, size) in [
-                    (
-                        lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                        (&batch as *const i32).cast::<c_void>(),
-                        std::mem::size_of_val(&batch),
-                    ),
-                    (
-                        lt::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                        (&stride as *const i64).cast::<c_void>(),
-                        std::mem::size_of_val(&stride),
-                    ),
-                ] {
-                    // SAFETY: `buf` points at a live value of the attribute's type and `size` bytes.
-                    lt_check(d, "cublasLtMatrixLayoutSetAttribute", unsafe {
-                        lt::cublasLtMatrixLayoutSetAttribute(l, attr, buf, size)
-                    })?;
-                }
-                Ok(l)
-            };
-        let la = layout(a_rows, a_cols, g.lda, g.stride_a)?;
-        let lb = layout(b_rows, b_cols, g.ldb, g.stride_b)?;
-        let lc = layout(g.m, g.n, g.ldc, g.stride_c)?;
-        let (alpha, beta) = (g.alpha, 0.0f32);
-        // SAFETY: the handle and descriptors are live; the caller vouches for the matrices and
-        // the bias; alpha and beta are host f32 scalars (scale type CUDA_R_32F) alive for the
-        // call; no workspace; the call is ordered on this runtime's stream.
-        let s = unsafe {
-            lt::cublasLtMatmul(
-                h,
-                desc,
-                (&alpha as *const f32).cast(),
-                g.a as *const c_void,
-                la,
-                g.b as *const c_void,
-                lb,
-                (&beta as *const f32).cast(),
-                g.c as *const c_void,
-                lc,
-                g.c as *mut c_void,
-                lc,
-                std::ptr::null(),
-                std::ptr::null_mut(),
-                0,
-                self.stream as lt::cudaStream_t,
-            )
-        };
-        lt_check(d, "cublasLtMatmul", s)
-    }
-}
-
-/// `Ok` for `CUBLAS_STATUS_SUCCESS`, else the typed error naming the cuBLASLt call.
-fn lt_check(device: &str, call: &'static str, s: lt::cublasStatus_t) -> Result<(), CudaError> {
-    if s == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(CudaError::Cublas { device: device.to_string(), call, status: format!("{s:?}") })
-    }
-}
-
 /// Whether `FERRITE_ALLOW_TF32=1` (read once).
 fn allow_tf32() -> bool {
     static ALLOW: OnceLock<bool> = OnceLock::new();
@@ -443,10 +260,6 @@ impl CudaRuntime for DriverRuntime {
 
     unsafe fn gemm_strided_batched(&self, g: &GemmStridedBatched) -> Result<(), CudaError> {
         self.current()?;
-        if let Some(bias) = g.bias {
-            // SAFETY: forwarded from the caller's contract (the bias vector included).
-            return unsafe { self.gemm_bias_lt(g, bias) };
-        }
         let h = self.cublas()?;
         let d = &self.device;
         let op =

@@ -132,11 +132,6 @@ impl CudaRuntime for HostRuntime {
                     }
                     let at = i * g.stride_c + r + s * g.ldc;
                     let v = if g.beta == 0.0 { g.alpha * acc } else { g.alpha * acc + g.beta * load(g.c, at) };
-                    // The bias epilogue: added in f32 before the one rounding, as cuBLASLt does.
-                    let v = match g.bias {
-                        Some(bias) => v + load(bias, r),
-                        None => v,
-                    };
                     // SAFETY: as above, for the writable `C`; rounded once to its element type.
                     unsafe {
                         match g.element {

@@ -49,10 +49,6 @@ pub struct GemmStridedBatched {
     pub ldc: usize,
     pub stride_c: usize,
     pub batch: usize,
-    /// A vector of `m` elements of `element` added to every column of each `C_i` (row `r` gets
-    /// `bias[r]`) before `C` is rounded — cuBLASLt's `CUBLASLT_EPILOGUE_BIAS`, PyTorch's fused
-    /// `addmm`; only with `beta == 0`.
-    pub bias: Option<u64>,
 }
 
 /// What the `cuda:N` backend needs from a device. Every call is ordered after the calls before

@@ -100,16 +100,6 @@ pub trait KernelBackend: Send + Sync + 'static {
     /// strided, f32 or f64 — or f16/bf16 where [`matmul_takes_half`](Self::matmul_takes_half) —,
     /// same dtype as `out`).
     fn matmul(&self, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()>;
-    /// `out = a @ b + bias` (PyTorch's `addmm`, what `linear` with a bias runs): [`matmul`]'s
-    /// operands and output, and `bias [n]` of `out`'s dtype added to every row — the one output
-    /// written, no intermediate. By default the product, then the bias added in place (the bits
-    /// of a product and an add); `cuda:N` fuses the bias into cuBLASLt's epilogue.
-    ///
-    /// [`matmul`]: Self::matmul
-    fn matmul_bias(&self, out: &Tensor, a: &Tensor, b: &Tensor, bias: &Tensor, batch: &[usize]) -> Result<()> {
-        self.matmul(out, a, b, batch)?;
-        self.binary_inplace(BinaryOp::Add, out, bias)
-    }
     /// Whether [`matmul`](Self::matmul) takes f16/bf16 operands and output of one dtype itself,
     /// accumulating in f32 and rounding once (cuBLAS on `cuda:N`; the CPU widens into host
     /// workspace of its own). Where not (`gpu:N`), the op widens them to f32 scratch tensors

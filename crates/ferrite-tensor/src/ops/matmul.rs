@@ -20,12 +20,6 @@ use crate::{DType, Tensor};
 
 /// Product of `a [.., m, k]` and `b [.., k, n]` (ranks ≥ 2) without autograd.
 pub(crate) fn matmul_raw(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    product_raw(a, b, None)
-}
-
-/// `a @ b`, plus `bias [n]` (of their dtype) on every row when given, without autograd: one
-/// output, the bias added by the backend's [`matmul_bias`](crate::backend::KernelBackend::matmul_bias).
-fn product_raw(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     check_same_device("matmul", a, b)?;
     let (ra, rb) = (a.rank(), b.rank());
     let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
@@ -52,7 +46,7 @@ fn product_raw(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> 
     if rb == 2 && ra > 2 {
         let rows: usize = a.shape()[..ra - 1].iter().product();
         if let Some(l2) = a.layout().view(&[rows, k]) {
-            let o = product_raw(&a.view_with_layout(l2), b, bias)?;
+            let o = matmul_raw(&a.view_with_layout(l2), b)?;
             return Ok(o.view_with_layout(Layout::contiguous(&out_shape)));
         }
     }
@@ -61,14 +55,7 @@ fn product_raw(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> 
         if widen { (materialize(a, DType::F32)?, materialize(b, DType::F32)?) } else { (a.clone(), b.clone()) };
     let compute = a32.dtype();
     let out = a.empty_like_shape(&out_shape, compute)?;
-    match bias {
-        Some(bias) => {
-            check_same_device("linear", a, bias)?;
-            let bias = if bias.dtype() != compute { materialize(bias, compute)? } else { bias.clone() };
-            out.kernels().matmul_bias(&out, &a32, &b32, &bias, &batch)?;
-        }
-        None => out.kernels().matmul(&out, &a32, &b32, &batch)?,
-    }
+    out.kernels().matmul(&out, &a32, &b32, &batch)?;
     drop((a32, b32));
     if compute != dtype {
         return materialize(&out, dtype);
@@ -91,70 +78,36 @@ impl BackwardFn for MatmulBackward {
         let a = self.a.get("MmBackward0")?;
         let b = self.b.get("MmBackward0")?;
         let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
-        let (ga, gb) = product_grads(a, b, &g, self.need)?;
+        let ga = if self.need[0] {
+            let bt = b.view_with_layout(b.layout().transpose(b.rank() - 2, b.rank() - 1));
+            let r = matmul_raw(&g, &bt)?;
+            Some(r.sum_to_shape(a.shape())?)
+        } else {
+            None
+        };
+        let gb = if self.need[1] {
+            let at = a.view_with_layout(a.layout().transpose(a.rank() - 2, a.rank() - 1));
+            // For a batchless b, fold the batch into the reduction: a^T [k, B*m] @ g [B*m, n].
+            let r = if b.rank() == 2 && a.rank() > 2 {
+                let ra = a.rank();
+                let rows: usize = a.shape()[..ra - 1].iter().product();
+                match (a.layout().view(&[rows, a.shape()[ra - 1]]), g.layout().view(&[rows, g.shape()[g.rank() - 1]])) {
+                    (Some(la), Some(lg)) => {
+                        let a2 = a.view_with_layout(la);
+                        let a2t = a2.view_with_layout(a2.layout().transpose(0, 1));
+                        matmul_raw(&a2t, &g.view_with_layout(lg))?
+                    }
+                    _ => matmul_raw(&at, &g)?.sum_to_shape(b.shape())?,
+                }
+            } else {
+                matmul_raw(&at, &g)?.sum_to_shape(b.shape())?
+            };
+            Some(r)
+        } else {
+            None
+        };
         Ok(vec![ga, gb])
     }
-}
-
-/// `linear` with a bias as one node (PyTorch's `AddmmBackward0`): the product's gradients, and
-/// the bias's — the output gradient summed over every row.
-struct AddmmBackward {
-    a: SavedTensor,
-    b: SavedTensor,
-    bias_shape: Vec<usize>,
-    need: [bool; 3],
-}
-
-impl BackwardFn for AddmmBackward {
-    fn name(&self) -> Cow<'static, str> {
-        Cow::Borrowed("AddmmBackward0")
-    }
-    fn backward(&mut self, g: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
-        let Some(g) = &g[0] else { return Ok(vec![None, None, None]) };
-        let a = self.a.get("AddmmBackward0")?;
-        let b = self.b.get("AddmmBackward0")?;
-        // The bias's gradient from the gradient as it arrives (f32 when an f32 op consumed the
-        // output), as the separate add's backward took it: summing rows of a loss-scaled f16
-        // gradient in f16 would overflow where the add did not.
-        let gbias = if self.need[2] { Some(g.sum_to_shape(&self.bias_shape)?) } else { None };
-        let g = if g.dtype() != a.dtype() { materialize(g, a.dtype())? } else { g.clone() };
-        let (ga, gb) = product_grads(a, b, &g, [self.need[0], self.need[1]])?;
-        Ok(vec![ga, gb, gbias])
-    }
-}
-
-/// The gradients of `a @ b` (batch dims broadcast) for the output gradient `g` (of their dtype),
-/// each only where `need` asks.
-fn product_grads(a: &Tensor, b: &Tensor, g: &Tensor, need: [bool; 2]) -> Result<(Option<Tensor>, Option<Tensor>)> {
-    let ga = if need[0] {
-        let bt = b.view_with_layout(b.layout().transpose(b.rank() - 2, b.rank() - 1));
-        let r = matmul_raw(g, &bt)?;
-        Some(r.sum_to_shape(a.shape())?)
-    } else {
-        None
-    };
-    let gb = if need[1] {
-        let at = a.view_with_layout(a.layout().transpose(a.rank() - 2, a.rank() - 1));
-        // For a batchless b, fold the batch into the reduction: a^T [k, B*m] @ g [B*m, n].
-        let r = if b.rank() == 2 && a.rank() > 2 {
-            let ra = a.rank();
-            let rows: usize = a.shape()[..ra - 1].iter().product();
-            match (a.layout().view(&[rows, a.shape()[ra - 1]]), g.layout().view(&[rows, g.shape()[g.rank() - 1]])) {
-                (Some(la), Some(lg)) => {
-                    let a2 = a.view_with_layout(la);
-                    let a2t = a2.view_with_layout(a2.layout().transpose(0, 1));
-                    matmul_raw(&a2t, &g.view_with_layout(lg))?
-                }
-                _ => matmul_raw(&at, g)?.sum_to_shape(b.shape())?,
-            }
-        } else {
-            matmul_raw(&at, g)?.sum_to_shape(b.shape())?
-        };
-        Some(r)
-    } else {
-        None
-    };
-    Ok((ga, gb))
 }
 
 impl Tensor {
@@ -205,40 +158,14 @@ impl Tensor {
                 expected: ExpectedShape::Named(&["out_features", "in_features"]),
             });
         }
-        let out_features = weight.shape()[0];
-        let Some(bias) = bias.filter(|b| self.rank() >= 2 && b.shape() == [out_features]) else {
-            // No bias, a 1-D input, or a bias that broadcasts some other way: product, then add.
-            let y = self.matmul(&weight.t()?)?;
-            return match bias {
-                Some(b) => {
-                    let b = if b.dtype() != y.dtype() { b.to_dtype(y.dtype())? } else { b.clone() };
-                    y.add(&b)
-                }
-                None => Ok(y),
-            };
-        };
-        // `x @ wᵀ + b` in one output (PyTorch's addmm): no product-sized intermediate, and on
-        // cuda:N the bias rides in cuBLASLt's epilogue. Autocast casts as `matmul` does; the bias
-        // takes the product's dtype, as the add would have given it.
-        let low = crate::autocast::lower(promote_float(self.dtype(), weight.dtype()));
-        let a = if self.dtype() != low { self.to_dtype(low)? } else { self.clone() };
-        let wt = weight.t()?;
-        let b = if wt.dtype() != low { wt.to_dtype(low)? } else { wt };
-        let c = if bias.dtype() != low { bias.to_dtype(low)? } else { bias.clone() };
-        let out = product_raw(&a, &b, Some(&c))?;
-        if !Tensor::needs_graph(&[&a, &b, &c]) {
-            return Ok(out);
+        let y = self.matmul(&weight.t()?)?;
+        match bias {
+            Some(b) => {
+                let b = if b.dtype() != y.dtype() { b.to_dtype(y.dtype())? } else { b.clone() };
+                y.add(&b)
+            }
+            None => Ok(y),
         }
-        Ok(Tensor::from_op1(
-            out,
-            &[&a, &b, &c],
-            AddmmBackward {
-                a: SavedTensor::new(&a),
-                b: SavedTensor::new(&b),
-                bias_shape: c.shape().to_vec(),
-                need: [a.requires_grad(), b.requires_grad(), c.requires_grad()],
-            },
-        ))
     }
 }
 

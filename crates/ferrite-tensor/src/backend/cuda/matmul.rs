@@ -59,23 +59,6 @@ fn operand(cx: Ctx<'_>, t: &Tensor, batch: &[usize], rows: usize, cols: usize, d
 }
 
 pub(super) fn matmul(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, batch: &[usize]) -> Result<()> {
-    product(cx, out, a, b, None, batch)
-}
-
-/// `out = a @ b + bias`: the bias (`[n]`, added to every row) in cuBLASLt's epilogue, so the
-/// output is written once.
-pub(super) fn matmul_bias(
-    cx: Ctx<'_>,
-    out: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    bias: &Tensor,
-    batch: &[usize],
-) -> Result<()> {
-    product(cx, out, a, b, Some(bias), batch)
-}
-
-fn product(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, bias: Option<&Tensor>, batch: &[usize]) -> Result<()> {
     const OP: &str = "matmul";
     check_float(OP, &[out, a, b])?;
     let r = out.rank();
@@ -97,16 +80,6 @@ fn product(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, bias: Option<&Tens
     };
     let oa = operand(cx, a, batch, m, k, dtype)?;
     let ob = operand(cx, b, batch, k, n, dtype)?;
-    // The bias as the epilogue reads it: `n` contiguous elements of the GEMM's type.
-    let bias = match bias {
-        Some(v) if v.dtype() == dtype && v.is_contiguous() => Some(v.clone()),
-        Some(v) => {
-            let c = cx.scratch(v, v.shape(), dtype)?;
-            copy(cx, &c, v)?;
-            Some(c)
-        }
-        None => None,
-    };
     let gemm = |o: &Tensor| -> Result<()> {
         let g = GemmStridedBatched {
             element,
@@ -127,7 +100,6 @@ fn product(cx: Ctx<'_>, out: &Tensor, a: &Tensor, b: &Tensor, bias: Option<&Tens
             ldc: n,
             stride_c: m * n,
             batch: count,
-            bias: bias.as_ref().map(|v| addr(v, OP)).transpose()?,
         };
         // SAFETY: every matrix the GEMM describes lies in a live tensor of this device: the
         // operands' views cover `batch + [rows, cols]` with the strides read from their layouts

@@ -219,10 +219,6 @@ impl KernelBackend for CudaBackend {
         matmul::matmul(self.cx("matmul")?, out, a, b, batch)
     }
 
-    fn matmul_bias(&self, out: &Tensor, a: &Tensor, b: &Tensor, bias: &Tensor, batch: &[usize]) -> Result<()> {
-        matmul::matmul_bias(self.cx("matmul")?, out, a, b, bias, batch)
-    }
-
     fn matmul_takes_half(&self) -> bool {
         true
     }
