@@ -33,11 +33,29 @@ fn cuda() -> Device {
     Device::Cuda { index: 0 }
 }
 
-/// `true` when this process runs the test body on the emulated device; otherwise runs the test
-/// `name` in a child process with the emulator on (asserting it passed and really ran) and
-/// returns `false`.
+/// Test bodies that share one process's emulated `cuda:0` (the whole run under
+/// `FERRITE_CUDA_EMULATOR=1`) take turns: its allocator's peak statistics, `HostRuntime`'s count of
+/// host waits and its deferred device-side errors are per process, and tests measure or provoke
+/// them — run side by side, one test's allocations, waits or index error land in another's.
+static EMULATED_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+thread_local! {
+    /// This thread's turn on the emulated device, from [`on_emulator`] until [`done`] (or until
+    /// the next test on this thread, or the thread's end, after a test that failed).
+    static TURN: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `true` when this process runs the test body on the emulated device (after waiting for its
+/// turn there); otherwise runs the test `name` in a child process with the emulator on (asserting
+/// it passed and really ran) and returns `false`.
 fn on_emulator(name: &str) -> bool {
     if ferrite_memory::cuda::emulator_enabled() {
+        // A turn this thread still holds (its previous test failed before `done`) ends first.
+        TURN.with(|t| t.borrow_mut().take());
+        // A test that failed during its turn poisons the lock; the device is usable after it.
+        let turn = EMULATED_DEVICE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        TURN.with(|t| *t.borrow_mut() = Some(turn));
         return true;
     }
     if !ferrite_test_support::present_or_skip(
@@ -79,6 +97,7 @@ fn alone_on_emulator(name: &str) -> bool {
 
 fn done(name: &str) {
     println!("CUDA-EMULATED {name} done");
+    TURN.with(|t| t.borrow_mut().take());
 }
 
 /// A random f32 CPU tensor.
