@@ -12,8 +12,9 @@
 //   leaves the barrier (arrive_and_drop), as an exited GPU thread stops counting.
 // - atomicCAS and atomicMax on unsigned 64-bit words: std::atomic_ref.
 // - Math: the C library's expf, logf, tanhf, erff, sqrtf, powf, fmaxf, fminf, isfinite, plus
-//   rsqrtf and __int_as_float defined here. Results may differ from the GPU's in the last bits
-//   (the GPU's expf is not the C library's); tests compare within PyTorch's tolerances.
+//   rsqrtf, __int_as_float, __dmul_rn and __dadd_rn defined here. Results may differ from the
+//   GPU's in the last bits (the GPU's expf is not the C library's); tests compare within
+//   PyTorch's tolerances.
 // Warp-level intrinsics (__shfl_*_sync) are not emulated: a kernel that needs them adds them here.
 #pragma once
 
@@ -38,6 +39,11 @@ inline thread_local std::barrier<>* ferrite_emu_block_barrier = nullptr;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+
+// Double arithmetic rounded per operation (the GPU's non-contracting intrinsics); g++ -O1 for
+// x86-64 without -mfma never fuses a multiply and an add, so the plain operators are exact.
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 #define __launch_bounds__(...)
 #define __shared__ static
 

@@ -68,3 +68,32 @@ FERRITE_FILL(fill_b8, unsigned char)
 FERRITE_FILL(fill_b16, unsigned short)
 FERRITE_FILL(fill_b32, unsigned int)
 FERRITE_FILL(fill_b64, unsigned long long)
+
+// arange: element i is start + i·step in double, each operation rounded on its own (__dmul_rn,
+// __dadd_rn are never contracted into one fused multiply-add, which would round once), exactly the
+// CPU's `start + i as f64 * step`; then converted as the CPU converts (Rust's `as`): to the
+// nearest float, or toward zero and saturated for integers, NaN to 0. So position ids and other
+// ranges are a launch, never an upload (a real GPU waits for every upload).
+__device__ __forceinline__ double ferrite_arange_at(long long i, double start, double step) {
+    return __dadd_rn(start, __dmul_rn((double)i, step));
+}
+
+#define FERRITE_ARANGE(name, T, CONVERT)                                                          \
+    extern "C" __global__ void name(long long n, double start, double step, T* __restrict__ out) { \
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;               \
+             i += (long long)gridDim.x * blockDim.x) {                                             \
+            const double v = ferrite_arange_at(i, start, step);                                    \
+            out[i] = CONVERT;                                                                      \
+        }                                                                                          \
+    }
+
+// Saturating truncation to an integer type whose range is [LO, HI] (both exact in double except
+// HI of 64 bits, 2^63 − 1, whose double is 2^63: `v >= HI` then catches exactly the overflow).
+#define FERRITE_SATURATE(T, LO, HI) \
+    (v != v ? (T)0 : v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v)
+
+FERRITE_ARANGE(arange_f64, double, v)
+FERRITE_ARANGE(arange_f32, float, (float)v)
+FERRITE_ARANGE(arange_i64, long long, FERRITE_SATURATE(long long, (-9223372036854775807LL - 1), 9223372036854775807LL))
+FERRITE_ARANGE(arange_i32, int, FERRITE_SATURATE(int, (-2147483647 - 1), 2147483647))
+FERRITE_ARANGE(arange_u8, unsigned char, FERRITE_SATURATE(unsigned char, 0, 255))

@@ -230,6 +230,11 @@ pub const KERNEL_SOURCES: &[KernelSource] = &[
             "fill_b16",
             "fill_b32",
             "fill_b64",
+            "arange_f64",
+            "arange_f32",
+            "arange_i64",
+            "arange_i32",
+            "arange_u8",
         ],
     },
     KernelSource {

@@ -187,12 +187,17 @@ fn data_moves_and_converts_exactly_like_the_cpu() {
         t.fill_(2.5).unwrap();
         assert_same(&format!("fill {dt}"), &t, &Tensor::full(&[3, 5], 2.5, dt, &Device::Cpu).unwrap());
     }
-    for dt in [DType::F32, DType::I64, DType::BF16] {
-        assert_same(
-            &format!("arange {dt}"),
-            &Tensor::arange(-3.0, 8.0, 0.5, dt, &cuda()).unwrap(),
-            &Tensor::arange(-3.0, 8.0, 0.5, dt, &Device::Cpu).unwrap(),
-        );
+    // Every dtype (kernels for f64/f32/i64/i32/u8, the host for the rest), with steps whose
+    // products round (0.1), integer truncation toward zero, and integer saturation (u8 below 0
+    // and above 255, i32 past 2^31).
+    for dt in DType::ALL {
+        for (start, end, step) in [(-3.0, 8.0, 0.5), (0.0, 3.0, 0.1), (-300.0, 300.0, 37.5), (2.1e9, 2.2e9, 1.5e7)] {
+            assert_same(
+                &format!("arange({start}, {end}, {step}) {dt}"),
+                &Tensor::arange(start, end, step, dt, &cuda()).unwrap(),
+                &Tensor::arange(start, end, step, dt, &Device::Cpu).unwrap(),
+            );
+        }
     }
     let (mut g1, mut g2) = (Generator::new(7), Generator::new(7));
     assert_same(
@@ -1225,7 +1230,8 @@ fn fills_hold_the_cpu_s_bits_in_every_dtype() {
 }
 
 /// A training step on `cuda:0` — a linear layer, cross entropy with an ignored target (its
-/// integer `zeros` and `target != ignore_index`), backward, an SGD update, fills of every dtype —
+/// integer `zeros` and `target != ignore_index`), backward, an SGD update, fills of every dtype,
+/// position ids from `arange` —
 /// queues all of its work: the host waits for the device only where it reads a loss back. On a
 /// GPU an upload waits too (the emulator counts it), so a fill that uploaded its value would
 /// stall every step. The losses are the CPU's.
@@ -1256,6 +1262,8 @@ fn a_training_step_with_cross_entropy_never_waits_for_the_device() {
             for dt in DType::ALL {
                 Tensor::full(&[3], -1.5, dt, dev).unwrap();
             }
+            // A transformer's position ids, made every forward.
+            Tensor::arange(0.0, 6.0, 1.0, DType::I64, dev).unwrap();
             loss
         };
         // The first step compiles every kernel and allocates the device's flag slab.

@@ -211,6 +211,29 @@ fn element_bits(dtype: DType, value: f64) -> (&'static str, u64) {
     }
 }
 
+/// `dst[i] = start + i·step` in `dst`'s dtype, with the CPU's values (copy.cu's `arange_*`
+/// kernels; f16/bf16/bool, rare for ranges, are made on the host and uploaded).
+pub(super) fn arange(cx: Ctx<'_>, dst: &Tensor, start: f64, step: f64) -> Result<()> {
+    let n = dst.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let kernel = match dst.dtype() {
+        DType::F64 => "arange_f64",
+        DType::F32 => "arange_f32",
+        DType::I64 => "arange_i64",
+        DType::I32 => "arange_i32",
+        DType::U8 => "arange_u8",
+        _ => {
+            let host = Tensor::empty(dst.shape(), dst.dtype(), &crate::Device::Cpu)?;
+            crate::backend::host_side::arange(&host, start, step)?;
+            return upload(cx, dst, &host);
+        }
+    };
+    let args = [n_arg(n), KernelArg::F64(start), KernelArg::F64(step), KernelArg::Ptr(addr(dst, "arange")?)];
+    cx.launch_n("arange", "copy.cu", kernel, n, &args)
+}
+
 /// A contiguous f32 copy of `t` (`t` itself when it already is one).
 pub(super) fn f32_contiguous(cx: Ctx<'_>, t: &Tensor) -> Result<Tensor> {
     if t.dtype() == DType::F32 && t.is_contiguous() {

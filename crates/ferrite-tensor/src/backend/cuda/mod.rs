@@ -127,10 +127,7 @@ impl KernelBackend for CudaBackend {
 
     fn arange(&self, dst: &Tensor, start: f64, step: f64) -> Result<()> {
         // Computed on the host as the CPU backend does, then uploaded: the same values everywhere.
-        let cx = self.cx("arange")?;
-        let host = Tensor::empty(dst.shape(), dst.dtype(), &Device::Cpu)?;
-        host_side::arange(&host, start, step)?;
-        data::upload(cx, dst, &host)
+        data::arange(self.cx("arange")?, dst, start, step)
     }
 
     fn random(&self, dst: &Tensor, dist: Distribution, generator: &Generator) -> Result<()> {
