@@ -1,7 +1,8 @@
 //! Data movement on `cuda:N`: copies between layouts and dtypes, fills (a kernel per element
-//! width, for every dtype), and uploads of host values. Same-dtype copies move raw elements by width (`copy_layout_b8..b64` of copy.cu), so
-//! every dtype — f64 included — can be stored, moved and read back; conversions go through
-//! cast.cu's kernels on contiguous buffers (through f32 when no direct kernel exists).
+//! width, for every dtype), and uploads of host values. Same-dtype copies move raw elements by
+//! width (`copy_layout_b8..b64` of copy.cu), so every dtype — f64 included — can be stored, moved
+//! and read back; conversions go through cast.cu's kernels on contiguous buffers (through f32
+//! when no direct kernel exists).
 use ferrite_cuda::KernelArg;
 
 use super::launch::{COPY_MAX_DIMS, Ctx, addr, base, merge_dims, n_arg, strided};
@@ -236,10 +237,16 @@ pub(super) fn arange(cx: Ctx<'_>, dst: &Tensor, start: f64, step: f64) -> Result
 
 /// A contiguous f32 copy of `t` (`t` itself when it already is one).
 pub(super) fn f32_contiguous(cx: Ctx<'_>, t: &Tensor) -> Result<Tensor> {
-    if t.dtype() == DType::F32 && t.is_contiguous() {
+    contiguous_as(cx, t, DType::F32)
+}
+
+/// A contiguous copy of `t` in `dtype` (`t` itself when it already is one): a converting copy
+/// into scratch otherwise.
+pub(super) fn contiguous_as(cx: Ctx<'_>, t: &Tensor, dtype: DType) -> Result<Tensor> {
+    if t.dtype() == dtype && t.is_contiguous() {
         return Ok(t.clone());
     }
-    let c = cx.scratch(t, t.shape(), DType::F32)?;
+    let c = cx.scratch(t, t.shape(), dtype)?;
     copy(cx, &c, t)?;
     Ok(c)
 }

@@ -7,7 +7,7 @@
 
 use ferrite_cuda::KernelArg;
 
-use super::data::{copy, f32_contiguous};
+use super::data::{contiguous_as, copy, f32_contiguous};
 use super::deferred::Check;
 use super::elementwise::{check_float, into_f32_out};
 use super::launch::{Ctx, n_arg, ptr};
@@ -25,17 +25,7 @@ fn i64_index(cx: Ctx<'_>, index: &Tensor, op: &'static str) -> Result<Tensor> {
             expected: &[DType::I64, DType::I32],
         });
     }
-    contiguous_i64(cx, index)
-}
-
-/// `t` as a contiguous i64 tensor (`t` itself when it already is one; else a converting copy).
-fn contiguous_i64(cx: Ctx<'_>, t: &Tensor) -> Result<Tensor> {
-    if t.dtype() == DType::I64 && t.is_contiguous() {
-        return Ok(t.clone());
-    }
-    let c = cx.scratch(t, t.shape(), DType::I64)?;
-    copy(cx, &c, t)?;
-    Ok(c)
+    contiguous_as(cx, index, DType::I64)
 }
 
 /// Runs `launch` with a flag slot (a `bad` argument) queued for `op`'s index check over the
@@ -69,7 +59,7 @@ pub(super) fn check_indices(
         return Ok(());
     }
     // Any dtype (the losses pass their targets as they are): no dtype check here.
-    let idx = contiguous_i64(cx, index)?;
+    let idx = contiguous_as(cx, index, DType::I64)?;
     flagged(cx, &idx, dim, size, op, |bad| {
         let args = [
             n_arg(count),
