@@ -109,6 +109,11 @@ fn to_cuda(t: &Tensor) -> Tensor {
     t.to_device(&cuda()).unwrap()
 }
 
+/// A fresh copy of `t` on `dev` as a leaf that requires grad.
+fn leaf_on(dev: &Device, t: &Tensor) -> Tensor {
+    t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap()
+}
+
 fn to_cpu(t: &Tensor) -> Tensor {
     assert_eq!(t.device(), &cuda(), "the result lives on cuda:0");
     t.to_device(&Device::Cpu).unwrap()
@@ -565,7 +570,7 @@ fn gradients_match_the_cpu() {
     let mut g = Generator::new(4);
     let (a, b, w) = (randn(&mut g, &[4, 6]), randn(&mut g, &[6]), randn(&mut g, &[6, 3]));
     let run = |dev: &Device, op: UnaryOp| -> Vec<Tensor> {
-        let leaf = |t: &Tensor| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap();
+        let leaf = |t: &Tensor| leaf_on(dev, t);
         let (a, b, w) = (leaf(&a), leaf(&b), leaf(&w));
         let h = a.mul(&b).unwrap();
         let h = match op {
@@ -737,10 +742,7 @@ fn forward_backward(
     inputs: &[&Tensor],
     f: &dyn Fn(&[Tensor]) -> ferrite_tensor::Result<Tensor>,
 ) -> (Tensor, Vec<Tensor>) {
-    let leaves: Vec<Tensor> = inputs
-        .iter()
-        .map(|t| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap())
-        .collect();
+    let leaves: Vec<Tensor> = inputs.iter().map(|t| leaf_on(dev, t)).collect();
     let out = f(&leaves).unwrap_or_else(|e| panic!("{dev}: {e}"));
     out.mul(&out).unwrap().sum().unwrap().backward().unwrap();
     let grads = leaves.iter().map(|t| t.grad().expect("a gradient").to_device(&Device::Cpu).unwrap()).collect();
@@ -1247,7 +1249,7 @@ fn a_training_step_with_cross_entropy_never_waits_for_the_device() {
     let (w0, b0, x0) = (randn(&mut g, &[4, 3]), randn(&mut g, &[3]), randn(&mut g, &[6, 4]));
     let target0 = Tensor::from_slice(&[0i64, 2, 1, -100, 2, 0], &[6], &Device::Cpu).unwrap();
     let train = |dev: &Device, count_waits: bool| -> Vec<f64> {
-        let leaf = |t: &Tensor| t.deep_clone().unwrap().to_device(dev).unwrap().detach().requires_grad_(true).unwrap();
+        let leaf = |t: &Tensor| leaf_on(dev, t);
         let (w, b) = (leaf(&w0), leaf(&b0));
         let (x, target) = (x0.to_device(dev).unwrap(), target0.to_device(dev).unwrap());
         let step = || -> Tensor {
